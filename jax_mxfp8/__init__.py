@@ -1,0 +1,22 @@
+"""jax_mxfp8: MXFP8 block-scaled attention, GEMM and fused-quantization ops for JAX and Flax.
+
+Public API (DESIGN.md section 5): MXArray, quantize, dequantize, mx_dot_general, rms_norm_quantize,
+dot_product_attention, varlen_attention.
+"""
+
+from jax_mxfp8.formats import MXArray, dequantize, quantize, random_hadamard
+from jax_mxfp8.ops.mx_dot_general import mx_dot_general
+from jax_mxfp8.ops.rms_norm_quantize import rms_norm_quantize
+from jax_mxfp8.reference.gemm_config import MXDotConfig
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MXArray",
+    "MXDotConfig",
+    "dequantize",
+    "mx_dot_general",
+    "quantize",
+    "random_hadamard",
+    "rms_norm_quantize",
+]

@@ -1,0 +1,23 @@
+"""Layer 1: MX element/scale formats, the MXArray pytree, quantize/dequantize, stochastic rounding and
+random Hadamard transforms. Pure jnp; imports nothing else from jax_mxfp8."""
+
+from jax_mxfp8.formats.elements import BLOCK_SIZE, E4M3, E5M2, SCALE_DTYPE, ElementFormat, element_format
+from jax_mxfp8.formats.hadamard import hadamard_matrix, random_hadamard
+from jax_mxfp8.formats.mxarray import BLOCK_KINDS, MXArray
+from jax_mxfp8.formats.quantize import dequantize, fake_quantize, quantize
+
+__all__ = [
+    "BLOCK_KINDS",
+    "BLOCK_SIZE",
+    "E4M3",
+    "E5M2",
+    "SCALE_DTYPE",
+    "ElementFormat",
+    "MXArray",
+    "dequantize",
+    "element_format",
+    "fake_quantize",
+    "hadamard_matrix",
+    "random_hadamard",
+    "quantize",
+]

@@ -1,0 +1,175 @@
+"""MX quantize / dequantize with the numerics of DESIGN.md section 4 (pure jnp, any backend)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mxfp8.formats.elements import BLOCK_SIZE, SCALE_BIAS, SCALE_NAN, element_format
+from jax_mxfp8.formats.mxarray import BLOCK_KINDS, MXArray
+from jax_mxfp8.formats.scales import check_scale_rounding, decode_scale, mul_pow2, scale_bits
+from jax_mxfp8.formats.stochastic import stochastic_round
+
+ROUNDINGS = ("nearest", "stochastic")
+
+
+def block_axes(ndim: int, axis: int | Sequence[int], block: str) -> tuple[int, ...]:
+    """Normalises `axis` for `block` to a sorted tuple of non-negative axes.
+
+    Row blocks take one axis. Square blocks take two axes; an int `axis` of -1 (the default) means the
+    last two axes.
+
+    Raises:
+      ValueError: naming `block` or `axis` when they are invalid for an array of rank `ndim`.
+    """
+    if block not in BLOCK_KINDS:
+        raise ValueError(f"block={block!r} is not one of {BLOCK_KINDS}")
+    if block == "row":
+        if not isinstance(axis, (int, np.integer)):
+            if len(axis) != 1:
+                raise ValueError(f"axis={axis!r}: row blocks take exactly one axis")
+            axis = axis[0]
+        axes = (int(axis),)
+    else:
+        if isinstance(axis, (int, np.integer)):
+            if axis != -1:
+                raise ValueError(f"axis={axis!r}: square blocks take two axes, e.g. axis=(-2, -1)")
+            axes = (-2, -1)
+        else:
+            axes = tuple(int(a) for a in axis)
+            if len(axes) != 2:
+                raise ValueError(f"axis={axis!r}: square blocks take exactly two axes")
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise ValueError(f"axis={axis!r} is out of range for an array of rank {ndim}")
+    pos = tuple(sorted(a % ndim for a in axes))
+    if len(set(pos)) != len(pos):
+        raise ValueError(f"axis={axis!r} names the same axis twice")
+    return pos
+
+
+def check_blockable(shape: Sequence[int], axes: Sequence[int], name: str = "x") -> None:
+    """Raises ValueError naming the axis when a blocked axis is not a positive multiple of 32."""
+    for a in axes:
+        if shape[a] % BLOCK_SIZE or shape[a] == 0:
+            raise ValueError(
+                f"axis {a} of {name} has size {shape[a]}, which is not a positive multiple of the MX block size "
+                f"{BLOCK_SIZE} (shape {tuple(shape)})"
+            )
+
+
+def _split_shape(shape: Sequence[int], axes: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shape with every blocked axis n split into (n // 32, 32), and the positions of the 32s."""
+    split, inner = [], []
+    for i, d in enumerate(shape):
+        if i in axes:
+            split += [d // BLOCK_SIZE, BLOCK_SIZE]
+            inner.append(len(split) - 1)
+        else:
+            split.append(d)
+    return tuple(split), tuple(inner)
+
+
+def _check_input(x) -> jax.Array:
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating) or np.dtype(x.dtype).itemsize < 2:
+        raise ValueError(f"x has dtype {x.dtype}; quantize takes float32, bfloat16 or float16 input")
+    return x
+
+
+def quantize(
+    x: jax.Array,
+    *,
+    axis: int | Sequence[int] = -1,
+    block: str = "row",
+    dtype=jnp.float8_e4m3fn,
+    scale_rounding: str = "up",
+    rounding: str = "nearest",
+    rng: jax.Array | None = None,
+) -> MXArray:
+    """Quantizes `x` to MXFP8: FP8 elements with one E8M0 scale per block.
+
+    Args:
+      x: float32 / bfloat16 / float16 array of any shape; blocked axes must be multiples of 32.
+      axis: for block="row", the axis along which 32 consecutive elements share a scale (default last).
+        For block="square", two axes (default: the last two) tiled in 32x32 blocks.
+      block: "row" or "square".
+      dtype: element dtype, jnp.float8_e4m3fn (default, max 448) or jnp.float8_e5m2 (max 57344).
+      scale_rounding: "up" (default; bit-identical to jax.nn's mxfp8 quantize) or "floor" (OCP v1.0).
+      rounding: "nearest" (round-to-nearest-even, default) or "stochastic" (needs `rng`).
+      rng: a PRNG key, required for rounding="stochastic".
+
+    Returns:
+      MXArray with data of x's shape and uint8 scales with each blocked axis divided by 32. Blocks of
+      zeros get scale 0 and zero data; blocks holding NaN or Inf get scale 0xFF (NaN) and NaN data.
+
+    Not differentiable: the gradient with respect to `x` is zero. FP8 leaves cannot carry an exact
+    cotangent (autodiff through the FP8 cast used to round, flush or overflow it to NaN depending on the
+    block scale). For a straight-through estimator use `fake_quantize`.
+    """
+    x = jax.lax.stop_gradient(_check_input(x))
+    fmt = element_format(dtype)
+    check_scale_rounding(scale_rounding)
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding={rounding!r} is not one of {ROUNDINGS}")
+    if rounding == "stochastic" and rng is None:
+        raise ValueError("rounding='stochastic' needs a PRNG key: pass rng=jax.random.key(...)")
+    if rounding == "nearest" and rng is not None:
+        raise ValueError("rng was given but rounding='nearest'; pass rounding='stochastic' to use it")
+    axes = block_axes(x.ndim, axis, block)
+    check_blockable(x.shape, axes)
+
+    split, inner = _split_shape(x.shape, axes)
+    xb = x.astype(jnp.float32).reshape(split)
+    finite = jnp.all(jnp.isfinite(xb), axis=inner, keepdims=True)
+    amax = jnp.max(jnp.abs(jnp.where(finite, xb, 0.0)), axis=inner, keepdims=True)
+    b = jnp.where(finite, scale_bits(amax, fmt, scale_rounding), SCALE_NAN)
+    y = jnp.clip(mul_pow2(xb, SCALE_BIAS - jnp.minimum(b, 254)), -fmt.max, fmt.max)
+    if rounding == "stochastic":
+        y = stochastic_round(y, fmt, rng)
+    data = jnp.where(finite, y, jnp.nan).astype(fmt.dtype).reshape(x.shape)
+    scale = b.astype(jnp.uint8).reshape([d for i, d in enumerate(split) if i not in inner])
+    return MXArray(data=data, scale=scale, axes=tuple(a - x.ndim for a in axes), block=block)
+
+
+def dequantize(a: MXArray, dtype=jnp.float32) -> jax.Array:
+    """Returns element * 2**(scale - 127) in `dtype` (default float32); NaN where the scale is 0xFF."""
+    if not isinstance(a, MXArray):
+        raise ValueError(f"a must be an MXArray, got {type(a).__name__}")
+    axes = a.positive_axes()
+    split, inner = _split_shape(a.shape, axes)
+    scale = jnp.expand_dims(a.scale, [i for i in inner])  # broadcast over each block's 32 (x32) elements
+    scale = scale.reshape([1 if i in inner else d for i, d in enumerate(split)])
+    out = decode_scale(scale, a.data.astype(jnp.float32).reshape(split))
+    return out.reshape(a.shape).astype(dtype)
+
+
+def fake_quantize(x: jax.Array, **kwargs) -> jax.Array:
+    """dequantize(quantize(x, **kwargs), x.dtype): the values an MX GEMM actually sees.
+
+    Differentiable with a straight-through estimator: the cotangent passes to `x` unchanged.
+    """
+    x = _check_input(x)
+    rng = kwargs.pop("rng", None)
+    static = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()))
+    return _fake_quantize_ste(x, rng, static)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _fake_quantize_ste(x, rng, static):
+    return dequantize(quantize(x, rng=rng, **dict(static)), x.dtype)
+
+
+def _fake_quantize_fwd(x, rng, static):
+    return _fake_quantize_ste(x, rng, static), None
+
+
+def _fake_quantize_bwd(static, _, g):
+    return g, None
+
+
+_fake_quantize_ste.defvjp(_fake_quantize_fwd, _fake_quantize_bwd)

@@ -1,0 +1,140 @@
+"""`mx_dot_general`: a drop-in `lax.dot_general` that multiplies in MXFP8 forward and backward."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mxfp8.formats import MXArray, dequantize
+from jax_mxfp8.ops.cotangents import zero_cotangent
+from jax_mxfp8.reference.gemm import (
+    OperandLayout,
+    mx_dot_backward,
+    mx_dot_forward,
+    operand_layouts,
+    prequantized_3d,
+)
+from jax_mxfp8.reference.gemm_config import MXDotConfig
+
+IMPLEMENTATIONS = (None, "xla")
+
+
+def _check_prequantized(name: str, q: MXArray | None, layout: OperandLayout, shape) -> None:
+    if q is None:
+        return
+    if not isinstance(q, MXArray):
+        raise ValueError(f"{name} must be an MXArray, got {type(q).__name__}")
+    if tuple(q.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {q.shape}, but its operand has shape {tuple(shape)}")
+    if len(layout.contract) != 1 or (layout.contract[0] not in q.positive_axes()):
+        raise ValueError(
+            f"{name} is blocked along axes {q.positive_axes()}, but the GEMM contracts axes {layout.contract}: "
+            "pre-quantized operands must be blocked along their single contracting axis"
+        )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _mx_dot(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config):
+    out, _ = _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config)
+    return out
+
+
+def _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config):
+    lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
+    out3 = mx_dot_forward(
+        lhs_l.to_3d(lhs),
+        rhs_l.to_3d(rhs),
+        config,
+        lhs_q3=None if lhs_q is None else prequantized_3d(lhs_q, lhs_l),
+        rhs_q3=None if rhs_q is None else prequantized_3d(rhs_q, rhs_l),
+    )
+    out_shape = lhs_l.dims(lhs_l.batch) + lhs_l.dims(lhs_l.free) + rhs_l.dims(rhs_l.free)
+    return out3.reshape(out_shape).astype(out_dtype), (lhs, rhs, lhs_q, rhs_q, rng)
+
+
+def _mx_dot_bwd(dimension_numbers, out_dtype, config, res, g):
+    lhs, rhs, lhs_q, rhs_q, rng = res
+    lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
+    b, m, n = (
+        int(np.prod(d, dtype=np.int64))
+        for d in (lhs_l.dims(lhs_l.batch), lhs_l.dims(lhs_l.free), rhs_l.dims(rhs_l.free))
+    )
+    d_lhs3, d_rhs3 = mx_dot_backward(lhs_l.to_3d(lhs), rhs_l.to_3d(rhs), g.reshape(b, m, n), config, rng)
+    d_lhs = lhs_l.from_3d(d_lhs3).astype(lhs.dtype)
+    d_rhs = rhs_l.from_3d(d_rhs3).astype(rhs.dtype)
+    return d_lhs, d_rhs, zero_cotangent(lhs_q), zero_cotangent(rhs_q), zero_cotangent(rng)
+
+
+_mx_dot.defvjp(_mx_dot_fwd, _mx_dot_bwd)
+
+
+def mx_dot_general(
+    lhs: jax.Array | MXArray,
+    rhs: jax.Array | MXArray,
+    dimension_numbers,
+    precision=None,
+    preferred_element_type=None,
+    *,
+    config: MXDotConfig | None = None,
+    rng: jax.Array | None = None,
+    lhs_quantized: MXArray | None = None,
+    rhs_quantized: MXArray | None = None,
+    implementation: str | None = None,
+    out_sharding=None,
+    **options,
+) -> jax.Array:
+    """`lax.dot_general` with MXFP8 operands in the forward and both backward GEMMs.
+
+    Forward: lhs and rhs are quantized in row blocks of 32 along their (flattened) contracting axes and
+    multiplied with FP32 accumulation. Backward (matches jax.nn.scaled_dot_general with mxfp8 configs):
+    d_lhs = Q(G along N) @ Q(rhs along N), d_rhs = Q(G along M)^T @ Q(lhs along M).
+
+    Args:
+      lhs, rhs: float arrays (any float dtype), or MXArrays already quantized along their single
+        contracting axis (pre-quantized activations; an MXArray operand gets no gradient and its
+        backward GEMM re-quantizes its dequantized values along the other axis).
+      dimension_numbers: ((lhs_contract, rhs_contract), (lhs_batch, rhs_batch)) as in lax.dot_general.
+        The flattened contracted size must be a multiple of 32; the free sizes M and N need not be (the
+        backward GEMMs, which contract over them, treat a partial last block by its valid elements).
+      precision: accepted for lax.dot_general compatibility and ignored (MX fixes the precision).
+      preferred_element_type: output dtype; default: the result type of the (dequantized) operands.
+      config: an MXDotConfig; keyword `options` (e.g. weight_grad="bf16", grad_rounding="stochastic",
+        hadamard_seed=0, dtype=jnp.float8_e5m2) override its fields.
+      rng: PRNG key for grad_rounding="stochastic".
+      lhs_quantized, rhs_quantized: optional MXArray forms of lhs / rhs (e.g. from rms_norm_quantize):
+        the forward GEMM uses them instead of quantizing again, while the gradient still flows to the
+        high-precision lhs / rhs.
+      implementation: None or "xla" (the XLA reference; FFI kernels arrive with the kernel library).
+      out_sharding: accepted for lax.dot_general compatibility; must be None.
+
+    Returns:
+      Array of lax.dot_general's output shape: batch dims, lhs free dims, rhs free dims.
+    """
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
+    if out_sharding is not None:
+        raise ValueError("out_sharding is not supported by mx_dot_general; shard the inputs instead")
+    del precision
+    config = dataclasses.replace(config or MXDotConfig(), **options)
+    if isinstance(lhs, MXArray):
+        lhs, lhs_quantized = jax.lax.stop_gradient(dequantize(lhs)), lhs
+    if isinstance(rhs, MXArray):
+        rhs, rhs_quantized = jax.lax.stop_gradient(dequantize(rhs)), rhs
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    for name, x in (("lhs", lhs), ("rhs", rhs)):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name} has dtype {x.dtype}; mx_dot_general takes floating-point operands")
+    lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
+    _check_prequantized("lhs_quantized", lhs_quantized, lhs_l, lhs.shape)
+    _check_prequantized("rhs_quantized", rhs_quantized, rhs_l, rhs.shape)
+    if config.hadamard_seed is not None and (lhs_quantized is not None or rhs_quantized is not None):
+        raise ValueError("hadamard_seed cannot be combined with pre-quantized operands (they are not rotated)")
+    if config.grad_rounding == "stochastic" and rng is None:
+        raise ValueError("grad_rounding='stochastic' needs rng=jax.random.key(...)")
+    out_dtype = np.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))
+    dn = ((lhs_l.contract, rhs_l.contract), (lhs_l.batch, rhs_l.batch))
+    return _mx_dot(lhs, rhs, lhs_quantized, rhs_quantized, rng, dn, out_dtype, config)

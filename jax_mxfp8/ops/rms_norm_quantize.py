@@ -1,0 +1,69 @@
+"""`rms_norm_quantize`: RMSNorm whose output also comes back as an MXArray for the next MX GEMM."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mxfp8.formats import MXArray, element_format
+from jax_mxfp8.formats.quantize import check_blockable
+from jax_mxfp8.formats.scales import check_scale_rounding
+from jax_mxfp8.reference.rms_norm import rms_norm_bwd, rms_norm_quantize_fwd
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _rms_norm_quantize(x, weight, eps, dtype, scale_rounding):
+    return rms_norm_quantize_fwd(x, weight, eps, dtype=dtype, scale_rounding=scale_rounding)
+
+
+def _fwd(x, weight, eps, dtype, scale_rounding):
+    return rms_norm_quantize_fwd(x, weight, eps, dtype=dtype, scale_rounding=scale_rounding), (x, weight)
+
+
+def _bwd(eps, dtype, scale_rounding, res, cts):
+    x, weight = res
+    dy, _ = cts  # the MXArray output is a non-differentiable carrier of y: its gradient reaches y's users
+    return rms_norm_bwd(x, weight, eps, dy)
+
+
+_rms_norm_quantize.defvjp(_fwd, _bwd)
+
+
+def rms_norm_quantize(
+    x: jax.Array,
+    weight: jax.Array,
+    *,
+    eps: float = 1e-6,
+    dtype=jnp.float8_e4m3fn,
+    scale_rounding: str = "up",
+    implementation: str | None = None,
+) -> tuple[jax.Array, MXArray]:
+    """RMSNorm over the last axis, returning the output and its MX quantization in one op.
+
+    Args:
+      x: (..., D) float array; D a multiple of 32.
+      weight: (D,) scale.
+      eps: added to the mean square.
+      dtype: MX element dtype of the quantized output.
+      scale_rounding: "up" (default) or "floor".
+      implementation: None or "xla".
+
+    Returns:
+      (y, y_mx): y = x * rsqrt(mean(x^2) + eps) * weight in x.dtype (computed in float32), and
+      y_mx = quantize(y, axis=-1) bit for bit. Pass y_mx to mx_dot_general(y, w, ...,
+      lhs_quantized=y_mx) to skip a quantize pass while gradients still flow through y.
+    """
+    if implementation not in (None, "xla"):
+        raise ValueError(f"implementation={implementation!r} is not one of (None, 'xla')")
+    x, weight = jnp.asarray(x), jnp.asarray(weight)
+    if not jnp.issubdtype(x.dtype, jnp.floating) or np.dtype(x.dtype).itemsize < 2:
+        raise ValueError(f"x has dtype {x.dtype}; rms_norm_quantize takes float32, bfloat16 or float16")
+    if x.ndim < 1 or weight.shape != (x.shape[-1],):
+        raise ValueError(f"weight has shape {weight.shape}; expected ({x.shape[-1] if x.ndim else '?'},)")
+    check_blockable(x.shape, (x.ndim - 1,), name="x")
+    element_format(dtype)
+    check_scale_rounding(scale_rounding)
+    return _rms_norm_quantize(x, weight, float(eps), np.dtype(dtype), scale_rounding)

@@ -1,0 +1,163 @@
+"""XLA reference of the MX GEMM: forward and the two backward GEMMs with exact MX numerics.
+
+Every GEMM is computed in a normalised 3-D layout (batch, rows, contracted): each operand is transposed
+to (B, M, K), quantized in row blocks along K (the flattened contracted axes, in the order the
+dimension numbers pair them), dequantized to float32 (exact) and multiplied with float32 accumulation.
+This is the numerics of jax.nn.scaled_dot_general with configs=[mxfp8]*3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_mxfp8.formats import BLOCK_SIZE, MXArray, dequantize, quantize, random_hadamard
+from jax_mxfp8.formats.quantize import check_blockable
+from jax_mxfp8.reference.gemm_config import MXDotConfig
+
+HIGHEST = lax.Precision.HIGHEST
+
+# Purposes of the three GEMMs; each gets an independent Hadamard sign pattern and rounding key.
+FWD, DGRAD, WGRAD = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class OperandLayout:
+    """How one dot_general operand maps to the normalised (B, M, K) layout."""
+
+    batch: tuple[int, ...]
+    free: tuple[int, ...]
+    contract: tuple[int, ...]
+    shape: tuple[int, ...]
+
+    @property
+    def perm(self) -> tuple[int, ...]:
+        return self.batch + self.free + self.contract
+
+    def dims(self, axes: Sequence[int]) -> tuple[int, ...]:
+        return tuple(self.shape[a] for a in axes)
+
+    def to_3d(self, x: jax.Array) -> jax.Array:  # (B, M, K)
+        b, m, k = (int(np.prod(self.dims(a), dtype=np.int64)) for a in (self.batch, self.free, self.contract))
+        return jnp.transpose(x, self.perm).reshape(b, m, k)
+
+    def from_3d(self, x3: jax.Array) -> jax.Array:
+        x = x3.reshape(self.dims(self.batch) + self.dims(self.free) + self.dims(self.contract))
+        return jnp.transpose(x, np.argsort(self.perm))
+
+
+def operand_layouts(
+    lhs_shape: Sequence[int], rhs_shape: Sequence[int], dimension_numbers
+) -> tuple[OperandLayout, OperandLayout]:
+    """Validates dot_general dimension numbers and returns both operands' layouts.
+
+    Raises:
+      ValueError: naming `dimension_numbers` on mismatched or repeated axes, or the operand whose
+        flattened contracted axis is not a multiple of 32.
+    """
+    try:
+        (lc, rc), (lb, rb) = dimension_numbers
+        lc, rc, lb, rb = (tuple(int(a) for a in t) for t in (lc, rc, lb, rb))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"dimension_numbers={dimension_numbers!r} is not ((lc, rc), (lb, rb))") from e
+    lhs_shape, rhs_shape = tuple(lhs_shape), tuple(rhs_shape)
+    lc, rc, lb, rb = (
+        tuple(a % len(s) for a in t) for t, s in ((lc, lhs_shape), (rc, rhs_shape), (lb, lhs_shape), (rb, rhs_shape))
+    )
+    if len(lc) != len(rc) or len(lb) != len(rb) or not lc:
+        raise ValueError(f"dimension_numbers={dimension_numbers!r}: need one or more paired contracting axes")
+    for name, c, b in (("lhs", lc, lb), ("rhs", rc, rb)):
+        if len(set(c + b)) != len(c + b):
+            raise ValueError(f"dimension_numbers={dimension_numbers!r} repeats an axis of {name}")
+    for a, b in zip(lc, rc):
+        if lhs_shape[a] != rhs_shape[b]:
+            raise ValueError(f"contracting axes lhs {a} ({lhs_shape[a]}) and rhs {b} ({rhs_shape[b]}) differ in size")
+    for a, b in zip(lb, rb):
+        if lhs_shape[a] != rhs_shape[b]:
+            raise ValueError(f"batch axes lhs {a} ({lhs_shape[a]}) and rhs {b} ({rhs_shape[b]}) differ in size")
+    lhs = OperandLayout(lb, tuple(a for a in range(len(lhs_shape)) if a not in lc + lb), lc, lhs_shape)
+    rhs = OperandLayout(rb, tuple(a for a in range(len(rhs_shape)) if a not in rc + rb), rc, rhs_shape)
+    k = int(np.prod(lhs.dims(lc)))
+    check_blockable((k,), (0,), name=f"the contracted axes {lc} of lhs (flattened)")
+    return lhs, rhs
+
+
+def _hadamard_key(config: MXDotConfig, purpose: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.key(config.hadamard_seed), purpose)
+
+
+def quantized_3d(
+    x3: jax.Array, config: MXDotConfig, purpose: int, *, grad: bool = False, rng: jax.Array | None = None
+) -> jax.Array:
+    """Fake-quantizes a (B, M, K) operand along K for one GEMM: optional Hadamard, MX round trip.
+
+    Returns float32 values exactly equal to the MX operand the GEMM multiplies, (B, M, K') with K'
+    rounded up to a multiple of 32 (and of the Hadamard block) by zero padding.
+    """
+    x3 = x3.astype(jnp.float32)
+    multiple = BLOCK_SIZE if config.hadamard_seed is None else max(BLOCK_SIZE, config.hadamard_block)
+    if x3.shape[-1] % multiple:
+        # Only the backward GEMMs contract over M or N, which need not be multiples of 32 (a batch of 8
+        # tokens, say). Zero padding makes the last block partial: its scale comes from its valid
+        # elements only, and the padded products are exact zeros.
+        x3 = jnp.pad(x3, ((0, 0), (0, 0), (0, -x3.shape[-1] % multiple)))
+    if config.hadamard_seed is not None:
+        x3 = random_hadamard(x3, _hadamard_key(config, purpose), axis=-1, block_size=config.hadamard_block)
+    stochastic = grad and config.grad_rounding == "stochastic"
+    q = quantize(
+        x3,
+        axis=-1,
+        dtype=config.grad_dtype if grad else config.dtype,
+        scale_rounding=config.scale_rounding,
+        rounding="stochastic" if stochastic else "nearest",
+        rng=jax.random.fold_in(rng, purpose) if stochastic else None,
+    )
+    return dequantize(q, jnp.float32)
+
+
+def matmul_3d(a3: jax.Array, b3: jax.Array) -> jax.Array:
+    """(B, M, K) x (B, N, K) -> (B, M, N) with float32 accumulation."""
+    return jnp.einsum("bmk,bnk->bmn", a3, b3, precision=HIGHEST, preferred_element_type=jnp.float32)
+
+
+def prequantized_3d(a: MXArray, layout: OperandLayout) -> jax.Array:
+    """A caller's pre-quantized operand, as exact float32 values in the (B, M, K) layout."""
+    return layout.to_3d(dequantize(a, jnp.float32))
+
+
+def mx_dot_forward(
+    lhs3: jax.Array, rhs3: jax.Array, config: MXDotConfig, *, lhs_q3: jax.Array | None, rhs_q3: jax.Array | None
+) -> jax.Array:
+    """C3 = Q(lhs3 along K) @ Q(rhs3 along K)^T in float32, (B, M, N). *_q3 replace quantization."""
+    a = lhs_q3 if lhs_q3 is not None else quantized_3d(lhs3, config, FWD)
+    b = rhs_q3 if rhs_q3 is not None else quantized_3d(rhs3, config, FWD)
+    return matmul_3d(a, b)
+
+
+def mx_dot_backward(
+    lhs3: jax.Array, rhs3: jax.Array, g3: jax.Array, config: MXDotConfig, rng: jax.Array | None
+) -> tuple[jax.Array, jax.Array]:
+    """Gradients (dA3 (B, M, K), dB3 (B, N, K)) in float32 for C3 = A3 @ B3^T with incoming G3 (B, M, N).
+
+    dA = Q(G along N) @ Q(B along N); dB = Q(G along M)^T @ Q(A along M) (MX), or plain BF16 operands
+    with FP32 accumulation for dB when config.weight_grad == "bf16". M and N need not be multiples of 32:
+    a partial last block takes its scale from its valid elements only.
+    """
+    gt = jnp.swapaxes(g3, 1, 2)  # (B, N, M)
+    d_lhs = matmul_3d(
+        quantized_3d(g3, config, DGRAD, grad=True, rng=rng),
+        quantized_3d(jnp.swapaxes(rhs3, 1, 2), config, DGRAD),
+    )
+    if config.weight_grad == "bf16":
+        d_rhs = matmul_3d(gt.astype(jnp.bfloat16), jnp.swapaxes(lhs3, 1, 2).astype(jnp.bfloat16))
+    else:
+        d_rhs = matmul_3d(
+            quantized_3d(gt, config, WGRAD, grad=True, rng=rng),
+            quantized_3d(jnp.swapaxes(lhs3, 1, 2), config, WGRAD),
+        )
+    return d_lhs, d_rhs
