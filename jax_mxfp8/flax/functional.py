@@ -1,0 +1,145 @@
+"""Stateless layer math shared by the NNX modules, the Linen modules and the adapters.
+
+The modules only own parameters and pick a LayerPrecision; everything numeric happens here, once.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jax_mxfp8.flax.policy import LayerPrecision
+from jax_mxfp8.formats import MXArray
+from jax_mxfp8.ops.attention import dot_product_attention
+from jax_mxfp8.ops.mx_dot_general import mx_dot_general
+from jax_mxfp8.ops.rms_norm_quantize import rms_norm_quantize
+from jax_mxfp8.ops.varlen_attention import varlen_attention
+from jax_mxfp8.reference.rms_norm import rms_norm
+
+
+def linear(
+    x: jax.Array,
+    kernel: jax.Array,
+    bias: jax.Array | None,
+    precision: LayerPrecision,
+    *,
+    dtype=None,
+    x_quantized: MXArray | None = None,
+    rng: jax.Array | None = None,
+    hadamard_seed: int = 0,
+) -> jax.Array:
+    """y = x @ kernel + bias over the last axis of x. (..., D_in) x (D_in, D_out) -> (..., D_out).
+
+    MXFP8 GEMMs (forward and backward) when precision.gemm == "mxfp8", else BF16 operands with FP32
+    accumulation. The kernel stays in its parameter dtype; it is only quantized (or rounded to BF16) for
+    the product. `dtype` is the output dtype (default: x's). `x_quantized` (from rms_norm_quantize) skips
+    the forward quantization of x; `rng` feeds stochastic gradient rounding.
+    """
+    out_dtype = dtype or x.dtype
+    dn = (((x.ndim - 1,), (0,)), ((), ()))
+    if precision.gemm == "mxfp8":
+        y = mx_dot_general(
+            x,
+            kernel,
+            dn,
+            preferred_element_type=jnp.float32,
+            config=precision.dot_config(hadamard_seed),
+            rng=rng if precision.grad_rounding == "stochastic" else None,
+            lhs_quantized=None if precision.hadamard else x_quantized,
+        )
+    else:
+        y = lax.dot_general(x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16), dn, preferred_element_type=jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(out_dtype)
+
+
+def norm(x: jax.Array, weight: jax.Array, precision: LayerPrecision, eps: float) -> tuple[jax.Array, MXArray | None]:
+    """RMSNorm over the last axis; also returns its MXArray when the next GEMM runs in MXFP8."""
+    if precision.gemm == "mxfp8" and not precision.hadamard:
+        return rms_norm_quantize(x, weight, eps=eps)
+    return rms_norm(x, weight, eps), None
+
+
+def rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
+    """Rotary position embedding over the last axis of x (..., T, N, H) with positions (..., T)."""
+    h = x.shape[-1]
+    freqs = base ** (-jnp.arange(0, h // 2, dtype=jnp.float32) * 2.0 / h)
+    angles = positions.astype(jnp.float32)[..., None, None] * freqs  # (..., T, 1, H/2)
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+
+
+def positions_in_sequences(cu_seqlens: jax.Array, total: int) -> jax.Array:
+    """Position of every packed row within its own sequence, (T_total,) int32."""
+    rows = jnp.arange(total, dtype=jnp.int32)
+    seq = jnp.searchsorted(cu_seqlens, rows, side="right") - 1
+    return rows - cu_seqlens[jnp.clip(seq, 0, cu_seqlens.shape[0] - 1)]
+
+
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    precision: LayerPrecision,
+    *,
+    is_causal: bool,
+    mask: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    config=None,
+) -> jax.Array:
+    """Dense attention, q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H) in q's dtype."""
+    if precision.attention == "mxfp8":
+        return dot_product_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal, config=config)
+    out = jax.nn.dot_product_attention(
+        q.astype(jnp.bfloat16),
+        k.astype(jnp.bfloat16),
+        v.astype(jnp.bfloat16),
+        bias=bias,
+        mask=mask,
+        is_causal=is_causal,
+    )
+    return out.astype(q.dtype)
+
+
+def jagged_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    cu_seqlens: jax.Array,
+    max_seqlen: int,
+    precision: LayerPrecision,
+    *,
+    is_causal: bool,
+    config=None,
+) -> jax.Array:
+    """Attention within packed sequences: q (T_total, N, H), k/v (T_total, K, H) -> (T_total, N, H).
+
+    The BF16 path masks a (T_total x T_total) score matrix by sequence id: fine for examples and tests,
+    quadratic in T_total; the MXFP8 path (varlen_attention) never forms it.
+    """
+    if precision.attention == "mxfp8":
+        return varlen_attention(
+            q,
+            k,
+            v,
+            cu_seqlens,
+            cu_seqlens,
+            max_seqlen_q=max_seqlen,
+            max_seqlen_k=max_seqlen,
+            is_causal=is_causal,
+            config=config,
+        )
+    total = q.shape[0]
+    rows = jnp.arange(total)
+    seq = jnp.searchsorted(cu_seqlens, rows, side="right")
+    valid = rows < cu_seqlens[-1]
+    mask = (seq[:, None] == seq[None, :]) & valid[:, None] & valid[None, :]
+    if is_causal:
+        mask &= rows[:, None] >= rows[None, :]
+    out = jax.nn.dot_product_attention(
+        q[None].astype(jnp.bfloat16), k[None].astype(jnp.bfloat16), v[None].astype(jnp.bfloat16), mask=mask[None, None]
+    )[0]
+    return jnp.where(valid[:, None, None], out, 0).astype(q.dtype)

@@ -1,0 +1,119 @@
+"""Flax Linen equivalents of the NNX modules (same math, from flax/functional.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from jax_mxfp8.flax import functional as F
+from jax_mxfp8.flax.policy import MXFP8, LayerPrecision, PrecisionPolicy
+from jax_mxfp8.formats import MXArray
+
+
+class MXDense(nn.Module):
+    """Linen dense layer with MXFP8 GEMMs: (..., D_in) -> (..., features). See nnx_modules.MXLinear.
+
+    Stochastic gradient rounding draws keys from the "quant" RNG stream (pass rngs={"quant": key}).
+    """
+
+    features: int
+    precision: LayerPrecision = MXFP8
+    use_bias: bool = True
+    dtype: jnp.dtype | None = None
+    param_dtype: jnp.dtype = jnp.float32
+    kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
+    bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()
+    hadamard_seed: int = 0
+
+    @nn.compact
+    def __call__(self, x: jax.Array, *, x_quantized: MXArray | None = None) -> jax.Array:
+        kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype)
+        bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
+        stochastic = self.precision.gemm == "mxfp8" and self.precision.grad_rounding == "stochastic"
+        rng = self.make_rng("quant") if stochastic else None
+        return F.linear(
+            x,
+            kernel,
+            bias,
+            self.precision,
+            dtype=self.dtype,
+            x_quantized=x_quantized,
+            rng=rng,
+            hadamard_seed=self.hadamard_seed,
+        )
+
+
+class MXRMSNorm(nn.Module):
+    """Linen RMSNorm returning (y, MXArray of y or None). See nnx_modules.MXRMSNorm."""
+
+    precision: LayerPrecision = MXFP8
+    eps: float = 1e-6
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, MXArray | None]:
+        scale = self.param("scale", nn.initializers.ones_init(), (x.shape[-1],), self.param_dtype)
+        return F.norm(x, scale, self.precision, self.eps)
+
+
+class MXAttention(nn.Module):
+    """Linen multi-head self-attention with GQA and RoPE (dense (B, T, D) input). See nnx_modules.MXAttention."""
+
+    num_heads: int
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    precision: LayerPrecision = MXFP8
+    attention_config: object = None
+    use_rope: bool = True
+    dtype: jnp.dtype | None = None
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(
+        self, x: jax.Array, *, x_quantized: MXArray | None = None, is_causal: bool = True, mask: jax.Array | None = None
+    ) -> jax.Array:
+        n = self.num_heads
+        k = self.num_kv_heads or n
+        h = self.head_dim or x.shape[-1] // n
+        if n % k:
+            raise ValueError(f"num_heads={n} is not a multiple of num_kv_heads={k}")
+        common = dict(precision=self.precision, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)
+        qkv = MXDense((n + 2 * k) * h, name="qkv", **common)(x, x_quantized=x_quantized)
+        q, kk, v = jnp.split(qkv, [n * h, (n + k) * h], axis=-1)
+        q, kk, v = q.reshape(*x.shape[:-1], n, h), kk.reshape(*x.shape[:-1], k, h), v.reshape(*x.shape[:-1], k, h)
+        if self.use_rope:
+            pos = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
+            q, kk = F.rope(q, pos), F.rope(kk, pos)
+        o = F.attention(q, kk, v, self.precision, is_causal=is_causal, mask=mask, config=self.attention_config)
+        return MXDense(x.shape[-1], name="out", **common)(o.reshape(*o.shape[:-2], n * h))
+
+
+class TransformerBlock(nn.Module):
+    """Linen pre-norm transformer block (see nnx_modules.TransformerBlock); policy names f"{name}.attn/.mlp"."""
+
+    num_heads: int
+    num_kv_heads: int | None = None
+    mlp_ratio: int = 4
+    policy: PrecisionPolicy = PrecisionPolicy()
+    layer_name: str = "block"
+    attention_config: object = None
+    dtype: jnp.dtype | None = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array, *, is_causal: bool = True, mask: jax.Array | None = None) -> jax.Array:
+        attn_p = self.policy.for_layer(f"{self.layer_name}.attn")
+        mlp_p = self.policy.for_layer(f"{self.layer_name}.mlp")
+        d = x.shape[-1]
+        h, h_q = MXRMSNorm(precision=attn_p, name="norm1")(x)
+        x = x + MXAttention(
+            self.num_heads,
+            self.num_kv_heads,
+            precision=attn_p,
+            attention_config=self.attention_config,
+            dtype=self.dtype,
+            name="attn",
+        )(h, x_quantized=h_q, is_causal=is_causal, mask=mask)
+        h, h_q = MXRMSNorm(precision=mlp_p, name="norm2")(x)
+        up = MXDense(self.mlp_ratio * d, precision=mlp_p, dtype=self.dtype, name="up")(h, x_quantized=h_q)
+        return x + MXDense(d, precision=mlp_p, dtype=self.dtype, name="down")(jax.nn.gelu(up))

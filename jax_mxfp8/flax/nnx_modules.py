@@ -1,0 +1,233 @@
+"""Flax NNX modules with MXFP8 GEMMs and attention (parameters here, math in flax/functional.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_mxfp8.flax import functional as F
+from jax_mxfp8.flax.policy import MXFP8, LayerPrecision, PrecisionPolicy
+from jax_mxfp8.formats import MXArray
+
+DEFAULT_POLICY = PrecisionPolicy()
+default_kernel_init = nnx.initializers.lecun_normal()
+default_bias_init = nnx.initializers.zeros_init()
+
+
+class MXLinear(nnx.Module):
+    """Dense layer y = x @ W + b with MXFP8 GEMMs forward and backward; W stays in `param_dtype`.
+
+    Args:
+      in_features, out_features: sizes; in_features must be a multiple of 32 for MXFP8.
+      precision: LayerPrecision (default MXFP8). "bf16" GEMMs use BF16 operands, FP32 accumulation.
+      use_bias: add a bias.
+      dtype: output dtype (default: the input's).
+      param_dtype: dtype of W and b (default float32).
+      hadamard_seed: seed of the random Hadamard transform when precision.hadamard is set.
+      rngs: nnx.Rngs for initialisation; with stochastic gradient rounding it also supplies the rounding
+        keys (stream "quant" if present, else "default").
+    Call: (..., in_features) -> (..., out_features); x_quantized= an MXArray of x (e.g. from MXRMSNorm).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        precision: LayerPrecision = MXFP8,
+        use_bias: bool = True,
+        dtype=None,
+        param_dtype=jnp.float32,
+        kernel_init=default_kernel_init,
+        bias_init=default_bias_init,
+        hadamard_seed: int = 0,
+        rngs: nnx.Rngs,
+    ):
+        self.in_features, self.out_features = in_features, out_features
+        self.precision, self.dtype, self.hadamard_seed = precision, dtype, hadamard_seed
+        self.kernel = nnx.Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
+        self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
+        self.quant_rngs = rngs.fork() if precision.grad_rounding == "stochastic" and precision.gemm == "mxfp8" else None
+
+    def __call__(self, x: jax.Array, *, x_quantized: MXArray | None = None) -> jax.Array:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"x has {x.shape[-1]} features on its last axis; this layer takes {self.in_features}")
+        rng = None
+        if self.quant_rngs is not None:
+            rng = self.quant_rngs.quant() if "quant" in self.quant_rngs else self.quant_rngs.default()
+        return F.linear(
+            x,
+            self.kernel[...],
+            None if self.bias is None else self.bias[...],
+            self.precision,
+            dtype=self.dtype,
+            x_quantized=x_quantized,
+            rng=rng,
+            hadamard_seed=self.hadamard_seed,
+        )
+
+
+class MXRMSNorm(nnx.Module):
+    """RMSNorm whose output also comes back as an MXArray (row blocks along the features) when the layer
+    after it runs MXFP8, so that layer skips its own quantize pass.
+
+    Call: x (..., features) -> (y (..., features) in x.dtype, MXArray of y or None).
+    """
+
+    def __init__(
+        self,
+        features: int,
+        *,
+        precision: LayerPrecision = MXFP8,
+        eps: float = 1e-6,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs | None = None,
+    ):
+        del rngs
+        self.precision, self.eps = precision, eps
+        self.scale = nnx.Param(jnp.ones((features,), param_dtype))
+
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, MXArray | None]:
+        return F.norm(x, self.scale[...], self.precision, self.eps)
+
+
+class MXAttention(nnx.Module):
+    """Multi-head self-attention with GQA, RoPE, MXFP8 projections and MXFP8 attention.
+
+    Args:
+      features: model width D.
+      num_heads: query heads N; num_kv_heads: K (N % K == 0; default N).
+      head_dim: H (default D // N); a multiple of 32 up to 256 for MXFP8 attention.
+      precision: LayerPrecision of the projections and of the attention itself.
+      attention_config: jax_mxfp8.AttentionConfig for the MXFP8 attention (default config).
+      use_rope: apply rotary position embeddings to q and k.
+    Call:
+      dense: x (B, T, D) -> (B, T, D), with is_causal and an optional boolean mask (B|1, N|1, T, T).
+      jagged: x (T_total, D) packed sequences with cu_seqlens (B + 1,) int32 and static max_seqlen.
+      x_quantized: the MXArray of x from MXRMSNorm (skips quantizing x for the QKV GEMM).
+    """
+
+    def __init__(
+        self,
+        features: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        precision: LayerPrecision = MXFP8,
+        attention_config=None,
+        use_rope: bool = True,
+        dtype=None,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        num_kv_heads = num_kv_heads or num_heads
+        head_dim = head_dim or features // num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.precision, self.attention_config, self.use_rope = precision, attention_config, use_rope
+        qkv_out = (num_heads + 2 * num_kv_heads) * head_dim
+        common = dict(precision=precision, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.qkv = MXLinear(features, qkv_out, use_bias=False, **common)
+        self.out = MXLinear(num_heads * head_dim, features, use_bias=False, **common)
+
+    def _split_heads(self, qkv: jax.Array):
+        n, k, h = self.num_heads, self.num_kv_heads, self.head_dim
+        q, kk, v = jnp.split(qkv, [n * h, (n + k) * h], axis=-1)
+        lead = qkv.shape[:-1]
+        return q.reshape(*lead, n, h), kk.reshape(*lead, k, h), v.reshape(*lead, k, h)
+
+    def __call__(
+        self,
+        x: jax.Array,
+        *,
+        x_quantized: MXArray | None = None,
+        is_causal: bool = True,
+        mask: jax.Array | None = None,
+        cu_seqlens: jax.Array | None = None,
+        max_seqlen: int | None = None,
+    ) -> jax.Array:
+        q, k, v = self._split_heads(self.qkv(x, x_quantized=x_quantized))
+        if cu_seqlens is not None:
+            if x.ndim != 2 or max_seqlen is None:
+                raise ValueError("jagged input takes x of shape (T_total, D) with cu_seqlens and max_seqlen")
+            if mask is not None:
+                raise ValueError("mask is not supported with cu_seqlens (sequences already isolate each other)")
+            if self.use_rope:
+                pos = F.positions_in_sequences(cu_seqlens, x.shape[0])
+                q, k = F.rope(q[None], pos[None])[0], F.rope(k[None], pos[None])[0]
+            o = F.jagged_attention(
+                q, k, v, cu_seqlens, max_seqlen, self.precision, is_causal=is_causal, config=self.attention_config
+            )
+        else:
+            if x.ndim != 3:
+                raise ValueError(f"x must be (B, T, D) for dense attention; got shape {x.shape}")
+            if self.use_rope:
+                pos = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
+                q, k = F.rope(q, pos), F.rope(k, pos)
+            o = F.attention(q, k, v, self.precision, is_causal=is_causal, mask=mask, config=self.attention_config)
+        return self.out(o.reshape(*o.shape[:-2], -1))
+
+
+class MXMLP(nnx.Module):
+    """GELU MLP: (..., D) -> (..., D) through a hidden width; both GEMMs MXFP8 per `precision`."""
+
+    def __init__(
+        self,
+        features: int,
+        hidden: int,
+        *,
+        precision: LayerPrecision = MXFP8,
+        dtype=None,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        common = dict(precision=precision, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.up = MXLinear(features, hidden, **common)
+        self.down = MXLinear(hidden, features, **common)
+
+    def __call__(self, x: jax.Array, *, x_quantized: MXArray | None = None) -> jax.Array:
+        return self.down(jax.nn.gelu(self.up(x, x_quantized=x_quantized)))
+
+
+class TransformerBlock(nnx.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(.)); fused RMSNorm+quantize feeds the
+    QKV and MLP-up GEMMs. Layer names for the policy: f"{name}.attn", f"{name}.mlp" (and .norm1/.norm2
+    follow the GEMM after them).
+    """
+
+    def __init__(
+        self,
+        features: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        mlp_ratio: int = 4,
+        policy: PrecisionPolicy = DEFAULT_POLICY,
+        name: str = "block",
+        attention_config=None,
+        dtype=None,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        attn_p, mlp_p = policy.for_layer(f"{name}.attn"), policy.for_layer(f"{name}.mlp")
+        common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.norm1 = MXRMSNorm(features, precision=attn_p, param_dtype=param_dtype)
+        self.attn = MXAttention(
+            features,
+            num_heads,
+            num_kv_heads=num_kv_heads,
+            precision=attn_p,
+            attention_config=attention_config,
+            **common,
+        )
+        self.norm2 = MXRMSNorm(features, precision=mlp_p, param_dtype=param_dtype)
+        self.mlp = MXMLP(features, mlp_ratio * features, precision=mlp_p, **common)
+
+    def __call__(self, x: jax.Array, **attention_kwargs) -> jax.Array:
+        h, h_q = self.norm1(x)
+        x = x + self.attn(h, x_quantized=h_q, **attention_kwargs)
+        h, h_q = self.norm2(x)
+        return x + self.mlp(h, x_quantized=h_q)

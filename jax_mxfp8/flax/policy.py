@@ -1,0 +1,108 @@
+"""Per-layer precision policy: which GEMMs and attentions run in MXFP8, and with which gradient options."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Iterable, Sequence
+
+from jax_mxfp8.reference.gemm_config import MXDotConfig
+
+PRECISIONS = ("mxfp8", "bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPrecision:
+    """What one layer does.
+
+    Attributes:
+      gemm: "mxfp8" (MX GEMMs forward and backward) or "bf16" (BF16 operands, FP32 accumulation).
+      attention: "mxfp8" (jax_mxfp8.dot_product_attention) or "bf16" (BF16 XLA attention), for
+        attention layers.
+      weight_grad: "mxfp8" or "bf16" weight gradient of MX GEMMs.
+      grad_rounding: "nearest" or "stochastic" rounding of incoming gradients in MX GEMMs.
+      hadamard: apply a random Hadamard transform on the contracted axis of MX GEMMs.
+    """
+
+    gemm: str = "mxfp8"
+    attention: str = "mxfp8"
+    weight_grad: str = "mxfp8"
+    grad_rounding: str = "nearest"
+    hadamard: bool = False
+
+    def __post_init__(self):
+        for field in ("gemm", "attention"):
+            if getattr(self, field) not in PRECISIONS:
+                raise ValueError(f"{field}={getattr(self, field)!r} is not one of {PRECISIONS}")
+        MXDotConfig(weight_grad=self.weight_grad, grad_rounding=self.grad_rounding)  # validates both
+
+    def dot_config(self, seed: int = 0) -> MXDotConfig:
+        """The MXDotConfig of this layer's MX GEMMs (hadamard seeded with `seed`)."""
+        return MXDotConfig(
+            weight_grad=self.weight_grad,
+            grad_rounding=self.grad_rounding,
+            hadamard_seed=seed if self.hadamard else None,
+        )
+
+    def describe(self) -> tuple[str, str]:
+        """(GEMM description, attention description) for PrecisionPolicy.table."""
+        gemm = self.gemm
+        if self.gemm == "mxfp8":
+            extras = [f"wgrad {self.weight_grad}"]
+            if self.grad_rounding == "stochastic":
+                extras.append("SR grads")
+            if self.hadamard:
+                extras.append("RHT")
+            gemm += f" ({', '.join(extras)})"
+        return gemm, self.attention
+
+
+MXFP8 = LayerPrecision()
+BF16 = LayerPrecision(gemm="bf16", attention="bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionPolicy:
+    """Maps layer names (dotted paths such as "blocks.3.mlp.up") to a LayerPrecision.
+
+    Rules are (glob pattern, LayerPrecision) pairs; the LAST matching rule wins, else `default`.
+
+    Example:
+      PrecisionPolicy.mxfp8(bf16_layers=("blocks.3.*", "lm_head"))  # MXFP8 except the last block and head
+    """
+
+    default: LayerPrecision = MXFP8
+    rules: tuple[tuple[str, LayerPrecision], ...] = ()
+
+    @classmethod
+    def mxfp8(
+        cls,
+        *,
+        bf16_layers: Sequence[str] = (),
+        weight_grad: str = "mxfp8",
+        grad_rounding: str = "nearest",
+        hadamard: bool = False,
+    ) -> PrecisionPolicy:
+        """MXFP8 everywhere except the glob patterns in `bf16_layers`, which run in BF16."""
+        default = LayerPrecision(weight_grad=weight_grad, grad_rounding=grad_rounding, hadamard=hadamard)
+        return cls(default=default, rules=tuple((p, BF16) for p in bf16_layers))
+
+    @classmethod
+    def bf16(cls) -> PrecisionPolicy:
+        """Everything in BF16: the baseline to compare MXFP8 training against."""
+        return cls(default=BF16)
+
+    def for_layer(self, name: str) -> LayerPrecision:
+        chosen = self.default
+        for pattern, precision in self.rules:
+            if fnmatch.fnmatchcase(name, pattern):
+                chosen = precision
+        return chosen
+
+    def table(self, layer_names: Iterable[str]) -> str:
+        """A markdown table of what each named layer will do (attention layers are named "*.attn")."""
+        rows = ["| layer | GEMMs | attention |", "| --- | --- | --- |"]
+        for name in layer_names:
+            gemm, attention = self.for_layer(name).describe()
+            rows.append(f"| {name} | {gemm} | {attention if name.endswith('attn') else '-'} |")
+        return "\n".join(rows)
