@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Effective bandwidth of the MX quantize / dequantize kernels vs the XLA reference vs a device copy.
+
+Bytes counted = bytes the op must read plus bytes it must write (each once). For each size the same run
+measures: a device-to-device copy (cudaMemcpyAsync through CuPy when importable, and XLA's elementwise
+copy-like `x + 1` always), the CuTe DSL kernels (implementation="cuda") and the XLA reference
+(implementation="xla"). Timing (DESIGN.md): enqueue `--calls` calls, block once, divide; median of
+`--batches` such batches; inputs rotate over several buffers. Prints a table, writes JSON and a PNG.
+
+Usage: python benchmarks/quantize.py [--out DIR] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jax_mxfp8.formats import quantize as ref_quantize  # noqa: E402
+from jax_mxfp8.kernels import registry  # noqa: E402
+from jax_mxfp8.primitives import quantize as pq  # noqa: E402
+
+# (M, K) of bf16 inputs: 128 MiB .. 2 GiB, all far beyond the 60 MB L2.
+SIZES = [(8192, 8192), (16384, 16384), (32768, 16384), (65536, 16384)]
+QUICK_SIZES = [(8192, 8192), (16384, 16384)]
+
+
+def timeit(fn, inputs, calls: int, batches: int) -> float:
+    """Median seconds per call."""
+    jax.block_until_ready(fn(inputs[0]))  # compile + warm up
+    jax.block_until_ready(fn(inputs[-1]))
+    times = []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        out = None
+        for i in range(calls):
+            out = fn(inputs[i % len(inputs)])
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times)
+
+
+def cupy_copy_time(nbytes: int, calls: int, batches: int) -> float | None:
+    try:
+        import cupy as cp
+    except Exception:  # noqa: BLE001
+        return None
+    try:
+        a = cp.empty(nbytes, dtype=cp.uint8)
+        b = cp.empty(nbytes, dtype=cp.uint8)
+        a.fill(1)
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        b[...] = a
+        times = []
+        for _ in range(batches):
+            start.record()
+            for _ in range(calls):
+                cp.cuda.runtime.memcpyAsync(b.data.ptr, a.data.ptr, nbytes, cp.cuda.runtime.memcpyDeviceToDevice, 0)
+            stop.record()
+            stop.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3 / calls)
+        del a, b
+        cp.get_default_memory_pool().free_all_blocks()
+        return statistics.median(times)
+    except Exception as e:  # noqa: BLE001
+        print(f"cupy copy failed: {e}")
+        return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--batches", type=int, default=3)
+    args = ap.parse_args(argv)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ok, why = pq.kernel_available()
+    dev = jax.devices()[0]
+    print(f"device: {dev.device_kind}, jax {jax.__version__}, kernels: {ok or why}")
+
+    rows = []
+    sizes = QUICK_SIZES if args.quick else SIZES
+    for m, k in sizes:
+        n = m * k
+        key = jax.random.key(m + k)
+        nbuf = 3 if n * 2 <= 2**30 else 2
+        xs = [jax.random.normal(jax.random.fold_in(key, i), (m, k), jnp.bfloat16) * 3.0 for i in range(nbuf)]
+        jax.block_until_ready(xs)
+
+        def record(name, fn, nbytes, inputs=xs, m=m, k=k):
+            t = timeit(jax.jit(fn), inputs, args.calls, args.batches)
+            rows.append(dict(M=m, K=k, op=name, seconds=t, bytes=nbytes, tbps=nbytes / t / 1e12))
+            print(f"  {m:6d} x {k:6d}  {name:40s} {t * 1e3:8.3f} ms  {nbytes / t / 1e12:6.3f} TB/s", flush=True)
+
+        bf16_bytes = 2 * n
+        scales = n // 32
+        t_cp = cupy_copy_time(bf16_bytes, args.calls, args.batches)
+        if t_cp is not None:
+            rows.append(
+                dict(
+                    M=m,
+                    K=k,
+                    op="copy (cudaMemcpy D2D)",
+                    seconds=t_cp,
+                    bytes=2 * bf16_bytes,
+                    tbps=2 * bf16_bytes / t_cp / 1e12,
+                )
+            )
+            tb = 2 * bf16_bytes / t_cp / 1e12
+            print(f"  {m:6d} x {k:6d}  {'copy (cudaMemcpy D2D)':40s} {t_cp * 1e3:8.3f} ms  {tb:6.3f} TB/s")
+        record("copy-like (XLA x+1, bf16)", lambda v: v + jnp.bfloat16(1), 2 * bf16_bytes)
+
+        rowcol_bytes = bf16_bytes + 2 * (n + scales)
+        row_bytes = bf16_bytes + n + scales
+        for impl in (["cuda"] if ok else []) + ["xla"]:
+            record(f"quantize rowcol [{impl}]", lambda v, i=impl: pq.quantize_rowcol(v, implementation=i), rowcol_bytes)
+            record(f"quantize row [{impl}]", lambda v, i=impl: pq.quantize(v, implementation=i), row_bytes)
+            record(f"quantize col [{impl}]", lambda v, i=impl: pq.quantize(v, axis=-2, implementation=i), row_bytes)
+            record(
+                f"quantize square [{impl}]",
+                lambda v, i=impl: pq.quantize(v, block="square", axis=(-2, -1), implementation=i),
+                bf16_bytes + n + n // 1024,
+            )
+        if ok:  # benchmark-only tunings of the bf16 row+col kernel (registry.TUNING_VARIANTS)
+            for cfg in registry.TUNING_VARIANTS:
+                op = pq._quantize_op("rowcol", "float8_e4m3fn", "up", "cuda", cfg.tune)
+                label = f"rowcol t{cfg.tune} R{cfg.rows_per_thread} {cfg.row_scale_store} w{cfg.warps_per_cta}"
+                record(f"quantize {label} [cuda]", op, rowcol_bytes)
+        qs = [ref_quantize(x) for x in xs]
+        jax.block_until_ready(qs)
+        for impl in (["cuda"] if ok else []) + ["xla"]:
+            record(
+                f"dequantize row -> bf16 [{impl}]",
+                lambda a, i=impl: pq.dequantize(a, jnp.bfloat16, implementation=i),
+                n + scales + bf16_bytes,
+                inputs=qs,
+            )
+        del xs, qs
+
+    # summary
+    def get(m, k, op):
+        for r in rows:
+            if (r["M"], r["K"], r["op"]) == (m, k, op):
+                return r
+        return None
+
+    print(f"\n{'size':14s}  {'op':40s}   TB/s   %copy   x XLA")
+    for r in rows:
+        cp_row = get(r["M"], r["K"], "copy (cudaMemcpy D2D)") or get(r["M"], r["K"], "copy-like (XLA x+1, bf16)")
+        r["fraction_of_copy"] = r["tbps"] / cp_row["tbps"] if cp_row else None
+        xla = get(r["M"], r["K"], r["op"].replace("[cuda]", "[xla]")) if "[cuda]" in r["op"] else None
+        r["speedup_vs_xla"] = xla["seconds"] / r["seconds"] if xla else None
+        frac = f"{100 * r['fraction_of_copy']:6.1f}%" if r["fraction_of_copy"] else "     -"
+        sp = f"{r['speedup_vs_xla']:6.2f}x" if r["speedup_vs_xla"] else "      -"
+        print(f"{r['M']:6d}x{r['K']:<6d}  {r['op']:40s} {r['tbps']:6.3f} {frac} {sp}")
+
+    meta = dict(
+        device=dev.device_kind,
+        jax=jax.__version__,
+        kernels=bool(ok),
+        calls=args.calls,
+        batches=args.batches,
+        method="enqueue `calls` calls, block once, divide; median of `batches`; bytes = read + written",
+    )
+    (out_dir / "h200_quantize.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(9, 5))
+        for op in dict.fromkeys(r["op"] for r in rows):
+            pts = [(r["bytes"] / 1e9, r["tbps"]) for r in rows if r["op"] == op]
+            ax.plot(*zip(*pts, strict=True), marker="o", label=op)
+        ax.set_xscale("log")
+        ax.set_xlabel("bytes moved (GB)")
+        ax.set_ylabel("effective TB/s (read + written)")
+        ax.set_title(f"MX quantize on {dev.device_kind}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / "h200_quantize.png", dpi=120)
+    except Exception as e:  # noqa: BLE001
+        print(f"plot skipped: {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+// Implementation of csrc/common.h: module loading, variant lookup, launches and buffer checks.
+#include "common.h"
+
+#include <sstream>
+
+namespace jmx {
+
+namespace {
+thread_local cudaError_t tls_dsl_error = cudaSuccess;
+
+std::string CudaMessage(const char* what, cudaError_t err) {
+  std::ostringstream os;
+  os << what << ": " << cudaGetErrorName(err) << " (" << cudaGetErrorString(err) << ")";
+  return os.str();
+}
+}  // namespace
+
+void RecordDslError(cudaError_t err) {
+  if (err != cudaSuccess && tls_dsl_error == cudaSuccess) tls_dsl_error = err;
+}
+
+cudaError_t TakeDslError() {
+  cudaError_t err = tls_dsl_error;
+  tls_dsl_error = cudaSuccess;
+  return err;
+}
+
+cudaError_t LoadModule(ModuleSlot& slot, int device, DslInitFn init, DslInitFn load_to_device) {
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  std::lock_guard<std::mutex> lock(slot.mu);
+  if (!slot.initialized) {
+    // Mirrors the DSL header's <prefix>_Kernel_Module_Load, but per device and with errors returned.
+    cudaLibrary_t* library_ptr = &slot.library;
+    cudaError_t ret = cudaSuccess;
+    struct {
+      cudaLibrary_t** library_ptr;
+      cudaError_t* ret;
+    } init_args = {&library_ptr, &ret};
+    init(reinterpret_cast<void**>(&init_args));
+    slot.initialized = true;
+    slot.init_error = ret;
+  }
+  if (slot.init_error != cudaSuccess) return slot.init_error;
+  if (slot.loaded[device]) return cudaSuccess;
+  cudaLibrary_t* library_ptr = &slot.library;
+  int32_t device_id = device;
+  cudaError_t ret = cudaSuccess;
+  struct {
+    cudaLibrary_t** library;
+    int32_t* device_id;
+    cudaError_t* ret;
+  } load_args = {&library_ptr, &device_id, &ret};
+  load_to_device(reinterpret_cast<void**>(&load_args));
+  if (ret == cudaSuccess) slot.loaded[device] = true;
+  return ret;
+}
+
+ffi::Error DeviceMajor(int device, int* major) {
+  static std::mutex mu;
+  static int cache[kMaxDevices] = {};
+  if (device < 0 || device >= kMaxDevices) {
+    return ffi::Error::InvalidArgument("jax_mxfp8: device ordinal " + std::to_string(device) + " out of range");
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache[device] == 0) {
+    int value = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&value, cudaDevAttrComputeCapabilityMajor, device);
+    if (err != cudaSuccess) return ffi::Error::Internal(CudaMessage("jax_mxfp8: cudaDeviceGetAttribute", err));
+    cache[device] = value;
+  }
+  *major = cache[device];
+  return ffi::Error::Success();
+}
+
+ffi::Error FindKernel(int device, int op, int a, int b, int c, int d, int tune, const KernelEntry** entry) {
+  int major = 0;
+  if (auto err = DeviceMajor(device, &major); err.failure()) return err;
+  for (int i = 0; i < kKernelTableSize; ++i) {
+    const KernelEntry& e = kKernelTable[i];
+    if (e.arch_major == major && e.op == op && e.a == a && e.b == b && e.c == c && e.d == d && e.tune == tune) {
+      cudaError_t err = e.load(device);
+      if (err != cudaSuccess) {
+        return ffi::Error::Internal(CudaMessage((std::string("jax_mxfp8: loading kernel ") + e.name).c_str(), err));
+      }
+      *entry = &e;
+      return ffi::Error::Success();
+    }
+  }
+  std::ostringstream os;
+  os << "jax_mxfp8: no kernel compiled for compute capability " << major << ".x with op=" << op << " codes=(" << a
+     << "," << b << "," << c << "," << d << ") tune=" << tune << "; the library covers sm_90a and sm_100a (use implementation='xla')";
+  return ffi::Error(ffi::ErrorCode::kUnimplemented, os.str());
+}
+
+ffi::Error Launch(const KernelEntry* entry, int device, const Tensor2D* tensors, int n, cudaStream_t stream) {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != device) {
+    cudaError_t err = cudaSetDevice(device);
+    if (err != cudaSuccess) return ffi::Error::Internal(CudaMessage("jax_mxfp8: cudaSetDevice", err));
+  }
+  (void)TakeDslError();
+  cudaError_t err = entry->launch(tensors, n, stream);
+  if (err == cudaSuccess) err = TakeDslError();
+  if (err == cudaSuccess) err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return ffi::Error::Internal(CudaMessage((std::string("jax_mxfp8: launching ") + entry->name).c_str(), err));
+  }
+  return ffi::Error::Success();
+}
+
+std::string DTypeName(ffi::DataType dtype) {
+  std::ostringstream os;
+  os << dtype;
+  return os.str();
+}
+
+namespace {
+ffi::Error View2D(void* data, ffi::AnyBuffer::Dimensions dims, const char* what, Tensor2D* out) {
+  if (dims.size() < 2) {
+    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " must have rank >= 2, got rank " +
+                                       std::to_string(dims.size()));
+  }
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) rows *= dims[i];
+  int64_t cols = dims[dims.size() - 1];
+  if (rows > INT32_MAX || cols > INT32_MAX) {
+    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " is too large for the kernels (" +
+                                       std::to_string(rows) + " x " + std::to_string(cols) + ")");
+  }
+  if (reinterpret_cast<uintptr_t>(data) % 16 != 0) {
+    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " is not 16-byte aligned");
+  }
+  *out = Tensor2D{data, static_cast<int32_t>(rows), static_cast<int32_t>(cols)};
+  return ffi::Error::Success();
+}
+}  // namespace
+
+ffi::Error As2D(const ffi::AnyBuffer& buffer, const char* what, Tensor2D* out) {
+  return View2D(buffer.untyped_data(), buffer.dimensions(), what, out);
+}
+
+ffi::Error As2D(ffi::Result<ffi::AnyBuffer>& buffer, const char* what, Tensor2D* out) {
+  return View2D(buffer->untyped_data(), buffer->dimensions(), what, out);
+}
+
+ffi::Error Expect(const Tensor2D& t, ffi::DataType got, ffi::DataType want, int64_t rows, int64_t cols,
+                  const char* what) {
+  if (got != want) {
+    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " has dtype " + DTypeName(got) +
+                                       ", expected " + DTypeName(want));
+  }
+  if (t.rows != rows || t.cols != cols) {
+    std::ostringstream os;
+    os << "jax_mxfp8: " << what << " is " << t.rows << " x " << t.cols << " (leading axes flattened), expected "
+       << rows << " x " << cols;
+    return ffi::Error::InvalidArgument(os.str());
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace jmx

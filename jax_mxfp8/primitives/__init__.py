@@ -1,0 +1,1 @@
+"""Layer 5: FFI-backed ops (abstract eval, sharding, batching, reference fallback)."""

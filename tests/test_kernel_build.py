@@ -1,0 +1,143 @@
+"""CPU checks of the built kernel library: exported symbols, embedded cubin targets, FFI registration.
+
+Uses jax_mxfp8/_lib/libjax_mxfp8_kernels.so when present. When it is absent the test builds it with
+tools/build_library.py if the build toolchain is importable (nvidia-cutlass-dsl, nvidia-cuda-runtime,
+jaxlib 0.10.2 headers); otherwise it skips and says which piece is missing. Set
+JAX_MXFP8_BUILD_PYTHON=/path/to/python to build with another interpreter (e.g. a build venv).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jax_mxfp8.kernels import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+LIB = ROOT / "jax_mxfp8" / "_lib" / "libjax_mxfp8_kernels.so"
+EXPORTED = {
+    "jax_mxfp8_quantize_rowcol",
+    "jax_mxfp8_quantize",
+    "jax_mxfp8_dequantize",
+    "jax_mxfp8_kernel_count",
+    "jax_mxfp8_kernel_name",
+    "jax_mxfp8_kernel_arch",
+    "jax_mxfp8_preload",
+}
+EM_CUDA = 190
+
+
+def _missing_toolchain(python: str) -> str | None:
+    code = (
+        "import importlib.util as u, jaxlib, sys; "
+        "m=[n for n in ('cutlass','nvidia_cutlass_dsl','nvidia') if u.find_spec(n) is None]; "
+        "print(','.join(m) if m else ('jaxlib=='+jaxlib.__version__ if jaxlib.__version__!='0.10.2' else ''))"
+    )
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    except Exception as e:  # noqa: BLE001
+        return f"{python}: {e}"
+    if out.returncode:
+        return out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "import failed"
+    return out.stdout.strip() or None
+
+
+@pytest.fixture(scope="module")
+def library() -> Path:
+    if LIB.exists():
+        return LIB
+    python = os.environ.get("JAX_MXFP8_BUILD_PYTHON", sys.executable)
+    missing = _missing_toolchain(python)
+    if missing:
+        pytest.skip(
+            f"kernel library not built and the build toolchain is absent ({missing}); "
+            'pip install "nvidia-cutlass-dsl[cu13]==4.8.1" "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-crt==13.0.88" '
+            '"jaxlib==0.10.2" and run python tools/build_library.py'
+        )
+    if shutil.which(os.environ.get("CXX", "g++")) is None:
+        pytest.skip("kernel library not built and no C++ compiler (g++) found")
+    subprocess.run([python, str(ROOT / "tools" / "build_library.py"), "--jobs", "2"], check=True)
+    return LIB
+
+
+def _cubins(data: bytes) -> list[tuple[int, int, int]]:
+    """(offset, size, e_flags) of every CUDA ELF image embedded in `data` (past the host ELF header)."""
+    found, i = [], 1
+    while (i := data.find(b"\x7fELF", i)) > 0:
+        hdr = data[i : i + 64]
+        if len(hdr) == 64 and hdr[4] == 2 and struct.unpack_from("<H", hdr, 18)[0] == EM_CUDA:
+            phoff, shoff = struct.unpack_from("<QQ", hdr, 32)
+            flags = struct.unpack_from("<I", hdr, 48)[0]
+            phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", hdr, 54)
+            size = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+            found.append((i, size, flags))
+        i += 4
+    return found
+
+
+def _nm_exports(lib: Path) -> set[str]:
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) not found")
+    out = subprocess.run([nm, "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+def test_only_handler_symbols_exported(library):
+    assert _nm_exports(library) == EXPORTED
+
+
+def test_no_static_libstdcxx_and_static_cudart(library):
+    out = subprocess.run(["ldd", str(library)], capture_output=True, text=True).stdout
+    assert "libstdc++" in out, "libstdc++ must stay dynamic (-static-libstdc++ needs a newer glibc)"
+    assert "libcudart" not in out, "cudart must be linked statically"
+
+
+def test_kernel_table_matches_registry(library):
+    lib = ctypes.CDLL(str(library))
+    lib.jax_mxfp8_kernel_name.restype = ctypes.c_char_p
+    names = {
+        (lib.jax_mxfp8_kernel_name(i).decode(), lib.jax_mxfp8_kernel_arch(i))
+        for i in range(lib.jax_mxfp8_kernel_count())
+    }
+    want = {(v.name, registry.ARCH_MAJOR[a]) for v in registry.VARIANTS for a in registry.ARCHS}
+    assert names == want
+
+
+def test_embedded_cubins_target_sm90a_and_sm100a(library, tmp_path):
+    data = library.read_bytes()
+    cubins = _cubins(data)
+    assert len(cubins) == len(registry.VARIANTS) * len(registry.ARCHS)
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump is None and importlib.util.find_spec("nvidia") is not None:
+        for base in importlib.util.find_spec("nvidia").submodule_search_locations:
+            cand = Path(base) / "cu13" / "bin" / "cuobjdump"
+            if cand.exists():
+                cuobjdump = str(cand)
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    archs = {}
+    for n, (off, size, _) in enumerate(cubins):
+        path = tmp_path / f"k{n}.cubin"
+        path.write_bytes(data[off : off + size])
+        out = subprocess.run([cuobjdump, "-lelf", str(path)], capture_output=True, text=True).stdout
+        arch = next((tok.rsplit(".", 2)[-2] for tok in out.split() if tok.endswith(".cubin")), None)
+        archs[arch] = archs.get(arch, 0) + 1
+    assert archs == {"sm_90a": len(registry.VARIANTS), "sm_100a": len(registry.VARIANTS)}, archs
+
+
+def test_registers_with_jax_ffi(library):
+    import jax
+
+    lib = ctypes.CDLL(str(library))
+    for name in ("jax_mxfp8_quantize_rowcol", "jax_mxfp8_quantize", "jax_mxfp8_dequantize"):
+        # registration checks the handler's FFI API version against this jaxlib's
+        jax.ffi.register_ffi_target(f"test_{name}", jax.ffi.pycapsule(getattr(lib, name)), platform="CUDA")

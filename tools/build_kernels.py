@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Compiles every CuTe DSL kernel variant in jax_mxfp8/kernels/registry.py ahead of time (no GPU needed).
+
+For each arch in registry.ARCHS and each variant: `cute.compile(..., options="--gpu-arch <arch>")`, then
+`export_to_c` writes <out>/<arch>/<symbol>.h and .o (the .o embeds the cubin; the cubin and PTX are also
+kept under <out>/<arch>/dump/<variant>/). Each arch runs in its own process because the DSL reads
+CUTE_DSL_ARCH at import. Finally it writes the two files the C++ build needs: <out>/kernels_table.inc,
+the self-contained table that csrc/kernels_table.cc includes (the exported headers inlined, plus one
+launch adapter per (variant, arch) with a uniform signature, generated from the headers' tensor
+structs), and <out>/libjmx_kernels.a with every kernel object.
+
+Usage: python tools/build_kernels.py [--out build/kernels] [--arch sm_90a --arch sm_100a] [--jobs 2]
+Needs: nvidia-cutlass-dsl[cu13]==4.8.1 (and jax, for the numerics constants in jax_mxfp8.formats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from jax_mxfp8.kernels import registry  # noqa: E402 (pure Python, no DSL import)
+
+
+def symbol(config, arch: str) -> str:
+    return f"jmx_{config.name}_{arch.replace('_', '')}"
+
+
+def compile_arch(arch: str, out: Path, names: list[str] | None) -> None:
+    """Worker: compiles the variants for one arch (runs in a fresh process with CUTE_DSL_ARCH set)."""
+    import cutlass.cute as cute
+
+    from jax_mxfp8.kernels.sm90.quantize import make_kernel
+
+    adir = out / arch
+    adir.mkdir(parents=True, exist_ok=True)
+    meta = {}
+    for config in registry.VARIANTS:
+        if names and config.name not in names:
+            continue
+        sym = symbol(config, arch)
+        t0 = time.time()
+        kern = make_kernel(config)
+        dump = adir / "dump" / config.name  # kept cubin + PTX, for inspection (cuobjdump -sass)
+        dump.mkdir(parents=True, exist_ok=True)
+        compiled = cute.compile(
+            kern.entry(),
+            *kern.fake_args(),
+            options=f"--gpu-arch {arch} --keep-cubin --keep-ptx --dump-dir {dump}",
+        )
+        compiled.export_to_c(str(adir), sym, function_prefix=sym)
+        meta[sym] = {"config": config.name, "tensors": list(kern.tensor_names()), "seconds": time.time() - t0}
+        print(f"[{arch}] {config.name}: {meta[sym]['seconds']:.2f} s", flush=True)
+    (adir / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+_STRUCT_RE = re.compile(r"typedef struct \{(.*?)\}\s*(\w+)_Tensor_(\w+)_t;", re.S)
+_WRAPPER_RE = re.compile(r"static inline int32_t cute_dsl_(\w+)_wrapper\(([^)]*)\)")
+
+
+def _adapter(sym: str, header: str) -> str:
+    """C++ launch adapter for one exported variant: fills the DSL's tensor structs from jmx::Tensor2D."""
+    structs = []
+    for body, prefix, argname in _STRUCT_RE.findall(header):
+        if prefix != sym:
+            continue
+        shapes = re.search(r"dynamic_shapes\[(\d+)\]", body)
+        strides = re.search(r"dynamic_strides\[(\d+)\]", body)
+        if not shapes or shapes.group(1) != "2" or not strides or strides.group(1) != "1":
+            raise SystemExit(f"{sym}: tensor {argname} has an unexpected struct layout:\n{body}")
+        structs.append(argname)
+    m = _WRAPPER_RE.search(header)
+    params = [p.strip() for p in m.group(2).split(",")]
+    order = [re.search(r"_Tensor_(\w+)_t \*", p).group(1) for p in params if "_Tensor_" in p]
+    if sorted(order) != sorted(structs):
+        raise SystemExit(f"{sym}: wrapper arguments {order} do not match structs {structs}")
+    fills = "\n".join(
+        f"  {sym}_Tensor_{a}_t a{i} = {{t[{i}].data, {{t[{i}].rows, t[{i}].cols}}, {{t[{i}].cols}}}};"
+        for i, a in enumerate(order)
+    )
+    args = ", ".join(f"&a{i}" for i in range(len(order)))
+    return f"""
+// ---- {sym}
+static jmx::ModuleSlot g_slot_{sym};
+static cudaError_t load_{sym}(int device) {{
+  return jmx::LoadModule(g_slot_{sym}, device, &_mlir_{sym}_cuda_init, &_mlir_{sym}_cuda_load_to_device);
+}}
+static cudaError_t launch_{sym}(const jmx::Tensor2D* t, int n, cudaStream_t stream) {{
+  if (n != {len(order)}) return cudaErrorInvalidValue;
+{fills}
+  {sym}_Kernel_Module_t module{{g_slot_{sym}.library}};
+  return static_cast<cudaError_t>(cute_dsl_{sym}_wrapper(&module, {args}, stream));
+}}
+"""
+
+
+def write_table(out: Path, archs: list[str]) -> Path:
+    includes, adapters, rows = [], [], []
+    for arch in archs:
+        meta = json.loads((out / arch / "meta.json").read_text())
+        for config in registry.VARIANTS:
+            sym = symbol(config, arch)
+            if sym not in meta:
+                continue
+            header = (out / arch / f"{sym}.h").read_text()
+            # inline the exported header so that the table is one self-contained file (Bazel, CMake)
+            includes.append(f"// ---- from {arch}/{sym}.h\n" + header.replace("#pragma once", ""))
+            adapters.append(_adapter(sym, header))
+            if config.op == "quantize":
+                codes = (
+                    f"jmx::kOpQuantize, {registry.DTYPE_CODE[config.in_dtype]}, "
+                    f"{registry.MODE_CODE[config.mode]}, {registry.DTYPE_CODE[config.elem_dtype]}, "
+                    f"{registry.ROUNDING_CODE[config.scale_rounding]}, {config.tune}"
+                )
+            else:
+                codes = (
+                    f"jmx::kOpDequantize, {registry.DTYPE_CODE[config.elem_dtype]}, "
+                    f"{registry.MODE_CODE[config.block]}, {registry.DTYPE_CODE[config.out_dtype]}, 0, 0"
+                )
+            rows.append(f'  {{"{config.name}", {registry.ARCH_MAJOR[arch]}, {codes}, &launch_{sym}, &load_{sym}}},')
+    text = (
+        "// Generated by tools/build_kernels.py from jax_mxfp8/kernels/registry.py. Do not edit.\n"
+        "// Included once, by csrc/kernels_table.cc, after csrc/common.h.\n"
+        "#define CUTE_DSL_CUDA_ERROR_CHECK(err) jmx::RecordDslError(err)\n"
+        + "\n".join(includes)
+        + "\n"
+        + "".join(adapters)
+        + "\nnamespace jmx {\nconst KernelEntry kKernelTable[] = {\n"
+        + "\n".join(rows)
+        + "\n};\nconst int kKernelTableSize = sizeof(kKernelTable) / sizeof(kKernelTable[0]);\n}  // namespace jmx\n"
+    )
+    path = out / "kernels_table.inc"
+    path.write_text(text)
+    # every kernel object in one static archive, next to the table
+    objs = [str(out / arch / f"{symbol(c, arch)}.o") for arch in archs for c in registry.VARIANTS]
+    archive = out / "libjmx_kernels.a"
+    archive.unlink(missing_ok=True)
+    subprocess.run(["ar", "rcs", str(archive), *[o for o in objs if Path(o).exists()]], check=True)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "build" / "kernels"))
+    ap.add_argument("--arch", action="append", choices=registry.ARCHS, help="default: all of registry.ARCHS")
+    ap.add_argument("--only", action="append", help="compile only these variant names (debugging)")
+    ap.add_argument("--jobs", type=int, default=1, help="archs compiled in parallel (one process each)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
+
+    if args.worker:
+        compile_arch(args.worker, out, args.only)
+        return 0
+
+    archs = args.arch or list(registry.ARCHS)
+    t0 = time.time()
+    procs, pending = [], list(archs)
+    while pending or procs:
+        while pending and len(procs) < max(1, args.jobs):
+            arch = pending.pop(0)
+            cmd = [sys.executable, __file__, "--out", str(out), "--worker", arch]
+            for n in args.only or []:
+                cmd += ["--only", n]
+            procs.append((arch, subprocess.Popen(cmd, env={**os.environ, "CUTE_DSL_ARCH": arch})))
+        arch, p = procs.pop(0)
+        if p.wait() != 0:
+            for _, q in procs:
+                q.kill()
+            print(f"kernel compilation for {arch} failed", file=sys.stderr)
+            return 1
+    table = write_table(out, archs)
+    print(f"compiled {len(registry.VARIANTS)} variants x {len(archs)} archs in {time.time() - t0:.1f} s -> {table}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
