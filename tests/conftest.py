@@ -1,8 +1,14 @@
-"""Shared pytest setup: GPU-marked tests skip cleanly on machines without a CUDA device."""
+"""Shared pytest setup: 8 host (CPU) devices for the sharding tests; GPU-marked tests skip cleanly on
+machines without a CUDA device."""
 
 from __future__ import annotations
 
 import functools
+import os
+
+# Must happen before jax is imported anywhere in the session; it only adds CPU devices.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import pytest
 

@@ -3,7 +3,7 @@ adapters for stock Flax modules."""
 
 from jax_mxfp8.flax import linen_modules as linen
 from jax_mxfp8.flax.adapters import attention_fn, dot_general
-from jax_mxfp8.flax.nnx_modules import MXMLP, MXAttention, MXLinear, MXRMSNorm, TransformerBlock
+from jax_mxfp8.flax.nnx_modules import MXMLP, MXAttention, MXLinear, MXRMSNorm, TransformerBlock, use_quantized_gather
 from jax_mxfp8.flax.policy import BF16, MXFP8, LayerPrecision, PrecisionPolicy
 
 __all__ = [
@@ -19,4 +19,5 @@ __all__ = [
     "attention_fn",
     "dot_general",
     "linen",
+    "use_quantized_gather",
 ]

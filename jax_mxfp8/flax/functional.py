@@ -15,6 +15,7 @@ from jax_mxfp8.ops.attention import dot_product_attention
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
 from jax_mxfp8.ops.rms_norm_quantize import rms_norm_quantize
 from jax_mxfp8.ops.varlen_attention import varlen_attention
+from jax_mxfp8.parallel.fsdp import gather_quantized
 from jax_mxfp8.reference.rms_norm import rms_norm
 
 
@@ -28,13 +29,16 @@ def linear(
     x_quantized: MXArray | None = None,
     rng: jax.Array | None = None,
     hadamard_seed: int = 0,
+    gather_sharding: jax.sharding.Sharding | None = None,
 ) -> jax.Array:
     """y = x @ kernel + bias over the last axis of x. (..., D_in) x (D_in, D_out) -> (..., D_out).
 
     MXFP8 GEMMs (forward and backward) when precision.gemm == "mxfp8", else BF16 operands with FP32
     accumulation. The kernel stays in its parameter dtype; it is only quantized (or rounded to BF16) for
     the product. `dtype` is the output dtype (default: x's). `x_quantized` (from rms_norm_quantize) skips
-    the forward quantization of x; `rng` feeds stochastic gradient rounding.
+    the forward quantization of x; `rng` feeds stochastic gradient rounding. `gather_sharding` (FSDP):
+    quantize the kernel shard by shard and all-gather the MXFP8 bytes to this sharding instead of the
+    high-precision kernel (see jax_mxfp8.parallel.gather_quantized).
     """
     out_dtype = dtype or x.dtype
     dn = (((x.ndim - 1,), (0,)), ((), ()))
@@ -47,6 +51,11 @@ def linear(
             config=precision.dot_config(hadamard_seed),
             rng=rng if precision.grad_rounding == "stochastic" else None,
             lhs_quantized=None if precision.hadamard else x_quantized,
+            rhs_quantized=(
+                gather_quantized(kernel, gather_sharding, axis=0)
+                if gather_sharding is not None and not precision.hadamard
+                else None
+            ),
         )
     else:
         y = lax.dot_general(x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16), dn, preferred_element_type=jnp.float32)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -48,6 +50,7 @@ class MXLinear(nnx.Module):
         self.precision, self.dtype, self.hadamard_seed = precision, dtype, hadamard_seed
         self.kernel = nnx.Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
         self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
+        self.gather_sharding = None  # set by jax_mxfp8.flax.use_quantized_gather (FSDP)
         self.quant_rngs = rngs.fork() if precision.grad_rounding == "stochastic" and precision.gemm == "mxfp8" else None
 
     def __call__(self, x: jax.Array, *, x_quantized: MXArray | None = None) -> jax.Array:
@@ -65,7 +68,25 @@ class MXLinear(nnx.Module):
             x_quantized=x_quantized,
             rng=rng,
             hadamard_seed=self.hadamard_seed,
+            gather_sharding=self.gather_sharding,
         )
+
+
+def use_quantized_gather(
+    model: nnx.Module, sharding_for: Callable[[str, MXLinear], jax.sharding.Sharding | None]
+) -> int:
+    """Makes every MXLinear in `model` all-gather its kernel as MXFP8 (FSDP pre-all-gather quantization).
+
+    `sharding_for(path, layer)` returns the sharding the gathered kernel should have (e.g. replicated over
+    the FSDP axis, still split over a tensor-parallel axis), or None to leave that layer alone.
+    Returns the number of layers changed.
+    """
+    changed = 0
+    for path, layer in nnx.iter_graph(model):
+        if isinstance(layer, MXLinear):
+            layer.gather_sharding = sharding_for(".".join(str(p) for p in path), layer)
+            changed += layer.gather_sharding is not None
+    return changed
 
 
 class MXRMSNorm(nnx.Module):

@@ -1,0 +1,185 @@
+"""Partitioning on 8 CPU devices: sharded runs equal unsharded ones, and the HLO holds only the
+collectives the sharding calls for."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sharding_util import bytes_of, collectives, mesh, put
+
+import jax_mxfp8
+from jax_mxfp8.parallel import gather_quantized
+
+DN = (((1,), (0,)), ((), ()))
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+def _normal(seed, shape):
+    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+@pytest.mark.parametrize(
+    "block,spec", [("row", ("data", "model")), ("square", ("data", "model")), ("row", (None, "model"))]
+)
+def test_quantize_partitions_without_collectives(block, spec):
+    m = mesh((2, 4), ("data", "model"))
+    x = _normal(0, (256, 512))
+    xs = put(x, m, *spec)
+    f = jax.jit(lambda x: jax_mxfp8.quantize(x, block=block))
+    assert collectives(lambda x: jax_mxfp8.quantize(x, block=block), xs) == []
+    q, q1 = f(xs), f(x)
+    np.testing.assert_array_equal(np.asarray(q.data).view(np.uint8), np.asarray(q1.data).view(np.uint8))
+    np.testing.assert_array_equal(q.scale, q1.scale)
+
+
+def _loss(x, w):
+    return jnp.sum(jnp.sin(jax_mxfp8.mx_dot_general(x, w, DN)))
+
+
+@pytest.mark.parametrize(
+    "x_spec,w_spec,fwd_allowed,grad_allowed",
+    [
+        (("data", None), (None, None), set(), {"all-reduce"}),  # data parallel: only the weight-grad sum
+        (("data", None), (None, "model"), set(), {"all-reduce"}),  # + column tensor parallel
+        ((None, "model"), ("model", None), {"all-reduce"}, {"all-reduce", "all-gather"}),  # row parallel
+    ],
+)
+def test_mx_dot_general_partitions_like_dot_general(x_spec, w_spec, fwd_allowed, grad_allowed):
+    m = mesh((2, 4), ("data", "model"))
+    x, w = _normal(1, (256, 512)), _normal(2, (512, 256))
+    xs, ws = put(x, m, *x_spec), put(w, m, *w_spec)
+    fwd_ops = {op for op, _ in collectives(lambda x, w: jax_mxfp8.mx_dot_general(x, w, DN), xs, ws)}
+    assert fwd_ops <= fwd_allowed, fwd_ops
+    grad = jax.grad(_loss, (0, 1))
+    grad_ops = {op for op, _ in collectives(grad, xs, ws)}
+    assert grad_ops <= grad_allowed, grad_ops
+    out, out1 = (
+        jax.jit(jax_mxfp8.mx_dot_general, static_argnums=2)(xs, ws, DN),
+        jax.jit(jax_mxfp8.mx_dot_general, static_argnums=2)(x, w, DN),
+    )
+    np.testing.assert_allclose(out, out1, rtol=1e-5, atol=1e-4)
+    for g, g1 in zip(jax.jit(grad)(xs, ws), jax.jit(grad)(x, w)):
+        np.testing.assert_allclose(g, g1, rtol=1e-4, atol=1e-3)
+
+
+def test_fsdp_quantized_gather_moves_bytes_not_floats():
+    m = mesh((8,), ("fsdp",))
+    x, w = put(_normal(3, (256, 512)), m, "fsdp", None), put(_normal(4, (512, 1024)), m, "fsdp", None)
+    replicated = jax.sharding.NamedSharding(m, jax.sharding.PartitionSpec())
+
+    def fwd(x, w):
+        return jax_mxfp8.mx_dot_general(x, w, DN, rhs_quantized=gather_quantized(w, replicated))
+
+    gathers = [(op, s) for op, s in collectives(fwd, x, w) if op == "all-gather"]
+    assert gathers and all(s.startswith("u8") for _, s in gathers), gathers
+    fp8_bytes = sum(bytes_of(s) for _, s in gathers)
+    assert fp8_bytes == 512 * 1024 + 512 * 1024 // 32  # FP8 data + E8M0 scales; FP32 would be 4x the data
+    plain = [s for op, s in collectives(lambda x, w: jax_mxfp8.mx_dot_general(x, w, DN), x, w) if op == "all-gather"]
+    assert sum(bytes_of(s) for s in plain) == 4 * 512 * 1024
+    # the gathered MXArray is bit-identical to quantizing the whole weight on one device
+    gathered = jax.jit(lambda w: gather_quantized(w, replicated))(w)
+    whole = jax_mxfp8.quantize(np.asarray(w), axis=0)
+    np.testing.assert_array_equal(np.asarray(gathered.data).view(np.uint8), np.asarray(whole.data).view(np.uint8))
+    np.testing.assert_array_equal(gathered.scale, whole.scale)
+    expect = jax.jit(lambda x, w: jax_mxfp8.mx_dot_general(x, w, DN))(x, w)
+    np.testing.assert_allclose(jax.jit(fwd)(x, w), expect, rtol=1e-5, atol=1e-4)
+
+
+def test_attention_partitions_over_batch_and_heads():
+    m = mesh((2, 4), ("data", "model"))
+    q, k, v = (_normal(5 + i, (2, 128, 8, 64)) for i in range(3))
+    qs, ks, vs = (put(t, m, "data", None, "model", None) for t in (q, k, v))
+
+    def loss(q, k, v):
+        return jnp.sum(jnp.sin(jax_mxfp8.dot_product_attention(q, k, v, is_causal=True)))
+
+    fwd_ops = {
+        op
+        for op, _ in collectives(lambda q, k, v: jax_mxfp8.dot_product_attention(q, k, v, is_causal=True), qs, ks, vs)
+    }
+    assert fwd_ops == set(), fwd_ops
+    grad = jax.grad(loss, (0, 1, 2))
+    assert {op for op, _ in collectives(grad, qs, ks, vs)} == set()
+    for g, g1 in zip(jax.jit(grad)(qs, ks, vs), jax.jit(grad)(q, k, v)):
+        np.testing.assert_allclose(g, g1, rtol=1e-5, atol=1e-5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_lm_train_step_losses_match_across_meshes():
+    sys.path.insert(0, EXAMPLES)
+    import train_multihost
+
+    common = ["--steps", "3", "--batch", "8", "--seq-len", "32", "--d-model", "64", "--heads", "2"]
+    single = train_multihost.run(train_multihost.parse_args([*common, "--mesh", "data=1"]))["losses"]
+    for mesh_arg, fp8 in (
+        ("data=8", []),
+        ("fsdp=8", []),
+        ("fsdp=8", ["--fp8-gather"]),
+        ("data=2,fsdp=2,tp=2", ["--fp8-gather"]),
+    ):
+        losses = train_multihost.run(train_multihost.parse_args([*common, "--mesh", mesh_arg, *fp8]))["losses"]
+        np.testing.assert_allclose(losses, single, rtol=2e-4, err_msg=f"{mesh_arg} {fp8}")
+
+
+def test_multihost_example_two_processes_of_four_devices(tmp_path):
+    port = _free_port()
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    common = [
+        "--steps",
+        "3",
+        "--batch",
+        "8",
+        "--seq-len",
+        "32",
+        "--d-model",
+        "64",
+        "--heads",
+        "2",
+        "--mesh",
+        "data=2,fsdp=2,tp=2",
+    ]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                os.path.join(EXAMPLES, "train_multihost.py"),
+                *common,
+                "--num-processes",
+                "2",
+                "--process-id",
+                str(i),
+                "--coordinator",
+                f"localhost:{port}",
+                "--out",
+                str(tmp_path / f"p{i}.json"),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    import json
+
+    summary = json.loads((tmp_path / "p0.json").read_text())
+    assert summary["processes"] == 2
+    sys.path.insert(0, EXAMPLES)
+    import train_multihost
+
+    single = train_multihost.run(train_multihost.parse_args([*common[:-2], "--mesh", "data=1"]))["losses"]
+    np.testing.assert_allclose(summary["losses"], single, rtol=2e-4)
