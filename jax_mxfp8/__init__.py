@@ -5,18 +5,24 @@ dot_product_attention, varlen_attention.
 """
 
 from jax_mxfp8.formats import MXArray, dequantize, quantize, random_hadamard
+from jax_mxfp8.ops.attention import dot_product_attention
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
 from jax_mxfp8.ops.rms_norm_quantize import rms_norm_quantize
+from jax_mxfp8.ops.varlen_attention import varlen_attention
+from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionConfig",
     "MXArray",
     "MXDotConfig",
     "dequantize",
+    "dot_product_attention",
     "mx_dot_general",
     "quantize",
     "random_hadamard",
     "rms_norm_quantize",
+    "varlen_attention",
 ]

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mxfp8.formats.decode import decode_elements
 from jax_mxfp8.formats.elements import BLOCK_SIZE, SCALE_BIAS, SCALE_NAN, element_format
 from jax_mxfp8.formats.mxarray import BLOCK_KINDS, MXArray
 from jax_mxfp8.formats.scales import check_scale_rounding, decode_scale, mul_pow2, scale_bits
@@ -144,7 +145,7 @@ def dequantize(a: MXArray, dtype=jnp.float32) -> jax.Array:
     split, inner = _split_shape(a.shape, axes)
     scale = jnp.expand_dims(a.scale, [i for i in inner])  # broadcast over each block's 32 (x32) elements
     scale = scale.reshape([1 if i in inner else d for i, d in enumerate(split)])
-    out = decode_scale(scale, a.data.astype(jnp.float32).reshape(split))
+    out = decode_scale(scale, decode_elements(a.data).reshape(split))  # not astype: see formats/decode.py
     return out.reshape(a.shape).astype(dtype)
 
 

@@ -1,0 +1,37 @@
+"""FP8 elements to float32 through their bit patterns.
+
+Why not `data.astype(jnp.float32)`: on GPU, XLA's SimplifyFPConversions pass (on by default through
+--xla_allow_excess_precision) deletes convert chains f32 -> f8 -> f32 inside one compiled program, so
+`dequantize(quantize(x))` under one jit would return x unrounded (seen on the H200: "quantized" attention
+matched cuDNN BF16 to 74 dB). A bitcast is not a convert, so decoding the bits keeps the rounding on every
+backend.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jax_mxfp8.formats.elements import element_format
+from jax_mxfp8.formats.scales import pow2
+
+
+def decode_elements(data: jax.Array) -> jax.Array:
+    """FP8 (float8_e4m3fn / float8_e5m2) elements to float32, exactly, with no convert op on the FP8 value."""
+    fmt = element_format(data.dtype)
+    mb = fmt.mantissa_bits
+    eb = 7 - mb
+    bias = 2 ** (eb - 1) - 1
+    c = lax.bitcast_convert_type(data, jnp.uint8).astype(jnp.int32)
+    e = (c >> mb) & ((1 << eb) - 1)
+    m = c & ((1 << mb) - 1)
+    # Normal: (2^mb + m) * 2^(e - bias - mb); subnormal (e == 0): m * 2^(1 - bias - mb). Exact in float32.
+    mag = jnp.where(e == 0, m, m + (1 << mb)).astype(jnp.float32) * pow2(jnp.maximum(e, 1) - bias - mb)
+    if fmt.name == "e4m3":
+        special = (e == (1 << eb) - 1) & (m == (1 << mb) - 1)  # E4M3FN has NaN only (S.1111.111)
+        mag = jnp.where(special, jnp.nan, mag)
+    else:
+        top = e == (1 << eb) - 1
+        mag = jnp.where(top, jnp.where(m == 0, jnp.inf, jnp.nan), mag)
+    return jnp.where((c & 0x80) != 0, -mag, mag)

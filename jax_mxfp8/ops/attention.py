@@ -1,0 +1,396 @@
+"""Public MXFP8 dot-product attention: argument checks, implementation choice and the custom_vjp.
+
+The custom_vjp's residuals are the quantized operands (MXArrays: 1 byte per element plus scales), the
+output O and the LSE; the T x S matrix is recomputed tile by tile in the backward and never stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mxfp8.formats.elements import BLOCK_SIZE
+from jax_mxfp8.formats.mxarray import MXArray
+from jax_mxfp8.reference.attention_bwd import attention_bwd
+from jax_mxfp8.reference.attention_config import AttentionConfig, operand_layouts
+from jax_mxfp8.reference.attention_fwd import attention_fwd
+from jax_mxfp8.reference.attention_quant import dequantize_exact, quantize_operand
+from jax_mxfp8.reference.attention_tiling import Masking
+
+IMPLEMENTATIONS = (None, "xla", "cuda")
+MAX_HEAD_DIM = 256
+ALL_MX_OUTPUT_DTYPE = jnp.bfloat16
+"""Output dtype when query, key and value are all MXArrays (there is no input dtype to follow)."""
+
+
+def choose_implementation(implementation: str | None) -> str:
+    """Returns the implementation to run: None and "xla" give "xla"; "cuda" needs the kernel library."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
+    if implementation == "cuda":
+        raise NotImplementedError(
+            "implementation='cuda': the jax_mxfp8 CUDA kernel library is not available in this build "
+            "(no MXFP8 attention kernels are registered); use implementation='xla' or None"
+        )
+    return "xla"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Hashable, trace-time facts of one call (the custom_vjp's non-differentiable argument)."""
+
+    config: AttentionConfig
+    scale: float
+    is_causal: bool
+    is_mx: tuple[bool, bool, bool]  # which of query, key, value arrived as MXArray
+    out_dtype: np.dtype
+    group: int  # G = N // K
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Layout: user BTNH / BSKH <-> head-major (B, K, G, T, H) / (B, K, S, H)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _q_to_hm(x: jax.Array, group: int) -> jax.Array:
+    b, t, n, h = x.shape
+    return x.reshape(b, t, n // group, group, h).transpose(0, 2, 3, 1, 4)
+
+
+def _q_from_hm(x: jax.Array) -> jax.Array:
+    b, k, g, t, h = x.shape
+    return x.transpose(0, 3, 1, 2, 4).reshape(b, t, k * g, h)
+
+
+def _kv_to_hm(x: jax.Array) -> jax.Array:
+    return x.transpose(0, 2, 1, 3)
+
+
+def _kv_from_hm(x: jax.Array) -> jax.Array:
+    return x.transpose(0, 2, 1, 3)
+
+
+def _zero_rows(x: jax.Array, lengths: jax.Array | None, axis: int) -> jax.Array:
+    """Zeroes positions >= lengths[b] along `axis` (batch is axis 0): padding must not move a block scale."""
+    if lengths is None:
+        return x
+    pos = jnp.arange(x.shape[axis], dtype=jnp.int32)
+    shape = [1] * x.ndim
+    shape[0], shape[axis] = x.shape[0], x.shape[axis]
+    keep = (pos[None, :] < lengths[:, None]).reshape(shape)
+    return jnp.where(keep, x, jnp.zeros((), x.dtype))
+
+
+def _to_5d(x: jax.Array | None, n_kv: int, group: int) -> jax.Array | None:
+    """(B|1, N|1, T|1, S|1) bias/mask -> (B|1, K|1, G|1, T|1, S|1)."""
+    if x is None:
+        return None
+    b, n, t, s = x.shape
+    return x.reshape(b, 1, 1, t, s) if n == 1 else x.reshape(b, n_kv, group, t, s)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Quantized operands
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _operand_keys(static: _Static) -> dict[str, str]:
+    """Maps each GEMM use (q_s, k_s, v_o, v_dp, q_dk, k_dq) to the residual holding its quantized operand."""
+    lay = dataclasses.asdict(operand_layouts(static.config))
+    keys = {}
+    for use, layout in lay.items():
+        name = use[0]
+        keys[use] = f"{name}:user" if static.is_mx["qkv".index(name)] else f"{name}:{layout}"
+    return keys
+
+
+def _quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
+    """Quantizes every (operand, layout) pair the config needs, once each (the custom_vjp residuals)."""
+    raw = {
+        "q": lambda: _zero_rows(_q_to_hm(q, static.group), q_len, 3),
+        "k": lambda: _zero_rows(_kv_to_hm(k), kv_len, 2),
+        "v": lambda: _zero_rows(_kv_to_hm(v), kv_len, 2),
+    }
+    given = {"q": q, "k": k, "v": v}
+    out = {}
+    for key in sorted(set(_operand_keys(static).values())):
+        name, layout = key.split(":")
+        if layout == "user":
+            out[key] = given[name]
+        else:
+            out[key] = quantize_operand(raw[name](), layout, static.config.scale_rounding)
+    return out
+
+
+def _operand(static, quants, key, q_len, kv_len) -> jax.Array:
+    """Dequantized head-major float32 operand for one residual key."""
+    x = dequantize_exact(quants[key])
+    if not key.endswith(":user"):
+        return x
+    # A caller's MXArray is in BTNH / BSKH; its padding rows are zeroed after dequantization so that
+    # non-finite garbage there cannot reach the GEMMs (0 * NaN).
+    if key[0] == "q":
+        return _zero_rows(_q_to_hm(x, static.group), q_len, 3)
+    return _zero_rows(_kv_to_hm(x), kv_len, 2)
+
+
+def _masking(static, bias, mask, q_len, kv_len, s_len, n_kv) -> Masking:
+    return Masking(
+        is_causal=static.is_causal,
+        s_real=s_len,
+        q_len=q_len,
+        kv_len=kv_len,
+        mask=_to_5d(mask, n_kv, static.group),
+        bias=_to_5d(bias, n_kv, static.group),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# custom_vjp
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _fwd(static: _Static, q, k, v, bias, mask, q_len, kv_len):
+    quants = _quantize_operands(static, q, k, v, q_len, kv_len)
+    keys = _operand_keys(static)
+    qs = _operand(static, quants, keys["q_s"], q_len, kv_len)
+    ks = _operand(static, quants, keys["k_s"], q_len, kv_len)
+    vo = _operand(static, quants, keys["v_o"], q_len, kv_len)
+    masking = _masking(static, bias, mask, q_len, kv_len, ks.shape[-2], ks.shape[1])
+    o, lse = attention_fwd(qs, ks, vo, masking, scale=static.scale, config=static.config)
+    o = _q_from_hm(o).astype(static.out_dtype)
+    b, n_kv, g, t = lse.shape
+    lse = lse.reshape(b, n_kv * g, t)
+    return (o, lse), (quants, o, lse, bias, mask, q_len, kv_len)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _mx_attention(static: _Static, q, k, v, bias, mask, q_len, kv_len):
+    return _fwd(static, q, k, v, bias, mask, q_len, kv_len)[0]
+
+
+def _bwd(static: _Static, res, cts):
+    quants, o, lse, bias, mask, q_len, kv_len = res
+    do, dlse = cts
+    keys = _operand_keys(static)
+
+    deq = {key: _operand(static, quants, key, q_len, kv_len) for key in set(keys.values())}
+    opnd = {use: deq[key] for use, key in keys.items()}
+    n_kv, s_len = opnd["k_s"].shape[1], opnd["k_s"].shape[-2]
+    masking = _masking(static, bias, mask, q_len, kv_len, s_len, n_kv)
+    b, n, t = lse.shape
+    hm = (b, n_kv, static.group, t)
+    # dO rows of query padding are zeroed: those outputs are constant 0, and a nonzero cotangent there
+    # would otherwise change the square-block scale of the valid rows sharing its block.
+    do_hm = _zero_rows(_q_to_hm(do.astype(jnp.float32), static.group), q_len, 3)
+    dq, dk, dv, dbias = attention_bwd(
+        opnd["q_s"],
+        opnd["k_s"],
+        opnd["v_dp"],
+        opnd["q_dk"],
+        opnd["k_dq"],
+        _q_to_hm(o, static.group),
+        lse.reshape(hm),
+        do_hm,
+        dlse.reshape(hm),
+        masking,
+        scale=static.scale,
+        config=static.config,
+    )
+    out_dt = static.out_dtype
+    dq = None if static.is_mx[0] else _q_from_hm(dq).astype(out_dt)
+    dk = None if static.is_mx[1] else _kv_from_hm(dk).astype(out_dt)
+    dv = None if static.is_mx[2] else _kv_from_hm(dv).astype(out_dt)
+    if bias is not None:
+        dbias = dbias.reshape(bias.shape).astype(bias.dtype)
+    return dq, dk, dv, dbias, None, None, None
+
+
+_mx_attention.defvjp(_fwd, _bwd)
+
+# Eager calls would dispatch the tiled scan op by op; one compiled program per static signature is far
+# faster, and inside an outer jit this inner jit is simply inlined.
+_mx_attention_jit = jax.jit(_mx_attention, static_argnums=(0,))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Argument checks
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _as_4d_operand(x, name: str):
+    """Returns (x as a 4-D array or MXArray, whether a batch axis was added)."""
+    if isinstance(x, MXArray):
+        if x.ndim not in (3, 4):
+            raise ValueError(f"{name} must have rank 4 (BTNH) or 3 (TNH); got shape {x.shape}")
+        if not set(x.axes) <= {-3, -1}:
+            raise ValueError(
+                f"{name} is an MXArray blocked along axes {x.axes}; attention operands must be blocked within "
+                "(sequence, head_dim) of one batch row and head: axes (-3, -1) square, (-1,) or (-3,) row"
+            )
+        if x.ndim == 3:
+            return MXArray(data=x.data[None], scale=x.scale[None], axes=x.axes, block=x.block), True
+        return x, False
+    x = jnp.asarray(x)
+    if x.ndim not in (3, 4):
+        raise ValueError(f"{name} must have rank 4 (BTNH) or 3 (TNH); got shape {x.shape}")
+    if not jnp.issubdtype(x.dtype, jnp.floating) or np.dtype(x.dtype).itemsize < 2:
+        raise ValueError(f"{name} has dtype {x.dtype}; pass float32, bfloat16 or float16 (or an MXArray)")
+    return (x[None], True) if x.ndim == 3 else (x, False)
+
+
+def _check_broadcast_4d(x, name: str, full: tuple[int, int, int, int], *, is_mask: bool):
+    if x is None:
+        return None
+    x = jnp.asarray(x)
+    if is_mask and x.dtype != jnp.bool_:
+        raise ValueError(f"mask must be boolean (True = attend); got dtype {x.dtype}. Pass additive masks as bias")
+    if not is_mask and not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"bias must be floating point; got dtype {x.dtype}")
+    if x.ndim > 4:
+        raise ValueError(f"{name} must have rank <= 4, broadcastable to (B, N, T, S) = {full}; got shape {x.shape}")
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    for d, f in zip(x.shape, full, strict=True):
+        if d not in (1, f):
+            raise ValueError(f"{name} of shape {x.shape} does not broadcast to (B, N, T, S) = {full}")
+    return x
+
+
+def _check_lengths(x, name: str, batch: int):
+    if x is None:
+        return None
+    x = jnp.asarray(x)
+    if x.shape != (batch,) or not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(f"{name} must be an integer array of shape ({batch},); got {x.dtype}{tuple(x.shape)}")
+    return x.astype(jnp.int32)
+
+
+def _check_scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    try:
+        value = float(scale)
+    except (TypeError, jax.errors.ConcretizationTypeError) as e:
+        raise ValueError(f"scale={scale!r} must be a concrete Python number (it is static)") from e
+    if not math.isfinite(value):
+        raise ValueError(f"scale={scale!r} must be finite")
+    return value
+
+
+def check_head_dim(h: int, name: str = "query") -> None:
+    """Head dims are multiples of 32 (one MX block) up to 256."""
+    if h % BLOCK_SIZE or not 0 < h <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"{name} has head_dim {h}; MXFP8 attention supports multiples of {BLOCK_SIZE} up to {MAX_HEAD_DIM} "
+            "(e.g. 64, 128, 256)"
+        )
+
+
+def _out_dtype(operands) -> np.dtype:
+    raw = [(name, x.dtype) for name, x in operands if not isinstance(x, MXArray)]
+    for name, dt in raw[1:]:
+        if dt != raw[0][1]:
+            raise ValueError(f"{name} has dtype {dt} but {raw[0][0]} has dtype {raw[0][1]}; pass one dtype")
+    return np.dtype(raw[0][1] if raw else ALL_MX_OUTPUT_DTYPE)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------------------
+
+
+def dot_product_attention(
+    query: jax.Array | MXArray,
+    key: jax.Array | MXArray,
+    value: jax.Array | MXArray,
+    bias: jax.Array | None = None,
+    mask: jax.Array | None = None,
+    *,
+    scale: float | None = None,
+    is_causal: bool = False,
+    query_seq_lengths: jax.Array | None = None,
+    key_value_seq_lengths: jax.Array | None = None,
+    implementation: str | None = None,
+    config: AttentionConfig | None = None,
+    return_residual: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """MXFP8 scaled dot-product attention with jax.nn.dot_product_attention's layout and masks.
+
+    softmax(scale * Q^ K^T + bias) V^ per head, with Q, K, V, P and (in the backward) dO and dS quantized to
+    MXFP8 as DESIGN.md section 4 specifies (options in `config`, decisions in docs/numerics.md).
+
+    Args:
+      query: (B, T, N, H) or (T, N, H) float32/bfloat16/float16, or an MXArray of that shape blocked within
+        (T, H). T must be a multiple of 32; H a multiple of 32 up to 256.
+      key: (B, S, K, H) (or (S, K, H)); N must be a multiple of K (GQA; K == 1 is MQA). S a multiple of 32.
+      value: same shape as key.
+      bias: optional float array broadcastable to (B, N, T, S) (rank <= 4, leading axes added), added to the
+        scaled logits; it receives a gradient.
+      mask: optional bool array broadcastable to (B, N, T, S); True = attend.
+      scale: softmax scale tau (a Python number); default 1 / sqrt(H).
+      is_causal: query t attends key s <= t (top-left aligned, like jax.nn).
+      query_seq_lengths, key_value_seq_lengths: optional (B,) int arrays; positions past them are padding:
+        zeroed before quantization (so padding never changes a valid row's block scale) and masked.
+      implementation: None or "xla" (the XLA reference, runs anywhere); "cuda" raises NotImplementedError
+        until the kernel library exists.
+      config: AttentionConfig (default AttentionConfig()).
+      return_residual: also return the log-sum-exp.
+
+    Returns:
+      The output, shaped like query, in the inputs' dtype (bfloat16 if all three are MXArrays). Query rows
+      with no valid key (fully masked) are 0. With return_residual=True, (output, lse) where lse is float32
+      (B, N, T) (or (N, T) for unbatched input), -inf on fully masked rows. Note: jax.nn returns its residual
+      as (B, T, N).
+
+    Gradients flow to query, key, value and bias (not to MXArray inputs, which are constants), under the
+    straight-through rule: quantization is treated as identity and the backward GEMMs are MXFP8 too.
+    """
+    choose_implementation(implementation)
+    if config is None:
+        config = AttentionConfig()
+    if not isinstance(config, AttentionConfig):
+        raise ValueError(f"config must be an AttentionConfig or None; got {type(config).__name__}")
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise ValueError(f"is_causal={is_causal!r} must be a bool")
+
+    q, unbatched = _as_4d_operand(query, "query")
+    k, k_unb = _as_4d_operand(key, "key")
+    v, v_unb = _as_4d_operand(value, "value")
+    if not (unbatched == k_unb == v_unb):
+        raise ValueError(f"query, key and value must all be rank 4 or all rank 3; got {q.shape}, {k.shape}, {v.shape}")
+    b, t, n, h = q.shape
+    _, s, n_kv, _ = k.shape
+    check_head_dim(h, "query")
+    if k.shape[0] != b or k.shape[3] != h:
+        raise ValueError(f"key of shape {k.shape} does not match query of shape {q.shape} (batch and head_dim)")
+    if v.shape != k.shape:
+        raise ValueError(f"value must have key's shape {k.shape}; got {v.shape}")
+    if n % n_kv:
+        raise ValueError(f"query has {n} heads, not a multiple of key's {n_kv} heads")
+    if t % BLOCK_SIZE or t == 0:
+        raise ValueError(f"query sequence length T={t} (axis 1) must be a positive multiple of {BLOCK_SIZE}")
+    if s % BLOCK_SIZE or s == 0:
+        raise ValueError(f"key sequence length S={s} (axis 1) must be a positive multiple of {BLOCK_SIZE}")
+    out_dtype = _out_dtype([("query", q), ("key", k), ("value", v)])
+    full = (b, n, t, s)
+    bias = _check_broadcast_4d(bias, "bias", full, is_mask=False)
+    mask = _check_broadcast_4d(mask, "mask", full, is_mask=True)
+    q_len = _check_lengths(query_seq_lengths, "query_seq_lengths", b)
+    kv_len = _check_lengths(key_value_seq_lengths, "key_value_seq_lengths", b)
+    static = _Static(
+        config=config,
+        scale=_check_scale(scale, h),
+        is_causal=bool(is_causal),
+        is_mx=tuple(isinstance(x, MXArray) for x in (q, k, v)),
+        out_dtype=out_dtype,
+        group=n // n_kv,
+    )
+    out, lse = _mx_attention_jit(static, q, k, v, bias, mask, q_len, kv_len)
+    if unbatched:
+        out, lse = out[0], lse[0]
+    return (out, lse) if return_residual else out

@@ -1,0 +1,147 @@
+"""Public MXFP8 attention over packed jagged sequences (the layout recommender models use).
+
+The XLA path gathers each sequence into a row of a padded (B, max_seqlen) batch (blocks restart at each
+sequence start; zeros past its end), runs the dense custom_vjp op with per-row sequence lengths, and
+gathers the rows back. It spends compute on that padding: B * ceil32(max_seqlen_q) * ceil(max_seqlen_k /
+kv_tile) * kv_tile logits per head, against sum_b Lq_b * Lk_b useful ones (docs/attention-reference.md).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mxfp8.formats.elements import BLOCK_SIZE
+from jax_mxfp8.formats.mxarray import MXArray
+from jax_mxfp8.ops.attention import check_head_dim, choose_implementation, dot_product_attention
+from jax_mxfp8.reference.attention_config import AttentionConfig
+from jax_mxfp8.reference.attention_tiling import round_up
+from jax_mxfp8.reference.varlen import seq_lengths, to_packed, to_padded
+
+
+def _check_packed(x, name: str):
+    if isinstance(x, MXArray):
+        if x.ndim != 3:
+            raise ValueError(f"{name} must have rank 3 (T_total, heads, head_dim); got shape {x.shape}")
+        if x.block != "row" or x.axes != (-1,):
+            raise ValueError(
+                f"{name} is an MXArray blocked along {x.axes} ({x.block}); packed jagged operands must be "
+                "blocked along head_dim only (row blocks, axis -1): sequence-axis blocks would cross sequences"
+            )
+        return x
+    x = jnp.asarray(x)
+    if x.ndim != 3:
+        raise ValueError(f"{name} must have rank 3 (T_total, heads, head_dim); got shape {x.shape}")
+    return x
+
+
+def _check_cu(cu, name: str):
+    cu = jnp.asarray(cu)
+    if cu.ndim != 1 or cu.shape[0] < 2 or not jnp.issubdtype(cu.dtype, jnp.integer):
+        raise ValueError(f"{name} must be an integer array of shape (B + 1,) with B >= 1; got {cu.dtype}{cu.shape}")
+    return cu.astype(jnp.int32)
+
+
+def _check_max(m, name: str) -> int:
+    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m <= 0:
+        raise ValueError(f"{name}={m!r} must be a positive Python int (it is static)")
+    return int(m)
+
+
+def _check_concrete_lengths(cu, max_len: int, total: int, name_cu: str, name_max: str) -> None:
+    """When cu_seqlens is concrete (not traced), checks it is monotone, fits T_total and max_seqlen."""
+    try:
+        c = np.asarray(cu)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return
+    lengths = np.diff(c)
+    if c[0] < 0 or np.any(lengths < 0) or c[-1] > total:
+        raise ValueError(f"{name_cu}={c.tolist()} must be non-decreasing offsets within [0, {total}]")
+    if lengths.size and lengths.max() > max_len:
+        raise ValueError(f"{name_max}={max_len} is smaller than the longest sequence ({int(lengths.max())})")
+
+
+def _padded(x, cu, lengths, padded_len: int):
+    if isinstance(x, MXArray):
+        return MXArray(
+            data=to_padded(x.data, cu, lengths, padded_len),
+            scale=to_padded(x.scale, cu, lengths, padded_len),
+            axes=x.axes,
+            block=x.block,
+        )
+    return to_padded(x, cu, lengths, padded_len)
+
+
+def varlen_attention(
+    q: jax.Array | MXArray,
+    k: jax.Array | MXArray,
+    v: jax.Array | MXArray,
+    cu_seqlens_q: jax.Array,
+    cu_seqlens_k: jax.Array,
+    *,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    scale: float | None = None,
+    is_causal: bool = False,
+    implementation: str | None = None,
+    config: AttentionConfig | None = None,
+) -> jax.Array:
+    """MXFP8 attention over packed jagged sequences.
+
+    Sequence b holds packed rows cu_seqlens_q[b] : cu_seqlens_q[b + 1] of q and cu_seqlens_k[b] :
+    cu_seqlens_k[b + 1] of k and v, and attends only within itself. MX blocks along the sequence restart at
+    each sequence start and a partial last block's scale comes from its valid rows only, so a sequence's
+    output and gradients do not depend on any other sequence (bit for bit). Sequence lengths need not be
+    multiples of 32.
+
+    Args:
+      q: (T_total_q, N, H) float32/bfloat16/float16, or an MXArray blocked along H only (row, axis -1).
+      k, v: (T_total_k, K, H), N a multiple of K; H a multiple of 32 up to 256.
+      cu_seqlens_q, cu_seqlens_k: (B + 1,) int32 non-decreasing offsets (cu[0] is usually 0).
+      max_seqlen_q, max_seqlen_k: static Python ints >= every sequence length (checked when the offsets
+        are concrete; under jit a longer sequence is truncated to them).
+      scale: softmax scale; default 1 / sqrt(H).
+      is_causal: within each sequence, query i attends key j <= i (top-left aligned as in
+        dot_product_attention; flash-attn's varlen API aligns bottom-right when lengths differ).
+      implementation: None or "xla"; "cuda" raises NotImplementedError until the kernel library exists.
+      config: AttentionConfig (default AttentionConfig()).
+
+    Returns:
+      (T_total_q, N, H) in the inputs' dtype; packed rows outside every sequence are 0.
+    """
+    choose_implementation(implementation)
+    q, k, v = _check_packed(q, "q"), _check_packed(k, "k"), _check_packed(v, "v")
+    if k.shape != v.shape:
+        raise ValueError(f"v must have k's shape {k.shape}; got {v.shape}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"k has head_dim {k.shape[-1]} but q has {q.shape[-1]}")
+    check_head_dim(q.shape[-1], "q")
+    cu_q, cu_k = _check_cu(cu_seqlens_q, "cu_seqlens_q"), _check_cu(cu_seqlens_k, "cu_seqlens_k")
+    if cu_q.shape != cu_k.shape:
+        raise ValueError(f"cu_seqlens_q {cu_q.shape} and cu_seqlens_k {cu_k.shape} must describe the same B")
+    max_q, max_k = _check_max(max_seqlen_q, "max_seqlen_q"), _check_max(max_seqlen_k, "max_seqlen_k")
+    _check_concrete_lengths(cu_seqlens_q, max_q, q.shape[0], "cu_seqlens_q", "max_seqlen_q")
+    _check_concrete_lengths(cu_seqlens_k, max_k, k.shape[0], "cu_seqlens_k", "max_seqlen_k")
+
+    return _varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, bool(is_causal), config)
+
+
+@functools.partial(jax.jit, static_argnums=(5, 6, 7, 8, 9))
+def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, is_causal, config):
+    """Gather to (B, ceil32(max_seqlen), ...) rows, run the dense op with lengths, gather back."""
+    len_q, len_k = seq_lengths(cu_q, max_q), seq_lengths(cu_k, max_k)
+    lq, lk = round_up(max_q, BLOCK_SIZE), round_up(max_k, BLOCK_SIZE)
+    out = dot_product_attention(
+        _padded(q, cu_q, len_q, lq),
+        _padded(k, cu_k, len_k, lk),
+        _padded(v, cu_k, len_k, lk),
+        scale=scale,
+        is_causal=is_causal,
+        query_seq_lengths=len_q,
+        key_value_seq_lengths=len_k,
+        config=config,
+    )
+    return to_packed(out, cu_q, len_q, q.shape[0])

@@ -1,0 +1,61 @@
+"""The MX quantizations inside attention: Q/K/V/dO operands by block layout, P~ / P, and dS.
+
+All functions take head-major arrays whose last two axes are (sequence, head_dim) or (T, S), and return
+dequantized ("fake-quantized") float32 values unless they return an MXArray.
+
+FP8 elements are always decoded from their bits (formats/decode.py says why: XLA on GPU deletes
+f32 -> f8 -> f32 convert chains).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_mxfp8.formats.decode import decode_elements
+from jax_mxfp8.formats.mxarray import MXArray
+from jax_mxfp8.formats.quantize import dequantize, quantize
+from jax_mxfp8.reference.attention_config import HEAD, SEQ, SQUARE
+
+P_CONST_LOG2 = 8
+"""p_scale="const": P~ in [0, 1] is stored as E4M3(P~ * 2^8) with the fixed scale 2^-8."""
+
+
+def dequantize_exact(a: MXArray) -> jax.Array:
+    """float32 values of an MXArray (formats.dequantize decodes elements from their bits)."""
+    return dequantize(a, jnp.float32)
+
+
+def quantize_operand(x: jax.Array, layout: str, scale_rounding: str) -> MXArray:
+    """Quantizes a (..., L, H) operand (L = sequence) in the given block layout.
+
+    SQUARE: 32x32 over (L, H). HEAD: 1x32 along H. SEQ: 32x1 along L.
+    """
+    if layout == SQUARE:
+        return quantize(x, axis=(-2, -1), block="square", scale_rounding=scale_rounding)
+    if layout == HEAD:
+        return quantize(x, axis=-1, block="row", scale_rounding=scale_rounding)
+    if layout == SEQ:
+        return quantize(x, axis=-2, block="row", scale_rounding=scale_rounding)
+    raise ValueError(f"unknown operand layout {layout!r}")
+
+
+def fake_quant_p(p: jax.Array, axis: int, p_scale: str, scale_rounding: str) -> jax.Array:
+    """Quantizes softmax probabilities (values in [0, 1]) as the P V / P^T dO GEMM operand.
+
+    "const": E4M3(2^8 p) * 2^-8 elementwise: one fixed scale, so the result does not depend on `axis` and
+      values below 2^-18 (half the smallest E4M3 subnormal times 2^-8) become 0.
+    "block": row blocks of 32 along `axis` (the GEMM's contracting axis), scale from the block amax.
+    """
+    if p_scale == "const":
+        y = (p.astype(jnp.float32) * jnp.float32(2.0**P_CONST_LOG2)).astype(jnp.float8_e4m3fn)
+        return decode_elements(y) * jnp.float32(2.0**-P_CONST_LOG2)
+    a = quantize(p.astype(jnp.float32), axis=axis, block="row", scale_rounding=scale_rounding)
+    return dequantize_exact(a)
+
+
+def fake_quant_square(x: jax.Array, scale_rounding: str = "up") -> jax.Array:
+    """32x32 square blocks over the last two axes (dO over (T, H), dS over (T, S))."""
+    return dequantize_exact(
+        quantize(x.astype(jnp.float32), axis=(-2, -1), block="square", scale_rounding=scale_rounding)
+    )

@@ -1,0 +1,83 @@
+"""Shared helpers of the attention tests: input generators and jitted library calls.
+
+Nothing here computes an expected value (see attention_emulation.py for the float64 models).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_mxfp8 as mx
+
+_SEEDS = itertools.count(1000)
+
+
+def fresh_rng() -> np.random.Generator:
+    """A new, deterministic generator per call: every check draws its own inputs."""
+    return np.random.default_rng(next(_SEEDS))
+
+
+def normal_inputs(rng, b, t, s, n, n_kv, h, dtype=np.float32):
+    """q (B, T, N, H), k and v (B, S, K, H) and an output cotangent do (B, T, N, H), all N(0, 1)."""
+    q = rng.standard_normal((b, t, n, h)).astype(dtype)
+    k = rng.standard_normal((b, s, n_kv, h)).astype(dtype)
+    v = rng.standard_normal((b, s, n_kv, h)).astype(dtype)
+    do = rng.standard_normal((b, t, n, h)).astype(dtype)
+    return q, k, v, do
+
+
+@functools.cache
+def _fwd_bwd(config, is_causal, with_mask, with_lengths):
+    def run(q, k, v, do, mask, q_len, kv_len):
+        def f(q, k, v):
+            return mx.dot_product_attention(
+                q,
+                k,
+                v,
+                mask=mask if with_mask else None,
+                is_causal=is_causal,
+                query_seq_lengths=q_len if with_lengths else None,
+                key_value_seq_lengths=kv_len if with_lengths else None,
+                config=config,
+                return_residual=True,
+            )
+
+        (o, lse), vjp = jax.vjp(f, q, k, v)
+        dq, dk, dv = vjp((do.astype(o.dtype), jnp.zeros_like(lse)))
+        return o, lse, dq, dk, dv
+
+    return jax.jit(run)
+
+
+def lib_fwd_bwd(q, k, v, do, *, config=None, is_causal=False, mask=None, q_len=None, kv_len=None):
+    """Library output, LSE and (dq, dk, dv) for the loss sum(o * do), as NumPy float64 arrays."""
+    config = config or mx.AttentionConfig()
+    f = _fwd_bwd(config, is_causal, mask is not None, q_len is not None)
+    dummy = jnp.zeros((q.shape[0],), jnp.int32)
+    outs = f(
+        q,
+        k,
+        v,
+        do,
+        mask if mask is not None else jnp.zeros((), bool),
+        q_len if q_len is not None else dummy,
+        kv_len if kv_len is not None else dummy,
+    )
+    return tuple(np.asarray(x, np.float64) for x in outs)
+
+
+def assert_finite(*arrays):
+    for a in arrays:
+        assert np.all(np.isfinite(np.asarray(a, np.float64))), "non-finite values"
+
+
+def assert_bits_equal(a, b):
+    """Bit-for-bit equality (NaN never passes: the arrays must be finite, then exactly equal)."""
+    a, b = np.asarray(a), np.asarray(b)
+    assert_finite(a, b)
+    np.testing.assert_array_equal(a, b)
