@@ -2,7 +2,8 @@
 
 Each user is a packed sequence of item tokens (their history) followed by one candidate item; the
 model (item embeddings -> causal transformer blocks over the packed tokens with cu_seqlens -> MLP on
-the candidate's position) predicts whether the user clicks the candidate. Synthetic data with a
+the candidate's position) predicts whether the user clicks the candidate. Tokens embed the item id plus its
+category, an item feature as in production recommenders. Synthetic data with a
 learnable signal: every user prefers a few item categories, histories are drawn from those preferences,
 and clicks follow the preference for the candidate's category. No padding tokens are computed between
 users: the MXFP8 path runs jax_mxfp8.varlen_attention on the packed rows.
@@ -43,8 +44,12 @@ class SyntheticClicks:
         n = int(self.rng.integers(self.min_len, self.max_len))  # history length; +1 candidate <= max_len
         cats = self.rng.choice(NUM_CATEGORIES, size=n, p=prefs)
         items = cats + NUM_CATEGORIES * self.rng.integers(0, self.num_items // NUM_CATEGORIES, size=n)
-        cand = int(self.rng.integers(0, self.num_items))
-        p_click = 1.0 / (1.0 + np.exp(-(8.0 * prefs[cand % NUM_CATEGORIES] - 1.5)))
+        # half the candidates come from the user's own tastes, half uniformly: both clicks and skips occur
+        cand_cat = (
+            self.rng.choice(NUM_CATEGORIES, p=prefs) if self.rng.random() < 0.5 else self.rng.integers(NUM_CATEGORIES)
+        )
+        cand = int(cand_cat + NUM_CATEGORIES * self.rng.integers(0, self.num_items // NUM_CATEGORIES))
+        p_click = 1.0 / (1.0 + np.exp(-(8.0 * prefs[cand_cat] - 2.0)))
         return items, cand, float(self.rng.random() < p_click)
 
     def batch(self, num_users: int, capacity: int):
@@ -68,6 +73,7 @@ class SequentialRecommender(nnx.Module):
 
     def __init__(self, num_items: int, *, d_model: int, num_layers: int, num_heads: int, policy, rngs: nnx.Rngs):
         self.item_embed = nnx.Embed(num_items, d_model, rngs=rngs)
+        self.category_embed = nnx.Embed(NUM_CATEGORIES, d_model, rngs=rngs)  # a known item feature
         self.candidate_marker = nnx.Param(0.02 * jax.random.normal(rngs.params(), (d_model,)))
         self.blocks = nnx.List(
             [
@@ -81,7 +87,7 @@ class SequentialRecommender(nnx.Module):
         self.out = nnx.Linear(d_model, 1, rngs=rngs)
 
     def __call__(self, tokens: jax.Array, cu_seqlens: jax.Array, max_seqlen: int) -> jax.Array:
-        x = self.item_embed(tokens)
+        x = self.item_embed(tokens) + self.category_embed(tokens % NUM_CATEGORIES)
         last = cu_seqlens[1:] - 1  # the candidate of each user
         x = x.at[last].add(self.candidate_marker[...])
         for block in self.blocks:

@@ -83,6 +83,7 @@ def rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array
 
 def positions_in_sequences(cu_seqlens: jax.Array, total: int) -> jax.Array:
     """Position of every packed row within its own sequence, (T_total,) int32."""
+    cu_seqlens = jnp.asarray(cu_seqlens)
     rows = jnp.arange(total, dtype=jnp.int32)
     seq = jnp.searchsorted(cu_seqlens, rows, side="right") - 1
     return rows - cu_seqlens[jnp.clip(seq, 0, cu_seqlens.shape[0] - 1)]
