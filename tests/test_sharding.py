@@ -183,3 +183,34 @@ def test_multihost_example_two_processes_of_four_devices(tmp_path):
 
     single = train_multihost.run(train_multihost.parse_args([*common[:-2], "--mesh", "data=1"]))["losses"]
     np.testing.assert_allclose(summary["losses"], single, rtol=2e-4)
+
+
+def test_shard_map_bodies_call_every_op():
+    """Every public op runs per shard inside jax.shard_map and equals the same op on that shard alone."""
+    m = mesh((8,), ("data",))
+    x = _normal(10, (8 * 32, 64))  # 32 rows per device
+    w = _normal(11, (64, 32))
+    q = _normal(12, (8, 64, 2, 32))  # (B, T, N, H): one sequence per device
+    cu = jnp.array([0, 20, 64], jnp.int32)  # two packed sequences in each device's 64 rows
+    norm_w = jnp.ones((64,))
+
+    def body(x, q):
+        qx = jax_mxfp8.quantize(x, axis=-1)
+        y, y_mx = jax_mxfp8.rms_norm_quantize(x, norm_w)
+        gemm = jax_mxfp8.mx_dot_general(y, w, DN, lhs_quantized=y_mx)
+        attn = jax_mxfp8.dot_product_attention(q, q, q, is_causal=True)
+        packed = q.reshape(64, 2, 32)
+        var = jax_mxfp8.varlen_attention(packed, packed, packed, cu, cu, max_seqlen_q=64, max_seqlen_k=64)
+        return jax_mxfp8.dequantize(qx), gemm, attn, var.reshape(1, 64, 2, 32)
+
+    spec = jax.sharding.PartitionSpec("data")
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:  # pragma: no cover (jax < 0.8)
+        from jax.experimental.shard_map import shard_map
+    f = jax.jit(shard_map(body, mesh=m, in_specs=(spec, spec), out_specs=(spec, spec, spec, spec)))
+    outs = f(put(x, m, "data"), put(q, m, "data"))
+    for i in (0, 5):  # compare two devices' shards with the op applied to that shard alone
+        alone = jax.jit(body)(x[32 * i : 32 * (i + 1)], q[i : i + 1])
+        for got, want in zip(outs, alone):
+            n = want.shape[0]
+            np.testing.assert_allclose(got[n * i : n * (i + 1)], want, rtol=1e-6, atol=1e-6)

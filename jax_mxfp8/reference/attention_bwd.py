@@ -117,7 +117,7 @@ def attention_bwd(
             db_t = _sum_to(ds, db_shape)
         return dq_acc, (dk_t, dv_t, db_t)
 
-    dq0 = jnp.zeros(q_s.shape, jnp.float16 if fp16 else jnp.float32)
+    dq0 = jnp.zeros_like(q_s, jnp.float16 if fp16 else jnp.float32)  # *_like: shard_map-varying like q
     dq_acc, (dk, dv, db) = lax.scan(step, dq0, xs)
     dq = dq_acc.astype(jnp.float32) * jnp.float32(2.0**-DQ_FP16_SCALE_LOG2) if fp16 else dq_acc
     dk = from_tiles(dk, -2)[..., :s_len, :]

@@ -70,11 +70,11 @@ def attention_fwd(
         acc = alpha[..., None] * acc + mm("bkgts,bksh->bkgth", pq, v_t)
         return (m_new, lsum, acc), None
 
-    row_shape = q.shape[:-1]
+    # *_like keeps q's varying manual axes, so the scan also type-checks inside shard_map bodies
     init = (
-        jnp.full(row_shape, -jnp.inf, jnp.float32),
-        jnp.zeros(row_shape, jnp.float32),
-        jnp.zeros(q.shape, jnp.float32),
+        jnp.full_like(q[..., 0], -jnp.inf, jnp.float32),
+        jnp.zeros_like(q[..., 0], jnp.float32),
+        jnp.zeros_like(q, jnp.float32),
     )
     (m, lsum, acc), _ = lax.scan(step, init, xs)
     has = lsum > 0
