@@ -214,3 +214,34 @@ def test_shard_map_bodies_call_every_op():
         for got, want in zip(outs, alone):
             n = want.shape[0]
             np.testing.assert_allclose(got[n * i : n * (i + 1)], want, rtol=1e-6, atol=1e-6)
+
+
+def test_rms_norm_quantize_and_varlen_partition_without_collectives():
+    m = mesh((2, 4), ("data", "model"))
+    x = put(_normal(13, (256, 128)), m, "data", None)
+    w = jnp.ones((128,))
+    assert collectives(lambda x: jax_mxfp8.rms_norm_quantize(x, w), x) == []
+    grad = jax.grad(lambda x: jnp.sum(jnp.sin(jax_mxfp8.rms_norm_quantize(x, w)[0])))
+    assert {op for op, _ in collectives(grad, x)} == set()
+    # packed jagged sequences split over heads (sequences cannot be split at arbitrary packed rows)
+    q = put(_normal(14, (100, 8, 32)), m, None, "model", None)
+    cu = jnp.array([0, 30, 100], jnp.int32)
+
+    def varlen(q):
+        return jax_mxfp8.varlen_attention(q, q, q, cu, cu, max_seqlen_q=70, max_seqlen_k=70, is_causal=True)
+
+    assert collectives(varlen, q) == []
+    np.testing.assert_allclose(jax.jit(varlen)(q), jax.jit(varlen)(np.asarray(q)), rtol=1e-6, atol=1e-6)
+
+
+def test_mx_dot_general_fsdp_collectives_match_lax_dot_general():
+    """Under FSDP (batch and weight rows split over one axis) the MX GEMM and its gradients need the
+    same collectives as lax.dot_general: the weight and the output gradient are gathered, dW all-reduced."""
+    m = mesh((8,), ("fsdp",))
+    x, w = put(_normal(15, (256, 512)), m, "fsdp", None), put(_normal(16, (512, 1024)), m, "fsdp", None)
+
+    def ops(dot):
+        grad = jax.grad(lambda x, w: jnp.sum(jnp.sin(dot(x, w))), (0, 1))
+        return sorted((op, bytes_of(s)) for op, s in collectives(grad, x, w))
+
+    assert ops(lambda x, w: jax_mxfp8.mx_dot_general(x, w, DN)) == ops(lambda x, w: jax.lax.dot_general(x, w, DN))
