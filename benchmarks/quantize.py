@@ -7,7 +7,12 @@ copy-like `x + 1` always), the CuTe DSL kernels (implementation="cuda") and the 
 (implementation="xla"). Timing (DESIGN.md): enqueue `--calls` calls, block once, divide; median of
 `--batches` such batches; inputs rotate over several buffers. Prints a table, writes JSON and a PNG.
 
-Usage: python benchmarks/quantize.py [--out DIR] [--quick]
+Groups (--groups, default all): copy, quantize (row+col / row / col / square, kernel and XLA),
+tunings (registry.TUNING_VARIANTS of the bf16 row+col kernel; diagnostics produce wrong outputs on
+purpose), dequantize, rms (fused RMSNorm + quantize on bf16 (M, D), kernel and XLA reference; bytes =
+x read + weight read + y written + FP8 data + scales written).
+
+Usage: python benchmarks/quantize.py [--out DIR] [--quick] [--groups copy,quantize,...] [--sizes 8192x8192,...]
 """
 
 from __future__ import annotations
@@ -27,10 +32,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from jax_mxfp8.formats import quantize as ref_quantize  # noqa: E402
 from jax_mxfp8.kernels import registry  # noqa: E402
 from jax_mxfp8.primitives import quantize as pq  # noqa: E402
+from jax_mxfp8.primitives import rms_norm_quantize as prq  # noqa: E402
 
-# (M, K) of bf16 inputs: 128 MiB .. 2 GiB, all far beyond the 60 MB L2.
-SIZES = [(8192, 8192), (16384, 16384), (32768, 16384), (65536, 16384)]
+# (M, K) of bf16 inputs: 128 MiB .. 2 GiB, all far beyond the 50 MB L2.
+SIZES = [(8192, 8192), (32768, 16384), (65536, 16384)]
 QUICK_SIZES = [(8192, 8192), (16384, 16384)]
+# (M, D) of the bf16 RMSNorm + quantize benchmark (LLM hidden sizes; 256 MiB .. 1 GiB of x)
+RMS_SIZES = [(32768, 4096), (65536, 4096), (16384, 16384)]
+QUICK_RMS_SIZES = [(32768, 4096)]
+GROUPS = ("copy", "quantize", "tunings", "dequantize", "rms")
 
 
 def timeit(fn, inputs, calls: int, batches: int) -> float:
@@ -46,6 +56,21 @@ def timeit(fn, inputs, calls: int, batches: int) -> float:
         jax.block_until_ready(out)
         times.append((time.perf_counter() - t0) / calls)
     return statistics.median(times)
+
+
+def tuning_label(cfg) -> str:
+    label = f"R{cfg.rows_per_thread} w{cfg.warps_per_cta}"
+    if cfg.row_scale_store != "byte":
+        label += f" {cfg.row_scale_store}-scales x{cfg.tiles_per_warp}"
+    elif cfg.tiles_per_warp > 1:
+        label += f" x{cfg.tiles_per_warp} {cfg.pipeline}"
+        if cfg.pipeline == "l2":
+            label += f"+{cfg.prefetch_distance}"
+    if cfg.min_ctas_per_sm:
+        label += f" min{cfg.min_ctas_per_sm}"
+    if cfg.diagnostic:
+        label += f" DIAG:{cfg.diagnostic}"
+    return label
 
 
 def cupy_copy_time(nbytes: int, calls: int, batches: int) -> float | None:
@@ -81,7 +106,17 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated subset of {GROUPS}")
+    ap.add_argument("--sizes", help="comma-separated MxK sizes for the quantize groups (default: SIZES)")
+    ap.add_argument("--rms-sizes", help="comma-separated MxD sizes for the rms group (default: RMS_SIZES)")
     args = ap.parse_args(argv)
+    groups = set(args.groups.split(","))
+    if groups - set(GROUPS):
+        ap.error(f"unknown groups {sorted(groups - set(GROUPS))}")
+
+    def parse_sizes(text):
+        return [tuple(int(v) for v in item.split("x")) for item in text.split(",")]
+
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     ok, why = pq.kernel_available()
@@ -89,7 +124,9 @@ def main(argv=None) -> int:
     print(f"device: {dev.device_kind}, jax {jax.__version__}, kernels: {ok or why}")
 
     rows = []
-    sizes = QUICK_SIZES if args.quick else SIZES
+    sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else SIZES)
+    if not groups & {"copy", "quantize", "tunings", "dequantize"}:
+        sizes = []
     for m, k in sizes:
         n = m * k
         key = jax.random.key(m + k)
@@ -104,7 +141,7 @@ def main(argv=None) -> int:
 
         bf16_bytes = 2 * n
         scales = n // 32
-        t_cp = cupy_copy_time(bf16_bytes, args.calls, args.batches)
+        t_cp = cupy_copy_time(bf16_bytes, args.calls, args.batches) if "copy" in groups else None
         if t_cp is not None:
             rows.append(
                 dict(
@@ -118,11 +155,12 @@ def main(argv=None) -> int:
             )
             tb = 2 * bf16_bytes / t_cp / 1e12
             print(f"  {m:6d} x {k:6d}  {'copy (cudaMemcpy D2D)':40s} {t_cp * 1e3:8.3f} ms  {tb:6.3f} TB/s")
-        record("copy-like (XLA x+1, bf16)", lambda v: v + jnp.bfloat16(1), 2 * bf16_bytes)
+        if "copy" in groups:
+            record("copy-like (XLA x+1, bf16)", lambda v: v + jnp.bfloat16(1), 2 * bf16_bytes)
 
         rowcol_bytes = bf16_bytes + 2 * (n + scales)
         row_bytes = bf16_bytes + n + scales
-        for impl in (["cuda"] if ok else []) + ["xla"]:
+        for impl in ((["cuda"] if ok else []) + ["xla"]) if "quantize" in groups else []:
             record(f"quantize rowcol [{impl}]", lambda v, i=impl: pq.quantize_rowcol(v, implementation=i), rowcol_bytes)
             record(f"quantize row [{impl}]", lambda v, i=impl: pq.quantize(v, implementation=i), row_bytes)
             record(f"quantize col [{impl}]", lambda v, i=impl: pq.quantize(v, axis=-2, implementation=i), row_bytes)
@@ -131,14 +169,13 @@ def main(argv=None) -> int:
                 lambda v, i=impl: pq.quantize(v, block="square", axis=(-2, -1), implementation=i),
                 bf16_bytes + n + n // 1024,
             )
-        if ok:  # benchmark-only tunings of the bf16 row+col kernel (registry.TUNING_VARIANTS)
+        if ok and "tunings" in groups:  # benchmark-only tunings of the bf16 row+col kernel
             for cfg in registry.TUNING_VARIANTS:
                 op = pq._quantize_op("rowcol", "float8_e4m3fn", "up", "cuda", cfg.tune)
-                label = f"rowcol t{cfg.tune} R{cfg.rows_per_thread} {cfg.row_scale_store} w{cfg.warps_per_cta}"
-                record(f"quantize {label} [cuda]", op, rowcol_bytes)
-        qs = [ref_quantize(x) for x in xs]
+                record(f"quantize rowcol t{cfg.tune} {tuning_label(cfg)} [cuda]", op, rowcol_bytes)
+        qs = [ref_quantize(x) for x in xs] if "dequantize" in groups else []
         jax.block_until_ready(qs)
-        for impl in (["cuda"] if ok else []) + ["xla"]:
+        for impl in ((["cuda"] if ok else []) + ["xla"]) if "dequantize" in groups else []:
             record(
                 f"dequantize row -> bf16 [{impl}]",
                 lambda a, i=impl: pq.dequantize(a, jnp.bfloat16, implementation=i),
@@ -146,6 +183,34 @@ def main(argv=None) -> int:
                 inputs=qs,
             )
         del xs, qs
+
+    rms_sizes = parse_sizes(args.rms_sizes) if args.rms_sizes else (QUICK_RMS_SIZES if args.quick else RMS_SIZES)
+    for m, d in rms_sizes if "rms" in groups else []:
+        n = m * d
+        key = jax.random.key(m + 3 * d)
+        nbuf = 3 if n * 2 <= 2**30 else 2
+        xs = [jax.random.normal(jax.random.fold_in(key, i), (m, d), jnp.bfloat16) * 3.0 for i in range(nbuf)]
+        w = 1.0 + 0.1 * jax.random.normal(jax.random.fold_in(key, 99), (d,), jnp.float32)
+        jax.block_until_ready((xs, w))
+
+        def record_rms(name, fn, nbytes, m=m, d=d, xs=xs):
+            t = timeit(jax.jit(fn), xs, args.calls, args.batches)
+            rows.append(dict(M=m, K=d, op=name, seconds=t, bytes=nbytes, tbps=nbytes / t / 1e12))
+            print(f"  {m:6d} x {d:6d}  {name:40s} {t * 1e3:8.3f} ms  {nbytes / t / 1e12:6.3f} TB/s", flush=True)
+
+        t_cp = cupy_copy_time(2 * n, args.calls, args.batches) if "copy" in groups else None
+        if t_cp is not None:
+            rows.append(dict(M=m, K=d, op="copy (cudaMemcpy D2D)", seconds=t_cp, bytes=4 * n, tbps=4 * n / t_cp / 1e12))
+            tb = 4 * n / t_cp / 1e12
+            print(f"  {m:6d} x {d:6d}  {'copy (cudaMemcpy D2D)':40s} {t_cp * 1e3:8.3f} ms  {tb:6.3f} TB/s")
+        rms_bytes = 2 * n + 4 * d + 2 * n + n + n // 32
+        for impl in (["cuda"] if ok else []) + ["xla"]:
+            record_rms(
+                f"rms_norm_quantize [{impl}]",
+                lambda v, i=impl, w=w: prq.rms_norm_quantize_fwd(v, w, implementation=i),
+                rms_bytes,
+            )
+        del xs
 
     # summary
     def get(m, k, op):

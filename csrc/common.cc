@@ -92,18 +92,43 @@ ffi::Error FindKernel(int device, int op, int a, int b, int c, int d, int tune, 
   return ffi::Error(ffi::ErrorCode::kUnimplemented, os.str());
 }
 
-ffi::Error Launch(const KernelEntry* entry, int device, const Tensor2D* tensors, int n, cudaStream_t stream) {
+ffi::Error Launch(const KernelEntry* entry, int device, const Tensor2D* tensors, int n, cudaStream_t stream,
+                  const float* scalars, int n_scalars) {
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess || current != device) {
     cudaError_t err = cudaSetDevice(device);
     if (err != cudaSuccess) return ffi::Error::Internal(CudaMessage("jax_mxfp8: cudaSetDevice", err));
   }
   (void)TakeDslError();
-  cudaError_t err = entry->launch(tensors, n, stream);
+  cudaError_t err = entry->launch(tensors, n, scalars, n_scalars, stream);
   if (err == cudaSuccess) err = TakeDslError();
   if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess) {
     return ffi::Error::Internal(CudaMessage((std::string("jax_mxfp8: launching ") + entry->name).c_str(), err));
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error ElemCode(ffi::DataType dtype, const char* what, int* code) {
+  if (dtype == ffi::DataType::F8E4M3FN) {
+    *code = kE4M3;
+  } else if (dtype == ffi::DataType::F8E5M2) {
+    *code = kE5M2;
+  } else {
+    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " has dtype " + DTypeName(dtype) +
+                                       ", expected f8e4m3fn or f8e5m2");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error InCode(ffi::DataType dtype, const char* what, int* code) {
+  if (dtype == ffi::DataType::BF16) {
+    *code = kBF16;
+  } else if (dtype == ffi::DataType::F32) {
+    *code = kF32;
+  } else {
+    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " has dtype " + DTypeName(dtype) +
+                                       ", expected bf16 or f32");
   }
   return ffi::Error::Success();
 }

@@ -18,7 +18,7 @@ namespace ffi = xla::ffi;
 // Integer codes shared with jax_mxfp8/kernels/registry.py (DTYPE_CODE, MODE_CODE, ROUNDING_CODE).
 enum DTypeCode : int { kBF16 = 0, kF32 = 1, kE4M3 = 2, kE5M2 = 3 };
 enum ModeCode : int { kRowCol = 0, kRow = 1, kCol = 2, kSquare = 3 };
-enum OpCode : int { kOpQuantize = 0, kOpDequantize = 1 };
+enum OpCode : int { kOpQuantize = 0, kOpDequantize = 1, kOpRmsNormQuantize = 2 };
 
 constexpr int kMaxDevices = 64;
 
@@ -38,16 +38,20 @@ struct ModuleSlot {
   cudaLibrary_t library = nullptr;
 };
 
-using LaunchFn = cudaError_t (*)(const Tensor2D* tensors, int n, cudaStream_t stream);
+// Tensors in the kernel's argument order; float scalar arguments (e.g. eps) in `scalars`.
+using LaunchFn = cudaError_t (*)(const Tensor2D* tensors, int n, const float* scalars, int n_scalars,
+                                 cudaStream_t stream);
 using LoadFn = cudaError_t (*)(int device);
 using DslInitFn = void (*)(void**);
 
 // Quantize rows:   a = in dtype, b = mode, c = elem dtype, d = scale rounding, tune = tuning (0 = production).
 // Dequantize rows: a = elem dtype, b = block (row/col/square as ModeCode), c = out dtype, d = 0, tune = 0.
+// RMSNorm+quantize rows: a = in dtype, b = 0, c = elem dtype, d = scale rounding, tune.
 struct KernelEntry {
   const char* name;
   int arch_major;  // 9 (sm_90a) or 10 (sm_100a)
   int op, a, b, c, d, tune;
+  int64_t max_cols;  // largest supported number of columns (RMSNorm: D), 0 = no limit
   LaunchFn launch;
   LoadFn load;
 };
@@ -70,9 +74,15 @@ ffi::Error DeviceMajor(int device, int* major);
 ffi::Error FindKernel(int device, int op, int a, int b, int c, int d, int tune, const KernelEntry** entry);
 
 // Launches `entry` on `stream` for `device` and checks the launch.
-ffi::Error Launch(const KernelEntry* entry, int device, const Tensor2D* tensors, int n, cudaStream_t stream);
+ffi::Error Launch(const KernelEntry* entry, int device, const Tensor2D* tensors, int n, cudaStream_t stream,
+                  const float* scalars = nullptr, int n_scalars = 0);
 
 std::string DTypeName(ffi::DataType dtype);
+
+// DTypeCode of an FP8 element dtype (f8e4m3fn / f8e5m2) or of a kernel input dtype (bf16 / f32), or an
+// InvalidArgument error naming `what`.
+ffi::Error ElemCode(ffi::DataType dtype, const char* what, int* code);
+ffi::Error InCode(ffi::DataType dtype, const char* what, int* code);
 
 // A buffer viewed as 2-D row-major (leading axes flattened into rows). Fails for rank < 2, sizes over
 // int32, or data pointers that are not 16-byte aligned.
@@ -82,5 +92,13 @@ ffi::Error As2D(ffi::Result<ffi::AnyBuffer>& buffer, const char* what, Tensor2D*
 // Checks a buffer's dtype and 2-D shape.
 ffi::Error Expect(const Tensor2D& t, ffi::DataType got, ffi::DataType want, int64_t rows, int64_t cols,
                   const char* what);
+
+// Returns from the enclosing function when `expr` (an ffi::Error) is a failure.
+#define JMX_RETURN_IF_ERROR(expr)         \
+  do {                                    \
+    if (auto _e = (expr); _e.failure()) { \
+      return _e;                          \
+    }                                     \
+  } while (0)
 
 }  // namespace jmx

@@ -18,30 +18,6 @@
 namespace jmx {
 namespace {
 
-ffi::Error ElemCode(ffi::DataType dtype, const char* what, int* code) {
-  if (dtype == ffi::DataType::F8E4M3FN) {
-    *code = kE4M3;
-  } else if (dtype == ffi::DataType::F8E5M2) {
-    *code = kE5M2;
-  } else {
-    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " has dtype " + DTypeName(dtype) +
-                                       ", expected f8e4m3fn or f8e5m2");
-  }
-  return ffi::Error::Success();
-}
-
-ffi::Error InCode(ffi::DataType dtype, const char* what, int* code) {
-  if (dtype == ffi::DataType::BF16) {
-    *code = kBF16;
-  } else if (dtype == ffi::DataType::F32) {
-    *code = kF32;
-  } else {
-    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " has dtype " + DTypeName(dtype) +
-                                       ", expected bf16 or f32");
-  }
-  return ffi::Error::Success();
-}
-
 ffi::Error CheckBlockable(const Tensor2D& t, const char* what) {
   if (t.rows % 32 != 0 || t.cols % 32 != 0) {
     return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " is " + std::to_string(t.rows) + " x " +
@@ -56,13 +32,6 @@ void ScaleShape(int mode, int64_t rows, int64_t cols, int64_t* srows, int64_t* s
   *srows = (mode == kCol || mode == kSquare) ? rows / 32 : rows;
   *scols = (mode == kRow || mode == kSquare) ? cols / 32 : cols;
 }
-
-#define JMX_RETURN_IF_ERROR(expr)           \
-  do {                                      \
-    if (auto _e = (expr); _e.failure()) {   \
-      return _e;                            \
-    }                                       \
-  } while (0)
 
 ffi::Error QuantizeRowColImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                               ffi::Result<ffi::AnyBuffer> row_data, ffi::Result<ffi::AnyBuffer> row_scale,

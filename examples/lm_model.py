@@ -67,7 +67,9 @@ def lm_loss(model: DecoderLM, tokens: jax.Array) -> jax.Array:
 
 def make_optimizer(model: DecoderLM, *, learning_rate: float, steps: int) -> nnx.Optimizer:
     warmup = min(50, steps // 5 + 1)
-    schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup, max(steps, warmup + 1), learning_rate / 10)
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, learning_rate, warmup, max(steps, warmup + 1), learning_rate / 10
+    )
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
     return nnx.Optimizer(model, tx, wrt=nnx.Param)
 

@@ -4,9 +4,10 @@ Public API (DESIGN.md section 5): MXArray, quantize, dequantize, mx_dot_general,
 dot_product_attention, varlen_attention.
 """
 
-from jax_mxfp8.formats import MXArray, dequantize, quantize, random_hadamard
+from jax_mxfp8.formats import MXArray, random_hadamard
 from jax_mxfp8.ops.attention import dot_product_attention
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
+from jax_mxfp8.ops.quantize import dequantize, quantize
 from jax_mxfp8.ops.rms_norm_quantize import rms_norm_quantize
 from jax_mxfp8.ops.varlen_attention import varlen_attention
 from jax_mxfp8.reference.attention_config import AttentionConfig

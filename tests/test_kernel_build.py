@@ -27,6 +27,7 @@ EXPORTED = {
     "jax_mxfp8_quantize_rowcol",
     "jax_mxfp8_quantize",
     "jax_mxfp8_dequantize",
+    "jax_mxfp8_rms_norm_quantize",
     "jax_mxfp8_kernel_count",
     "jax_mxfp8_kernel_name",
     "jax_mxfp8_kernel_arch",
@@ -138,6 +139,6 @@ def test_registers_with_jax_ffi(library):
     import jax
 
     lib = ctypes.CDLL(str(library))
-    for name in ("jax_mxfp8_quantize_rowcol", "jax_mxfp8_quantize", "jax_mxfp8_dequantize"):
+    for name in sorted(n for n in EXPORTED if not n.startswith(("jax_mxfp8_kernel_", "jax_mxfp8_preload"))):
         # registration checks the handler's FFI API version against this jaxlib's
         jax.ffi.register_ffi_target(f"test_{name}", jax.ffi.pycapsule(getattr(lib, name)), platform="CUDA")

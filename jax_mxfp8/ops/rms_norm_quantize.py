@@ -11,19 +11,29 @@ import numpy as np
 from jax_mxfp8.formats import MXArray, element_format
 from jax_mxfp8.formats.quantize import check_blockable
 from jax_mxfp8.formats.scales import check_scale_rounding
+from jax_mxfp8.primitives import quantize as _pq
+from jax_mxfp8.primitives import rms_norm_quantize as _prq
 from jax_mxfp8.reference.rms_norm import rms_norm_bwd, rms_norm_quantize_fwd
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _rms_norm_quantize(x, weight, eps, dtype, scale_rounding):
+def _forward(x, weight, eps, dtype, scale_rounding, impl):
+    if impl == "cuda":
+        return _prq.rms_norm_quantize_fwd(
+            x, weight, eps=eps, dtype=dtype, scale_rounding=scale_rounding, _impl_override="cuda"
+        )
     return rms_norm_quantize_fwd(x, weight, eps, dtype=dtype, scale_rounding=scale_rounding)
 
 
-def _fwd(x, weight, eps, dtype, scale_rounding):
-    return rms_norm_quantize_fwd(x, weight, eps, dtype=dtype, scale_rounding=scale_rounding), (x, weight)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _rms_norm_quantize(x, weight, eps, dtype, scale_rounding, impl):
+    return _forward(x, weight, eps, dtype, scale_rounding, impl)
 
 
-def _bwd(eps, dtype, scale_rounding, res, cts):
+def _fwd(x, weight, eps, dtype, scale_rounding, impl):
+    return _forward(x, weight, eps, dtype, scale_rounding, impl), (x, weight)
+
+
+def _bwd(eps, dtype, scale_rounding, impl, res, cts):
     x, weight = res
     dy, _ = cts  # the MXArray output is a non-differentiable carrier of y: its gradient reaches y's users
     return rms_norm_bwd(x, weight, eps, dy)
@@ -49,21 +59,31 @@ def rms_norm_quantize(
       eps: added to the mean square.
       dtype: MX element dtype of the quantized output.
       scale_rounding: "up" (default) or "floor".
-      implementation: None or "xla".
+      implementation: None (default) uses the fused CuTe DSL kernel when the kernel library is built,
+        the default backend is an NVIDIA GPU of compute capability 9.x / 10.x and the kernel covers the
+        arguments (bfloat16 / float32 x with D <= 32768 / 16384), and the XLA reference otherwise;
+        "xla" always uses the reference; "cuda" always uses the kernel (RuntimeError when the library
+        or a suitable GPU is missing, ValueError when the kernel does not cover the arguments).
 
     Returns:
       (y, y_mx): y = x * rsqrt(mean(x^2) + eps) * weight in x.dtype (computed in float32), and
       y_mx = quantize(y, axis=-1) bit for bit. Pass y_mx to mx_dot_general(y, w, ...,
-      lhs_quantized=y_mx) to skip a quantize pass while gradients still flow through y.
+      lhs_quantized=y_mx) to skip a quantize pass while gradients still flow through y. The kernel's
+      y can differ from the reference's in the last place where their float32 sums of squares (summed
+      in different orders) differ; its y_mx is always quantize(y) of its own y. Gradients use the
+      reference backward for either implementation.
     """
-    if implementation not in (None, "xla"):
-        raise ValueError(f"implementation={implementation!r} is not one of (None, 'xla')")
+    _pq._check_implementation(implementation)
     x, weight = jnp.asarray(x), jnp.asarray(weight)
     if not jnp.issubdtype(x.dtype, jnp.floating) or np.dtype(x.dtype).itemsize < 2:
         raise ValueError(f"x has dtype {x.dtype}; rms_norm_quantize takes float32, bfloat16 or float16")
     if x.ndim < 1 or weight.shape != (x.shape[-1],):
         raise ValueError(f"weight has shape {weight.shape}; expected ({x.shape[-1] if x.ndim else '?'},)")
     check_blockable(x.shape, (x.ndim - 1,), name="x")
-    element_format(dtype)
+    fmt = element_format(dtype)
     check_scale_rounding(scale_rounding)
-    return _rms_norm_quantize(x, weight, float(eps), np.dtype(dtype), scale_rounding)
+    impl = "xla"
+    if implementation != "xla":
+        why = _prq.unsupported(x, weight, fmt.dtype, scale_rounding)
+        impl = "cuda" if _pq._use_kernel(implementation, why) else "xla"
+    return _rms_norm_quantize(x, weight, float(eps), np.dtype(dtype), scale_rounding, impl)

@@ -1,7 +1,7 @@
 """FFI-backed MX quantize / dequantize ops (layer 5): kernel library loading, abstract eval, sharding,
 batching, and the fallback to the XLA reference.
 
-Public entry points (the ops layer wires them; `jax_mxfp8.quantize` itself is unchanged):
+Entry points (jax_mxfp8.quantize / dequantize, in jax_mxfp8/ops/quantize.py, forward to these):
   quantize(x, *, axis=-1, block="row", dtype=..., scale_rounding="up", rounding="nearest", rng=None,
            implementation=None) -> MXArray
   quantize_rowcol(x, *, dtype=..., scale_rounding="up", implementation=None) -> (row MXArray, col MXArray)
@@ -50,7 +50,12 @@ from jax_mxfp8.kernels import registry
 
 IMPLEMENTATIONS = (None, "xla", "cuda")
 LIB_NAME = "libjax_mxfp8_kernels.so"
-_TARGETS = ("jax_mxfp8_quantize_rowcol", "jax_mxfp8_quantize", "jax_mxfp8_dequantize")
+_TARGETS = (
+    "jax_mxfp8_quantize_rowcol",
+    "jax_mxfp8_quantize",
+    "jax_mxfp8_dequantize",
+    "jax_mxfp8_rms_norm_quantize",
+)
 _KERNEL_ARCH_MAJORS = (9, 10)
 
 _lock = threading.Lock()
@@ -403,6 +408,8 @@ def quantize(
     x = jnp.asarray(x)
     fmt = element_format(dtype)
     check_scale_rounding(scale_rounding)
+    if rounding == "nearest" and rng is not None:
+        raise ValueError("rng was given but rounding='nearest'; pass rounding='stochastic' to use it")
     axes = block_axes(x.ndim, axis, block) if x.ndim else ()
     axes_neg = tuple(a - x.ndim for a in axes)
     why = _unsupported_quantize(x, axes_neg, block, fmt.dtype, scale_rounding, rounding) if x.ndim else "rank 0"
@@ -412,6 +419,7 @@ def quantize(
         )
     check_blockable(x.shape, axes)
     mode = _MODE_OF[(block, axes_neg)]
+    x = jax.lax.stop_gradient(x)  # like the reference: not differentiable (zero gradient)
     data, scale = _quantize_op(mode, fmt.dtype.name, scale_rounding, _impl_override or "cuda")(x)
     return MXArray(data=data, scale=scale, axes=axes_neg, block=block)
 
@@ -439,6 +447,7 @@ def quantize_rowcol(
     if _impl_override is None and not _use_kernel(implementation, why):
         kw = dict(dtype=dtype, scale_rounding=scale_rounding)
         return ref_quantize(x, axis=-1, **kw), ref_quantize(x, axis=-2, **kw)
+    x = jax.lax.stop_gradient(x)
     rd, rs, cd, cs = _quantize_op("rowcol", fmt.dtype.name, scale_rounding, _impl_override or "cuda")(x)
     return (MXArray(data=rd, scale=rs, axes=(-1,), block="row"), MXArray(data=cd, scale=cs, axes=(-2,), block="row"))
 

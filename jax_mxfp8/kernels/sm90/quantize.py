@@ -27,6 +27,14 @@ Design (memory-bound; DESIGN.md section 4 numerics):
   8- (bf16) or 4-byte (f32) vectors per lane, coalesced; column scales as V contiguous bytes per lane;
   row scales as single bytes spread over the G lanes of a block (or, row_scale_store="transpose",
   gathered into one word per row). No shared memory, no block-level synchronisation.
+
+  v2 (production for "rowcol" and "row", row_scale_store="smem"): a CTA owns a strip of 32 rows x
+  (warps x tiles_per_warp) tiles along K (1024 columns for the production variants); at step i its
+  warps quantize adjacent tiles as above, but each row-scale byte goes to shared memory, and after one
+  barrier the CTA writes the strip's row scales as 8-byte words (32 bytes = one whole sector per row).
+  v1 wrote every sector of the row-scale array in 4-byte pieces from 8 different warps, which cost
+  ~11 points of copy bandwidth on the H200 (docs/perf-notes.md). Byte stores remain where K/32 is not
+  a multiple of 8 and at the right edge of K.
 """
 
 from __future__ import annotations
@@ -64,6 +72,11 @@ class MXQuantize:
         self.do_row = config.mode in ("rowcol", "row")
         self.do_col = config.mode in ("rowcol", "col")
         self.do_square = config.mode == "square"
+        self.staged = config.row_scale_store == "smem"
+        self.blocks_per_tile = self.tile_cols // 32
+        # staged row scales: a CTA owns a strip of 32 rows x (warps * tiles_per_warp) tiles along K and
+        # writes its row-scale bytes (strip_bytes per row) from shared memory at the end
+        self.strip_bytes = self.warps * config.tiles_per_warp * self.blocks_per_tile
 
     # ------------------------------------------------------------------------------------------ host
     def fake_args(self):
@@ -124,8 +137,20 @@ class MXQuantize:
         k = mX.shape[1]
         ntk = (k + (self.tile_cols - 1)) // self.tile_cols
         ntiles = (m // 32) * ntk
-        grid = (ntiles + (self.warps - 1)) // self.warps
-        self.kernel(mX, mA, mSA, mB, mSB).launch(grid=[grid, 1, 1], block=[32 * self.warps, 1, 1], stream=stream)
+        per_cta = self.warps * self.config.tiles_per_warp
+        grid = (ntiles + (per_cta - 1)) // per_cta
+        if cutlass.const_expr(self.staged):  # one CTA per (32-row strip, group of per_cta tiles along K)
+            grid = (m // 32) * ((ntk + (per_cta - 1)) // per_cta)
+        bounds = {}
+        if cutlass.const_expr(self.config.min_ctas_per_sm > 0):
+            bounds = dict(
+                max_number_threads=[32 * self.warps, 1, 1],
+                min_blocks_per_mp=self.config.min_ctas_per_sm,
+                preferred_smem_carveout=0,
+            )
+        self.kernel(mX, mA, mSA, mB, mSB).launch(
+            grid=[grid, 1, 1], block=[32 * self.warps, 1, 1], stream=stream, **bounds
+        )
 
     # ---------------------------------------------------------------------------------------- device
     @cute.kernel
@@ -138,34 +163,133 @@ class MXQuantize:
         k = mX.shape[1]
         ntk = (k + (self.tile_cols - 1)) // self.tile_cols
         ntiles = (m // 32) * ntk
-        tile = bidx * self.warps + warp
-        if tile < ntiles:
-            tm = tile // ntk
-            self._tile(mX, mA, mSA, mB, mSB, tm, tile - tm * ntk, lane)
+        if cutlass.const_expr(self.staged):
+            # Row scales staged in shared memory: the CTA's warps quantize the strip's tiles (at step i
+            # the W warps take W adjacent tiles), each row-scale byte goes to shared memory, and after a
+            # barrier the CTA stores strip_bytes per row as whole 8-byte words (whole 32-byte sectors
+            # when strip_bytes >= 32) instead of single bytes from 8 different warps per sector.
+            per = self.warps * self.config.tiles_per_warp
+            nkg = (ntk + (per - 1)) // per
+            tm = bidx // nkg
+            kg = bidx - tm * nkg
+            smem = cute.arch.alloc_smem(cutlass.Uint8, 32 * self.strip_bytes, alignment=16)
+            sbase = smem.toint()
+            i = Int32(0)
+            while i < self.config.tiles_per_warp:
+                tk = kg * per + i * self.warps + warp
+                if tk < ntk:
+                    co = self._coords_tk(mX, tm, tk, lane)
+                    co["sbase"] = sbase
+                    co["sblk"] = (i * self.warps + warp) * self.blocks_per_tile
+                    self._process(self._load(mX, co, None), mA, mSA, mB, mSB, co, lane)
+                i = i + 1
+            cute.arch.barrier()
+            self._store_staged_row_scales(mSA, sbase, tm, kg * (per * self.blocks_per_tile), Int32(tidx), k)
+        elif cutlass.const_expr(self.config.tiles_per_warp == 1):
+            tile = bidx * self.warps + warp
+            if tile < ntiles:
+                co = self._coords(mX, tile, ntk, lane)
+                self._process(self._load(mX, co, None), mA, mSA, mB, mSB, co, lane)
+        elif cutlass.const_expr(self.config.pipeline == "registers"):
+            # Register double buffer: the warp's tiles are tile0 + i * warps (i < tiles_per_warp), so at
+            # every step the CTA's warps work on adjacent tiles. Tile i + 1's loads are issued before
+            # tile i is processed and stay in flight while it computes and stores.
+            tpw = self.config.tiles_per_warp
+            tile0 = bidx * (self.warps * tpw) + warp
+            regs = self._load(mX, self._coords(mX, tile0, ntk, lane), tile0 < ntiles)
+            i = Int32(0)
+            while i < tpw:
+                tile = tile0 + i * self.warps
+                nxt = tile + self.warps
+                nregs = self._load(mX, self._coords(mX, nxt, ntk, lane), (nxt < ntiles) & (i + 1 < tpw))
+                if tile < ntiles:
+                    self._process(regs, mA, mSA, mB, mSB, self._coords(mX, tile, ntk, lane), lane)
+                regs = nregs
+                i = i + 1
+        else:
+            # L2 prefetch (benchmark tunings only; slower than v1 on the H200): before tile i is loaded
+            # and processed, every lane prefetches its row of tile i + distance into L2 (no registers
+            # held); the first `distance` tiles are prefetched up front.
+            tpw = self.config.tiles_per_warp
+            dist = self.config.prefetch_distance
+            tile0 = bidx * (self.warps * tpw) + warp
+            for j in cutlass.range_constexpr(dist):
+                self._prefetch_l2(mX, tile0 + j * self.warps, ntk, ntiles, lane, j < tpw)
+            i = Int32(0)
+            while i < tpw:
+                tile = tile0 + i * self.warps
+                self._prefetch_l2(mX, tile + dist * self.warps, ntk, ntiles, lane, i + dist < tpw)
+                if tile < ntiles:
+                    co = self._coords(mX, tile, ntk, lane)
+                    self._process(self._load(mX, co, None), mA, mSA, mB, mSB, co, lane)
+                i = i + 1
 
-    def _tile(self, mX, mA, mSA, mB, mSB, tm, tk, lane):
-        """Quantizes the warp's 32 x (16 * V) tile (trace-time Python: loops unroll)."""
-        c = self.config
+    def _prefetch_l2(self, mX, tile, ntk, ntiles, lane, pred):
+        """Lane l prefetches row l of `tile` (tile_cols contiguous elements, 128 or 256 bytes) into L2,
+        one `prefetch.global.L2` per 128-byte line, when the tile exists and lies wholly inside K (edge
+        tiles are just loaded)."""
+        k = mX.shape[1]
+        tm = tile // ntk
+        tk = tile - tm * ntk
+        col = tk * self.tile_cols
+        addr = mX.iterator.toint() + (Int64(tm * 32 + lane) * Int64(k) + Int64(col)) * self.in_bytes
+        ok = (tile < ntiles) & (col + self.tile_cols <= k) & pred
+        for off in range(0, self.tile_cols * self.in_bytes, 128):
+            ptx.prefetch_l2(addr + off, ok)
+
+    def _coords(self, mX, tile, ntk, lane) -> dict:
+        """Addresses and predicates of the warp's tile `tile` (32 rows x tile_cols columns)."""
+        tm = tile // ntk
+        return self._coords_tk(mX, tm, tile - tm * ntk, lane)
+
+    def _coords_tk(self, mX, tm, tk, lane) -> dict:
+        """Addresses and predicates of the tile in 32-row strip `tm`, column tile `tk`."""
         V, R = self.vec, self.rows
         k = mX.shape[1]
         half = lane // R  # band: lanes [b*R, b*R + R) hold rows [b*R, b*R + R) of the same columns
         col = tk * self.tile_cols + (lane % R) * V
-        ok = Boolean(col < k)
         colc = cutlass.select_(col < k, col, k - V)  # out-of-range lanes read a valid chunk, store nothing
         k64 = Int64(k)
         col64 = Int64(colc)
         row0 = Int64(tm * 32 + half * R)  # this thread's first row
         offset = row0 * k64 + col64  # element offset of (row0, col) in every (M, K) array
-        x_addr = mX.iterator.toint() + offset * self.in_bytes
+        return dict(
+            tm=tm,
+            half=half,
+            col=col,
+            ok=Boolean(col < k),
+            k=k,
+            k64=k64,
+            col64=col64,
+            row0=row0,
+            offset=offset,
+            x_addr=mX.iterator.toint() + offset * self.in_bytes,
+        )
 
-        # ---- R independent 16-byte loads per thread (a warp reads 2 x 256 contiguous bytes each time)
-        regs = [ptx.ld_global_v4(x_addr + k64 * (self.in_bytes * r), c.l2_prefetch) for r in range(R)]
+    def _load(self, mX, co, pred) -> list:
+        """R independent 16-byte loads per thread (a warp reads 2 x 256 contiguous bytes each time), as a
+        flat list of 4 * R words; with `pred`, predicated (zeros where it is false)."""
+        out = []
+        for r in range(self.rows):
+            a = co["x_addr"] + co["k64"] * (self.in_bytes * r)
+            if pred is None:
+                out += list(ptx.ld_global_v4(a, self.config.l2_prefetch))
+            else:
+                out += list(ptx.ld_global_v4_pred(a, pred))
+        return out
+
+    def _process(self, flat, mA, mSA, mB, mSB, co, lane):
+        """Quantizes the warp's 32 x (16 * V) tile from its loaded words (trace-time Python: loops unroll)."""
+        c = self.config
+        R = self.rows
+        regs = [flat[4 * r : 4 * r + 4] for r in range(R)]
+        tm, half, ok, k64, col64, row0, offset = (co[n] for n in ("tm", "half", "ok", "k64", "col64", "row0", "offset"))
 
         bf16 = c.in_dtype == "bfloat16"
         abs_mask = ptx._u32(0x7FFF7FFF if bf16 else 0x7FFFFFFF)
         vmax = ptx.max_u16x2 if bf16 else ptx.max_u32
 
-        # ---- column (and square) amax over the 32 rows: R in-thread, then the other half-warp
+        # ---- column (and square) amax over the 32 rows: R in-thread, then the other bands
         colmax = None
         if cutlass.const_expr(self.do_col or self.do_square):
             colmax = [regs[0][j] & abs_mask for j in range(4)]
@@ -178,7 +302,7 @@ class MXQuantize:
                 s *= 2
 
         if cutlass.const_expr(self.do_row):
-            self._row_pass(regs, abs_mask, vmax, mA, mSA, offset, row0, k64, col64, lane, ok, col, k)
+            self._row_pass(regs, abs_mask, vmax, mA, mSA, offset, row0, k64, col64, lane, ok, co)
         if cutlass.const_expr(self.do_col):
             dst, dst_s = (mB, mSB) if c.mode == "rowcol" else (mA, mSA)
             self._col_pass(regs, colmax, dst, dst_s, offset, tm, k64, col64, half, ok)
@@ -204,7 +328,8 @@ class MXQuantize:
             s *= 2
         return v
 
-    def _row_pass(self, regs, abs_mask, vmax, mA, mSA, offset, row0, k64, col64, lane, ok, col, k):
+    def _row_pass(self, regs, abs_mask, vmax, mA, mSA, offset, row0, k64, col64, lane, ok, co):
+        col, k = co["col"], co["k"]
         c = self.config
         V, G, R = self.vec, self.group, self.rows
         bf16 = c.in_dtype == "bfloat16"
@@ -225,6 +350,13 @@ class MXQuantize:
             ptx.st_global(a_addr + k64 * r, self._quantize_row(regs[r], [f] * V), pred=ok)
             if transpose:
                 row_bytes[r] = b
+            elif cutlass.const_expr(c.diagnostic == "no_row_scale"):
+                pass  # benchmark-only diagnostic: WRONG output (row scales are never written)
+            elif self.staged:
+                # shared memory [32 rows][strip_bytes]: row (band * R + r), byte sblk + block in tile
+                srow = co["half"] * R + r
+                saddr = co["sbase"] + srow * self.strip_bytes + co["sblk"] + (Int32(lane) % R) // G
+                ptx.st_shared_u8(saddr, b, pred=ok & (j == (r % G)))
             else:
                 # lane j of each block group stores the scale bytes of the rows r with r % G == j
                 ptx.st_global_u8(s_addr + ks * r, b, pred=ok & (j == (r % G)))
@@ -242,6 +374,28 @@ class MXQuantize:
                 finish(r, self._reduce_group(thread_max(r), ptx.max_u32))
         if transpose:
             self._store_row_scales_transposed(row_bytes, mSA, row0, ks, lane, col, k)
+
+    def _store_staged_row_scales(self, mSA, sbase, tm, kb0, tidx, k):
+        """Stores the strip's row scales from shared memory: thread t writes 8-byte word(s) of a row
+        (byte stores where the row stride K/32 is not a multiple of 8 or at the right edge of K)."""
+        sb = self.strip_bytes
+        words_per_row = sb // 8
+        total = 32 * words_per_row
+        nthreads = 32 * self.warps
+        ks = k // 32
+        for it in range((total + nthreads - 1) // nthreads):
+            ch = it * nthreads + tidx
+            in_range = ch < total
+            row = ch // words_per_row
+            cc = ch - row * words_per_row
+            kb = kb0 + cc * 8
+            words = ptx.ld_shared_v2(sbase + (row % 32) * sb + cc * 8)
+            gaddr = mSA.iterator.toint() + Int64(tm * 32 + (row % 32)) * Int64(ks) + Int64(kb)
+            fast = in_range & (ks % 8 == 0) & (kb + 8 <= ks)
+            ptx.st_global(gaddr, list(words), pred=fast)
+            for bi in range(8):
+                byte = (words[bi // 4] >> (8 * (bi % 4))) & ptx._u32(0xFF)
+                ptx.st_global_u8(gaddr + bi, byte, pred=in_range & (~fast) & (kb + bi < ks))
 
     def _store_row_scales_transposed(self, row_bytes, mSA, row0, ks, lane, col, k):
         """Lane r of a band writes the scale bytes of row r for all nb blocks of the band as one word.

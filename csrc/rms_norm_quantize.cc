@@ -1,0 +1,82 @@
+// XLA FFI handler for the fused RMSNorm + MX quantize kernel (jax_mxfp8/kernels/sm90/rms_norm_quantize.py).
+//
+//   jax_mxfp8_rms_norm_quantize  (x, weight) -> (y, data, scale)   attrs: eps (f32), scale_rounding, tune
+//
+// x: rank >= 2 (the primitive reshapes rank-1 input), bf16 or f32, viewed as (M, D) with leading axes
+// flattened; D a multiple of 32 and at most the variant's limit (KernelEntry::max_cols). weight: f32 of
+// shape (D,). y: x's shape and dtype. data: x's shape, f8e4m3fn / f8e5m2 (selects the element format).
+// scale: (M, D / 32) u8 (leading axes flattened). Every failure is returned as an ffi::Error; the
+// handler only enqueues work on XLA's stream (CUDA-graph compatible).
+#include <string>
+
+#include "common.h"
+
+namespace jmx {
+namespace {
+
+ffi::Error RmsNormQuantizeImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer weight,
+                               ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> data,
+                               ffi::Result<ffi::AnyBuffer> scale, float eps, int32_t scale_rounding, int32_t tune) {
+  Tensor2D t[5];
+  int in_code = 0, elem = 0;
+  JMX_RETURN_IF_ERROR(InCode(x.element_type(), "x", &in_code));
+  JMX_RETURN_IF_ERROR(As2D(x, "x", &t[0]));
+  const int64_t m = t[0].rows, d = t[0].cols;
+  if (d % 32 != 0) {
+    return ffi::Error::InvalidArgument("jax_mxfp8: rms_norm_quantize needs the last dimension of x to be a multiple "
+                                       "of 32, got " + std::to_string(d));
+  }
+  // weight: f32 (D,), viewed as (1, D)
+  if (weight.element_type() != ffi::DataType::F32) {
+    return ffi::Error::InvalidArgument("jax_mxfp8: weight has dtype " + DTypeName(weight.element_type()) +
+                                       ", expected f32");
+  }
+  auto wdims = weight.dimensions();
+  if (wdims.size() != 1 || wdims[0] != d) {
+    return ffi::Error::InvalidArgument("jax_mxfp8: weight must have shape (" + std::to_string(d) + ",)");
+  }
+  if (reinterpret_cast<uintptr_t>(weight.untyped_data()) % 16 != 0) {
+    return ffi::Error::InvalidArgument("jax_mxfp8: weight is not 16-byte aligned");
+  }
+  t[1] = Tensor2D{weight.untyped_data(), 1, static_cast<int32_t>(d)};
+  JMX_RETURN_IF_ERROR(As2D(y, "y", &t[2]));
+  JMX_RETURN_IF_ERROR(Expect(t[2], y->element_type(), x.element_type(), m, d, "y"));
+  JMX_RETURN_IF_ERROR(ElemCode(data->element_type(), "data", &elem));
+  JMX_RETURN_IF_ERROR(As2D(data, "data", &t[3]));
+  JMX_RETURN_IF_ERROR(Expect(t[3], data->element_type(), data->element_type(), m, d, "data"));
+  JMX_RETURN_IF_ERROR(As2D(scale, "scale", &t[4]));
+  JMX_RETURN_IF_ERROR(Expect(t[4], scale->element_type(), ffi::DataType::U8, m, d / 32, "scale"));
+  if (m == 0 || d == 0) return ffi::Error::Success();
+  const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(FindKernel(device, kOpRmsNormQuantize, in_code, 0, elem, scale_rounding, tune, &entry));
+  if (entry->max_cols > 0 && d > entry->max_cols) {
+    return ffi::Error::InvalidArgument("jax_mxfp8: rms_norm_quantize kernel " + std::string(entry->name) +
+                                       " supports D <= " + std::to_string(entry->max_cols) + ", got " +
+                                       std::to_string(d) + " (use implementation='xla')");
+  }
+  const float scalars[1] = {eps};
+  return Launch(entry, device, t, 5, stream, scalars, 1);
+}
+
+}  // namespace
+}  // namespace jmx
+
+namespace ffi = xla::ffi;
+
+#pragma GCC visibility push(default)
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_rms_norm_quantize, jmx::RmsNormQuantizeImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<float>("eps")
+                                  .Attr<int32_t>("scale_rounding")
+                                  .Attr<int32_t>("tune"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+#pragma GCC visibility pop

@@ -1,0 +1,68 @@
+"""Public `quantize` / `dequantize` (exported as jax_mxfp8.quantize / jax_mxfp8.dequantize): the layer-1
+functions of jax_mxfp8.formats with an `implementation` switch that can route them to the CuTe DSL
+kernels (jax_mxfp8.primitives.quantize)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jax_mxfp8.formats import MXArray
+from jax_mxfp8.formats import dequantize as _ref_dequantize
+from jax_mxfp8.formats import quantize as _ref_quantize
+from jax_mxfp8.primitives import quantize as _pq
+
+
+def quantize(
+    x: jax.Array,
+    *,
+    axis: int | Sequence[int] = -1,
+    block: str = "row",
+    dtype=jnp.float8_e4m3fn,
+    scale_rounding: str = "up",
+    rounding: str = "nearest",
+    rng: jax.Array | None = None,
+    implementation: str | None = None,
+) -> MXArray:
+    """Quantizes `x` to MXFP8: FP8 elements with one E8M0 scale per block.
+
+    Same arguments and results as `jax_mxfp8.formats.quantize` (see there), plus:
+
+    Args:
+      implementation: None (default) uses the CuTe DSL kernel when the kernel library is built, the
+        default backend is an NVIDIA GPU of compute capability 9.x / 10.x (Hopper, Blackwell) and the
+        kernels cover the arguments (float32 / bfloat16 input of rank >= 2 whose last two dimensions
+        are multiples of 32; row blocks along the last or second-to-last axis, or 32x32 square blocks
+        over the last two; round to nearest), and the XLA reference otherwise. "xla" always uses the
+        reference. "cuda" always uses the kernel: RuntimeError when the library or a suitable GPU is
+        missing, ValueError when the kernels do not cover the arguments.
+
+    The kernel and the reference give bit-identical results (tests/test_quantize_kernels_gpu.py).
+    """
+    if implementation == "xla":
+        return _ref_quantize(
+            x, axis=axis, block=block, dtype=dtype, scale_rounding=scale_rounding, rounding=rounding, rng=rng
+        )
+    return _pq.quantize(
+        x,
+        axis=axis,
+        block=block,
+        dtype=dtype,
+        scale_rounding=scale_rounding,
+        rounding=rounding,
+        rng=rng,
+        implementation=implementation,
+    )
+
+
+def dequantize(a: MXArray, dtype=jnp.float32, *, implementation: str | None = None) -> jax.Array:
+    """Returns element * 2**(scale - 127) in `dtype` (default float32); NaN where the scale is 0xFF.
+
+    `implementation` as for `quantize` (the kernels cover row / column / square blocks over the last
+    two axes of rank >= 2 arrays, to float32 / bfloat16); bit-identical either way.
+    """
+    if implementation == "xla":
+        return _ref_dequantize(a, dtype)
+    return _pq.dequantize(a, dtype, implementation=implementation)
