@@ -245,3 +245,33 @@ def test_mx_dot_general_fsdp_collectives_match_lax_dot_general():
         return sorted((op, bytes_of(s)) for op, s in collectives(grad, x, w))
 
     assert ops(lambda x, w: jax_mxfp8.mx_dot_general(x, w, DN)) == ops(lambda x, w: jax.lax.dot_general(x, w, DN))
+
+
+def test_ffi_primitives_partition_like_the_reference():
+    """The kernels' custom_partitioning (Shardy rule + GSPMD callbacks), run here with the XLA body in place
+    of the FFI call: outputs keep the input's sharding, no collectives, bits equal the reference."""
+    from jax_mxfp8.primitives import quantize as pq
+    from jax_mxfp8.primitives import rms_norm_quantize as prn
+
+    m = mesh((2, 4), ("data", "model"))
+    x = _normal(17, (256, 512))
+    xs = put(x, m, "data", "model")
+    for name, f in (
+        ("row", lambda x: pq.quantize(x, _impl_override="xla")),
+        ("square", lambda x: pq.quantize(x, block="square", _impl_override="xla")),
+        ("rowcol", lambda x: pq.quantize_rowcol(x, _impl_override="xla")),
+    ):
+        assert collectives(f, xs) == [], name
+        got, want = jax.jit(f)(xs), jax.jit(f)(x)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert g.sharding.is_equivalent_to(xs.sharding, g.ndim), name
+            np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
+    rows = put(x, m, "data", None)
+    w = jnp.ones((512,))
+
+    def norm(x):
+        return prn.rms_norm_quantize_fwd(x, w, _impl_override="xla")
+
+    assert collectives(norm, rows) == []
+    for g, want in zip(jax.tree.leaves(jax.jit(norm)(rows)), jax.tree.leaves(jax.jit(norm)(x))):
+        np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(want).view(np.uint8))
