@@ -282,6 +282,23 @@ def _check_scale(scale, head_dim: int) -> float:
     return value
 
 
+def check_qkv_shapes(q, k, v) -> tuple[int, int, int, int, int, int]:
+    """Checks BTNH query against BSKH key/value (same batch and head_dim, N % K == 0, supported head_dim).
+
+    Returns (B, T, N, H, S, K). Raises ValueError naming the offending argument.
+    """
+    b, t, n, h = q.shape
+    _, s, n_kv, _ = k.shape
+    check_head_dim(h, "query")
+    if k.shape[0] != b or k.shape[3] != h:
+        raise ValueError(f"key of shape {k.shape} does not match query of shape {q.shape} (batch and head_dim)")
+    if v.shape != k.shape:
+        raise ValueError(f"value must have key's shape {k.shape}; got {v.shape}")
+    if n % n_kv:
+        raise ValueError(f"query has {n} heads, not a multiple of key's {n_kv} heads")
+    return b, t, n, h, s, n_kv
+
+
 def check_head_dim(h: int, name: str = "query") -> None:
     """Head dims are multiples of 32 (one MX block) up to 256."""
     if h % BLOCK_SIZE or not 0 < h <= MAX_HEAD_DIM:
@@ -363,15 +380,7 @@ def dot_product_attention(
     v, v_unb = _as_4d_operand(value, "value")
     if not (unbatched == k_unb == v_unb):
         raise ValueError(f"query, key and value must all be rank 4 or all rank 3; got {q.shape}, {k.shape}, {v.shape}")
-    b, t, n, h = q.shape
-    _, s, n_kv, _ = k.shape
-    check_head_dim(h, "query")
-    if k.shape[0] != b or k.shape[3] != h:
-        raise ValueError(f"key of shape {k.shape} does not match query of shape {q.shape} (batch and head_dim)")
-    if v.shape != k.shape:
-        raise ValueError(f"value must have key's shape {k.shape}; got {v.shape}")
-    if n % n_kv:
-        raise ValueError(f"query has {n} heads, not a multiple of key's {n_kv} heads")
+    b, t, n, h, s, n_kv = check_qkv_shapes(q, k, v)
     if t % BLOCK_SIZE or t == 0:
         raise ValueError(f"query sequence length T={t} (axis 1) must be a positive multiple of {BLOCK_SIZE}")
     if s % BLOCK_SIZE or s == 0:

@@ -39,7 +39,7 @@ from jax.sharding import PartitionSpec as P
 
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.ops.attention import check_head_dim
+from jax_mxfp8.ops.attention import check_qkv_shapes
 from jax_mxfp8.parallel.fsdp import _pack_bytes, _unpack_bytes
 from jax_mxfp8.reference.attention_bwd import attention_bwd
 from jax_mxfp8.reference.attention_config import AttentionConfig, operand_layouts
@@ -448,15 +448,7 @@ def ring_attention(
     if not isinstance(axis_name, str) or axis_name not in mesh.axis_names:
         raise ValueError(f"axis_name={axis_name!r} is not an axis of the mesh {tuple(mesh.axis_names)}")
     q, k, v = _as_operand(query, "query"), _as_operand(key, "key"), _as_operand(value, "value")
-    b, t, n, h = q.shape
-    _, s, n_kv, _ = k.shape
-    check_head_dim(h, "query")
-    if k.shape[0] != b or k.shape[3] != h:
-        raise ValueError(f"key of shape {k.shape} does not match query of shape {q.shape} (batch and head_dim)")
-    if v.shape != k.shape:
-        raise ValueError(f"value must have key's shape {k.shape}; got {v.shape}")
-    if n % n_kv:
-        raise ValueError(f"query has {n} heads, not a multiple of key's {n_kv} heads")
+    b, t, n, h, s, n_kv = check_qkv_shapes(q, k, v)
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"query, key and value must have one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if is_causal and s != t:
