@@ -16,10 +16,11 @@ import numpy as np
 
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
+from jax_mxfp8.formats.quantize import dequantize
 from jax_mxfp8.reference.attention_bwd import attention_bwd
 from jax_mxfp8.reference.attention_config import AttentionConfig, operand_layouts
 from jax_mxfp8.reference.attention_fwd import attention_fwd
-from jax_mxfp8.reference.attention_quant import dequantize_exact, quantize_operand
+from jax_mxfp8.reference.attention_quant import quantize_operand
 from jax_mxfp8.reference.attention_tiling import Masking
 
 IMPLEMENTATIONS = (None, "xla", "cuda")
@@ -129,7 +130,7 @@ def _quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
 
 def _operand(static, quants, key, q_len, kv_len) -> jax.Array:
     """Dequantized head-major float32 operand for one residual key."""
-    x = dequantize_exact(quants[key])
+    x = dequantize(quants[key], jnp.float32)
     if not key.endswith(":user"):
         return x
     # A caller's MXArray is in BTNH / BSKH; its padding rows are zeroed after dequantization so that

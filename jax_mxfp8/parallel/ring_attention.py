@@ -39,12 +39,13 @@ from jax.sharding import PartitionSpec as P
 
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
+from jax_mxfp8.formats.quantize import dequantize
 from jax_mxfp8.ops.attention import check_qkv_shapes
 from jax_mxfp8.parallel.fsdp import _pack_bytes, _unpack_bytes
 from jax_mxfp8.reference.attention_bwd import attention_bwd
 from jax_mxfp8.reference.attention_config import AttentionConfig, operand_layouts
 from jax_mxfp8.reference.attention_fwd import attention_fwd
-from jax_mxfp8.reference.attention_quant import dequantize_exact, quantize_operand
+from jax_mxfp8.reference.attention_quant import quantize_operand
 from jax_mxfp8.reference.attention_tiling import Masking
 
 # What one ring step computes for its (local Q, visiting KV) chunk pair.
@@ -177,7 +178,7 @@ def _rotate(tree, st: _Static):
 
 
 def _deq(x: MXArray) -> jax.Array:
-    return dequantize_exact(x)
+    return dequantize(x, jnp.float32)
 
 
 # ---------------------------------------------------------------------------------------------------------

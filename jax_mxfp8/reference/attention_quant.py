@@ -21,11 +21,6 @@ P_CONST_LOG2 = 8
 """p_scale="const": P~ in [0, 1] is stored as E4M3(P~ * 2^8) with the fixed scale 2^-8."""
 
 
-def dequantize_exact(a: MXArray) -> jax.Array:
-    """float32 values of an MXArray (formats.dequantize decodes elements from their bits)."""
-    return dequantize(a, jnp.float32)
-
-
 def quantize_operand(x: jax.Array, layout: str, scale_rounding: str) -> MXArray:
     """Quantizes a (..., L, H) operand (L = sequence) in the given block layout.
 
@@ -51,11 +46,11 @@ def fake_quant_p(p: jax.Array, axis: int, p_scale: str, scale_rounding: str) -> 
         y = (p.astype(jnp.float32) * jnp.float32(2.0**P_CONST_LOG2)).astype(jnp.float8_e4m3fn)
         return decode_elements(y) * jnp.float32(2.0**-P_CONST_LOG2)
     a = quantize(p.astype(jnp.float32), axis=axis, block="row", scale_rounding=scale_rounding)
-    return dequantize_exact(a)
+    return dequantize(a, jnp.float32)
 
 
 def fake_quant_square(x: jax.Array, scale_rounding: str = "up") -> jax.Array:
     """32x32 square blocks over the last two axes (dO over (T, H), dS over (T, S))."""
-    return dequantize_exact(
-        quantize(x.astype(jnp.float32), axis=(-2, -1), block="square", scale_rounding=scale_rounding)
+    return dequantize(
+        quantize(x.astype(jnp.float32), axis=(-2, -1), block="square", scale_rounding=scale_rounding), jnp.float32
     )
