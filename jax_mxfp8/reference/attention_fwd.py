@@ -77,7 +77,7 @@ def attention_fwd(
         jnp.zeros_like(q, jnp.float32),
     )
     (m, lsum, acc), _ = lax.scan(step, init, xs)
-    has = lsum > 0
+    has = lsum != 0  # 0 only where every logit is masked; NaN (a NaN operand) propagates, never turns into 0
     o = jnp.where(has[..., None], acc / jnp.where(has, lsum, 1.0)[..., None], 0.0)
     lse = jnp.where(has, m + jnp.log(jnp.where(has, lsum, 1.0)), -jnp.inf)
     return o, lse
