@@ -38,9 +38,11 @@ def compile_arch(arch: str, out: Path, names: list[str] | None) -> None:
     """Worker: compiles the variants for one arch (runs in a fresh process with CUTE_DSL_ARCH set)."""
     import cutlass.cute as cute
 
-    from jax_mxfp8.kernels.sm90 import quantize, rms_norm_quantize
+    from jax_mxfp8.kernels.sm90 import attention_fwd, quantize, rms_norm_quantize
 
     def make_kernel(config):
+        if isinstance(config, registry.AttentionFwdConfig):
+            return attention_fwd.make_kernel(config)
         if isinstance(config, registry.RMSNormQuantizeConfig):
             return rms_norm_quantize.make_kernel(config)
         return quantize.make_kernel(config)
@@ -50,6 +52,8 @@ def compile_arch(arch: str, out: Path, names: list[str] | None) -> None:
     meta = {}
     for config in registry.VARIANTS:
         if names and config.name not in names:
+            continue
+        if arch not in registry.variant_archs(config):
             continue
         sym = symbol(config, arch)
         t0 = time.time()
@@ -145,6 +149,8 @@ def write_table(out: Path, archs: list[str]) -> Path:
                     f"{registry.DTYPE_CODE[config.elem_dtype]}, {registry.ROUNDING_CODE[config.scale_rounding]}, "
                     f"{config.tune}"
                 )
+            elif config.op == "attention_fwd":
+                codes = f"jmx::kOpAttentionFwd, {config.head_dim}, {int(config.causal)}, 0, 0, {config.tune}"
             else:
                 codes = (
                     f"jmx::kOpDequantize, {registry.DTYPE_CODE[config.elem_dtype]}, "

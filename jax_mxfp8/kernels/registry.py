@@ -37,7 +37,7 @@ DEQUANTIZE_BLOCKS = ("row", "col", "square")
 # Integer codes shared with csrc/common.h (keep in sync; the build writes them into the table).
 DTYPE_CODE = {"bfloat16": 0, "float32": 1, "float8_e4m3fn": 2, "float8_e5m2": 3}
 MODE_CODE = {"rowcol": 0, "row": 1, "col": 2, "square": 3}
-OP_CODE = {"quantize": 0, "dequantize": 1, "rms_norm_quantize": 2}
+OP_CODE = {"quantize": 0, "dequantize": 1, "rms_norm_quantize": 2, "attention_fwd": 3}
 ROUNDING_CODE = {"up": 0, "floor": 1}
 
 _SHORT = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
@@ -219,6 +219,46 @@ class RMSNormQuantizeConfig:
         return "rms_norm_quantize"
 
 
+@dataclasses.dataclass(frozen=True)
+class AttentionFwdConfig:
+    """MXFP8 attention forward (kernels/sm90/attention_fwd.py): one variant per head_dim x causal.
+
+    Attributes:
+      head_dim: 64 or 128.
+      causal: top-left causal masking (query i sees keys j <= i).
+      kv_stage: K/V tiles in flight in shared memory (K and V take one stage each).
+      overlap: issue the next tile's Q K^T wgmma before the current tile's P V and run its softmax while
+        P V is in flight (FA3's intra-warpgroup overlap). False: strictly sequential per warpgroup.
+      pingpong: with overlap, the two consumer warpgroups take turns issuing their wgmmas (named barriers),
+        so that one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores (FA3).
+      tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
+    """
+
+    head_dim: int = 128
+    causal: bool = False
+    kv_stage: int = 4
+    overlap: bool = False
+    pingpong: bool = False
+    tune: int = 0
+
+    def __post_init__(self):
+        if self.head_dim not in (64, 128):
+            raise ValueError(f"head_dim={self.head_dim} not in (64, 128)")
+        if not 2 <= self.kv_stage <= 12 or self.kv_stage % 2:
+            raise ValueError(f"kv_stage={self.kv_stage} must be even in [2, 12]")
+        if self.pingpong and not self.overlap:
+            raise ValueError("pingpong needs overlap")
+
+    @property
+    def name(self) -> str:
+        base = f"attention_fwd_h{self.head_dim}{'_causal' if self.causal else ''}"
+        return f"{base}_t{self.tune}" if self.tune else base
+
+    @property
+    def op(self) -> str:
+        return "attention_fwd"
+
+
 def _production_quantize(in_dtype: str, mode: str, elem_dtype: str, scale_rounding: str) -> QuantizeConfig:
     """v2 for the modes with row blocks along K: row scales staged in shared memory, stored as whole
     32-byte sectors (2 tiles per warp for bf16, 4 for f32, 4 warps; the bf16 row+col kernel capped at
@@ -254,7 +294,19 @@ RMS_NORM_QUANTIZE_VARIANTS: tuple[RMSNormQuantizeConfig, ...] = tuple(
     RMSNormQuantizeConfig(in_dtype=i, elem_dtype=e, scale_rounding=r)
     for i, e, r in itertools.product(IN_DTYPES, ELEM_DTYPES, SCALE_ROUNDINGS)
 )
-VARIANTS = QUANTIZE_VARIANTS + TUNING_VARIANTS + DEQUANTIZE_VARIANTS + RMS_NORM_QUANTIZE_VARIANTS
+# Production: intra-warpgroup overlap (measured 0.79 vs 0.89 ms serial at B4 T4k N16 H128 on the H200,
+# docs/perf-notes.md). Tunings built for benchmarks/attention.py: 1 = serial (no overlap), 2 = overlap +
+# pingpong between the consumer warpgroups, 3 = pingpong with twice the K/V stages.
+ATTENTION_FWD_VARIANTS: tuple[AttentionFwdConfig, ...] = tuple(
+    AttentionFwdConfig(head_dim=h, causal=c, kv_stage=stages * mult, overlap=ov, pingpong=pp, tune=tune)
+    for h, c in itertools.product((64, 128), (False, True))
+    for stages in (8 if h == 64 else 4,)
+    for tune, ov, pp, mult in ((0, True, False, 1), (1, False, False, 1), (2, True, True, 1), (3, True, True, 2))
+    if stages * mult <= 12
+)
+VARIANTS = (
+    QUANTIZE_VARIANTS + TUNING_VARIANTS + DEQUANTIZE_VARIANTS + RMS_NORM_QUANTIZE_VARIANTS + ATTENTION_FWD_VARIANTS
+)
 
 
 def find_quantize(in_dtype: str, mode: str, elem_dtype: str, scale_rounding: str) -> QuantizeConfig | None:
@@ -269,6 +321,19 @@ def find_rms_norm_quantize(in_dtype: str, elem_dtype: str, scale_rounding: str) 
     """The registered fused RMSNorm + quantize variant for these parameters, or None."""
     for v in RMS_NORM_QUANTIZE_VARIANTS:
         if (v.in_dtype, v.elem_dtype, v.scale_rounding) == (in_dtype, elem_dtype, scale_rounding):
+            return v
+    return None
+
+
+def variant_archs(config) -> tuple[str, ...]:
+    """The archs a variant is compiled for: the Hopper attention kernel (wgmma) exists for sm_90a only."""
+    return ("sm_90a",) if isinstance(config, AttentionFwdConfig) else ARCHS
+
+
+def find_attention_fwd(head_dim: int, causal: bool) -> AttentionFwdConfig | None:
+    """The production attention forward variant for these parameters, or None when no kernel covers them."""
+    for v in ATTENTION_FWD_VARIANTS:
+        if (v.head_dim, v.causal, v.tune) == (head_dim, causal, 0):
             return v
     return None
 

@@ -55,6 +55,8 @@ _TARGETS = (
     "jax_mxfp8_quantize",
     "jax_mxfp8_dequantize",
     "jax_mxfp8_rms_norm_quantize",
+    "jax_mxfp8_attention_fwd",
+    "jax_mxfp8_attention_fwd_into",
 )
 _KERNEL_ARCH_MAJORS = (9, 10)
 

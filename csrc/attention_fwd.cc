@@ -1,0 +1,135 @@
+// XLA FFI handler for the Hopper MXFP8 attention forward (jax_mxfp8/kernels/sm90/attention_fwd.py).
+//
+//   jax_mxfp8_attention_fwd  (q, k, vt, qs, ks, vs, vi, lens) -> (o, lse)   attrs: causal, tune
+//
+// Operands come from the producer pass (jax_mxfp8/primitives/attention_fwd.py, `prepare`):
+//   q  (B, N, Tp, H) f8e4m3fn     k (B, K, Sp, H) f8e4m3fn     vt (B, K, H, Sp) f8e4m3fn
+//   qs (B, N, Tp/32) f32          ks (B, K, Sp/32) f32         vs, vi (B, K, Sp/128 * H/32) f32
+//   lens (2, B) s32 (query lengths, KV lengths)
+//   o  (B, N, Tp, H) bf16         lse (B, N, Tp) f32
+// Tp and Sp are multiples of 128, H is 64 or 128 and N a multiple of K. Every failure is returned as an
+// ffi::Error; the handler only enqueues work on XLA's stream (CUDA-graph compatible).
+#include <string>
+
+#include "common.h"
+
+namespace jmx {
+namespace {
+
+ffi::Error Dims(const ffi::AnyBuffer& b, const char* what, size_t rank, int64_t* out) {
+  auto d = b.dimensions();
+  if (d.size() != rank) {
+    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: attention_fwd ") + what + " must have rank " +
+                                       std::to_string(rank) + ", got " + std::to_string(d.size()));
+  }
+  for (size_t i = 0; i < rank; ++i) out[i] = d[i];
+  return ffi::Error::Success();
+}
+
+ffi::Error Want(bool ok, const std::string& msg) {
+  return ok ? ffi::Error::Success() : ffi::Error::InvalidArgument("jax_mxfp8: attention_fwd: " + msg);
+}
+
+ffi::Error AttentionFwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer vt,
+                            ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs, ffi::AnyBuffer vi,
+                            ffi::AnyBuffer lens, ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
+                            int32_t causal, int32_t tune) {
+  int64_t qd[4], kd[4], vd[4];
+  JMX_RETURN_IF_ERROR(Dims(q, "q", 4, qd));
+  JMX_RETURN_IF_ERROR(Dims(k, "k", 4, kd));
+  JMX_RETURN_IF_ERROR(Dims(vt, "vt", 4, vd));
+  const int64_t b = qd[0], n = qd[1], tp = qd[2], h = qd[3], nk = kd[1], sp = kd[2];
+  JMX_RETURN_IF_ERROR(Want(q.element_type() == ffi::DataType::F8E4M3FN && k.element_type() == ffi::DataType::F8E4M3FN &&
+                               vt.element_type() == ffi::DataType::F8E4M3FN,
+                           "q, k and vt must be f8e4m3fn"));
+  JMX_RETURN_IF_ERROR(Want(h == 64 || h == 128, "head_dim must be 64 or 128, got " + std::to_string(h)));
+  JMX_RETURN_IF_ERROR(Want(tp % 128 == 0 && sp % 128 == 0, "padded lengths must be multiples of 128"));
+  JMX_RETURN_IF_ERROR(Want(kd[0] == b && kd[3] == h && nk > 0 && n % nk == 0, "k must be (B, K, Sp, H) with K | N"));
+  JMX_RETURN_IF_ERROR(Want(vd[0] == b && vd[1] == nk && vd[2] == h && vd[3] == sp, "vt must be (B, K, H, Sp)"));
+  JMX_RETURN_IF_ERROR(Want(o->element_type() == ffi::DataType::BF16 && lse->element_type() == ffi::DataType::F32,
+                           "o must be bf16 and lse f32"));
+  JMX_RETURN_IF_ERROR(Want(lens.element_type() == ffi::DataType::S32, "lens must be s32"));
+  for (auto* s : {&qs, &ks, &vs, &vi}) {
+    JMX_RETURN_IF_ERROR(Want(s->element_type() == ffi::DataType::F32, "scale factors must be f32"));
+  }
+  if (b == 0 || n == 0 || tp == 0) return ffi::Error::Success();
+
+  Tensor2D t[10];
+  JMX_RETURN_IF_ERROR(As2D(q, "q", &t[0]));
+  JMX_RETURN_IF_ERROR(As2D(k, "k", &t[1]));
+  JMX_RETURN_IF_ERROR(As2D(vt, "vt", &t[2]));
+  JMX_RETURN_IF_ERROR(As2D(qs, "qs", &t[3]));
+  JMX_RETURN_IF_ERROR(As2D(ks, "ks", &t[4]));
+  JMX_RETURN_IF_ERROR(As2D(vs, "vs", &t[5]));
+  JMX_RETURN_IF_ERROR(As2D(vi, "vi", &t[6]));
+  JMX_RETURN_IF_ERROR(As2D(lens, "lens", &t[7]));
+  JMX_RETURN_IF_ERROR(As2D(o, "o", &t[8]));
+  JMX_RETURN_IF_ERROR(As2D(lse, "lse", &t[9]));
+  // The kernel derives B, N, K, Tp and Sp from these 2-D views: check them all.
+  JMX_RETURN_IF_ERROR(Want(t[3].rows == b * n && t[3].cols == tp / 32, "qs must be (B, N, Tp/32)"));
+  JMX_RETURN_IF_ERROR(Want(t[4].rows == b * nk && t[4].cols == sp / 32, "ks must be (B, K, Sp/32)"));
+  JMX_RETURN_IF_ERROR(Want(t[5].rows == b * nk && t[5].cols == sp / 128 * (h / 32), "vs must be (B, K, Sp/128*H/32)"));
+  JMX_RETURN_IF_ERROR(Want(t[6].rows == t[5].rows && t[6].cols == t[5].cols, "vi must match vs"));
+  JMX_RETURN_IF_ERROR(Want(t[7].rows == 2 && t[7].cols == b, "lens must be (2, B)"));
+  JMX_RETURN_IF_ERROR(Want(t[8].rows == b * n * tp && t[8].cols == h, "o must be (B, N, Tp, H)"));
+  JMX_RETURN_IF_ERROR(Want(t[9].rows == b * n && t[9].cols == tp, "lse must be (B, N, Tp)"));
+  JMX_RETURN_IF_ERROR(Want(tp / 128 <= 2147483647 && b * n <= 65535, "grid too large (B*N must be <= 65535)"));
+
+  const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(FindKernel(device, kOpAttentionFwd, static_cast<int>(h), causal ? 1 : 0, 0, 0, tune, &entry));
+  return Launch(entry, device, t, 10, stream);
+}
+
+// Test hook: the same launch with o and lse passed in as well (XLA aliases them to the results), so a
+// test can fill them with NaN first and check that the kernel writes every element.
+ffi::Error AttentionFwdIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                ffi::AnyBuffer vt, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
+                                ffi::AnyBuffer vi, ffi::AnyBuffer lens, ffi::AnyBuffer, ffi::AnyBuffer,
+                                ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse, int32_t causal,
+                                int32_t tune) {
+  return AttentionFwdImpl(stream, device, q, k, vt, qs, ks, vs, vi, lens, o, lse, causal, tune);
+}
+
+}  // namespace
+}  // namespace jmx
+
+namespace ffi = xla::ffi;
+
+#pragma GCC visibility push(default)
+
+namespace {
+// Stream, device and the eight operands (q, k, vt, qs, ks, vs, vi, lens), shared by both targets.
+auto BindOperands() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Ctx<ffi::DeviceOrdinal>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>();
+}
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd, jmx::AttentionFwdImpl,
+                              BindOperands()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("causal")
+                                  .Attr<int32_t>("tune"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd_into, jmx::AttentionFwdIntoImpl,
+                              BindOperands()
+                                  .Arg<ffi::AnyBuffer>()  // o (aliased to the first result)
+                                  .Arg<ffi::AnyBuffer>()  // lse (aliased to the second result)
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("causal")
+                                  .Attr<int32_t>("tune"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+#pragma GCC visibility pop

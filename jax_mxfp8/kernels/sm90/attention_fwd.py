@@ -1,0 +1,595 @@
+"""MXFP8 attention forward for Hopper (sm_90a), CuTe DSL, compiled ahead of time.
+
+Supported features (kernels/registry.py, AttentionFwdConfig):
+  head_dim 64 or 128; non-causal or causal (top-left: query i sees keys j <= i); GQA/MQA (query head n
+  reads KV head n // G); per-batch query and KV lengths (padded batches); kv tile 128 (= the contract's
+  AttentionConfig.kv_tile default, visited in ascending order, as the reference does); p_scale "const".
+  Not here (the XLA reference takes them): bias and boolean masks, causal_safe, p_scale "block",
+  qkv_blocks "row", other kv tiles, head_dim 256, packed (cu_seqlens) sequences.
+
+Inputs come from the producer pass jax_mxfp8.primitives.attention_fwd.prepare (XLA), which re-encodes the
+contract's square-block MX operands to a shared exponent per GEMM sub-tile ("way (a)" of DESIGN.md
+section 2, docs/numerics.md "Hopper attention kernel"):
+  q   (B*N*Tp, H)     float8_e4m3fn  Q' rows, head-major (b, n, t); Tp = T rounded up to 128
+  k   (B*K*Sp, H)     float8_e4m3fn  K' rows, head-major (b, kv, s); Sp = S rounded up to 128
+  vt  (B*K*H, Sp)     float8_e4m3fn  V'^T: per (b, kv) an (H, Sp) matrix whose columns are the KV
+                                     positions, permuted inside every 32 by PV_PERMUTATION (below)
+  qs  (B*N, Tp/32)    float32        tau * log2(e) * 2^eQ per 32 query rows
+  ks  (B*K, Sp/32)    float32        2^eK per 32 keys
+  vs  (B*K, Sp/128*H/32) float32     2^eV per (kv tile, 32 head-dim columns)
+  vi  (B*K, Sp/128*H/32) float32     2^-eV (the same, inverted exactly)
+  lens (2, B)         int32          query lengths, KV lengths (<= T, S)
+Outputs:
+  o   (B*N*Tp, H)     bfloat16       O, head-major; rows >= q_len are 0
+  lse (B*N, Tp)       float32        natural-log LSE; -inf on rows with no valid key (and rows >= q_len)
+
+Numerics, per 32x32 sub-tile of S the exact scale product is 2^(eQ+eK), so
+S = (qs * ks[g]) * (Q' K'^T) with g = the key's 32-group. P~ = exp2(S*log2e - m) is computed as
+ex2(acc * c_g - (m - 8)) = 256 P~ (the contract's constant P scale 2^-8 folded into the max offset) and
+rounded to E4M3 (cvt.rn.satfinite), l sums the float32 values before rounding. PV runs on V' of the tile
+in units of 2^eV[tile, hg]; acc_O is kept in the current tile's units: the per-tile online-softmax rescale
+becomes alpha_row * 2^(eV[j-1,hg] - eV[j,hg]) (exact powers of two). Epilogue: O = acc * 2^eV[last] / l.
+
+Structure (per CTA: one (batch, query head, 128-row tile); 3 warpgroups, FA3-style):
+  WG0   producer: one warp issues TMA for Q (two 64-row stages, one per consumer), then K_j, V_j into a
+        shared K/V ring of `kv_stage` stages (K and V tiles have the same bytes), 24 registers.
+  WG1/2 consumers (240 registers), 64 query rows each: S = Q K_j^T (FP8 wgmma, both operands K-major from
+        shared memory), online softmax in registers, P packed to E4M3 in registers as the A operand of
+        O += P V_j (wgmma RS; V' is K-major along KV because it is stored transposed).
+  P needs no shuffles: the S accumulator holds, per thread and 32 keys, keys {2q, 2q+1, 8+2q, 9+2q,
+  16+2q, 17+2q, 24+2q, 25+2q} (q = lane % 4) while the 8-bit A fragment wants k-slots {4q..4q+3,
+  16+4q..19+4q}; packing accumulator values in that order puts key PV_PERMUTATION[a] in k-slot a, and the
+  producer pass stores V'^T with its KV columns permuted the same way, so P V sums the same pairs.
+  With config.overlap the consumer issues S_{j+1} = Q K_{j+1}^T before O += P_j V_j and runs the softmax of
+  tile j+1 while that PV wgmma is in flight (FA3's intra-warpgroup overlap). config.pingpong makes the
+  two consumers take turns issuing (named barriers 1 and 2).
+
+Measured on the H200 (docs/perf-notes.md, benchmarks/results/h200_attention_fwd.json): O within
+45.9-52.1 dB of the XLA reference (LSE 97-106 dB), 0.01 dB of its float64 SQNR; 717-811 TFLOP/s
+non-causal at N16 H128 (1.13-1.33x cuDNN BF16, 0.77-0.89x cuDNN FP8), latency-bound (ncu: 40% issue
+slots, 36% tensor pipe).
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+
+from jax_mxfp8.kernels.registry import AttentionFwdConfig
+
+FP8 = cutlass.Float8E4M3FN
+TILE_M = 64  # query rows per consumer warpgroup
+NUM_CONSUMERS = 2
+CTA_M = TILE_M * NUM_CONSUMERS
+TILE_N = 128  # keys per KV tile (the reference's kv_tile)
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+MIN_NORMAL = 2.0**-126
+
+
+def pv_permutation() -> tuple[int, ...]:
+    """Key (within a 32-key chunk) that lands in 8-bit A-fragment k-slot a = 16h + 4q + i of P V."""
+    perm = []
+    for a in range(32):
+        h, q, i = a // 16, (a % 16) // 4, a % 4
+        perm.append(16 * h + 8 * (i // 2) + 2 * q + (i % 2))
+    return tuple(perm)
+
+
+PV_PERMUTATION = pv_permutation()
+
+
+def _tree(values: list, op):
+    """op-reduction of a Python list of DSL values as a balanced tree (trace time)."""
+    while len(values) > 1:
+        values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
+    return values[0]
+
+
+def _acc_index_for_a_slot(flat_a: int) -> int:
+    """Flat index into the (64 x 128) S accumulator fragment of the value for A-fragment element flat_a.
+
+    A fragment ((4, 2, 2), 1, 4): byte i of word (row half v1, k half v2) of k-block kb.
+    Accumulator ((2, 2, 16), 1, 1): v0 (column + 1), v1 (row + 8), nb (column + 8).
+    """
+    i, v1, v2, kb = flat_a % 4, (flat_a // 4) % 2, (flat_a // 8) % 2, flat_a // 16
+    nb = 4 * kb + 2 * v2 + i // 2
+    return (i % 2) + 2 * v1 + 4 * nb
+
+
+class AttentionForwardSm90:
+    """Host entry: (q, k, vt, qs, ks, vs, vi, lens, o, lse, stream); see the module docstring for shapes."""
+
+    def __init__(self, config: AttentionFwdConfig):
+        self.config = config
+        self.h = config.head_dim
+        self.hg = self.h // 32
+        self.kv_stage = config.kv_stage
+        self.qk_tiler = (TILE_M, TILE_N, self.h)
+        self.pv_tiler = (TILE_M, self.h, TILE_N)
+        self.threads = 128 * (1 + NUM_CONSUMERS)
+
+    # ------------------------------------------------------------------------------------------------
+    # AOT interface (tools/build_kernels.py)
+    # ------------------------------------------------------------------------------------------------
+
+    def fake_args(self):
+        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+        def t(dtype, rows, cols):
+            return make_fake_compact_tensor(dtype, (rows, cols), stride_order=(1, 0), assumed_align=16)
+
+        s = cute.sym_int32
+        return (
+            t(FP8, s(divisibility=128), s(divisibility=64)),  # q
+            t(FP8, s(divisibility=128), s(divisibility=64)),  # k
+            t(FP8, s(divisibility=64), s(divisibility=128)),  # vt
+            t(Float32, s(), s(divisibility=4)),  # qs
+            t(Float32, s(), s(divisibility=4)),  # ks
+            t(Float32, s(), s(divisibility=2)),  # vs
+            t(Float32, s(), s(divisibility=2)),  # vi
+            t(Int32, s(), s()),  # lens
+            t(cutlass.BFloat16, s(divisibility=128), s(divisibility=64)),  # o
+            t(Float32, s(), s(divisibility=128)),  # lse
+            make_fake_stream(),
+        )
+
+    def tensor_names(self) -> tuple[str, ...]:
+        return ("q", "k", "vt", "qs", "ks", "vs", "vi", "lens", "o", "lse")
+
+    def entry(self):
+        return self.launch
+
+    # ------------------------------------------------------------------------------------------------
+    # Host side: views, TMA descriptors, launch
+    # ------------------------------------------------------------------------------------------------
+
+    @cute.jit
+    def launch(
+        self,
+        q2: cute.Tensor,
+        k2: cute.Tensor,
+        vt2: cute.Tensor,
+        qs: cute.Tensor,
+        ks: cute.Tensor,
+        vs: cute.Tensor,
+        vi: cute.Tensor,
+        lens: cute.Tensor,
+        o2: cute.Tensor,
+        lse: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        h = self.h
+        bn = qs.shape[0]
+        bk = ks.shape[0]
+        tp = qs.shape[1] * 32
+        sp = ks.shape[1] * 32
+        # (rows, H, heads) views of the 2-D buffers
+        q = cute.make_tensor(q2.iterator, cute.make_layout((tp, h, bn), stride=(h, 1, tp * h)))
+        k = cute.make_tensor(k2.iterator, cute.make_layout((sp, h, bk), stride=(h, 1, sp * h)))
+        vt = cute.make_tensor(vt2.iterator, cute.make_layout((h, sp, bk), stride=(sp, 1, sp * h)))
+        o = cute.make_tensor(o2.iterator, cute.make_layout((tp, h, bn), stride=(h, 1, tp * h)))
+
+        kmajor = utils.LayoutEnum.ROW_MAJOR
+        qk_mma = self._make_qk_mma()
+        pv_mma = self._make_pv_mma()
+        q_smem = sm90_utils.make_smem_layout_a(kmajor, self.qk_tiler, FP8, NUM_CONSUMERS)
+        k_smem = sm90_utils.make_smem_layout_b(kmajor, self.qk_tiler, FP8, self.kv_stage)
+        v_smem = sm90_utils.make_smem_layout_b(kmajor, self.pv_tiler, FP8, self.kv_stage)
+
+        g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tq = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, q, cute.slice_(q_smem, (None, None, 0)), (TILE_M, h))
+        tma_k, tk = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, k, cute.slice_(k_smem, (None, None, 0)), (TILE_N, h))
+        tma_v, tv = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, vt, cute.slice_(v_smem, (None, None, 0)), (h, TILE_N))
+        self.q_bytes = cute.size_in_bytes(FP8, cute.slice_(q_smem, (None, None, 0)))
+        self.kv_bytes = cute.size_in_bytes(FP8, cute.slice_(k_smem, (None, None, 0)))
+
+        @cute.struct
+        class SharedStorage:
+            q_mbar: cute.struct.MemRange[cutlass.Int64, NUM_CONSUMERS * 2]
+            kv_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stage * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(q_smem)], 1024]
+            sKV: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(k_smem)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.kernel(
+            qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, qs, ks, vs, vi, lens, o, lse, q_smem, k_smem, v_smem
+        ).launch(
+            grid=[tp // CTA_M, bn, 1],
+            block=[self.threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ------------------------------------------------------------------------------------------------
+    # Device side
+    # ------------------------------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(
+        self,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        mQs: cute.Tensor,
+        mKs: cute.Tensor,
+        mVs: cute.Tensor,
+        mVi: cute.Tensor,
+        mLen: cute.Tensor,
+        mO: cute.Tensor,
+        mLse: cute.Tensor,
+        q_smem: cute.ComposedLayout,
+        k_smem: cute.ComposedLayout,
+        v_smem: cute.ComposedLayout,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        gx, _, _ = cute.arch.grid_dim()
+        # Longest rows first under causal masking: the last query tiles have the most KV tiles.
+        m_tile = gx - 1 - bx if self.config.causal else bx
+        bn = by
+        n_heads = mQs.shape[0] // mLen.shape[1]
+        n_kv = mKs.shape[0] // mLen.shape[1]
+        b = bn // n_heads
+        bkv = b * n_kv + (bn % n_heads) // (n_heads // n_kv)
+        q_len = mLen[0, b]
+        kv_len = mLen[1, b]
+        n_tiles = self._kv_tile_count(m_tile, q_len, kv_len)
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        # one Q stage per consumer warpgroup, each filled and read once
+        q_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.q_mbar.data_ptr(),
+            num_stages=NUM_CONSUMERS,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
+            tx_count=self.q_bytes,
+            defer_sync=True,
+        )
+        kv_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.kv_mbar.data_ptr(),
+            num_stages=self.kv_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * NUM_CONSUMERS),
+            tx_count=self.kv_bytes,
+            defer_sync=True,
+        )
+        kv_prod = kv_pipe.make_producer()
+
+        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
+        sK = storage.sKV.get_tensor(k_smem.outer, swizzle=k_smem.inner)
+        sV = cute.make_tensor(cute.recast_ptr(sK.iterator, v_smem.inner), v_smem.outer)
+
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(24)
+            if warp == 0:
+                self._produce(tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_prod, m_tile, bn, bkv, n_tiles)
+        else:
+            cute.arch.setmaxregister_increase(240)
+            self._consume(
+                qk_mma, pv_mma, sQ, sK, sV, q_pipe, kv_pipe, mQs, mKs, mVs, mVi, mO, mLse,
+                m_tile, bn, bkv, q_len, kv_len, n_tiles, wg - 1, tidx % 128,
+            )  # fmt: skip
+
+    @cute.jit
+    def _kv_tile_count(self, m_tile: Int32, q_len: Int32, kv_len: Int32) -> Int32:
+        """KV tiles this query tile visits: those holding any valid key (and, causal, any key <= its rows)."""
+        n = (kv_len + (TILE_N - 1)) // TILE_N
+        if cutlass.const_expr(self.config.causal):
+            last_row = cutlass.min(m_tile * CTA_M + CTA_M, q_len) - 1
+            n_causal = Int32(0)
+            if last_row >= 0:
+                n_causal = last_row // TILE_N + 1
+            n = cutlass.min(n, n_causal)
+        return n
+
+    @cute.jit
+    def _produce(self, tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_prod, m_tile, bn, bkv, n_tiles):
+        """Producer warp: Q (one 64-row stage per consumer), then K_j, V_j for j = 0 .. n_tiles - 1."""
+        tQsQ, tQgQ = cute.nvgpu.cpasync.tma_partition(
+            tma_q,
+            0,
+            cute.make_layout(1),
+            cute.group_modes(sQ, 0, 2),
+            cute.group_modes(cute.flat_divide(mQ, (TILE_M, self.h)), 0, 2),
+        )
+        tKsK, tKgK = cute.nvgpu.cpasync.tma_partition(
+            tma_k,
+            0,
+            cute.make_layout(1),
+            cute.group_modes(sK, 0, 2),
+            cute.group_modes(cute.flat_divide(mK, (TILE_N, self.h)), 0, 2),
+        )
+        tVsV, tVgV = cute.nvgpu.cpasync.tma_partition(
+            tma_v,
+            0,
+            cute.make_layout(1),
+            cute.group_modes(sV, 0, 2),
+            cute.group_modes(cute.flat_divide(mV, (self.h, TILE_N)), 0, 2),
+        )
+        for c in cutlass.range_constexpr(NUM_CONSUMERS):
+            state = pipeline.PipelineState(NUM_CONSUMERS, Int32(0), Int32(c), Int32(1))
+            q_pipe.producer_acquire(state)
+            cute.copy(
+                tma_q,
+                tQgQ[(None, m_tile * NUM_CONSUMERS + c, 0, bn)],
+                tQsQ[(None, c)],
+                tma_bar_ptr=q_pipe.producer_get_barrier(state),
+            )
+        for j in cutlass.range(n_tiles, unroll=1):
+            handle = kv_prod.acquire_and_advance()
+            cute.copy(tma_k, tKgK[(None, j, 0, bkv)], tKsK[(None, handle.index)], tma_bar_ptr=handle.barrier)
+            handle = kv_prod.acquire_and_advance()
+            cute.copy(tma_v, tVgV[(None, 0, j, bkv)], tVsV[(None, handle.index)], tma_bar_ptr=handle.barrier)
+
+    @cute.jit
+    def _consume(
+        self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, kv_pipe, mQs, mKs, mVs, mVi, mO, mLse,
+        m_tile, bn, bkv, q_len, kv_len, n_tiles, c, tid,
+    ):  # fmt: skip
+        """One consumer warpgroup: 64 query rows (c = 0 or 1) over all visited KV tiles, then the epilogue."""
+        h, hg = self.h, self.hg
+        qk_thr = qk_mma.get_slice(tid)
+        pv_thr = pv_mma.get_slice(tid)
+        tSrQ = qk_mma.make_fragment_A(qk_thr.partition_A(sQ))
+        tSrK = qk_mma.make_fragment_B(qk_thr.partition_B(sK))
+        tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
+        acc_s = cute.make_rmem_tensor(qk_thr.partition_shape_C((TILE_M, TILE_N)), Float32)
+        acc_o = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M, h)), Float32)
+        p_f32 = cute.make_rmem_tensor(pv_thr.partition_shape_A((TILE_M, TILE_N)), Float32)
+        p_fp8 = cute.make_rmem_tensor(pv_thr.partition_shape_A((TILE_M, TILE_N)), FP8)
+        # partitioned before the main loop: the wgmma ACCUMULATE field set inside it rebinds the tiled MMA
+        tOgO = pv_thr.partition_C(cute.local_tile(mO, (TILE_M, h), (m_tile * NUM_CONSUMERS + c, 0, bn)))
+        assert cute.size(acc_s) == 64 and cute.size(p_fp8) == 64 and cute.size(acc_o) == h // 2
+
+        lane = tid % 32
+        row0 = m_tile * CTA_M + c * TILE_M + (tid // 32) * 16 + lane // 4  # this thread's rows: row0, row0 + 8
+        col_in_tile = 2 * (lane % 4)  # + v0 + 8 * nb
+        q_factor = mQs[bn, row0 // 32]  # tau * log2(e) * 2^eQ of the 32-row block holding both rows
+
+        row_max = cute.make_rmem_tensor((2,), Float32)
+        row_sum = cute.make_rmem_tensor((2,), Float32)
+        for r in cutlass.range_constexpr(2):
+            row_max[r] = -Float32.inf
+            row_sum[r] = Float32(0.0)
+        acc_o.fill(0.0)
+        v_prev = cute.make_rmem_tensor((hg,), Float32)  # 2^eV of the previous tile
+        for g in cutlass.range_constexpr(hg):
+            v_prev[g] = Float32(1.0)
+
+        q_pipe.consumer_wait(pipeline.PipelineState(NUM_CONSUMERS, Int32(0), c, Int32(0)))
+        tSrQ = tSrQ[(None, None, None, c)]
+
+        if cutlass.const_expr(not self.config.overlap):
+            for j in cutlass.range(n_tiles, unroll=1):
+                kv_pipe.consumer_wait(self._kv_state(2 * j))
+                cute.nvgpu.warpgroup.fence()
+                self._gemm("qk", acc_s, tSrQ, tSrK[(None, None, None, (2 * j) % self.kv_stage)], False)
+                cute.nvgpu.warpgroup.commit_group()
+                cute.nvgpu.warpgroup.wait_group(0)
+                kv_pipe.consumer_release(self._kv_state(2 * j))
+                alpha = self._softmax(acc_s, row_max, row_sum, q_factor, mKs, bkv, j, m_tile, row0, col_in_tile, kv_len)
+                self._pack_p(acc_s, p_f32, p_fp8)
+                self._rescale_o(acc_o, alpha, v_prev, mVs, mVi, bkv, j)
+                kv_pipe.consumer_wait(self._kv_state(2 * j + 1))
+                cute.nvgpu.warpgroup.fence()
+                self._gemm("pv", acc_o, p_fp8, tOrV[(None, None, None, (2 * j + 1) % self.kv_stage)], True)
+                cute.nvgpu.warpgroup.commit_group()
+                cute.nvgpu.warpgroup.wait_group(0)
+                kv_pipe.consumer_release(self._kv_state(2 * j + 1))
+        else:
+            # S_j = Q K_j^T is issued together with O += P_{j-1} V_{j-1}; softmax(j) runs while P V is in flight
+            if n_tiles > 0:
+                kv_pipe.consumer_wait(self._kv_state(0))
+                cute.nvgpu.warpgroup.fence()
+                self._gemm("qk", acc_s, tSrQ, tSrK[(None, None, None, 0)], False)
+                cute.nvgpu.warpgroup.commit_group()
+                cute.nvgpu.warpgroup.wait_group(0)
+                kv_pipe.consumer_release(self._kv_state(0))
+                alpha0 = self._softmax(
+                    acc_s, row_max, row_sum, q_factor, mKs, bkv, 0, m_tile, row0, col_in_tile, kv_len
+                )
+                self._pack_p(acc_s, p_f32, p_fp8)
+                self._rescale_o(acc_o, alpha0, v_prev, mVs, mVi, bkv, 0)
+            if cutlass.const_expr(self.config.pingpong):
+                if c == 1:  # consumer 0 issues first
+                    self._turn_arrive(1)
+            for j in cutlass.range(1, n_tiles, unroll=1):
+                kv_pipe.consumer_wait(self._kv_state(2 * j))
+                kv_pipe.consumer_wait(self._kv_state(2 * j - 1))
+                if cutlass.const_expr(self.config.pingpong):
+                    self._turn_wait(c)
+                cute.nvgpu.warpgroup.fence()
+                self._gemm("qk", acc_s, tSrQ, tSrK[(None, None, None, (2 * j) % self.kv_stage)], False)
+                cute.nvgpu.warpgroup.commit_group()
+                self._gemm("pv", acc_o, p_fp8, tOrV[(None, None, None, (2 * j - 1) % self.kv_stage)], True)
+                cute.nvgpu.warpgroup.commit_group()
+                if cutlass.const_expr(self.config.pingpong):
+                    self._turn_arrive(c)
+                cute.nvgpu.warpgroup.wait_group(1)
+                kv_pipe.consumer_release(self._kv_state(2 * j))
+                alpha = self._softmax(acc_s, row_max, row_sum, q_factor, mKs, bkv, j, m_tile, row0, col_in_tile, kv_len)
+                cute.nvgpu.warpgroup.wait_group(0)
+                kv_pipe.consumer_release(self._kv_state(2 * j - 1))
+                self._pack_p(acc_s, p_f32, p_fp8)
+                self._rescale_o(acc_o, alpha, v_prev, mVs, mVi, bkv, j)
+            if cutlass.const_expr(self.config.pingpong):
+                if c == 0:  # consume consumer 1's last arrive (or its initial one)
+                    self._turn_wait(0)
+            if n_tiles > 0:
+                last = 2 * n_tiles - 1
+                kv_pipe.consumer_wait(self._kv_state(last))
+                cute.nvgpu.warpgroup.fence()
+                self._gemm("pv", acc_o, p_fp8, tOrV[(None, None, None, last % self.kv_stage)], True)
+                cute.nvgpu.warpgroup.commit_group()
+                cute.nvgpu.warpgroup.wait_group(0)
+                kv_pipe.consumer_release(self._kv_state(last))
+
+        self._epilogue(tOgO, acc_o, row_max, row_sum, v_prev, mLse, bn, row0, q_len)
+
+    def _make_qk_mma(self):
+        """S = Q K^T: FP8 wgmma, both operands K-major in shared memory, float32 accumulator (64 x 128)."""
+        k = utils.LayoutEnum.ROW_MAJOR.sm90_mma_major_mode()
+        return sm90_utils.make_trivial_tiled_mma(FP8, FP8, k, k, Float32, (1, 1, 1), self.qk_tiler[:2])
+
+    def _make_pv_mma(self):
+        """O += P V: FP8 wgmma with P (A) in registers and V'^T K-major in shared memory (64 x H)."""
+        k = utils.LayoutEnum.ROW_MAJOR.sm90_mma_major_mode()
+        return sm90_utils.make_trivial_tiled_mma(
+            FP8, FP8, k, k, Float32, (1, 1, 1), self.pv_tiler[:2], cute.nvgpu.warpgroup.OperandSource.RMEM
+        )
+
+    @staticmethod
+    def _turn_wait(c):
+        """Blocks consumer c until the other consumer has issued its wgmmas (named barrier 1 + c)."""
+        cute.arch.barrier(barrier_id=1 + c, number_of_threads=2 * 128)
+
+    @staticmethod
+    def _turn_arrive(c):
+        """Consumer c has issued its wgmmas: the other consumer's turn (arrive on its barrier)."""
+        cute.arch.barrier_arrive(barrier_id=2 - c, number_of_threads=2 * 128)
+
+    def _kv_state(self, pos):
+        """Consumer state of ring position pos (K_j at 2j, V_j at 2j + 1)."""
+        return pipeline.PipelineState(self.kv_stage, pos, pos % self.kv_stage, (pos // self.kv_stage) % 2)
+
+    @cute.jit
+    def _rescale_o(self, acc_o, alpha, v_prev, mVs, mVi, bkv, j):
+        """acc_O into tile j's V units: times alpha_row * 2^(eV[j-1] - eV[j]) per 32 head-dim columns.
+
+        Skipped (exactly: a multiply by 1.0 changes no bit) when every factor of the warp is 1, i.e. no
+        row max moved and the V exponents repeat; this happens on most tiles once the max has settled.
+        """
+        factor = cute.make_rmem_tensor((2, self.hg), Float32)
+        ones = cutlass.Boolean(True)
+        for g in cutlass.range_constexpr(self.hg):
+            v_cur = mVs[bkv, j * self.hg + g]
+            ratio = v_prev[g] * mVi[bkv, j * self.hg + g]
+            v_prev[g] = v_cur
+            for v1 in cutlass.range_constexpr(2):
+                factor[v1, g] = alpha[v1] * ratio
+                ones = ones & (factor[v1, g] == 1.0)
+        if not cute.arch.vote_all_sync(ones):
+            for i in cutlass.range_constexpr(cute.size(acc_o)):
+                v1, nb = (i // 2) % 2, i // 4
+                acc_o[i] = acc_o[i] * factor[v1, nb // 4]
+
+    @cute.jit
+    def _gemm(self, which: str, acc, a, b, accumulate_first: bool):
+        # A fresh tiled MMA per call: setting its ACCUMULATE field rebinds runtime state, which must not
+        # escape the staged loop or branch it was set in.
+        tiled_mma = self._make_qk_mma() if which == "qk" else self._make_pv_mma()
+        for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, accumulate_first or kb != 0)
+            cute.gemm(tiled_mma, acc, a[None, None, kb], b[None, None, kb], acc)
+
+    @cute.jit
+    def _softmax(self, acc_s, row_max, row_sum, q_factor, mKs, bkv, j, m_tile, row0, col_in_tile, kv_len):
+        """Online softmax of one 64 x 128 tile in place: acc_s becomes 256 P~ (float32); returns alpha per row."""
+        # log2-domain factor per 32-key group: tau * log2(e) * 2^(eQ + eK[g])
+        # A product below float32's normal range (a zero query row block, say) flushes to 0, and a masked
+        # -inf * 0 would be NaN: use the smallest normal instead (the logits are ~0 either way).
+        kg = cute.make_rmem_tensor((TILE_N // 32,), Float32)
+        for g in cutlass.range_constexpr(TILE_N // 32):
+            f = q_factor * mKs[bkv, j * (TILE_N // 32) + g]
+            kg[g] = cutlass.select_(f == 0.0, Float32(MIN_NORMAL), f)
+
+        col_base = j * TILE_N + col_in_tile
+        need_mask = (j + 1) * TILE_N > kv_len
+        if cutlass.const_expr(self.config.causal):
+            need_mask = need_mask | ((j + 1) * TILE_N > m_tile * CTA_M + 1)
+        if need_mask:
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                v0, v1, nb = i % 2, (i // 2) % 2, i // 4
+                col = col_base + v0 + 8 * nb
+                bad = col >= kv_len
+                if cutlass.const_expr(self.config.causal):
+                    bad = bad | (col > row0 + 8 * v1)
+                acc_s[i] = cutlass.select_(bad, -Float32.inf, acc_s[i])
+
+        alpha = cute.make_rmem_tensor((2,), Float32)
+        for v1 in cutlass.range_constexpr(2):
+            # Pairwise trees, not serial chains: the softmax is latency-bound between the wgmmas.
+            scaled = []
+            for g in cutlass.range_constexpr(TILE_N // 32):
+                vals = [acc_s[v0 + 2 * v1 + 4 * nb] for nb in range(4 * g, 4 * g + 4) for v0 in range(2)]
+                scaled.append(_tree(vals, lambda a, b: cute.arch.fmax(a, b, nan=True)) * kg[g])
+            tile_max = _tree(scaled, lambda a, b: cute.arch.fmax(a, b, nan=True))
+            for s in cutlass.range_constexpr(1, 3):  # the 4 lanes of a quad share the row
+                tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=s), nan=True)
+            m_old = row_max[v1]
+            m_new = cute.arch.fmax(m_old, tile_max, nan=True)
+            row_max[v1] = m_new
+            m_use = m_new
+            if m_new == -Float32.inf:
+                m_use = Float32(0.0)
+            alpha[v1] = cute.math.exp2(m_old - m_use, fastmath=True)
+            neg_offset = 8.0 - m_use  # 256 P~ = 2^(t - m + 8)
+            ps = []
+            for nb in cutlass.range_constexpr(TILE_N // 8):
+                for v0 in cutlass.range_constexpr(2):
+                    i = v0 + 2 * v1 + 4 * nb
+                    p = cute.math.exp2(cute.math.fma(acc_s[i], kg[nb // 4], neg_offset), fastmath=True)
+                    acc_s[i] = p
+                    ps.append(p)
+            row_sum[v1] = row_sum[v1] * alpha[v1] + _tree(ps, lambda a, b: a + b)
+        return alpha
+
+    @cute.jit
+    def _pack_p(self, acc_s, p_f32, p_fp8):
+        """256 P~ from the accumulator layout into the 8-bit A fragment (PV_PERMUTATION order), as E4M3."""
+        for a in cutlass.range_constexpr(cute.size(p_f32)):
+            p_f32[a] = acc_s[_acc_index_for_a_slot(a)]
+        p_fp8.store(p_f32.load().to(FP8))
+
+    @cute.jit
+    def _epilogue(self, tOgO, acc_o, row_max, row_sum, v_last, mLse, bn, row0, q_len):
+        """O = acc * 2^eV[last] / l in bfloat16, LSE = ln2 * (m - 8 + log2 l); zeros / -inf for empty rows."""
+        inv = cute.make_rmem_tensor((2,), Float32)
+        lse = cute.make_rmem_tensor((2,), Float32)
+        keep = cute.make_rmem_tensor((2,), cutlass.Boolean)
+        for v1 in cutlass.range_constexpr(2):
+            total = row_sum[v1]
+            for s in cutlass.range_constexpr(1, 3):
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=s)
+            # rows past q_len are masked whole in the reference: 0 and -inf even if a NaN reached them
+            live = (row0 + 8 * v1 < q_len) & ((total > 0.0) | (total != total))
+            keep[v1] = live
+            inv[v1] = Float32(0.0)
+            lse[v1] = -Float32.inf
+            if live:
+                inv[v1] = cute.arch.rcp_approx(total)
+                lse[v1] = (row_max[v1] - 8.0 + cute.math.log2(total, fastmath=True)) * LN2
+        for i in cutlass.range_constexpr(cute.size(acc_o)):
+            v1, nb = (i // 2) % 2, i // 4
+            acc_o[i] = cutlass.select_(keep[v1], acc_o[i] * (v_last[nb // 4] * inv[v1]), Float32(0.0))
+        out = cute.make_rmem_tensor_like(acc_o, cutlass.BFloat16)
+        out.store(acc_o.load().to(cutlass.BFloat16))
+        cute.autovec_copy(out, tOgO)
+        lane = cute.arch.lane_idx()
+        if lane % 4 == 0:
+            mLse[bn, row0] = lse[0]
+            mLse[bn, row0 + 8] = lse[1]
+
+
+def make_kernel(config: AttentionFwdConfig) -> AttentionForwardSm90:
+    return AttentionForwardSm90(config)
