@@ -17,6 +17,8 @@ import numpy as np
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
+from jax_mxfp8.ops.quantize import quantize as quantize_op
+from jax_mxfp8.primitives import attention_fwd as attention_kernel
 from jax_mxfp8.reference.attention_bwd import attention_bwd
 from jax_mxfp8.reference.attention_config import AttentionConfig, operand_layouts
 from jax_mxfp8.reference.attention_fwd import attention_fwd
@@ -29,16 +31,42 @@ ALL_MX_OUTPUT_DTYPE = jnp.bfloat16
 """Output dtype when query, key and value are all MXArrays (there is no input dtype to follow)."""
 
 
-def choose_implementation(implementation: str | None) -> str:
-    """Returns the implementation to run: None and "xla" give "xla"; "cuda" needs the kernel library."""
+def choose_implementation(implementation: str | None, unsupported: str | None = None) -> str:
+    """Resolves `implementation` for one call: "xla" or "cuda" (the Hopper kernel).
+
+    None picks the kernel when it can run (library built, default backend a compute-capability 9.x GPU)
+    and covers the arguments (`unsupported` is None), else the XLA reference. "cuda" raises RuntimeError
+    when the kernel cannot run here and ValueError naming the reason when it does not cover the arguments.
+    """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
+    if implementation == "xla":
+        return "xla"
+    ok, why = attention_kernel.kernel_available()
     if implementation == "cuda":
-        raise NotImplementedError(
-            "implementation='cuda': the jax_mxfp8 CUDA kernel library is not available in this build "
-            "(no MXFP8 attention kernels are registered); use implementation='xla' or None"
+        if not ok:
+            raise RuntimeError(f"implementation='cuda' was requested but {why}")
+        if unsupported:
+            raise ValueError(f"implementation='cuda': {unsupported}")
+    return "cuda" if ok and not unsupported else "xla"
+
+
+def kernel_unsupported(config, *, head_dim, is_causal, has_bias, has_mask, out_dtype, mx_inputs) -> str | None:
+    """Why the Hopper kernel does not cover these arguments (None when it does); see kernels/sm90/attention_fwd.py."""
+    default = AttentionConfig(scale_rounding=config.scale_rounding, dq_accum=config.dq_accum)
+    if config != default:
+        return (
+            "the kernel implements AttentionConfig's defaults (p_scale, qkv_blocks, kv_tile, causal_safe); "
+            f"got {config}"
         )
-    return "xla"
+    if has_bias or has_mask:
+        return "the kernel takes no bias or mask arrays (use is_causal and the sequence lengths)"
+    if np.dtype(out_dtype) != np.dtype(jnp.bfloat16):
+        return f"the kernel writes bfloat16 output; inputs are {np.dtype(out_dtype).name}"
+    for name, x in mx_inputs:
+        if x.dtype != jnp.float8_e4m3fn or x.block != "square" or x.axes != (-3, -1):
+            return f"{name}: the kernel takes float8_e4m3fn MXArrays with square blocks over (sequence, head_dim)"
+    return attention_kernel.unsupported(head_dim=head_dim, causal=is_causal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +79,7 @@ class _Static:
     is_mx: tuple[bool, bool, bool]  # which of query, key, value arrived as MXArray
     out_dtype: np.dtype
     group: int  # G = N // K
+    impl: str = "xla"  # "xla" (reference forward) or "cuda" (the Hopper kernel forward)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -123,6 +152,11 @@ def _quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
         name, layout = key.split(":")
         if layout == "user":
             out[key] = given[name]
+        elif static.impl == "cuda" and layout == "square":
+            # the CUDA square quantize kernel: bit-identical to quantize_operand (tests/test_quantize_kernels_gpu.py)
+            out[key] = quantize_op(
+                raw[name](), axis=(-2, -1), block="square", scale_rounding=static.config.scale_rounding
+            )
         else:
             out[key] = quantize_operand(raw[name](), layout, static.config.scale_rounding)
     return out
@@ -156,9 +190,49 @@ def _masking(static, bias, mask, q_len, kv_len, s_len, n_kv) -> Masking:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _head_major_mx(static: _Static, quants, key: str, lengths) -> MXArray:
+    """The square MXArray of one operand in head-major (B, N|K, L, H) layout, for the kernel's producer pass."""
+    x = quants[key]
+    if not key.endswith(":user"):
+        if key[0] == "q":  # (B, K, G, T, H) -> (B, N, T, H)
+            b, nk, g, t, h = x.shape
+            return MXArray(
+                x.data.reshape(b, nk * g, t, h), x.scale.reshape(b, nk * g, t // 32, h // 32), (-2, -1), "square"
+            )
+        return x
+    # a caller's BTNH / BSKH MXArray blocked over (L, H): transpose data and scales; zero what lies past
+    # the lengths (data rows, and the scales of blocks wholly past them) as the reference's zeroing does
+    data, scale = x.data.transpose(0, 2, 1, 3), x.scale.transpose(0, 2, 1, 3)
+    if lengths is not None:
+        pos = jnp.arange(data.shape[2])
+        data = jnp.where((pos[None, :] < lengths[:, None])[:, None, :, None], data, jnp.zeros((), data.dtype))
+        blk = jnp.arange(scale.shape[2]) * BLOCK_SIZE
+        scale = jnp.where((blk[None, :] < lengths[:, None])[:, None, :, None], scale, jnp.zeros((), scale.dtype))
+    return MXArray(data, scale, (-2, -1), "square")
+
+
+def _fwd_kernel(static: _Static, quants, q_len, kv_len):
+    """Forward on the Hopper kernel: the producer pass on the square MXArrays, then the kernel."""
+    keys = _operand_keys(static)
+    qh = _head_major_mx(static, quants, keys["q_s"], q_len)
+    ops = attention_kernel.prepare(
+        qh,
+        _head_major_mx(static, quants, keys["k_s"], kv_len),
+        _head_major_mx(static, quants, keys["v_o"], kv_len),
+        scale=static.scale,
+        q_len=q_len,
+        kv_len=kv_len,
+    )
+    o, lse = attention_kernel.attention_fwd(ops, causal=static.is_causal, t=qh.shape[2])
+    return o.transpose(0, 2, 1, 3).astype(static.out_dtype), lse  # (B, N, T, H) -> BTNH
+
+
 def _fwd(static: _Static, q, k, v, bias, mask, q_len, kv_len):
     quants = _quantize_operands(static, q, k, v, q_len, kv_len)
     keys = _operand_keys(static)
+    if static.impl == "cuda":
+        o, lse = _fwd_kernel(static, quants, q_len, kv_len)
+        return (o, lse), (quants, o, lse, bias, mask, q_len, kv_len)
     qs = _operand(static, quants, keys["q_s"], q_len, kv_len)
     ks = _operand(static, quants, keys["k_s"], q_len, kv_len)
     vo = _operand(static, quants, keys["v_o"], q_len, kv_len)
@@ -354,8 +428,10 @@ def dot_product_attention(
       is_causal: query t attends key s <= t (top-left aligned, like jax.nn).
       query_seq_lengths, key_value_seq_lengths: optional (B,) int arrays; positions past them are padding:
         zeroed before quantization (so padding never changes a valid row's block scale) and masked.
-      implementation: None or "xla" (the XLA reference, runs anywhere); "cuda" raises NotImplementedError
-        until the kernel library exists.
+      implementation: None (the Hopper kernel where it runs and covers the arguments, else the XLA
+        reference), "xla" (the reference, runs anywhere) or "cuda" (the kernel, or RuntimeError /
+        ValueError saying why not). The kernel computes the forward pass; the backward is the XLA
+        reference either way. See choose_implementation and kernel_unsupported.
       config: AttentionConfig (default AttentionConfig()).
       return_residual: also return the log-sum-exp.
 
@@ -368,7 +444,8 @@ def dot_product_attention(
     Gradients flow to query, key, value and bias (not to MXArray inputs, which are constants), under the
     straight-through rule: quantization is treated as identity and the backward GEMMs are MXFP8 too.
     """
-    choose_implementation(implementation)
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
     if config is None:
         config = AttentionConfig()
     if not isinstance(config, AttentionConfig):
@@ -392,6 +469,15 @@ def dot_product_attention(
     mask = _check_broadcast_4d(mask, "mask", full, is_mask=True)
     q_len = _check_lengths(query_seq_lengths, "query_seq_lengths", b)
     kv_len = _check_lengths(key_value_seq_lengths, "key_value_seq_lengths", b)
+    why_not = kernel_unsupported(
+        config,
+        head_dim=h,
+        is_causal=bool(is_causal),
+        has_bias=bias is not None,
+        has_mask=mask is not None,
+        out_dtype=out_dtype,
+        mx_inputs=[(nm, x) for nm, x in (("query", q), ("key", k), ("value", v)) if isinstance(x, MXArray)],
+    )
     static = _Static(
         config=config,
         scale=_check_scale(scale, h),
@@ -399,6 +485,7 @@ def dot_product_attention(
         is_mx=tuple(isinstance(x, MXArray) for x in (q, k, v)),
         out_dtype=out_dtype,
         group=n // n_kv,
+        impl=choose_implementation(implementation, why_not),
     )
     out, lse = _mx_attention_jit(static, q, k, v, bias, mask, q_len, kv_len)
     if unbatched:

@@ -16,7 +16,7 @@ import numpy as np
 
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.ops.attention import check_head_dim, choose_implementation, dot_product_attention
+from jax_mxfp8.ops.attention import check_head_dim, dot_product_attention
 from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.attention_tiling import round_up
 from jax_mxfp8.reference.varlen import seq_lengths, to_packed, to_padded
@@ -106,13 +106,15 @@ def varlen_attention(
       scale: softmax scale; default 1 / sqrt(H).
       is_causal: within each sequence, query i attends key j <= i (top-left aligned as in
         dot_product_attention; flash-attn's varlen API aligns bottom-right when lengths differ).
-      implementation: None or "xla"; "cuda" raises NotImplementedError until the kernel library exists.
+      implementation: None, "xla" or "cuda", as for dot_product_attention (the sequences are gathered into
+        a padded batch with lengths, which the dense kernel runs).
       config: AttentionConfig (default AttentionConfig()).
 
     Returns:
       (T_total_q, N, H) in the inputs' dtype; packed rows outside every sequence are 0.
     """
-    choose_implementation(implementation)
+    if implementation not in (None, "xla", "cuda"):
+        raise ValueError(f"implementation={implementation!r} is not one of (None, 'xla', 'cuda')")
     q, k, v = _check_packed(q, "q"), _check_packed(k, "k"), _check_packed(v, "v")
     if k.shape != v.shape:
         raise ValueError(f"v must have k's shape {k.shape}; got {v.shape}")
@@ -126,11 +128,11 @@ def varlen_attention(
     _check_concrete_lengths(cu_seqlens_q, max_q, q.shape[0], "cu_seqlens_q", "max_seqlen_q")
     _check_concrete_lengths(cu_seqlens_k, max_k, k.shape[0], "cu_seqlens_k", "max_seqlen_k")
 
-    return _varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, bool(is_causal), config)
+    return _varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, bool(is_causal), config, implementation)
 
 
-@functools.partial(jax.jit, static_argnums=(5, 6, 7, 8, 9))
-def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, is_causal, config):
+@functools.partial(jax.jit, static_argnums=(5, 6, 7, 8, 9, 10))
+def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, is_causal, config, implementation):
     """Gather to (B, ceil32(max_seqlen), ...) rows, run the dense op with lengths, gather back."""
     len_q, len_k = seq_lengths(cu_q, max_q), seq_lengths(cu_k, max_k)
     lq, lk = round_up(max_q, BLOCK_SIZE), round_up(max_k, BLOCK_SIZE)
@@ -143,5 +145,6 @@ def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, is_causal, config):
         query_seq_lengths=len_q,
         key_value_seq_lengths=len_k,
         config=config,
+        implementation=implementation,
     )
     return to_packed(out, cu_q, len_q, q.shape[0])

@@ -1,0 +1,256 @@
+"""FFI-backed Hopper MXFP8 attention forward (layer 5): the producer pass and the kernel call.
+
+  prepare(q, k, v, *, scale, q_len, kv_len) -> AlignedOperands     (XLA; runs anywhere)
+  attention_fwd(ops, *, causal, t, tune=0) -> (o, lse)              (the sm_90a kernel)
+  emulate_fwd(ops, *, causal, t) -> (o, lse)                         (XLA emulation of the kernel's math)
+
+The kernel (jax_mxfp8/kernels/sm90/attention_fwd.py) takes the contract's square-block MX operands
+re-encoded to one exponent per GEMM sub-tile ("way (a)", docs/numerics.md "Hopper attention kernel"):
+
+* Q, K: every 32-row block gets e_row = max of its H/32 block exponents; each element is re-rounded
+  to E4M3 at that exponent: q' = RNE(q * 2^(e_block - e_row)), starting from the MX element q (so Q^ is
+  reproduced wherever the shift loses nothing: exact unless an element drops below E4M3's normal range,
+  error <= 2^-10 * 2^e_row per element).
+* V: every (128-key tile, 32 head-dim columns) gets e_tile = max of its 4 block exponents; elements as
+  above, stored transposed (B, K, H, Sp) with the keys of every 32-key chunk permuted by PV_PERMUTATION
+  (the order the kernel's P fragment has them in).
+
+Exponents are clamped to [-126, 126] so that 2^e and 2^-e are normal float32 numbers; finite float32 input
+never produces a block exponent above 120 (docs/numerics.md), and raising a tiny exponent only flushes
+elements below 2^-135 relative to the block, which E4M3 already rounds to 0. A block whose scale byte is
+0xFF (NaN) makes its whole row block (Q, K) or tile column group (V) NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mxfp8.formats.decode import decode_elements
+from jax_mxfp8.formats.mxarray import MXArray
+from jax_mxfp8.formats.scales import pow2
+from jax_mxfp8.kernels import registry
+from jax_mxfp8.primitives import quantize as pq
+
+TILE_M = 128  # query rows per CTA
+TILE_N = 128  # keys per KV tile (AttentionConfig.kv_tile must equal it)
+LOG2E = float(np.log2(np.e))
+E_MIN, E_MAX = -126, 126
+V_SPREAD = 64
+"""V tile exponents are raised to at least (the largest of the sequence's column group) - V_SPREAD, so that
+acc_O, kept in the current tile's units, stays far from float32 overflow (|acc| <= 256 * S * 448 *
+2^spread); elements of such raised tiles lose only what lies 2^-70 below the sequence's largest V."""
+
+
+def pv_permutation() -> np.ndarray:
+    """Key (within a 32-key chunk) in 8-bit A-fragment k-slot a = 16h + 4q + i (kernels/sm90/attention_fwd.py)."""
+    a = np.arange(32)
+    h, q, i = a // 16, (a % 16) // 4, a % 4
+    return 16 * h + 8 * (i // 2) + 2 * q + (i % 2)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AlignedOperands:
+    """The kernel's inputs (shapes with Tp, Sp = T, S rounded up to 128; N = K * G query heads)."""
+
+    q: jax.Array  # (B, N, Tp, H) float8_e4m3fn
+    k: jax.Array  # (B, K, Sp, H) float8_e4m3fn
+    vt: jax.Array  # (B, K, H, Sp) float8_e4m3fn, keys permuted within 32
+    qs: jax.Array  # (B, N, Tp/32) float32: tau * log2(e) * 2^eQ
+    ks: jax.Array  # (B, K, Sp/32) float32: 2^eK
+    vs: jax.Array  # (B, K, Sp/128 * H/32) float32: 2^eV
+    vi: jax.Array  # (B, K, Sp/128 * H/32) float32: 2^-eV
+    lens: jax.Array  # (2, B) int32: query lengths, KV lengths
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _pad_seq(mx_data: jax.Array, mx_scale: jax.Array, length: int) -> tuple[jax.Array, jax.Array]:
+    """Zero-pads (..., L, H) data and (..., L/32, H/32) scales along L to `length`."""
+    extra = length - mx_data.shape[-2]
+    if extra == 0:
+        return mx_data, mx_scale
+    pad = [(0, 0)] * (mx_data.ndim - 2) + [(0, extra), (0, 0)]
+    spad = [(0, 0)] * (mx_scale.ndim - 2) + [(0, extra // 32), (0, 0)]
+    return jnp.pad(mx_data, pad), jnp.pad(mx_scale, spad)
+
+
+def _realign(data: jax.Array, shift: jax.Array) -> jax.Array:
+    """RNE_E4M3(data * 2^shift), shift <= 0 per element (broadcast); shifts below -126 give 0."""
+    x = decode_elements(data)
+    f = jnp.where(shift >= E_MIN, pow2(jnp.maximum(shift, E_MIN)), 0.0)
+    return (x * f).astype(jnp.float8_e4m3fn)
+
+
+def _exponents(scale: jax.Array) -> tuple[jax.Array, jax.Array]:
+    e = scale.astype(jnp.int32) - 127
+    return e, scale == 255
+
+
+def _align_rows(data: jax.Array, scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(..., L, H) square-block MX operand -> (data', e_row (..., L/32), nan_row (..., L/32))."""
+    e, nan = _exponents(scale)  # (..., L/32, H/32)
+    e_row = jnp.clip(jnp.max(jnp.where(nan, E_MIN, e), axis=-1), E_MIN, E_MAX)
+    shift = e - e_row[..., None]
+    *lead, length, h = data.shape
+    blocks = data.reshape(*lead, length // 32, 32, h // 32, 32)
+    out = _realign(blocks, shift[..., :, None, :, None]).reshape(data.shape)
+    return out, e_row, jnp.any(nan, axis=-1)
+
+
+def _align_v(data: jax.Array, scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(..., Sp, H) square-block V -> (V'^T (..., H, Sp) permuted, e_tile (..., Sp/128 * H/32), nan)."""
+    e, nan = _exponents(scale)  # (..., Sp/32, H/32)
+    *lead, s, h = data.shape
+    et = e.reshape(*lead, s // TILE_N, TILE_N // 32, h // 32)
+    e_tile = jnp.clip(jnp.max(jnp.where(nan.reshape(et.shape), E_MIN, et), axis=-2), E_MIN, E_MAX)
+    # The kernel keeps acc_O in the current tile's units: bound the spread between tiles (zero tiles, padding)
+    e_tile = jnp.maximum(e_tile, jnp.max(e_tile, axis=-2, keepdims=True) - V_SPREAD)
+    nan_tile = jnp.any(nan.reshape(et.shape), axis=-2)
+    shift = et - e_tile[..., None, :]  # (..., S/128, 4, H/32)
+    blocks = data.reshape(*lead, s // TILE_N, TILE_N // 32, 32, h // 32, 32)
+    v = _realign(blocks, shift[..., :, :, None, :, None]).reshape(*lead, s // 32, 2, 2, 4, 2, h)
+    # key 16h + 8ib + 2q + i0 goes to slot 16h + 4q + 2ib + i0
+    nd = len(lead)
+    perm = (*range(nd), nd + 5, nd, nd + 1, nd + 3, nd + 2, nd + 4)
+    vt = v.transpose(perm).reshape(*lead, h, s)
+    return vt, e_tile.reshape(*lead, -1), nan_tile.reshape(*lead, -1)
+
+
+def _factor(e: jax.Array, nan: jax.Array, mult: float = 1.0) -> jax.Array:
+    return jnp.where(nan, jnp.nan, jnp.float32(mult) * pow2(e)).astype(jnp.float32)
+
+
+def prepare(
+    q: MXArray, k: MXArray, v: MXArray, *, scale: float, q_len: jax.Array | None, kv_len: jax.Array | None
+) -> AlignedOperands:
+    """The producer pass.
+
+    Args:
+      q: (B, N, T, H) square-block MXArray (float8_e4m3fn, blocks over (T, H)); head n uses KV head n // G.
+      k, v: (B, K, S, H) square-block MXArrays. Padding positions must already be zero (their blocks too).
+      scale: softmax scale tau. q_len, kv_len: (B,) int32 or None (= T, S).
+    """
+    b, n, t, h = q.shape
+    s = k.shape[-2]
+    tp, sp = _round_up(t, TILE_M), _round_up(s, TILE_N)
+    qd, qsc = _pad_seq(q.data, q.scale, tp)
+    kd, ksc = _pad_seq(k.data, k.scale, sp)
+    vd, vsc = _pad_seq(v.data, v.scale, sp)
+    q_al, eq, nq = _align_rows(qd, qsc)
+    k_al, ek, nk = _align_rows(kd, ksc)
+    vt, ev, nv = _align_v(vd, vsc)
+    ql = jnp.full((b,), t, jnp.int32) if q_len is None else q_len.astype(jnp.int32)
+    kl = jnp.full((b,), s, jnp.int32) if kv_len is None else kv_len.astype(jnp.int32)
+    return AlignedOperands(
+        q=q_al,
+        k=k_al,
+        vt=vt,
+        qs=_factor(eq, nq, float(np.float32(scale * LOG2E))),
+        ks=_factor(ek, nk),
+        vs=_factor(ev, nv),
+        vi=_factor(-ev, nv),
+        lens=jnp.stack([ql, kl]),
+    )
+
+
+def unsupported(*, head_dim: int, causal: bool) -> str | None:
+    """Why the kernel cannot run these arguments, or None."""
+    if registry.find_attention_fwd(head_dim, causal) is None:
+        return f"no attention kernel for head_dim={head_dim} (the kernel covers 64 and 128)"
+    return None
+
+
+def kernel_available() -> tuple[bool, str]:
+    """(True, "") when the sm_90a attention kernel can run on the default backend."""
+    ok, why = pq.kernel_available()
+    if not ok:
+        return ok, why
+    if pq._gpu_major() != 9:
+        return False, "the MXFP8 attention kernel is built for Hopper (sm_90a) only"
+    return True, ""
+
+
+def attention_fwd(
+    ops: AlignedOperands, *, causal: bool, t: int, tune: int = 0, out: tuple[jax.Array, jax.Array] | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """Runs the kernel. Returns o (B, N, T, H) bfloat16 and lse (B, N, T) float32 (padding rows dropped).
+
+    out: optional (o (B, N, Tp, H) bfloat16, lse (B, N, Tp) float32) buffers the kernel writes into
+    (aliased; tests pass NaN-filled ones to check that every element is written).
+    """
+    b, n, tp, h = ops.q.shape
+    shapes = (
+        jax.ShapeDtypeStruct((b, n, tp, h), jnp.bfloat16),
+        jax.ShapeDtypeStruct((b, n, tp), jnp.float32),
+    )
+    args = (ops.q, ops.k, ops.vt, ops.qs, ops.ks, ops.vs, ops.vi, ops.lens)
+    attrs = dict(causal=np.int32(causal), tune=np.int32(tune))
+    if out is None:
+        o, lse = jax.ffi.ffi_call("jax_mxfp8_attention_fwd", shapes, vmap_method="sequential")(*args, **attrs)
+    else:
+        call = jax.ffi.ffi_call("jax_mxfp8_attention_fwd_into", shapes, input_output_aliases={8: 0, 9: 1})
+        o, lse = call(*args, *out, **attrs)
+    return o[:, :, :t], lse[:, :, :t]
+
+
+def emulate_fwd(ops: AlignedOperands, *, causal: bool, t: int) -> tuple[jax.Array, jax.Array]:
+    """The kernel's arithmetic in XLA (float32 GEMMs on the aligned operands, same tile order, exp2 with the
+    max offset 8, E4M3 P, per-tile V exponents): the tight oracle for the kernel and a CPU check of
+    `prepare`. Returns o (B, N, T, H) float32 and lse (B, N, T) float32."""
+    from jax import lax
+
+    b, n, tp, h = ops.q.shape
+    nk, sp = ops.k.shape[1], ops.k.shape[2]
+    g, hg, nt = n // nk, h // 32, sp // TILE_N
+    hp = lax.Precision.HIGHEST
+    q = decode_elements(ops.q).reshape(b, nk, g, tp, h)
+    k = decode_elements(ops.k)
+    inv = np.argsort(pv_permutation())
+    v = decode_elements(ops.vt).reshape(b, nk, h, sp // 32, 32)[..., inv].reshape(b, nk, h, sp).swapaxes(-1, -2)
+    qs = jnp.repeat(ops.qs.reshape(b, nk, g, tp // 32), 32, axis=-1)[..., None]  # (b, nk, g, tp, 1)
+    ks = jnp.repeat(ops.ks, 32, axis=-1).reshape(b, nk, nt, TILE_N)
+    vs = ops.vs.reshape(b, nk, nt, hg)
+    vi = ops.vi.reshape(b, nk, nt, hg)
+    q_len, kv_len = ops.lens[0], ops.lens[1]
+    rows = jnp.arange(tp)[:, None]
+
+    def step(carry, j):
+        m, lsum, acc, v_prev = carry
+        kj = lax.dynamic_slice_in_dim(k, j * TILE_N, TILE_N, axis=2)
+        vj = lax.dynamic_slice_in_dim(v, j * TILE_N, TILE_N, axis=2)
+        s = jnp.einsum("bkgth,bksh->bkgts", q, kj, precision=hp) * (qs * ks[:, :, None, j, None, :])
+        cols = j * TILE_N + jnp.arange(TILE_N)[None, :]
+        bad = cols[None] >= kv_len[:, None, None]
+        if causal:
+            bad = bad | (cols > rows)[None]
+        s = jnp.where(bad[:, None, None], -jnp.inf, s)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        p = jnp.exp2(s - (m_use - 8.0)[..., None])
+        alpha = jnp.exp2(m - m_use)
+        lsum = alpha * lsum + jnp.sum(p, axis=-1)
+        pq = decode_elements(p.astype(jnp.float8_e4m3fn))
+        ratio = jnp.where(j == 0, 1.0, v_prev * vi[:, :, j])  # (b, nk, hg)
+        ratio = jnp.repeat(ratio, 32, axis=-1)[:, :, None, None, :]
+        acc = acc * alpha[..., None] * ratio + jnp.einsum("bkgts,bksh->bkgth", pq, vj, precision=hp)
+        return (m_new, lsum, acc, vs[:, :, j]), None
+
+    init = (
+        jnp.full((b, nk, g, tp), -jnp.inf, jnp.float32),
+        jnp.zeros((b, nk, g, tp), jnp.float32),
+        jnp.zeros((b, nk, g, tp, h), jnp.float32),
+        jnp.ones((b, nk, hg), jnp.float32),
+    )
+    (m, lsum, acc, v_last), _ = lax.scan(step, init, jnp.arange(nt))
+    live = (lsum > 0) | jnp.isnan(lsum)
+    live = live & (jnp.arange(tp)[None, None, None, :] < q_len[:, None, None, None])
+    o = jnp.where(live[..., None], acc * jnp.repeat(v_last, 32, axis=-1)[:, :, None, None, :] / lsum[..., None], 0.0)
+    lse = jnp.where(live, (m - 8.0 + jnp.log2(lsum)) * np.float32(np.log(2.0)), -jnp.inf)
+    return o.reshape(b, n, tp, h)[:, :, :t], lse.reshape(b, n, tp)[:, :, :t]
