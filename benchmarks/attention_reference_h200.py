@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 import traceback
@@ -32,20 +31,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from timing import timeit  # noqa: E402  (benchmarks/timing.py; the script's folder is on sys.path)
+
 import jax_mxfp8 as mx  # noqa: E402
-
-
-def timeit(fn, args, calls: int, batches: int) -> float:
-    """Median seconds per call: enqueue `calls` calls, block once, divide; median over `batches`."""
-    times = []
-    for _ in range(batches):
-        start = time.perf_counter()
-        out = None
-        for _ in range(calls):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times)
 
 
 def sqnr(ref, x) -> float:
