@@ -32,11 +32,7 @@ def main() -> None:
                 continue
             argv = ["--mesh", mesh, "--steps", "1", *(["--fp8-gather"] if fp8 else [])]
             s = train_multihost.run(train_multihost.parse_args(argv))
-            by_kind = {}
-            for c in s["collectives"]:
-                k = f"{c['op']} {c['dtype']}"
-                n, b = by_kind.get(k, (0, 0))
-                by_kind[k] = (n + 1, b + c["bytes"])
+            by_kind = train_multihost.collectives_by_kind(s["collectives"])
             rows.append(
                 {"mesh": mesh, "fp8_gather": fp8, "collectives": by_kind, "all_gather_bytes": s["all_gather_bytes"]}
             )

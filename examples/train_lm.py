@@ -51,6 +51,26 @@ def batches(tokens: np.ndarray, batch: int, seq_len: int, seed: int):
         yield np.stack([tokens[s : s + seq_len + 1] for s in starts])
 
 
+def load_corpus() -> tuple[CharTokenizer, np.ndarray, np.ndarray]:
+    """The tokenizer and the training and held-out token streams (deterministic synthetic text)."""
+    text = generate_text(400_000, seed=1234)
+    tok = CharTokenizer(text)
+    return tok, tok.encode(text), tok.encode(generate_text(40_000, seed=4321))
+
+
+def build_model(args: argparse.Namespace, policy: PrecisionPolicy, vocab_size: int) -> DecoderLM:
+    """The DecoderLM of these arguments; the same seed gives the same initial weights for any policy."""
+    return DecoderLM(
+        vocab_size,
+        d_model=args.d_model,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        policy=policy,
+        rngs=nnx.Rngs(args.seed),
+    )
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=200)
@@ -77,10 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict:
     """Trains the models and returns the history dict (also written to <out>/history.json)."""
     os.makedirs(args.out, exist_ok=True)
-    text = generate_text(400_000, seed=1234)
-    tok = CharTokenizer(text)
-    train_tokens = tok.encode(text)
-    val_tokens = tok.encode(generate_text(40_000, seed=4321))
+    tok, train_tokens, val_tokens = load_corpus()
     val_batch = next(batches(val_tokens, 32, args.seq_len, seed=99))
 
     policies = {"mxfp8": make_policy(args.policy, args.layers)}
@@ -88,16 +105,7 @@ def run(args: argparse.Namespace) -> dict:
         policies["bf16"] = PrecisionPolicy.bf16()
     runs = {}
     for name, policy in policies.items():
-        # same seed -> same initial weights for both precisions
-        model = DecoderLM(
-            tok.vocab_size,
-            d_model=args.d_model,
-            num_layers=args.layers,
-            num_heads=args.heads,
-            num_kv_heads=args.kv_heads,
-            policy=policy,
-            rngs=nnx.Rngs(args.seed),
-        )
+        model = build_model(args, policy, tok.vocab_size)  # same seed -> same initial weights
         runs[name] = (model, make_optimizer(model, learning_rate=args.lr, steps=args.steps))
     print(f"devices: {jax.devices()}  vocab: {tok.vocab_size}  train chars: {len(train_tokens)}")
     print("precision policy of the MXFP8 model:\n" + policies["mxfp8"].table(runs["mxfp8"][0].layer_names()))

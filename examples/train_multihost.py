@@ -22,6 +22,7 @@ import re
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
@@ -36,8 +37,11 @@ from jax_mxfp8.flax import PrecisionPolicy, use_quantized_gather  # noqa: E402
 
 COLUMN_PARALLEL = ("qkv", "up")
 ROW_PARALLEL = ("out", "down")
+# A collective and its result shape. GPU backends split collectives into async "-start" / "-done" pairs:
+# the "-done" op carries the result shape (a "-start" tuple also holds the operands), so "-start" is skipped.
 COLLECTIVE = re.compile(
     r"= (?P<shape>\([^)]*\)|\S+) (?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
+    r"(?P<phase>-start|-done)?\("
 )
 DTYPE_BYTES = {"u8": 1, "s8": 1, "f8e4m3fn": 1, "f16": 2, "bf16": 2, "f32": 4, "s32": 4, "u32": 4, "pred": 1}
 
@@ -82,9 +86,48 @@ def global_array(value: np.ndarray, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(value.shape, sharding, lambda idx: value[idx])
 
 
+def make_mesh(sizes: dict[str, int], devices=None) -> jax.sharding.Mesh:
+    """A (data, fsdp, tp) mesh with Auto axes over the first data * fsdp * tp devices (or `devices`)."""
+    n = sizes["data"] * sizes["fsdp"] * sizes["tp"]
+    devices = jax.devices()[:n] if devices is None else devices
+    if n > len(devices):
+        raise ValueError(f"mesh {sizes} needs {n} devices; {len(devices)} are available")
+    return jax.make_mesh(
+        tuple(sizes.values()), tuple(sizes), axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=devices[:n]
+    )
+
+
+def shard_model(model: DecoderLM, mesh: jax.sharding.Mesh, *, fp8_gather: bool = False) -> None:
+    """Places the model's parameters on `mesh` (param_spec) in place; with fp8_gather every MXFP8 layer
+    all-gathers its kernel as MXFP8 bytes + scales (use_quantized_gather). Create the optimizer after."""
+    params = nnx.state(model, nnx.Param)
+    sharded = jax.tree.map_with_path(
+        lambda path, v: global_array(
+            np.asarray(v),
+            NamedSharding(mesh, param_spec(tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path), v.shape)),
+        ),
+        nnx.to_pure_dict(params),
+    )
+    nnx.replace_by_pure_dict(params, sharded)
+    nnx.update(model, params)
+    if fp8_gather:
+        use_quantized_gather(model, lambda path, layer: NamedSharding(mesh, gathered_spec(path)))
+
+
+def settle_shardings(*nodes) -> None:
+    """Gives every array of the NNX nodes (model, optimizer) the sharding a jitted step returns it with: the
+    same layout, spelled as jit spells it (e.g. P() for an axis of size 1), scalars moved onto the mesh. The
+    first step's compilation then serves every later step, instead of the second step compiling again."""
+    state = nnx.state(nodes)
+    nnx.update(nodes, jax.jit(lambda s: jax.tree.map(lambda x: x + jnp.zeros((), x.dtype), s))(state))
+
+
 def step_collectives(compiled_text: str) -> list[dict]:
+    """Every collective of a compiled HLO text: op, result shape, dtype(s) and result bytes."""
     out = []
     for m in COLLECTIVE.finditer(compiled_text):
+        if m["phase"] == "-start":
+            continue
         shapes = re.findall(r"(\w+)\[([\d,]*)\]", m["shape"])
         nbytes = sum(
             DTYPE_BYTES.get(t, 4) * int(np.prod([int(d) for d in dims.split(",") if d] or [1])) for t, dims in shapes
@@ -93,6 +136,16 @@ def step_collectives(compiled_text: str) -> list[dict]:
             {"op": m["op"], "shape": m["shape"], "dtype": "+".join(sorted({t for t, _ in shapes})), "bytes": nbytes}
         )
     return out
+
+
+def collectives_by_kind(collectives: list[dict]) -> dict[str, tuple[int, int]]:
+    """{"op dtype": (count, bytes)} of step_collectives' list."""
+    kinds = {}
+    for c in collectives:
+        key = f"{c['op']} {c['dtype']}"
+        count, nbytes = kinds.get(key, (0, 0))
+        kinds[key] = (count + 1, nbytes + c["bytes"])
+    return kinds
 
 
 def parse_args(argv=None):
@@ -121,12 +174,7 @@ def run(args) -> dict:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
     sizes = parse_mesh(args.mesh)
-    n = sizes["data"] * sizes["fsdp"] * sizes["tp"]
-    if n > jax.device_count():
-        raise ValueError(f"--mesh {args.mesh} needs {n} devices; {jax.device_count()} are visible")
-    mesh = jax.make_mesh(
-        tuple(sizes.values()), tuple(sizes), axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=jax.devices()[:n]
-    )
+    mesh = make_mesh(sizes)
 
     text = generate_text(200_000, seed=1234)
     tok = CharTokenizer(text)
@@ -140,19 +188,9 @@ def run(args) -> dict:
         policy=policy,
         rngs=nnx.Rngs(args.seed),
     )
-    params = nnx.state(model, nnx.Param)
-    sharded = jax.tree.map_with_path(
-        lambda path, v: global_array(
-            np.asarray(v),
-            NamedSharding(mesh, param_spec(tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path), v.shape)),
-        ),
-        nnx.to_pure_dict(params),
-    )
-    nnx.replace_by_pure_dict(params, sharded)
-    nnx.update(model, params)
-    if args.fp8_gather:
-        use_quantized_gather(model, lambda path, layer: NamedSharding(mesh, gathered_spec(path)))
+    shard_model(model, mesh, fp8_gather=args.fp8_gather)
     opt = make_optimizer(model, learning_rate=args.lr, steps=args.steps)
+    settle_shardings(model, opt)
 
     rng = np.random.default_rng(args.seed)
     batch_sharding = NamedSharding(mesh, P(("data", "fsdp"), None))
@@ -176,13 +214,9 @@ def run(args) -> dict:
         "all_gather_bytes": gathered,
     }
     if jax.process_index() == 0:
-        kinds = {}
-        for c in collectives:
-            kinds.setdefault((c["op"], c["dtype"]), [0, 0])
-            kinds[(c["op"], c["dtype"])][0] += 1
-            kinds[(c["op"], c["dtype"])][1] += c["bytes"]
         print(f"mesh {sizes} on {jax.process_count()} process(es); collectives of one training step:")
-        for (op, dtype), (count, nbytes) in sorted(kinds.items()):
+        for kind, (count, nbytes) in sorted(collectives_by_kind(collectives).items()):
+            op, dtype = kind.split(" ")
             print(f"  {op:18s} {dtype:8s} x{count:3d}  {nbytes / 1024:10.1f} KiB")
         if args.out:
             with open(args.out, "w") as f:
