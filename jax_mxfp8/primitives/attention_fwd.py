@@ -1,7 +1,8 @@
 """FFI-backed Hopper MXFP8 attention forward (layer 5): the producer pass and the kernel call.
 
   prepare(q, k, v, *, scale, q_len, kv_len) -> AlignedOperands     (XLA; runs anywhere)
-  attention_fwd(ops, *, causal, t, tune=0) -> (o, lse)              (the sm_90a kernel)
+  attention_fwd(ops, *, causal, t, tune=0) -> (o, lse)              (the sm_90a kernel; shards over batch
+                                                                     and KV-head groups, vmaps into the batch)
   emulate_fwd(ops, *, causal, t) -> (o, lse)                         (XLA emulation of the kernel's math)
 
 The kernel (jax_mxfp8/kernels/sm90/attention_fwd.py) takes the contract's square-block MX operands
@@ -24,10 +25,14 @@ elements below 2^-135 relative to the block, which E4M3 already rounds to 0. A b
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jax_mxfp8.formats.decode import decode_elements
 from jax_mxfp8.formats.mxarray import MXArray
@@ -177,26 +182,115 @@ def kernel_available() -> tuple[bool, str]:
     return True, ""
 
 
+def _ffi_body(causal: bool, tune: int):
+    def fn(q, k, vt, qs, ks, vs, vi, lens):
+        b, n, tp, h = q.shape
+        shapes = (jax.ShapeDtypeStruct((b, n, tp, h), jnp.bfloat16), jax.ShapeDtypeStruct((b, n, tp), jnp.float32))
+        return tuple(
+            jax.ffi.ffi_call("jax_mxfp8_attention_fwd", shapes)(
+                q, k, vt, qs, ks, vs, vi, lens, causal=np.int32(causal), tune=np.int32(tune)
+            )
+        )
+
+    return fn
+
+
+def _emulated_body(causal: bool):
+    """The same contract as the kernel call, computed by emulate_fwd (CPU tests of the partitioning)."""
+
+    def fn(q, k, vt, qs, ks, vs, vi, lens):
+        o, lse = emulate_fwd(AlignedOperands(q, k, vt, qs, ks, vs, vi, lens), causal=causal, t=q.shape[2])
+        return o.astype(jnp.bfloat16), lse
+
+    return fn
+
+
+def _axes_size(mesh, names) -> int:
+    if names is None:
+        return 1
+    return int(np.prod([mesh.shape[a] for a in (names if isinstance(names, tuple) else (names,))]))
+
+
+@functools.cache
+def _attention_op(causal: bool, tune: int, impl: str, group: int):
+    """custom_vmap(custom_partitioning(kernel call)): batch and KV-head groups shard, sequences do not.
+
+    Heads shard as whole KV groups (query head n = kv * G + g): a mesh axis on the query-head dim is
+    kept only when it divides the KV heads, and the KV operands then take the same axis. Everything
+    along the sequence and head_dim is replicated (each device runs whole sequences).
+    """
+    body = _ffi_body(causal, tune) if impl == "cuda" else _emulated_body(causal)
+
+    def specs(mesh, arg_shapes):
+        q, k = arg_shapes[0], arg_shapes[1]
+        spec = tuple(q.sharding.spec) + (None,) * 4
+        batch, heads = spec[0], spec[1]
+        if q.shape[0] % _axes_size(mesh, batch):
+            batch = None
+        if k.shape[1] % _axes_size(mesh, heads):
+            heads = None
+        four, three = P(batch, heads, None, None), P(batch, heads, None)
+        args = (four, four, four, three, three, three, three, P(None, batch))
+        return tuple(NamedSharding(mesh, a) for a in args), (NamedSharding(mesh, four), NamedSharding(mesh, three))
+
+    def infer(mesh, arg_shapes, result_shape):
+        return specs(mesh, arg_shapes)[1]
+
+    def partition(mesh, arg_shapes, result_shape):
+        args, outs = specs(mesh, arg_shapes)
+        return mesh, body, outs, args
+
+    cp = custom_partitioning(body)
+    cp.def_partition(
+        partition=partition,
+        infer_sharding_from_operands=infer,
+        sharding_rule="b (k g) t h, b k s h, b k h s, b (k g) u, b k v, b k w, b k w, l b -> b (k g) t h, b (k g) t",
+        g=group,
+    )
+
+    @jax.custom_batching.custom_vmap
+    def op(q, k, vt, qs, ks, vs, vi, lens):
+        return cp(q, k, vt, qs, ks, vs, vi, lens)
+
+    @op.def_vmap
+    def _vmap(axis_size, in_batched, *args):
+        # the vmapped axis (at 0) becomes part of the batch: (V, B, ...) -> (V * B, ...)
+        args = [x if bt else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, bt in zip(args, in_batched, strict=True)]
+        merged = [x.reshape(axis_size * x.shape[1], *x.shape[2:]) for x in args[:7]]
+        lens = args[7].transpose(1, 0, 2).reshape(2, -1)
+        o, lse = op(*merged, lens)
+        b = args[0].shape[1]
+        return (o.reshape(axis_size, b, *o.shape[1:]), lse.reshape(axis_size, b, *lse.shape[1:])), (True, True)
+
+    return op
+
+
 def attention_fwd(
-    ops: AlignedOperands, *, causal: bool, t: int, tune: int = 0, out: tuple[jax.Array, jax.Array] | None = None
+    ops: AlignedOperands,
+    *,
+    causal: bool,
+    t: int,
+    tune: int = 0,
+    out: tuple[jax.Array, jax.Array] | None = None,
+    _impl_override: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Runs the kernel. Returns o (B, N, T, H) bfloat16 and lse (B, N, T) float32 (padding rows dropped).
 
+    Under jit with sharded operands the call partitions over batch and KV-head groups (see
+    _attention_op); under vmap the mapped axis joins the batch.
     out: optional (o (B, N, Tp, H) bfloat16, lse (B, N, Tp) float32) buffers the kernel writes into
-    (aliased; tests pass NaN-filled ones to check that every element is written).
+    (aliased; tests pass NaN-filled ones to check that every element is written). _impl_override="xla"
+    runs the emulation through the same partitioning and batching (CPU tests).
     """
-    b, n, tp, h = ops.q.shape
-    shapes = (
-        jax.ShapeDtypeStruct((b, n, tp, h), jnp.bfloat16),
-        jax.ShapeDtypeStruct((b, n, tp), jnp.float32),
-    )
     args = (ops.q, ops.k, ops.vt, ops.qs, ops.ks, ops.vs, ops.vi, ops.lens)
-    attrs = dict(causal=np.int32(causal), tune=np.int32(tune))
     if out is None:
-        o, lse = jax.ffi.ffi_call("jax_mxfp8_attention_fwd", shapes, vmap_method="sequential")(*args, **attrs)
+        group = ops.q.shape[1] // ops.k.shape[1]
+        o, lse = _attention_op(bool(causal), int(tune), _impl_override or "cuda", group)(*args)
     else:
+        b, n, tp, h = ops.q.shape
+        shapes = (jax.ShapeDtypeStruct((b, n, tp, h), jnp.bfloat16), jax.ShapeDtypeStruct((b, n, tp), jnp.float32))
         call = jax.ffi.ffi_call("jax_mxfp8_attention_fwd_into", shapes, input_output_aliases={8: 0, 9: 1})
-        o, lse = call(*args, *out, **attrs)
+        o, lse = call(*args, *out, causal=np.int32(causal), tune=np.int32(tune))
     return o[:, :, :t], lse[:, :, :t]
 
 
@@ -212,8 +306,10 @@ def emulate_fwd(ops: AlignedOperands, *, causal: bool, t: int) -> tuple[jax.Arra
     hp = lax.Precision.HIGHEST
     q = decode_elements(ops.q).reshape(b, nk, g, tp, h)
     k = decode_elements(ops.k)
-    inv = np.argsort(pv_permutation())
-    v = decode_elements(ops.vt).reshape(b, nk, h, sp // 32, 32)[..., inv].reshape(b, nk, h, sp).swapaxes(-1, -2)
+    # undo the key permutation of V'^T: slot 16h + 4q + 2ib + i0 holds key 16h + 8ib + 2q + i0 (a transpose,
+    # not a gather, so the emulation closes over no array constants: custom_partitioning needs that)
+    v = decode_elements(ops.vt).reshape(b, nk, h, sp // 32, 2, 4, 2, 2).swapaxes(-3, -2)
+    v = v.reshape(b, nk, h, sp).swapaxes(-1, -2)
     qs = jnp.repeat(ops.qs.reshape(b, nk, g, tp // 32), 32, axis=-1)[..., None]  # (b, nk, g, tp, 1)
     ks = jnp.repeat(ops.ks, 32, axis=-1).reshape(b, nk, nt, TILE_N)
     vs = ops.vs.reshape(b, nk, nt, hg)
