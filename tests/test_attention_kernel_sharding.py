@@ -64,6 +64,20 @@ def test_sharded_call_equals_unsharded(causal, mesh_shape, batch, heads):
     assert got[0].sharding.spec[0] == (batch if batch is not None else None)
 
 
+@pytest.mark.parametrize("n,n_kv", [(2, 2), (4, 1), (4, 2), (4, 4)])
+def test_head_layouts_partition(n, n_kv):
+    """MHA, MQA and GQA each need their own Shardy rule (no size-1 factor inside a compound one)."""
+    if len(jax.devices()) < 2:
+        pytest.skip("needs the 8 CPU host devices of tests/conftest.py")
+    rng = fresh_rng()
+    ops = _ops(rng, b=2, n=n, n_kv=n_kv)
+    f = jax.jit(functools.partial(_call, causal=False, t=256))
+    want = f(ops)
+    _assert_same(f(_place(ops, _mesh((2, 1)), "data", None)), want)
+    if n_kv % 2 == 0:
+        _assert_same(f(_place(ops, _mesh((1, 2)), None, "model")), want)
+
+
 def test_vmap_joins_the_batch():
     rng = fresh_rng()
     a, b = _ops(rng, b=2), _ops(rng, b=2)

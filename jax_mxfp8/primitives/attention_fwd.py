@@ -212,7 +212,7 @@ def _axes_size(mesh, names) -> int:
 
 
 @functools.cache
-def _attention_op(causal: bool, tune: int, impl: str, group: int):
+def _attention_op(causal: bool, tune: int, impl: str, group: int, n_kv: int):
     """custom_vmap(custom_partitioning(kernel call)): batch and KV-head groups shard, sequences do not.
 
     Heads shard as whole KV groups (query head n = kv * G + g): a mesh axis on the query-head dim is
@@ -240,12 +240,21 @@ def _attention_op(causal: bool, tune: int, impl: str, group: int):
         args, outs = specs(mesh, arg_shapes)
         return mesh, body, outs, args
 
+    # Query heads are the compound factor (k g). Shardy rejects a size-1 factor inside a compound one:
+    # MHA (G = 1) names k alone; MQA (K = 1) gives the query heads their own factor g (they cannot
+    # shard as KV groups then, and the partition callback replicates them).
+    if group == 1:
+        n, sizes = "k", {}
+    elif n_kv == 1:
+        n, sizes = "g", {}
+    else:
+        n, sizes = "(k g)", {"g": group}
     cp = custom_partitioning(body)
     cp.def_partition(
         partition=partition,
         infer_sharding_from_operands=infer,
-        sharding_rule="b (k g) t h, b k s h, b k h s, b (k g) u, b k v, b k w, b k w, l b -> b (k g) t h, b (k g) t",
-        g=group,
+        sharding_rule=f"b {n} t h, b k s h, b k h s, b {n} u, b k v, b k w, b k w, l b -> b {n} t h, b {n} t",
+        **sizes,
     )
 
     @jax.custom_batching.custom_vmap
@@ -284,8 +293,8 @@ def attention_fwd(
     """
     args = (ops.q, ops.k, ops.vt, ops.qs, ops.ks, ops.vs, ops.vi, ops.lens)
     if out is None:
-        group = ops.q.shape[1] // ops.k.shape[1]
-        o, lse = _attention_op(bool(causal), int(tune), _impl_override or "cuda", group)(*args)
+        n_kv = ops.k.shape[1]
+        o, lse = _attention_op(bool(causal), int(tune), _impl_override or "cuda", ops.q.shape[1] // n_kv, n_kv)(*args)
     else:
         b, n, tp, h = ops.q.shape
         shapes = (jax.ShapeDtypeStruct((b, n, tp, h), jnp.bfloat16), jax.ShapeDtypeStruct((b, n, tp), jnp.float32))
