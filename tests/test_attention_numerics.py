@@ -129,7 +129,11 @@ def test_bias_and_its_gradient():
         ds = p * (dp - delta)
         axes = tuple(i for i, d in enumerate(b4.shape) if d == 1)
         want = ds.sum(axis=axes, keepdims=True).reshape(bias.shape)
-        assert sqnr_db(dbias, want) >= 22.0, bias_shape
+        # Floors from 12 seeds: 24.0-25.3 dB for the (1, 2, T, S) and (T, S) biases, 20.3-29.2 dB for the
+        # (B, 1, 1, S) bias, a sum of dS over heads and queries (256 values, partly cancelling). A wrong
+        # gradient (missing head, sign, broadcast axis) lands near 0-6 dB.
+        floor = 18.0 if bias_shape == (2, 1, 1, 128) else 22.0
+        assert sqnr_db(dbias, want) >= floor, bias_shape
 
 
 def _logits(q, k, bias):
