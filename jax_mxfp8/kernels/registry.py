@@ -325,6 +325,17 @@ def find_rms_norm_quantize(in_dtype: str, elem_dtype: str, scale_rounding: str) 
     return None
 
 
+def pv_permutation() -> tuple[int, ...]:
+    """The attention kernel's key order for O += P V: k-slot a = 16h + 4q + i of the 8-bit wgmma A fragment
+    holds key 16h + 8(i // 2) + 2q + (i % 2) of its 32-key chunk (the S accumulator's order, so P needs no
+    shuffles). The producer pass stores V'^T with its keys in this order (kernels/sm90/attention_fwd.py)."""
+    perm = []
+    for a in range(32):
+        h, q, i = a // 16, (a % 16) // 4, a % 4
+        perm.append(16 * h + 8 * (i // 2) + 2 * q + (i % 2))
+    return tuple(perm)
+
+
 def variant_archs(config) -> tuple[str, ...]:
     """The archs a variant is compiled for: the Hopper attention kernel (wgmma) exists for sm_90a only."""
     return ("sm_90a",) if isinstance(config, AttentionFwdConfig) else ARCHS

@@ -51,10 +51,8 @@ acc_O, kept in the current tile's units, stays far from float32 overflow (|acc| 
 
 
 def pv_permutation() -> np.ndarray:
-    """Key (within a 32-key chunk) in 8-bit A-fragment k-slot a = 16h + 4q + i (kernels/sm90/attention_fwd.py)."""
-    a = np.arange(32)
-    h, q, i = a // 16, (a % 16) // 4, a % 4
-    return 16 * h + 8 * (i // 2) + 2 * q + (i % 2)
+    """Key (within a 32-key chunk) in 8-bit A-fragment k-slot a (registry.pv_permutation)."""
+    return np.asarray(registry.pv_permutation())
 
 
 @jax.tree_util.register_dataclass

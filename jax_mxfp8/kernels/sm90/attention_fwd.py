@@ -62,7 +62,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 
-from jax_mxfp8.kernels.registry import AttentionFwdConfig
+from jax_mxfp8.kernels.registry import AttentionFwdConfig, pv_permutation
 
 FP8 = cutlass.Float8E4M3FN
 TILE_M = 64  # query rows per consumer warpgroup
@@ -72,15 +72,6 @@ TILE_N = 128  # keys per KV tile (the reference's kv_tile)
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 MIN_NORMAL = 2.0**-126
-
-
-def pv_permutation() -> tuple[int, ...]:
-    """Key (within a 32-key chunk) that lands in 8-bit A-fragment k-slot a = 16h + 4q + i of P V."""
-    perm = []
-    for a in range(32):
-        h, q, i = a // 16, (a % 16) // 4, a % 4
-        perm.append(16 * h + 8 * (i // 2) + 2 * q + (i % 2))
-    return tuple(perm)
 
 
 PV_PERMUTATION = pv_permutation()
