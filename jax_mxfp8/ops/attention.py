@@ -19,16 +19,23 @@ from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
 from jax_mxfp8.ops.quantize import quantize as quantize_op
 from jax_mxfp8.primitives import attention_fwd as attention_kernel
+from jax_mxfp8.primitives import quantize as quantize_primitive
 from jax_mxfp8.reference.attention_bwd import attention_bwd
 from jax_mxfp8.reference.attention_config import AttentionConfig, operand_layouts
 from jax_mxfp8.reference.attention_fwd import attention_fwd
 from jax_mxfp8.reference.attention_quant import quantize_operand
 from jax_mxfp8.reference.attention_tiling import Masking
 
-IMPLEMENTATIONS = (None, "xla", "cuda")
+IMPLEMENTATIONS = quantize_primitive.IMPLEMENTATIONS
 MAX_HEAD_DIM = 256
 ALL_MX_OUTPUT_DTYPE = jnp.bfloat16
 """Output dtype when query, key and value are all MXArrays (there is no input dtype to follow)."""
+
+
+def check_implementation(implementation) -> None:
+    """ValueError unless `implementation` is None, "xla" or "cuda"."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
 
 
 def choose_implementation(implementation: str | None, unsupported: str | None = None) -> str:
@@ -36,19 +43,11 @@ def choose_implementation(implementation: str | None, unsupported: str | None = 
 
     None picks the kernel when it can run (library built, default backend a compute-capability 9.x GPU)
     and covers the arguments (`unsupported` is None), else the XLA reference. "cuda" raises RuntimeError
-    when the kernel cannot run here and ValueError naming the reason when it does not cover the arguments.
+    when the kernel cannot run here and ValueError naming the reason when it does not cover the arguments
+    (the same resolution as the quantize kernels, which also preloads the kernel modules).
     """
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
-    if implementation == "xla":
-        return "xla"
-    ok, why = attention_kernel.kernel_available()
-    if implementation == "cuda":
-        if not ok:
-            raise RuntimeError(f"implementation='cuda' was requested but {why}")
-        if unsupported:
-            raise ValueError(f"implementation='cuda': {unsupported}")
-    return "cuda" if ok and not unsupported else "xla"
+    use = quantize_primitive._use_kernel(implementation, unsupported, available=attention_kernel.kernel_available)
+    return "cuda" if use else "xla"
 
 
 def kernel_unsupported(config, *, head_dim, is_causal, has_bias, has_mask, out_dtype, mx_inputs) -> str | None:
@@ -190,7 +189,7 @@ def _masking(static, bias, mask, q_len, kv_len, s_len, n_kv) -> Masking:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _head_major_mx(static: _Static, quants, key: str, lengths) -> MXArray:
+def _head_major_mx(quants, key: str, lengths) -> MXArray:
     """The square MXArray of one operand in head-major (B, N|K, L, H) layout, for the kernel's producer pass."""
     x = quants[key]
     if not key.endswith(":user"):
@@ -214,11 +213,11 @@ def _head_major_mx(static: _Static, quants, key: str, lengths) -> MXArray:
 def _fwd_kernel(static: _Static, quants, q_len, kv_len):
     """Forward on the Hopper kernel: the producer pass on the square MXArrays, then the kernel."""
     keys = _operand_keys(static)
-    qh = _head_major_mx(static, quants, keys["q_s"], q_len)
+    qh = _head_major_mx(quants, keys["q_s"], q_len)
     ops = attention_kernel.prepare(
         qh,
-        _head_major_mx(static, quants, keys["k_s"], kv_len),
-        _head_major_mx(static, quants, keys["v_o"], kv_len),
+        _head_major_mx(quants, keys["k_s"], kv_len),
+        _head_major_mx(quants, keys["v_o"], kv_len),
         scale=static.scale,
         q_len=q_len,
         kv_len=kv_len,
@@ -345,7 +344,8 @@ def _check_lengths(x, name: str, batch: int):
     return x.astype(jnp.int32)
 
 
-def _check_scale(scale, head_dim: int) -> float:
+def check_scale(scale, head_dim: int) -> float:
+    """The softmax scale as a Python float (default 1 / sqrt(head_dim)); ValueError if traced or not finite."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
     try:
@@ -444,8 +444,7 @@ def dot_product_attention(
     Gradients flow to query, key, value and bias (not to MXArray inputs, which are constants), under the
     straight-through rule: quantization is treated as identity and the backward GEMMs are MXFP8 too.
     """
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
+    check_implementation(implementation)
     if config is None:
         config = AttentionConfig()
     if not isinstance(config, AttentionConfig):
@@ -480,7 +479,7 @@ def dot_product_attention(
     )
     static = _Static(
         config=config,
-        scale=_check_scale(scale, h),
+        scale=check_scale(scale, h),
         is_causal=bool(is_causal),
         is_mx=tuple(isinstance(x, MXArray) for x in (q, k, v)),
         out_dtype=out_dtype,

@@ -16,7 +16,7 @@ import numpy as np
 
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.ops.attention import check_head_dim, dot_product_attention
+from jax_mxfp8.ops.attention import check_head_dim, check_implementation, dot_product_attention
 from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.attention_tiling import round_up
 from jax_mxfp8.reference.varlen import seq_lengths, to_packed, to_padded
@@ -113,8 +113,7 @@ def varlen_attention(
     Returns:
       (T_total_q, N, H) in the inputs' dtype; packed rows outside every sequence are 0.
     """
-    if implementation not in (None, "xla", "cuda"):
-        raise ValueError(f"implementation={implementation!r} is not one of (None, 'xla', 'cuda')")
+    check_implementation(implementation)
     q, k, v = _check_packed(q, "q"), _check_packed(k, "k"), _check_packed(v, "v")
     if k.shape != v.shape:
         raise ValueError(f"v must have k's shape {k.shape}; got {v.shape}")

@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
-from jax_mxfp8.ops.attention import check_qkv_shapes
+from jax_mxfp8.ops.attention import check_qkv_shapes, check_scale
 from jax_mxfp8.parallel.fsdp import _pack_bytes, _unpack_bytes
 from jax_mxfp8.reference.attention_bwd import attention_bwd
 from jax_mxfp8.reference.attention_config import AttentionConfig, operand_layouts
@@ -474,14 +474,7 @@ def ring_attention(
     if n_kv % _axes_size(mesh, head_axis, "head_axis"):
         raise ValueError(f"key/value heads {n_kv} are not divisible by the size of head_axis={head_axis!r}")
 
-    if scale is None:
-        scale = 1.0 / math.sqrt(h)
-    try:
-        scale = float(scale)
-    except (TypeError, jax.errors.ConcretizationTypeError) as e:
-        raise ValueError(f"scale={scale!r} must be a concrete Python number (it is static)") from e
-    if not math.isfinite(scale):
-        raise ValueError(f"scale={scale!r} must be finite")
+    scale = check_scale(scale, h)
 
     ring = _Static(
         config=config,

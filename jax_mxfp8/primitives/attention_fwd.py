@@ -30,6 +30,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -180,12 +181,16 @@ def kernel_available() -> tuple[bool, str]:
     return True, ""
 
 
+def _out_shapes(q: jax.Array) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    """The kernel's outputs for Q' of shape (B, N, Tp, H): o (B, N, Tp, H) bfloat16, lse (B, N, Tp) float32."""
+    b, n, tp, h = q.shape
+    return jax.ShapeDtypeStruct((b, n, tp, h), jnp.bfloat16), jax.ShapeDtypeStruct((b, n, tp), jnp.float32)
+
+
 def _ffi_body(causal: bool, tune: int):
     def fn(q, k, vt, qs, ks, vs, vi, lens):
-        b, n, tp, h = q.shape
-        shapes = (jax.ShapeDtypeStruct((b, n, tp, h), jnp.bfloat16), jax.ShapeDtypeStruct((b, n, tp), jnp.float32))
         return tuple(
-            jax.ffi.ffi_call("jax_mxfp8_attention_fwd", shapes)(
+            jax.ffi.ffi_call("jax_mxfp8_attention_fwd", _out_shapes(q))(
                 q, k, vt, qs, ks, vs, vi, lens, causal=np.int32(causal), tune=np.int32(tune)
             )
         )
@@ -294,9 +299,7 @@ def attention_fwd(
         n_kv = ops.k.shape[1]
         o, lse = _attention_op(bool(causal), int(tune), _impl_override or "cuda", ops.q.shape[1] // n_kv, n_kv)(*args)
     else:
-        b, n, tp, h = ops.q.shape
-        shapes = (jax.ShapeDtypeStruct((b, n, tp, h), jnp.bfloat16), jax.ShapeDtypeStruct((b, n, tp), jnp.float32))
-        call = jax.ffi.ffi_call("jax_mxfp8_attention_fwd_into", shapes, input_output_aliases={8: 0, 9: 1})
+        call = jax.ffi.ffi_call("jax_mxfp8_attention_fwd_into", _out_shapes(ops.q), input_output_aliases={8: 0, 9: 1})
         o, lse = call(*args, *out, causal=np.int32(causal), tune=np.int32(tune))
     return o[:, :, :t], lse[:, :, :t]
 
@@ -305,8 +308,6 @@ def emulate_fwd(ops: AlignedOperands, *, causal: bool, t: int) -> tuple[jax.Arra
     """The kernel's arithmetic in XLA (float32 GEMMs on the aligned operands, same tile order, exp2 with the
     max offset 8, E4M3 P, per-tile V exponents): the tight oracle for the kernel and a CPU check of
     `prepare`. Returns o (B, N, T, H) float32 and lse (B, N, T) float32."""
-    from jax import lax
-
     b, n, tp, h = ops.q.shape
     nk, sp = ops.k.shape[1], ops.k.shape[2]
     g, hg, nt = n // nk, h // 32, sp // TILE_N

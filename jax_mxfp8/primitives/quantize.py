@@ -154,12 +154,16 @@ def _check_implementation(implementation):
         raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
 
 
-def _use_kernel(implementation, unsupported: str | None) -> bool:
-    """Resolves `implementation` for one call; `unsupported` says why the kernels cannot take it (or None)."""
+def _use_kernel(implementation, unsupported: str | None, available=None) -> bool:
+    """Resolves `implementation` for one call; `unsupported` says why the kernels cannot take it (or None).
+
+    available: the (ok, why) check of the kernel family (default `kernel_available`; the attention kernel
+    narrows it to sm_90).
+    """
     _check_implementation(implementation)
     if implementation == "xla":
         return False
-    ok, why = kernel_available()
+    ok, why = (available or kernel_available)()
     if implementation == "cuda":
         if not ok:
             raise RuntimeError(f"implementation='cuda' was requested but {why}")
