@@ -9,9 +9,9 @@ run once for a correctness check, then timed; a failure is recorded in the JSON 
   ours_kernel       the kernel alone (primitives.attention_fwd.attention_fwd) on operands prepared once
                     (jax_mxfp8.quantize square blocks, default implementation, + prepare)
   ours_kernel_t<k>  benchmark-only kernel variants (registry.ATTENTION_FWD_VARIANTS with tune k > 0)
-  producer_xla      transpose + zero padding + quantize (XLA) + prepare, jitted: the part of ours_e2e
-                    before the kernel
-  producer_qkernel  the same with the CuTe DSL quantize kernel (implementation=None)
+  producer_xla      transpose + zero padding + quantize (XLA) + prepare (XLA re-encode), jitted
+  producer_qkernel  what ours_e2e runs before the kernel: the CuTe DSL square quantize kernel on the
+                    (B*T, N*H) view of the BTNH input + prepare_sequence_major (the realign kernel)
   cudnn_bf16        jax.nn.dot_product_attention(implementation="cudnn") (with query/key_value_seq_lengths
                     on the jagged batch)
   cudnn_fp8         jax._src.cudnn.fused_attention_stablehlo.dot_product_attention(use_fp8=True), per-tensor
@@ -62,6 +62,7 @@ from timing import timeit  # noqa: E402  (benchmarks/timing.py; the script's fol
 
 import jax_mxfp8 as mx  # noqa: E402
 from jax_mxfp8.kernels import registry  # noqa: E402
+from jax_mxfp8.ops import attention as attn_ops  # noqa: E402
 from jax_mxfp8.primitives import attention_fwd as afwd  # noqa: E402
 
 FP8_PARAM_KEYS = (
@@ -146,7 +147,17 @@ def zero_past(x, lens, axis):
 
 
 def make_producer(quant_impl, scale):
-    """(q, k, v, lens) BTNH bf16 -> AlignedOperands: what ours_e2e does before the kernel."""
+    """(q, k, v, lens) BTNH bf16 -> AlignedOperands. quant_impl None: what ours_e2e runs before the kernel
+    (square quantize kernel on the BTNH input, realign kernel); "xla": the XLA quantize and XLA re-encode
+    on head-major transposes (the reference formulation of the same producer)."""
+
+    if quant_impl is None:
+
+        def producer(q, k, v, lens):
+            sq = [attn_ops._square_sequence_major(x, lens, "up") for x in (q, k, v)]
+            return afwd.prepare_sequence_major(*sq, scale=scale, q_len=lens, kv_len=lens)
+
+        return producer
 
     def hm(x, lens):
         x = zero_past(x.transpose(0, 2, 1, 3), lens, 2)  # (B, N, L, H)

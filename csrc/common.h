@@ -18,7 +18,13 @@ namespace ffi = xla::ffi;
 // Integer codes shared with jax_mxfp8/kernels/registry.py (DTYPE_CODE, MODE_CODE, ROUNDING_CODE).
 enum DTypeCode : int { kBF16 = 0, kF32 = 1, kE4M3 = 2, kE5M2 = 3 };
 enum ModeCode : int { kRowCol = 0, kRow = 1, kCol = 2, kSquare = 3 };
-enum OpCode : int { kOpQuantize = 0, kOpDequantize = 1, kOpRmsNormQuantize = 2, kOpAttentionFwd = 3 };
+enum OpCode : int {
+  kOpQuantize = 0,
+  kOpDequantize = 1,
+  kOpRmsNormQuantize = 2,
+  kOpAttentionFwd = 3,
+  kOpAttentionRealign = 4
+};
 
 constexpr int kMaxDevices = 64;
 
@@ -48,6 +54,7 @@ using DslInitFn = void (*)(void**);
 // Dequantize rows: a = elem dtype, b = block (row/col/square as ModeCode), c = out dtype, d = 0, tune = 0.
 // RMSNorm+quantize rows: a = in dtype, b = 0, c = elem dtype, d = scale rounding, tune.
 // Attention forward rows: a = head_dim, b = causal (0/1), c = 0, d = 0, tune.
+// Attention realign rows: a = head_dim, b = operand (0 = Q/K rows, 1 = V transposed), c = d = tune = 0.
 struct KernelEntry {
   const char* name;
   int arch_major;  // 9 (sm_90a) or 10 (sm_100a)

@@ -38,11 +38,13 @@ def compile_arch(arch: str, out: Path, names: list[str] | None) -> None:
     """Worker: compiles the variants for one arch (runs in a fresh process with CUTE_DSL_ARCH set)."""
     import cutlass.cute as cute
 
-    from jax_mxfp8.kernels.sm90 import attention_fwd, quantize, rms_norm_quantize
+    from jax_mxfp8.kernels.sm90 import attention_fwd, attention_realign, quantize, rms_norm_quantize
 
     def make_kernel(config):
         if isinstance(config, registry.AttentionFwdConfig):
             return attention_fwd.make_kernel(config)
+        if isinstance(config, registry.AttentionRealignConfig):
+            return attention_realign.make_kernel(config)
         if isinstance(config, registry.RMSNormQuantizeConfig):
             return rms_norm_quantize.make_kernel(config)
         return quantize.make_kernel(config)
@@ -151,6 +153,8 @@ def write_table(out: Path, archs: list[str]) -> Path:
                 )
             elif config.op == "attention_fwd":
                 codes = f"jmx::kOpAttentionFwd, {config.head_dim}, {int(config.causal)}, 0, 0, {config.tune}"
+            elif config.op == "attention_realign":
+                codes = f"jmx::kOpAttentionRealign, {config.head_dim}, {int(config.operand == 'v')}, 0, 0, 0"
             else:
                 codes = (
                     f"jmx::kOpDequantize, {registry.DTYPE_CODE[config.elem_dtype]}, "

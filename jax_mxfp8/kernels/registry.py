@@ -37,7 +37,7 @@ DEQUANTIZE_BLOCKS = ("row", "col", "square")
 # Integer codes shared with csrc/common.h (keep in sync; the build writes them into the table).
 DTYPE_CODE = {"bfloat16": 0, "float32": 1, "float8_e4m3fn": 2, "float8_e5m2": 3}
 MODE_CODE = {"rowcol": 0, "row": 1, "col": 2, "square": 3}
-OP_CODE = {"quantize": 0, "dequantize": 1, "rms_norm_quantize": 2, "attention_fwd": 3}
+OP_CODE = {"quantize": 0, "dequantize": 1, "rms_norm_quantize": 2, "attention_fwd": 3, "attention_realign": 4}
 ROUNDING_CODE = {"up": 0, "floor": 1}
 
 _SHORT = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
@@ -259,6 +259,38 @@ class AttentionFwdConfig:
         return "attention_fwd"
 
 
+@dataclasses.dataclass(frozen=True)
+class AttentionRealignConfig:
+    """The attention producer's re-encode + transpose (kernels/sm90/attention_realign.py).
+
+    Attributes:
+      head_dim: 64 or 128.
+      operand: "rows" (Q, K: sequence-major (B, L, N, H) -> head-major (B, N, Lp, H)) or "v" (V ->
+        V'^T (B, K, H, Lp) with the keys of every 32 in pv_permutation order).
+    """
+
+    head_dim: int = 128
+    operand: str = "rows"
+
+    def __post_init__(self):
+        if self.head_dim not in (64, 128):
+            raise ValueError(f"head_dim={self.head_dim} not in (64, 128)")
+        if self.operand not in ("rows", "v"):
+            raise ValueError(f"operand={self.operand!r} not in ('rows', 'v')")
+
+    @property
+    def tune(self) -> int:
+        return 0
+
+    @property
+    def name(self) -> str:
+        return f"attention_realign_{self.operand}_h{self.head_dim}"
+
+    @property
+    def op(self) -> str:
+        return "attention_realign"
+
+
 def _production_quantize(in_dtype: str, mode: str, elem_dtype: str, scale_rounding: str) -> QuantizeConfig:
     """v2 for the modes with row blocks along K: row scales staged in shared memory, stored as whole
     32-byte sectors (2 tiles per warp for bf16, 4 for f32, 4 warps; the bf16 row+col kernel capped at
@@ -304,8 +336,16 @@ ATTENTION_FWD_VARIANTS: tuple[AttentionFwdConfig, ...] = tuple(
     for tune, ov, pp, mult in ((0, True, False, 1), (1, False, False, 1), (2, True, True, 1), (3, True, True, 2))
     if stages * mult <= 12
 )
+ATTENTION_REALIGN_VARIANTS: tuple[AttentionRealignConfig, ...] = tuple(
+    AttentionRealignConfig(head_dim=h, operand=o) for h, o in itertools.product((64, 128), ("rows", "v"))
+)
 VARIANTS = (
-    QUANTIZE_VARIANTS + TUNING_VARIANTS + DEQUANTIZE_VARIANTS + RMS_NORM_QUANTIZE_VARIANTS + ATTENTION_FWD_VARIANTS
+    QUANTIZE_VARIANTS
+    + TUNING_VARIANTS
+    + DEQUANTIZE_VARIANTS
+    + RMS_NORM_QUANTIZE_VARIANTS
+    + ATTENTION_FWD_VARIANTS
+    + ATTENTION_REALIGN_VARIANTS
 )
 
 
@@ -337,8 +377,9 @@ def pv_permutation() -> tuple[int, ...]:
 
 
 def variant_archs(config) -> tuple[str, ...]:
-    """The archs a variant is compiled for: the Hopper attention kernel (wgmma) exists for sm_90a only."""
-    return ("sm_90a",) if isinstance(config, AttentionFwdConfig) else ARCHS
+    """The archs a variant is compiled for: the Hopper attention kernel (wgmma) and its producer exist for
+    sm_90a only."""
+    return ("sm_90a",) if isinstance(config, (AttentionFwdConfig, AttentionRealignConfig)) else ARCHS
 
 
 def find_attention_fwd(head_dim: int, causal: bool) -> AttentionFwdConfig | None:

@@ -138,14 +138,36 @@ def _operand_keys(static: _Static) -> dict[str, str]:
     return keys
 
 
+def _square_sequence_major(x: jax.Array, lengths: jax.Array | None, scale_rounding: str) -> MXArray:
+    """(B, L, N, H) -> square-block MXArray in the same layout (blocks over (L, H), axes (-3, -1)); L % 32 == 0.
+
+    The 2-D view (B*L, N*H) has exactly the per-head 32x32 blocks when L and H are multiples of 32, so the
+    square quantize kernel reads the caller's layout once and no bfloat16 transpose is materialized; the
+    head-major transposes then move FP8 bytes inside the producer pass's fusions.
+    """
+    b, length, n, h = x.shape
+    a = quantize_op(
+        _zero_rows(x, lengths, 1).reshape(b * length, n * h),
+        axis=(-2, -1),
+        block="square",
+        scale_rounding=scale_rounding,
+    )
+    return MXArray(a.data.reshape(b, length, n, h), a.scale.reshape(b, length // 32, n, h // 32), (-3, -1), "square")
+
+
 def _quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
-    """Quantizes every (operand, layout) pair the config needs, once each (the custom_vjp residuals)."""
+    """Quantizes every (operand, layout) pair the config needs, once each (the custom_vjp residuals).
+
+    Residuals are head-major, except on the kernel path, where the square-block residuals stay sequence-major
+    (axes (-3, -1), like a caller's MXArray; T and S are multiples of 32, checked by dot_product_attention).
+    """
     raw = {
         "q": lambda: _zero_rows(_q_to_hm(q, static.group), q_len, 3),
         "k": lambda: _zero_rows(_kv_to_hm(k), kv_len, 2),
         "v": lambda: _zero_rows(_kv_to_hm(v), kv_len, 2),
     }
     given = {"q": q, "k": k, "v": v}
+    lengths = {"q": q_len, "k": kv_len, "v": kv_len}
     out = {}
     for key in sorted(set(_operand_keys(static).values())):
         name, layout = key.split(":")
@@ -153,18 +175,21 @@ def _quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
             out[key] = given[name]
         elif static.impl == "cuda" and layout == "square":
             # the CUDA square quantize kernel: bit-identical to quantize_operand (tests/test_quantize_kernels_gpu.py)
-            out[key] = quantize_op(
-                raw[name](), axis=(-2, -1), block="square", scale_rounding=static.config.scale_rounding
-            )
+            out[key] = _square_sequence_major(given[name], lengths[name], static.config.scale_rounding)
         else:
             out[key] = quantize_operand(raw[name](), layout, static.config.scale_rounding)
     return out
 
 
+def _sequence_major(quants, key: str) -> bool:
+    """Whether residual `key` is in the caller's BTNH / BSKH layout (a caller's MXArray, or _square_sequence_major)."""
+    return key.endswith(":user") or quants[key].axes == (-3, -1)
+
+
 def _operand(static, quants, key, q_len, kv_len) -> jax.Array:
     """Dequantized head-major float32 operand for one residual key."""
     x = dequantize(quants[key], jnp.float32)
-    if not key.endswith(":user"):
+    if not _sequence_major(quants, key):
         return x
     # A caller's MXArray is in BTNH / BSKH; its padding rows are zeroed after dequantization so that
     # non-finite garbage there cannot reach the GEMMs (0 * NaN).
@@ -189,40 +214,35 @@ def _masking(static, bias, mask, q_len, kv_len, s_len, n_kv) -> Masking:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _head_major_mx(quants, key: str, lengths) -> MXArray:
-    """The square MXArray of one operand in head-major (B, N|K, L, H) layout, for the kernel's producer pass."""
+def _kernel_operand(quants, key: str, lengths) -> MXArray:
+    """The sequence-major square MXArray of one operand for the kernel's producer pass.
+
+    Our own quantization zeroed the rows past the lengths before quantizing; in a caller's MXArray the data
+    rows past them and the scales of blocks wholly past them are zeroed here, as the reference's zeroing does.
+    """
     x = quants[key]
-    if not key.endswith(":user"):
-        if key[0] == "q":  # (B, K, G, T, H) -> (B, N, T, H)
-            b, nk, g, t, h = x.shape
-            return MXArray(
-                x.data.reshape(b, nk * g, t, h), x.scale.reshape(b, nk * g, t // 32, h // 32), (-2, -1), "square"
-            )
+    if lengths is None or not key.endswith(":user"):
         return x
-    # a caller's BTNH / BSKH MXArray blocked over (L, H): transpose data and scales; zero what lies past
-    # the lengths (data rows, and the scales of blocks wholly past them) as the reference's zeroing does
-    data, scale = x.data.transpose(0, 2, 1, 3), x.scale.transpose(0, 2, 1, 3)
-    if lengths is not None:
-        pos = jnp.arange(data.shape[2])
-        data = jnp.where((pos[None, :] < lengths[:, None])[:, None, :, None], data, jnp.zeros((), data.dtype))
-        blk = jnp.arange(scale.shape[2]) * BLOCK_SIZE
-        scale = jnp.where((blk[None, :] < lengths[:, None])[:, None, :, None], scale, jnp.zeros((), scale.dtype))
-    return MXArray(data, scale, (-2, -1), "square")
+    pos = jnp.arange(x.data.shape[1])
+    data = jnp.where((pos[None, :] < lengths[:, None])[:, :, None, None], x.data, jnp.zeros((), x.data.dtype))
+    blk = jnp.arange(x.scale.shape[1]) * BLOCK_SIZE
+    scale = jnp.where((blk[None, :] < lengths[:, None])[:, :, None, None], x.scale, jnp.zeros((), x.scale.dtype))
+    return MXArray(data, scale, x.axes, x.block)
 
 
 def _fwd_kernel(static: _Static, quants, q_len, kv_len):
-    """Forward on the Hopper kernel: the producer pass on the square MXArrays, then the kernel."""
+    """Forward on the Hopper kernel: the producer pass on the sequence-major square MXArrays, then the kernel."""
     keys = _operand_keys(static)
-    qh = _head_major_mx(quants, keys["q_s"], q_len)
-    ops = attention_kernel.prepare(
-        qh,
-        _head_major_mx(quants, keys["k_s"], kv_len),
-        _head_major_mx(quants, keys["v_o"], kv_len),
+    q = _kernel_operand(quants, keys["q_s"], q_len)
+    ops = attention_kernel.prepare_sequence_major(
+        q,
+        _kernel_operand(quants, keys["k_s"], kv_len),
+        _kernel_operand(quants, keys["v_o"], kv_len),
         scale=static.scale,
         q_len=q_len,
         kv_len=kv_len,
     )
-    o, lse = attention_kernel.attention_fwd(ops, causal=static.is_causal, t=qh.shape[2])
+    o, lse = attention_kernel.attention_fwd(ops, causal=static.is_causal, t=q.shape[1])
     return o.transpose(0, 2, 1, 3).astype(static.out_dtype), lse  # (B, N, T, H) -> BTNH
 
 

@@ -97,34 +97,55 @@ def _exponents(scale: jax.Array) -> tuple[jax.Array, jax.Array]:
     return e, scale == 255
 
 
+def _row_exponents(scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """(..., L/32, H/32) square-block scales of Q or K -> (e_row (..., L/32), nan_row, shift, nan) with
+    shift = e_block - e_row (..., L/32, H/32) and nan the blocks' NaN flags."""
+    e, nan = _exponents(scale)
+    e_row = jnp.clip(jnp.max(jnp.where(nan, E_MIN, e), axis=-1), E_MIN, E_MAX)
+    return e_row, jnp.any(nan, axis=-1), e - e_row[..., None], nan
+
+
+def _v_exponents(scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """(..., Sp/32, H/32) square-block scales of V -> (e_tile (..., Sp/128, H/32), nan_tile, shift (..., Sp/32,
+    H/32), nan): one exponent per (128-key tile, 32 columns), raised to within V_SPREAD of the sequence's
+    largest, and each block's shift to it."""
+    e, nan = _exponents(scale)
+    *lead, sb, hb = e.shape
+    et = e.reshape(*lead, sb // 4, 4, hb)
+    nt = nan.reshape(et.shape)
+    e_tile = jnp.clip(jnp.max(jnp.where(nt, E_MIN, et), axis=-2), E_MIN, E_MAX)
+    # The kernel keeps acc_O in the current tile's units: bound the spread between tiles (zero tiles, padding)
+    e_tile = jnp.maximum(e_tile, jnp.max(e_tile, axis=-2, keepdims=True) - V_SPREAD)
+    shift = (et - e_tile[..., None, :]).reshape(e.shape)
+    return e_tile, jnp.any(nt, axis=-2), shift, nan
+
+
 def _align_rows(data: jax.Array, scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(..., L, H) square-block MX operand -> (data', e_row (..., L/32), nan_row (..., L/32))."""
-    e, nan = _exponents(scale)  # (..., L/32, H/32)
-    e_row = jnp.clip(jnp.max(jnp.where(nan, E_MIN, e), axis=-1), E_MIN, E_MAX)
-    shift = e - e_row[..., None]
+    e_row, nan_row, shift, _ = _row_exponents(scale)
     *lead, length, h = data.shape
     blocks = data.reshape(*lead, length // 32, 32, h // 32, 32)
     out = _realign(blocks, shift[..., :, None, :, None]).reshape(data.shape)
-    return out, e_row, jnp.any(nan, axis=-1)
+    return out, e_row, nan_row
+
+
+def _permute_keys_transposed(v: jax.Array) -> jax.Array:
+    """(..., Sp, H) -> (..., H, Sp) with the keys of every 32 in pv_permutation order."""
+    *lead, s, h = v.shape
+    v = v.reshape(*lead, s // 32, 2, 2, 4, 2, h)
+    # key 16h + 8ib + 2q + i0 goes to slot 16h + 4q + 2ib + i0
+    nd = len(lead)
+    perm = (*range(nd), nd + 5, nd, nd + 1, nd + 3, nd + 2, nd + 4)
+    return v.transpose(perm).reshape(*lead, h, s)
 
 
 def _align_v(data: jax.Array, scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(..., Sp, H) square-block V -> (V'^T (..., H, Sp) permuted, e_tile (..., Sp/128 * H/32), nan)."""
-    e, nan = _exponents(scale)  # (..., Sp/32, H/32)
+    e_tile, nan_tile, shift, _ = _v_exponents(scale)
     *lead, s, h = data.shape
-    et = e.reshape(*lead, s // TILE_N, TILE_N // 32, h // 32)
-    e_tile = jnp.clip(jnp.max(jnp.where(nan.reshape(et.shape), E_MIN, et), axis=-2), E_MIN, E_MAX)
-    # The kernel keeps acc_O in the current tile's units: bound the spread between tiles (zero tiles, padding)
-    e_tile = jnp.maximum(e_tile, jnp.max(e_tile, axis=-2, keepdims=True) - V_SPREAD)
-    nan_tile = jnp.any(nan.reshape(et.shape), axis=-2)
-    shift = et - e_tile[..., None, :]  # (..., S/128, 4, H/32)
-    blocks = data.reshape(*lead, s // TILE_N, TILE_N // 32, 32, h // 32, 32)
-    v = _realign(blocks, shift[..., :, :, None, :, None]).reshape(*lead, s // 32, 2, 2, 4, 2, h)
-    # key 16h + 8ib + 2q + i0 goes to slot 16h + 4q + 2ib + i0
-    nd = len(lead)
-    perm = (*range(nd), nd + 5, nd, nd + 1, nd + 3, nd + 2, nd + 4)
-    vt = v.transpose(perm).reshape(*lead, h, s)
-    return vt, e_tile.reshape(*lead, -1), nan_tile.reshape(*lead, -1)
+    blocks = data.reshape(*lead, s // 32, 32, h // 32, 32)
+    v = _realign(blocks, shift[..., :, None, :, None]).reshape(data.shape)
+    return _permute_keys_transposed(v), e_tile.reshape(*lead, -1), nan_tile.reshape(*lead, -1)
 
 
 def _factor(e: jax.Array, nan: jax.Array, mult: float = 1.0) -> jax.Array:
@@ -150,8 +171,6 @@ def prepare(
     q_al, eq, nq = _align_rows(qd, qsc)
     k_al, ek, nk = _align_rows(kd, ksc)
     vt, ev, nv = _align_v(vd, vsc)
-    ql = jnp.full((b,), t, jnp.int32) if q_len is None else q_len.astype(jnp.int32)
-    kl = jnp.full((b,), s, jnp.int32) if kv_len is None else kv_len.astype(jnp.int32)
     return AlignedOperands(
         q=q_al,
         k=k_al,
@@ -160,8 +179,138 @@ def prepare(
         ks=_factor(ek, nk),
         vs=_factor(ev, nv),
         vi=_factor(-ev, nv),
-        lens=jnp.stack([ql, kl]),
+        lens=_lengths(q_len, kv_len, b, t, s),
     )
+
+
+def _lengths(q_len, kv_len, b: int, t: int, s: int) -> jax.Array:
+    ql = jnp.full((b,), t, jnp.int32) if q_len is None else q_len.astype(jnp.int32)
+    kl = jnp.full((b,), s, jnp.int32) if kv_len is None else kv_len.astype(jnp.int32)
+    return jnp.stack([ql, kl])
+
+
+def _head_major_scale(x: MXArray, padded: int) -> jax.Array:
+    """(B, L/32, N, H/32) scales of a sequence-major MXArray -> (B, N, Lp/32, H/32), zero blocks past L."""
+    sc = x.scale.transpose(0, 2, 1, 3)
+    return jnp.pad(sc, [(0, 0), (0, 0), (0, padded // 32 - sc.shape[2]), (0, 0)])
+
+
+def _shift_bytes(shift: jax.Array, nan: jax.Array, length: int) -> jax.Array:
+    """(B, N, Lp/32, H/32) block shifts -> the realign kernel's int8 (B, L/32, N, H/32): shifts below -126 all
+    flush the block (-127), NaN blocks keep their (NaN) elements (0)."""
+    sh = jnp.where(nan, 0, jnp.maximum(shift, -127)).astype(jnp.int8)
+    return sh[:, :, : length // 32].transpose(0, 2, 1, 3)
+
+
+def prepare_sequence_major(
+    q: MXArray,
+    k: MXArray,
+    v: MXArray,
+    *,
+    scale: float,
+    q_len: jax.Array | None,
+    kv_len: jax.Array | None,
+    _impl_override: str | None = None,
+) -> AlignedOperands:
+    """The producer pass on sequence-major operands, bit-identical to `prepare` on their head-major transposes.
+
+    Args:
+      q: (B, T, N, H) square-block MXArray (float8_e4m3fn, blocks over (T, H): axes (-3, -1)); T % 32 == 0.
+      k, v: (B, S, K, H) likewise. Padding positions must already be zero (their blocks too).
+      scale: softmax scale tau. q_len, kv_len: (B,) int32 or None (= T, S).
+    The exponent arithmetic runs in XLA on the scales; the FP8 data is re-encoded and transposed to the
+    kernel's layouts by the realign kernel (kernels/sm90/attention_realign.py), one read and one write per
+    byte. _impl_override="xla" runs that step's XLA emulation through the same partitioning (CPU tests).
+    """
+    b, t, n, h = q.shape
+    s = k.shape[1]
+    tp, sp = _round_up(t, TILE_M), _round_up(s, TILE_N)
+    impl = _impl_override or "cuda"
+    eq, nq, shq, nanq = _row_exponents(_head_major_scale(q, tp))
+    ek, nk, shk, nank = _row_exponents(_head_major_scale(k, sp))
+    ev, nv, shv, nanv = _v_exponents(_head_major_scale(v, sp))
+    return AlignedOperands(
+        q=_realign_op("rows", impl)(q.data, _shift_bytes(shq, nanq, t)),
+        k=_realign_op("rows", impl)(k.data, _shift_bytes(shk, nank, s)),
+        vt=_realign_op("v", impl)(v.data, _shift_bytes(shv, nanv, s)),
+        qs=_factor(eq, nq, float(np.float32(scale * LOG2E))),
+        ks=_factor(ek, nk),
+        vs=_factor(ev.reshape(b, ev.shape[1], -1), nv.reshape(b, nv.shape[1], -1)),
+        vi=_factor(-ev.reshape(b, ev.shape[1], -1), nv.reshape(b, nv.shape[1], -1)),
+        lens=_lengths(q_len, kv_len, b, t, s),
+    )
+
+
+def _realign_ffi(operand: str):
+    def fn(data, shift):
+        b, length, n, h = data.shape
+        lp = _round_up(length, TILE_N)
+        call = jax.ffi.ffi_call("jax_mxfp8_attention_realign", jax.ShapeDtypeStruct((b * n, lp * h), data.dtype))
+        out = call(
+            data.reshape(b, length * n * h),
+            shift.reshape(b, -1),
+            head_dim=np.int32(h),
+            operand=np.int32(operand == "v"),
+        )
+        return out.reshape((b, n, lp, h) if operand == "rows" else (b, n, h, lp))
+
+    return fn
+
+
+def _realign_emulated(operand: str):
+    """The realign kernel's contract in XLA (CPU tests): the same block realignment, transposes and padding."""
+
+    def fn(data, shift):
+        b, length, n, h = data.shape
+        sh = jnp.minimum(shift.astype(jnp.int32), 0)
+        blocks = data.reshape(b, length // 32, 32, n, h // 32, 32)
+        out = _realign(blocks, sh[:, :, None, :, :, None]).reshape(data.shape).transpose(0, 2, 1, 3)
+        out = jnp.pad(out, [(0, 0), (0, 0), (0, _round_up(length, TILE_N) - length), (0, 0)])
+        return out if operand == "rows" else _permute_keys_transposed(out)
+
+    return fn
+
+
+@functools.cache
+def _realign_op(operand: str, impl: str):
+    """custom_vmap(custom_partitioning(realign)): (B, L, N, H) data + (B, L/32, N, H/32) shifts -> (B, N, Lp, H)
+    ("rows") or (B, N, H, Lp) ("v"); batch and heads shard, the sequence and head_dim do not."""
+    body = _realign_ffi(operand) if impl == "cuda" else _realign_emulated(operand)
+
+    def specs(mesh, arg_shapes):
+        d = arg_shapes[0]
+        spec = tuple(d.sharding.spec) + (None,) * 4
+        batch, heads = spec[0], spec[2]
+        if d.shape[0] % _axes_size(mesh, batch):
+            batch = None
+        if d.shape[2] % _axes_size(mesh, heads):
+            heads = None
+        arg = NamedSharding(mesh, P(batch, None, heads, None))
+        return (arg, arg), NamedSharding(mesh, P(batch, heads, None, None))
+
+    def partition(mesh, arg_shapes, result_shape):
+        args, out = specs(mesh, arg_shapes)
+        return mesh, body, out, args
+
+    cp = custom_partitioning(body)
+    cp.def_partition(
+        partition=partition,
+        infer_sharding_from_operands=lambda mesh, arg_shapes, result_shape: specs(mesh, arg_shapes)[1],
+        sharding_rule="b l n h, b m n c -> b n p q",
+    )
+
+    @jax.custom_batching.custom_vmap
+    def op(data, shift):
+        return cp(data, shift)
+
+    @op.def_vmap
+    def _vmap(axis_size, in_batched, data, shift):
+        # the vmapped axis (at 0) becomes part of the batch: (V, B, ...) -> (V * B, ...)
+        args = [x if bt else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, bt in zip((data, shift), in_batched)]
+        out = op(*(x.reshape(axis_size * x.shape[1], *x.shape[2:]) for x in args))
+        return out.reshape(axis_size, -1, *out.shape[1:]), True
+
+    return op
 
 
 def unsupported(*, head_dim: int, causal: bool) -> str | None:

@@ -72,6 +72,10 @@ def ld_shared_b32(addr: Int32) -> Uint32:
     return inline_ptx("ld.shared.b32 {$w0}, [{$r0}];", write_only_types=[Uint32], read_only_args=[addr])
 
 
+def ld_shared_u8(addr: Int32) -> Uint32:
+    return inline_ptx("ld.shared.u8 {$w0}, [{$r0}];", write_only_types=[Uint32], read_only_args=[addr])
+
+
 def prefetch_l2(addr: Int64, pred: Boolean) -> None:
     """prefetch.global.L2 of the cache line holding `addr`, predicated on `pred` (a hint: no registers,
     nothing to wait for)."""
@@ -277,6 +281,21 @@ def decode_factors(scale_byte: Uint32) -> tuple[Uint32, Uint32, Uint32]:
         "selp.b32 {$w2}, -1, 0, p;\n}"
     )
     return inline_ptx(code, write_only_types=[Uint32] * 3, read_only_args=[scale_byte])
+
+
+def shift_factor(shift_byte: Uint32) -> Uint32:
+    """float32 bits of the realignment factor for a signed exponent shift s (two's complement in the low
+    byte): 2**s for -126 <= s <= 0, 0 for s < -126 (the element drops below E4M3's range), 1 for s > 0
+    (never produced by the producer pass; it leaves the element as it is)."""
+    code = (
+        "{\n.reg .s32 s, f;\n.reg .pred lo, hi;\n"
+        "shl.b32 s, {$r0}, 24;\nshr.s32 s, s, 24;\n"
+        "setp.lt.s32 lo, s, -126;\nsetp.gt.s32 hi, s, 0;\n"
+        "add.s32 f, s, 127;\nshl.b32 f, f, 23;\n"
+        "selp.b32 f, 0x3f800000, f, hi;\n"
+        "selp.b32 {$w0}, 0, f, lo;\n}"
+    )
+    return inline_ptx(code, write_only_types=[Uint32], read_only_args=[shift_byte])
 
 
 def dequant1(x: Uint32, f1: Uint32, f2: Uint32, nan_mask: Uint32) -> Uint32:

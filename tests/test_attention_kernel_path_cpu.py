@@ -1,0 +1,143 @@
+"""The kernel path of jax_mxfp8.dot_product_attention on CPU, with the sm_90a kernel replaced by its emulation.
+
+implementation="cuda" runs: square MX quantization of the caller's BTNH arrays (sequence-major residuals),
+the producer pass (prepare_sequence_major; its realign step emulated), the kernel (here
+primitives.attention_fwd.emulate_fwd through the same custom_partitioning call), and the XLA backward
+fed by those residuals. Checked against independent paths:
+  * residuals are bit-identical to the head-major quantization of the XLA path, and the producer's output to
+    `prepare` on that quantization;
+  * O and LSE are bit-identical to the emulation run on head-major operands quantized separately;
+  * gradients agree with implementation="xla" (>= 30 dB, the GPU test's gate).
+The GPU tests (test_attention_kernel_gpu.py) run the same path on the real kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from attention_emulation import sqnr_db
+from attention_testutil import assert_bits_equal, fresh_rng
+from test_attention_kernel_emulation import emulated
+
+import jax_mxfp8 as mx
+from jax_mxfp8.formats.mxarray import MXArray
+from jax_mxfp8.ops import attention as attn_ops
+from jax_mxfp8.primitives import attention_fwd as kern
+from jax_mxfp8.primitives import quantize as pq
+from jax_mxfp8.reference.attention_config import AttentionConfig
+
+CASES = [
+    dict(b=2, t=256, s=256, n=4, n_kv=2, h=64, causal=False, lengths=True),
+    dict(b=1, t=160, s=288, n=2, n_kv=1, h=128, causal=True, lengths=False),
+    dict(b=2, t=96, s=160, n=2, n_kv=2, h=64, causal=True, lengths=True),  # T, S not multiples of 128
+]
+
+
+def _id(case):
+    return "-".join(f"{k}{v}" for k, v in case.items())
+
+
+@pytest.fixture
+def emulated_kernel(monkeypatch):
+    """Makes the attention kernel 'available' and runs its emulation in place of the FFI call."""
+    monkeypatch.setattr(kern, "kernel_available", lambda: (True, ""))
+    monkeypatch.setattr(pq, "_preload", lambda: None)
+    monkeypatch.setattr(kern, "attention_fwd", functools.partial(kern.attention_fwd, _impl_override="xla"))
+    monkeypatch.setattr(
+        kern, "prepare_sequence_major", functools.partial(kern.prepare_sequence_major, _impl_override="xla")
+    )
+
+
+def _inputs(case, rng):
+    b, t, s, n, n_kv, h = (case[k] for k in ("b", "t", "s", "n", "n_kv", "h"))
+    q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((b, s, n_kv, h)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((b, s, n_kv, h)) * 3.0, jnp.bfloat16)
+    q_len = kv_len = None
+    if case["lengths"]:
+        q_len = jnp.asarray(rng.integers(1, t + 1, size=b), jnp.int32).at[0].set(t)
+        kv_len = jnp.asarray(rng.integers(0, s + 1, size=b), jnp.int32).at[0].set(s - 5)
+    return q, k, v, q_len, kv_len
+
+
+def _static(case, impl):
+    return attn_ops._Static(
+        config=AttentionConfig(),
+        scale=case["h"] ** -0.5,
+        is_causal=case["causal"],
+        is_mx=(False, False, False),
+        out_dtype=np.dtype(jnp.bfloat16),
+        group=case["n"] // case["n_kv"],
+        impl=impl,
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_residuals_and_producer_equal_head_major_path(case):
+    """Sequence-major residuals dequantize to the XLA path's operands bit for bit, and the producer pass on
+    them (prepare_sequence_major, realign emulated) equals `prepare` on the head-major quantization."""
+    q, k, v, q_len, kv_len = _inputs(case, fresh_rng())
+    quants = {}
+    for impl in ("cuda", "xla"):
+        st = _static(case, impl)
+        quants[impl] = (st, attn_ops._quantize_operands(st, q, k, v, q_len, kv_len))
+    (st_c, qc), (st_x, qx) = quants["cuda"], quants["xla"]
+    assert set(qc) == set(qx) == {"q:square", "k:square", "v:square"}
+    for key in qc:
+        assert qc[key].axes == (-3, -1) and qx[key].axes == (-2, -1)
+        assert_bits_equal(
+            attn_ops._operand(st_c, qc, key, q_len, kv_len), attn_ops._operand(st_x, qx, key, q_len, kv_len)
+        )
+    lens = {"q:square": q_len, "k:square": kv_len, "v:square": kv_len}
+    seq = [attn_ops._kernel_operand(qc, key, lens[key]) for key in ("q:square", "k:square", "v:square")]
+    got = kern.prepare_sequence_major(*seq, scale=0.125, q_len=q_len, kv_len=kv_len, _impl_override="xla")
+    b, n_kv, g, t, h = qx["q:square"].shape
+    qh = qx["q:square"]
+    qh = MXArray(
+        qh.data.reshape(b, n_kv * g, t, h), qh.scale.reshape(b, n_kv * g, t // 32, h // 32), (-2, -1), "square"
+    )
+    want = kern.prepare(qh, qx["k:square"], qx["v:square"], scale=0.125, q_len=q_len, kv_len=kv_len)
+    for field in ("q", "k", "vt", "qs", "ks", "vs", "vi", "lens"):
+        a, w = getattr(got, field), getattr(want, field)
+        if a.dtype == jnp.float8_e4m3fn:
+            a, w = a.view(jnp.uint8), w.view(jnp.uint8)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(w), err_msg=field)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_kernel_path_forward_and_gradients(case, emulated_kernel):
+    q, k, v, q_len, kv_len = _inputs(case, fresh_rng())
+    do = jnp.asarray(fresh_rng().standard_normal(q.shape), jnp.bfloat16)
+
+    def run(impl):
+        def f(q, k, v):
+            return mx.dot_product_attention(
+                q,
+                k,
+                v,
+                is_causal=case["causal"],
+                query_seq_lengths=q_len,
+                key_value_seq_lengths=kv_len,
+                implementation=impl,
+            )
+
+        o, vjp = jax.vjp(f, q, k, v)
+        return o, vjp(do.astype(o.dtype))
+
+    o_c, grads_c = run("cuda")
+    o_x, grads_x = run("xla")
+    o_e, _ = emulated(q, k, v, causal=case["causal"], q_len=q_len, kv_len=kv_len)
+    rows = np.arange(case["t"])[None, :, None, None] < (
+        np.asarray(q_len)[:, None, None, None] if q_len is not None else case["t"]
+    )
+    o_c, o_e = np.asarray(o_c.astype(jnp.float32)), np.asarray(o_e.astype(jnp.bfloat16).astype(jnp.float32))
+    assert not np.isnan(o_c).any()
+    np.testing.assert_array_equal(np.where(rows, o_c, 0), np.where(rows, o_e, 0))
+    for name, gc, gx in zip("qkv", grads_c, grads_x):
+        gc, gx = np.asarray(gc, np.float64), np.asarray(gx, np.float64)
+        assert np.isfinite(gc).all(), name
+        assert sqnr_db(gc, gx) >= 30.0, (name, sqnr_db(gc, gx))
