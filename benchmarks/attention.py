@@ -171,7 +171,7 @@ def make_producer(quant_impl, scale):
 
 def build_impls(sh, smoke: bool, kernel_ok: bool):
     """name -> (kind, fn taking (q, k, v, lens) or None, why-skipped). kind: 'attn' (BTNH output),
-    'kernel' (fn of prepared operands, (B, N, T, H) output) or 'producer'."""
+    'kernel' (fn of prepared operands, BTNH output) or 'producer'."""
     c, h = sh["causal"], sh["h"]
     scale = 1.0 / math.sqrt(h)
     jagged = sh["lens_range"] is not None
@@ -197,7 +197,11 @@ def build_impls(sh, smoke: bool, kernel_ok: bool):
     impls["producer_xla"] = ("producer", make_producer("xla", scale), None)
     impls["producer_qkernel"] = ("producer", make_producer(None, scale), None)
     if smoke:
-        impls["ours_kernel"] = ("kernel", lambda ops: afwd.emulate_fwd(ops, causal=c, t=sh["t"])[0], None)
+        impls["ours_kernel"] = (
+            "kernel",
+            lambda ops: afwd.emulate_fwd(ops, causal=c, t=sh["t"])[0].transpose(0, 2, 1, 3),
+            None,
+        )
     else:
         impls["ours_kernel"] = ("kernel", lambda ops: afwd.attention_fwd(ops, causal=c, t=sh["t"])[0], None)
         for v in registry.ATTENTION_FWD_VARIANTS:
@@ -308,7 +312,7 @@ def run_shape(sh, args, smoke, kernel_ok, res):
             if kind == "producer" and (name == "producer_qkernel" or ops is None):
                 ops = out
             if kind != "producer":
-                o = out.transpose(0, 2, 1, 3) if kind == "kernel" else out
+                o = out
                 if name == "cudnn_bf16":
                     ref = o
                 if name == "ours_e2e":

@@ -6,7 +6,7 @@
 //   q  (B, N, Tp, H) f8e4m3fn     k (B, K, Sp, H) f8e4m3fn     vt (B, K, H, Sp) f8e4m3fn
 //   qs (B, N, Tp/32) f32          ks (B, K, Sp/32) f32         vs, vi (B, K, Sp/128 * H/32) f32
 //   lens (2, B) s32 (query lengths, KV lengths)
-//   o  (B, N, Tp, H) bf16         lse (B, N, Tp) f32
+//   o  (B, Tp, N, H) bf16         lse (B, N, Tp) f32   (o in the caller's sequence-major layout)
 // Tp and Sp are multiples of 128, H is 64 or 128 and N a multiple of K. Every failure is returned as an
 // ffi::Error; the handler only enqueues work on XLA's stream (CUDA-graph compatible).
 #include <string>
@@ -71,7 +71,7 @@ ffi::Error AttentionFwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(Want(t[5].rows == b * nk && t[5].cols == sp / 128 * (h / 32), "vs must be (B, K, Sp/128*H/32)"));
   JMX_RETURN_IF_ERROR(Want(t[6].rows == t[5].rows && t[6].cols == t[5].cols, "vi must match vs"));
   JMX_RETURN_IF_ERROR(Want(t[7].rows == 2 && t[7].cols == b, "lens must be (2, B)"));
-  JMX_RETURN_IF_ERROR(Want(t[8].rows == b * n * tp && t[8].cols == h, "o must be (B, N, Tp, H)"));
+  JMX_RETURN_IF_ERROR(Want(t[8].rows == b * n * tp && t[8].cols == h, "o must be (B, Tp, N, H)"));
   JMX_RETURN_IF_ERROR(Want(t[9].rows == b * n && t[9].cols == tp, "lse must be (B, N, Tp)"));
   JMX_RETURN_IF_ERROR(Want(tp / 128 <= 2147483647 && b * n <= 65535, "grid too large (B*N must be <= 65535)"));
 

@@ -117,9 +117,9 @@ def test_every_output_element_written():
         vh = vh.at[0].set(0)
         ops = kern.prepare(_mx(qh), _mx(kh), _mx(vh), scale=128**-0.5, q_len=ql, kv_len=kl)
         tp = ops.q.shape[2]
-        poison = (jnp.full((2, 4, tp, 128), jnp.nan, jnp.bfloat16), jnp.full((2, 4, tp), jnp.nan, jnp.float32))
+        poison = (jnp.full((2, tp, 4, 128), jnp.nan, jnp.bfloat16), jnp.full((2, 4, tp), jnp.nan, jnp.float32))
         o, lse = jax.jit(lambda ops, out, c=causal, t=tp: kern.attention_fwd(ops, causal=c, t=t, out=out))(ops, poison)
-        o, lse = np.asarray(o, np.float32), np.asarray(lse)
+        o, lse = np.asarray(o, np.float32).transpose(0, 2, 1, 3), np.asarray(lse)  # (B, N, Tp, H)
         assert not np.isnan(o).any() and not np.isnan(lse).any()
         assert np.all(o[0] == 0) and np.all(np.isneginf(lse[0]))
         assert np.all(o[1, :, 320:] == 0) and np.all(np.isneginf(lse[1, :, 320:]))

@@ -243,7 +243,7 @@ def _fwd_kernel(static: _Static, quants, q_len, kv_len):
         kv_len=kv_len,
     )
     o, lse = attention_kernel.attention_fwd(ops, causal=static.is_causal, t=q.shape[1])
-    return o.transpose(0, 2, 1, 3).astype(static.out_dtype), lse  # (B, N, T, H) -> BTNH
+    return o.astype(static.out_dtype), lse  # the kernel writes O in BTNH
 
 
 def _fwd(static: _Static, q, k, v, bias, mask, q_len, kv_len):

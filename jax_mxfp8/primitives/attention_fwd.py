@@ -1,9 +1,11 @@
 """FFI-backed Hopper MXFP8 attention forward (layer 5): the producer pass and the kernel call.
 
-  prepare(q, k, v, *, scale, q_len, kv_len) -> AlignedOperands     (XLA; runs anywhere)
-  attention_fwd(ops, *, causal, t, tune=0) -> (o, lse)              (the sm_90a kernel; shards over batch
-                                                                     and KV-head groups, vmaps into the batch)
-  emulate_fwd(ops, *, causal, t) -> (o, lse)                         (XLA emulation of the kernel's math)
+  prepare(q, k, v, *, scale, q_len, kv_len) -> AlignedOperands   XLA, head-major MXArrays; runs anywhere
+  prepare_sequence_major(q, k, v, ...) -> AlignedOperands          the same from (B, L, N, H) MXArrays: exponents
+                                                                   in XLA, FP8 data through the realign kernel
+  attention_fwd(ops, *, causal, t, tune=0) -> (o, lse)            the sm_90a kernel, o (B, T, N, H); shards over
+                                                                   batch and KV-head groups, vmaps into the batch
+  emulate_fwd(ops, *, causal, t) -> (o, lse)                       the kernel's math in XLA, o (B, N, T, H)
 
 The kernel (jax_mxfp8/kernels/sm90/attention_fwd.py) takes the contract's square-block MX operands
 re-encoded to one exponent per GEMM sub-tile ("way (a)", docs/numerics.md "Hopper attention kernel"):
@@ -331,9 +333,10 @@ def kernel_available() -> tuple[bool, str]:
 
 
 def _out_shapes(q: jax.Array) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
-    """The kernel's outputs for Q' of shape (B, N, Tp, H): o (B, N, Tp, H) bfloat16, lse (B, N, Tp) float32."""
+    """The kernel's outputs for Q' of shape (B, N, Tp, H): o (B, Tp, N, H) bfloat16 (the caller's layout),
+    lse (B, N, Tp) float32."""
     b, n, tp, h = q.shape
-    return jax.ShapeDtypeStruct((b, n, tp, h), jnp.bfloat16), jax.ShapeDtypeStruct((b, n, tp), jnp.float32)
+    return jax.ShapeDtypeStruct((b, tp, n, h), jnp.bfloat16), jax.ShapeDtypeStruct((b, n, tp), jnp.float32)
 
 
 def _ffi_body(causal: bool, tune: int):
@@ -352,7 +355,7 @@ def _emulated_body(causal: bool):
 
     def fn(q, k, vt, qs, ks, vs, vi, lens):
         o, lse = emulate_fwd(AlignedOperands(q, k, vt, qs, ks, vs, vi, lens), causal=causal, t=q.shape[2])
-        return o.astype(jnp.bfloat16), lse
+        return o.transpose(0, 2, 1, 3).astype(jnp.bfloat16), lse
 
     return fn
 
@@ -383,7 +386,8 @@ def _attention_op(causal: bool, tune: int, impl: str, group: int, n_kv: int):
             heads = None
         four, three = P(batch, heads, None, None), P(batch, heads, None)
         args = (four, four, four, three, three, three, three, P(None, batch))
-        return tuple(NamedSharding(mesh, a) for a in args), (NamedSharding(mesh, four), NamedSharding(mesh, three))
+        o = P(batch, None, heads, None)
+        return tuple(NamedSharding(mesh, a) for a in args), (NamedSharding(mesh, o), NamedSharding(mesh, three))
 
     def infer(mesh, arg_shapes, result_shape):
         return specs(mesh, arg_shapes)[1]
@@ -405,7 +409,7 @@ def _attention_op(causal: bool, tune: int, impl: str, group: int, n_kv: int):
     cp.def_partition(
         partition=partition,
         infer_sharding_from_operands=infer,
-        sharding_rule=f"b {n} t h, b k s h, b k h s, b {n} u, b k v, b k w, b k w, l b -> b {n} t h, b {n} t",
+        sharding_rule=f"b {n} t h, b k s h, b k h s, b {n} u, b k v, b k w, b k w, l b -> b t {n} h, b {n} t",
         **sizes,
     )
 
@@ -435,11 +439,11 @@ def attention_fwd(
     out: tuple[jax.Array, jax.Array] | None = None,
     _impl_override: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Runs the kernel. Returns o (B, N, T, H) bfloat16 and lse (B, N, T) float32 (padding rows dropped).
+    """Runs the kernel. Returns o (B, T, N, H) bfloat16 and lse (B, N, T) float32 (padding rows dropped).
 
     Under jit with sharded operands the call partitions over batch and KV-head groups (see
     _attention_op); under vmap the mapped axis joins the batch.
-    out: optional (o (B, N, Tp, H) bfloat16, lse (B, N, Tp) float32) buffers the kernel writes into
+    out: optional (o (B, Tp, N, H) bfloat16, lse (B, N, Tp) float32) buffers the kernel writes into
     (aliased; tests pass NaN-filled ones to check that every element is written). _impl_override="xla"
     runs the emulation through the same partitioning and batching (CPU tests).
     """
@@ -450,7 +454,7 @@ def attention_fwd(
     else:
         call = jax.ffi.ffi_call("jax_mxfp8_attention_fwd_into", _out_shapes(ops.q), input_output_aliases={8: 0, 9: 1})
         o, lse = call(*args, *out, causal=np.int32(causal), tune=np.int32(tune))
-    return o[:, :, :t], lse[:, :, :t]
+    return o[:, :t], lse[:, :, :t]
 
 
 def emulate_fwd(ops: AlignedOperands, *, causal: bool, t: int) -> tuple[jax.Array, jax.Array]:

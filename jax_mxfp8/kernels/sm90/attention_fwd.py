@@ -7,9 +7,10 @@ Supported features (kernels/registry.py, AttentionFwdConfig):
   Not here (the XLA reference takes them): bias and boolean masks, causal_safe, p_scale "block",
   qkv_blocks "row", other kv tiles, head_dim 256, packed (cu_seqlens) sequences.
 
-Inputs come from the producer pass jax_mxfp8.primitives.attention_fwd.prepare (XLA), which re-encodes the
-contract's square-block MX operands to a shared exponent per GEMM sub-tile ("way (a)" of DESIGN.md
-section 2, docs/numerics.md "Hopper attention kernel"):
+Inputs come from the producer pass jax_mxfp8.primitives.attention_fwd.prepare_sequence_major (exponents
+in XLA, the FP8 data through kernels/sm90/attention_realign.py; `prepare` is its XLA formulation), which
+re-encodes the contract's square-block MX operands to a shared exponent per GEMM sub-tile ("way (a)" of
+DESIGN.md section 2, docs/numerics.md "Hopper attention kernel"):
   q   (B*N*Tp, H)     float8_e4m3fn  Q' rows, head-major (b, n, t); Tp = T rounded up to 128
   k   (B*K*Sp, H)     float8_e4m3fn  K' rows, head-major (b, kv, s); Sp = S rounded up to 128
   vt  (B*K*H, Sp)     float8_e4m3fn  V'^T: per (b, kv) an (H, Sp) matrix whose columns are the KV
@@ -20,7 +21,8 @@ section 2, docs/numerics.md "Hopper attention kernel"):
   vi  (B*K, Sp/128*H/32) float32     2^-eV (the same, inverted exactly)
   lens (2, B)         int32          query lengths, KV lengths (<= T, S)
 Outputs:
-  o   (B*N*Tp, H)     bfloat16       O, head-major; rows >= q_len are 0
+  o   (B*Tp*N, H)     bfloat16       O in the caller's (B, Tp, N, H) layout (no transpose after the
+                                     kernel); rows >= q_len are 0
   lse (B*N, Tp)       float32        natural-log LSE; -inf on rows with no valid key (and rows >= q_len)
 
 Numerics, per 32x32 sub-tile of S the exact scale product is 2^(eQ+eK), so
@@ -166,7 +168,12 @@ class AttentionForwardSm90:
         q = cute.make_tensor(q2.iterator, cute.make_layout((tp, h, bn), stride=(h, 1, tp * h)))
         k = cute.make_tensor(k2.iterator, cute.make_layout((sp, h, bk), stride=(h, 1, sp * h)))
         vt = cute.make_tensor(vt2.iterator, cute.make_layout((h, sp, bk), stride=(sp, 1, sp * h)))
-        o = cute.make_tensor(o2.iterator, cute.make_layout((tp, h, bn), stride=(h, 1, tp * h)))
+        # O is written in the caller's (B, Tp, N, H) layout: head bn = b * N + n, rows N * H apart
+        nb = lens.shape[1]
+        heads = bn // nb
+        o = cute.make_tensor(
+            o2.iterator, cute.make_layout((tp, h, (heads, nb)), stride=(heads * h, 1, (h, tp * heads * h)))
+        )
 
         kmajor = utils.LayoutEnum.ROW_MAJOR
         qk_mma = self._make_qk_mma()

@@ -14,12 +14,12 @@ The exponent arithmetic (e_row, e_tile, V_SPREAD, NaN blocks) stays in XLA on th
 the data): this kernel only moves bytes, so that the FP8 transposes run at copy speed instead of XLA's
 byte-wise fusions (0.08 ms for Q and 0.22 ms for V at B4 T4k N16 H128 on the H200, docs/perf-notes.md).
 
-Design (memory-bound): one CTA of 128 threads per (128-row tile, head, batch). Each thread converts 16-byte
-chunks of one row (H/16 chunks per row, consecutive threads along the row, so the loads are coalesced
-within each row and the head-major stores are fully contiguous): 4 x (cvt e4m3x2 -> f16x2 -> f32, mul by the
-block's factor, cvt.rn.satfinite back). "v" stages the realigned 128 x H tile in shared memory (row pitch
-H + 4 bytes, which spreads the column reads over the banks) and then writes V'^T rows of 128 keys, each
-thread gathering 16 keys of one head-dim column in permuted order.
+Design (memory-bound): one CTA of 128 threads per (128-row tile, head, batch). Each thread converts H/16
+16-byte chunks (consecutive threads along a row, so the loads are coalesced within each row and the
+head-major stores are fully contiguous), all loads issued before any conversion: 4 x (cvt e4m3x2 ->
+f16x2 -> f32, mul by the block's factor, cvt.rn.satfinite back). "v" stages the realigned 128 x H tile in
+shared memory (row pitch H + 4 bytes, which spreads the column reads over the banks) and then writes
+V'^T rows of 128 keys, each thread gathering 16 keys of one head-dim column in permuted order.
 """
 
 from __future__ import annotations
@@ -95,22 +95,32 @@ class AttentionRealign:
         s_base = mS.iterator.toint() + Int64(batch) * Int64(mS.shape[1])
         o_base = mO.iterator.toint() + Int64(batch * heads + head) * Int64(mO.shape[1])
         cpr = h // 16  # 16-byte chunks per row
+        # all loads first: the inline-PTX statements keep program order, so interleaving them with the stores
+        # would leave one 16-byte load in flight per thread (measured 1.5 TB/s)
+        rows, cols, words, shifts = [], [], [], []
         for i in range(cpr):
             idx = i * THREADS + tidx
             r = idx // cpr
             c = idx % cpr
             pos = tile * TILE + r
-            ok = pos < length
             pc = cutlass.min(pos, length - 1)  # a valid address for the (discarded) padding rows
-            words = ptx.ld_global_v4_pred(d_base + Int64(pc) * Int64(row_bytes) + Int64(head * h + c * 16), ok)
-            sb = ptx.ld_global_u8(s_base + Int64(pc // 32) * Int64(row_bytes // 32) + Int64(head * (h // 32) + c // 2))
-            f = ptx.shift_factor(sb)
-            out = [ptx.quantize4_f32(ptx.fp8x4_to_f32(w, E4M3), [f] * 4, E4M3) for w in words]
+            rows.append(r)
+            cols.append(c)
+            words.append(
+                ptx.ld_global_v4_pred(d_base + Int64(pc) * Int64(row_bytes) + Int64(head * h + c * 16), pos < length)
+            )
+            shifts.append(
+                ptx.ld_global_u8(s_base + Int64(pc // 32) * Int64(row_bytes // 32) + Int64(head * (h // 32) + c // 2))
+            )
+        for i in range(cpr):
+            r, c = rows[i], cols[i]
+            f = ptx.shift_factor(shifts[i])
+            out = [ptx.quantize4_f32(ptx.fp8x4_to_f32(w, E4M3), [f] * 4, E4M3) for w in words[i]]
             if cutlass.const_expr(self.transpose):
                 for j in range(4):
                     ptx.st_shared_b32(sbase + r * self.pitch + c * 16 + 4 * j, out[j])
             else:
-                ptx.st_global(o_base + Int64(pos) * h + Int64(c * 16), out)
+                ptx.st_global(o_base + Int64(tile * TILE + r) * h + Int64(c * 16), out)
         if cutlass.const_expr(self.transpose):
             cute.arch.barrier()
             self._store_transposed(o_base, lp, tile, tidx, sbase)
