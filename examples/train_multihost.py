@@ -8,9 +8,10 @@ Several processes (here 2 x 4 CPU devices on localhost; on GPUs one process per 
     python examples/train_multihost.py --num-processes 2 --process-id 1 --coordinator localhost:12355 ...
 
 Parameters: column-parallel kernels (qkv, mlp up) are split (fsdp, tp), row-parallel kernels (attention
-out, mlp down) ((tp, fsdp), -), the LM head (fsdp, -); the batch is split over (data, fsdp). With
---fp8-gather every MXFP8 layer quantizes its kernel shard and all-gathers FP8 bytes + scales instead of
-the FP32 kernel. Prints the losses, and the collectives of one training step with their bytes.
+out, mlp down) (tp, fsdp), the LM head (fsdp, -): FSDP always splits the d_model axis (see param_spec);
+the batch is split over (data, fsdp). With --fp8-gather every MXFP8 layer quantizes its kernel shard and
+all-gathers FP8 bytes + scales instead of the FP32 kernel. Prints the losses, and the collectives of one
+training step with their bytes.
 """
 
 from __future__ import annotations
@@ -57,13 +58,21 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 
 def param_spec(path: tuple, shape: tuple[int, ...]) -> P:
-    """PartitionSpec of one DecoderLM parameter, by its path."""
+    """PartitionSpec of one DecoderLM parameter, by its path.
+
+    FSDP splits every kernel along its d_model axis: the input axis of qkv / up / lm_head, the output axis
+    of out / down. Splitting down along its hidden input axis instead puts a mesh axis on a free axis of
+    the backward's dX GEMM (dH = dY W^T, (tokens, hidden)) that the batch also wants; when the kernel is
+    the larger operand (hidden > global tokens, e.g. d_model 2048 with 8 x 512 tokens) the partitioner
+    keeps the kernel split and shards dH by hidden, then all-to-alls it back to the batch split and
+    all-gathers activations for the weight-gradient GEMMs.
+    """
     names = [str(p) for p in path]
     if names[-1] == "kernel" and len(shape) == 2:
         if names[-2] in COLUMN_PARALLEL:
             return P("fsdp", "tp")
         if names[-2] in ROW_PARALLEL:
-            return P(("tp", "fsdp"), None)
+            return P("tp", "fsdp")
         return P("fsdp", None)  # lm_head
     if names[-1] == "bias" and names[-2] in COLUMN_PARALLEL:
         return P("tp")
