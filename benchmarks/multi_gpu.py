@@ -134,9 +134,7 @@ def bf16_kernel_step(mesh: jax.sharding.Mesh):
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
         def low(path, x):
-            keys = tuple(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path)
-            if keys[-1] == "value":
-                keys = keys[:-1]
+            keys = train_multihost.path_keys(path)
             if keys[-1] != "kernel":
                 return x
             spec = train_multihost.param_spec(keys, x.shape)

@@ -57,6 +57,12 @@ def parse_mesh(text: str) -> dict[str, int]:
     return sizes
 
 
+def path_keys(path) -> tuple:
+    """A jax tree path (of an nnx state or pure dict) as plain keys, for param_spec ('value' leaves dropped)."""
+    keys = tuple(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path)
+    return keys[:-1] if keys and keys[-1] == "value" else keys
+
+
 def param_spec(path: tuple, shape: tuple[int, ...]) -> P:
     """PartitionSpec of one DecoderLM parameter, by its path.
 
@@ -113,7 +119,7 @@ def shard_model(model: DecoderLM, mesh: jax.sharding.Mesh, *, fp8_gather: bool =
     sharded = jax.tree.map_with_path(
         lambda path, v: global_array(
             np.asarray(v),
-            NamedSharding(mesh, param_spec(tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path), v.shape)),
+            NamedSharding(mesh, param_spec(path_keys(path), v.shape)),
         ),
         nnx.to_pure_dict(params),
     )

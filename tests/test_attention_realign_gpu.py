@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_attention_kernel_gpu
 from attention_testutil import fresh_rng
 
 import jax_mxfp8 as mx
@@ -20,13 +21,7 @@ from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.primitives import attention_fwd as kern
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _needs_kernel():
-    ok, why = kern.kernel_available()
-    if not ok:
-        pytest.skip(why)
+_needs_kernel = test_attention_kernel_gpu._needs_kernel  # autouse: skip without the sm_90a kernel
 
 
 def _assert_bytes_equal(got, want):

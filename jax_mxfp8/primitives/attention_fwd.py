@@ -231,14 +231,15 @@ def prepare_sequence_major(
     eq, nq, shq, nanq = _row_exponents(_head_major_scale(q, tp))
     ek, nk, shk, nank = _row_exponents(_head_major_scale(k, sp))
     ev, nv, shv, nanv = _v_exponents(_head_major_scale(v, sp))
+    ev, nv = ev.reshape(b, ev.shape[1], -1), nv.reshape(b, nv.shape[1], -1)  # (B, K, Sp/128 * H/32)
     return AlignedOperands(
         q=_realign_op("rows", impl)(q.data, _shift_bytes(shq, nanq, t)),
         k=_realign_op("rows", impl)(k.data, _shift_bytes(shk, nank, s)),
         vt=_realign_op("v", impl)(v.data, _shift_bytes(shv, nanv, s)),
         qs=_factor(eq, nq, float(np.float32(scale * LOG2E))),
         ks=_factor(ek, nk),
-        vs=_factor(ev.reshape(b, ev.shape[1], -1), nv.reshape(b, nv.shape[1], -1)),
-        vi=_factor(-ev.reshape(b, ev.shape[1], -1), nv.reshape(b, nv.shape[1], -1)),
+        vs=_factor(ev, nv),
+        vi=_factor(-ev, nv),
         lens=_lengths(q_len, kv_len, b, t, s),
     )
 
@@ -281,12 +282,7 @@ def _realign_op(operand: str, impl: str):
 
     def specs(mesh, arg_shapes):
         d = arg_shapes[0]
-        spec = tuple(d.sharding.spec) + (None,) * 4
-        batch, heads = spec[0], spec[2]
-        if d.shape[0] % _axes_size(mesh, batch):
-            batch = None
-        if d.shape[2] % _axes_size(mesh, heads):
-            heads = None
+        batch, heads = _batch_and_heads(mesh, d, 0, 2, d.shape[2])
         arg = NamedSharding(mesh, P(batch, None, heads, None))
         return (arg, arg), NamedSharding(mesh, P(batch, heads, None, None))
 
@@ -366,6 +362,16 @@ def _axes_size(mesh, names) -> int:
     return int(np.prod([mesh.shape[a] for a in (names if isinstance(names, tuple) else (names,))]))
 
 
+def _batch_and_heads(mesh, arg, batch_dim: int, heads_dim: int, heads: int):
+    """The mesh axes on `arg`'s batch and head dims, each kept only where it divides the batch / `heads`
+    (the calls shard whole batch rows and whole heads; everything else is replicated)."""
+    spec = tuple(arg.sharding.spec) + (None,) * 4
+    b, h = spec[batch_dim], spec[heads_dim]
+    return (b if arg.shape[batch_dim] % _axes_size(mesh, b) == 0 else None), (
+        h if heads % _axes_size(mesh, h) == 0 else None
+    )
+
+
 @functools.cache
 def _attention_op(causal: bool, tune: int, impl: str, group: int, n_kv: int):
     """custom_vmap(custom_partitioning(kernel call)): batch and KV-head groups shard, sequences do not.
@@ -378,12 +384,7 @@ def _attention_op(causal: bool, tune: int, impl: str, group: int, n_kv: int):
 
     def specs(mesh, arg_shapes):
         q, k = arg_shapes[0], arg_shapes[1]
-        spec = tuple(q.sharding.spec) + (None,) * 4
-        batch, heads = spec[0], spec[1]
-        if q.shape[0] % _axes_size(mesh, batch):
-            batch = None
-        if k.shape[1] % _axes_size(mesh, heads):
-            heads = None
+        batch, heads = _batch_and_heads(mesh, q, 0, 1, k.shape[1])  # whole KV-head groups
         four, three = P(batch, heads, None, None), P(batch, heads, None)
         args = (four, four, four, three, three, three, three, P(None, batch))
         o = P(batch, None, heads, None)
