@@ -4,10 +4,15 @@
 Inputs: bf16 q, k, v ~ N(0, 1) in jax.nn's BTNH layout. Per shape, each implementation below is compiled,
 run once for a correctness check, then timed; a failure is recorded in the JSON and the run goes on.
 
-  ours_e2e          jax.jit(jax_mxfp8.dot_product_attention(..., implementation="cuda")): MX quantization of
-                    Q/K/V (XLA) + the producer re-encode pass (XLA) + the kernel + the output transpose
+  ours_e2e          jax.jit(jax_mxfp8.dot_product_attention(..., implementation="cuda")): square quantize
+                    kernel on the BTNH input + the producer (exponents in XLA, realign kernel) + the kernel.
+                    Jagged: jax_mxfp8.varlen_attention(implementation="cuda") on the packed rows (packed
+                    once, untimed): the packed kernel path (ops/varlen_kernel.py)
+  ours_padded_e2e   jagged only: dot_product_attention on the padded batch with sequence lengths
   ours_kernel       the kernel alone (primitives.attention_fwd.attention_fwd) on operands prepared once
                     (jax_mxfp8.quantize square blocks, default implementation, + prepare)
+  ours_kernel_packed  jagged only: the packed kernel alone (attention_fwd_packed) on operands prepared
+                    once by varlen_kernel.prepare_packed
   ours_kernel_t<k>  benchmark-only kernel variants (registry.ATTENTION_FWD_VARIANTS with tune k > 0)
   producer_xla      transpose + zero padding + quantize (XLA) + prepare (XLA re-encode), jitted
   producer_qkernel  what ours_e2e runs before the kernel: the CuTe DSL square quantize kernel on the
@@ -63,7 +68,9 @@ from timing import timeit  # noqa: E402  (benchmarks/timing.py; the script's fol
 import jax_mxfp8 as mx  # noqa: E402
 from jax_mxfp8.kernels import registry  # noqa: E402
 from jax_mxfp8.ops import attention as attn_ops  # noqa: E402
+from jax_mxfp8.ops import varlen_kernel  # noqa: E402
 from jax_mxfp8.primitives import attention_fwd as afwd  # noqa: E402
+from jax_mxfp8.reference.varlen import aligned_to_padded, to_packed, to_padded  # noqa: E402
 
 FP8_PARAM_KEYS = (
     "amax_dQ amax_dK amax_dV amax_dP descale_q descale_k descale_v descale_s scale_s scale_o descale_o "
@@ -192,7 +199,18 @@ def build_impls(sh, smoke: bool, kernel_ok: bool):
             q, k, v, is_causal=c, implementation=ours_impl, query_seq_lengths=lens, key_value_seq_lengths=lens
         )
 
-    impls["ours_e2e"] = ("attn", ours_e2e, None)
+    if jagged:
+        # the user's jagged data is packed: varlen_attention on the packed rows (packing is not timed)
+        def ours_varlen(qp, kp, vp, cu):
+            t = sh["t"]
+            return mx.varlen_attention(
+                qp, kp, vp, cu, cu, max_seqlen_q=t, max_seqlen_k=t, is_causal=c, implementation=ours_impl
+            )
+
+        impls["ours_e2e"] = ("attn_packed", ours_varlen, None)
+        impls["ours_padded_e2e"] = ("attn", ours_e2e, None)
+    else:
+        impls["ours_e2e"] = ("attn", ours_e2e, None)
     # producer_qkernel's output is what the kernel-only rows run on (prepared once, not timed there)
     impls["producer_xla"] = ("producer", make_producer("xla", scale), None)
     impls["producer_qkernel"] = ("producer", make_producer(None, scale), None)
@@ -204,6 +222,12 @@ def build_impls(sh, smoke: bool, kernel_ok: bool):
         )
     else:
         impls["ours_kernel"] = ("kernel", lambda ops: afwd.attention_fwd(ops, causal=c, t=sh["t"])[0], None)
+        if jagged:
+            impls["ours_kernel_packed"] = (
+                "kernel_packed",
+                lambda ops, work: afwd.attention_fwd_packed(ops, work, causal=c)[0],
+                None,
+            )
         for v in registry.ATTENTION_FWD_VARIANTS:
             if v.tune and (v.head_dim, v.causal) == (h, c):
                 impls[f"ours_kernel_t{v.tune}"] = (
@@ -282,6 +306,31 @@ def run_shape(sh, args, smoke, kernel_ok, res):
         lens = None
         flops = 4.0 * b * n * t * t * h * (0.5 if c else 1.0)
     valid = jnp.ones((b, t), bool) if lens is None else jnp.arange(t)[None, :] < lens[:, None]
+    packed = packed_ops = None
+    if lens is not None:
+        cu = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(lens)]).astype(jnp.int32)
+        total = int(np.sum(lens_np))
+        packed = tuple(to_packed(x, cu, lens, total) for x in (q, k, v)) + (cu,)
+        if not smoke and kernel_ok:
+            st = varlen_kernel.VarlenStatic(
+                dense=attn_ops._Static(
+                    config=mx.AttentionConfig(),
+                    scale=1.0 / math.sqrt(h),
+                    is_causal=c,
+                    is_mx=(False,) * 3,
+                    out_dtype=np.dtype(jnp.bfloat16),
+                    group=1,
+                    impl="cuda",
+                ),
+                max_q=t,
+                max_k=t,
+                total_q=total,
+                total_k=total,
+            )
+            _, ops_p, work_p, _ = jax.jit(lambda qp, kp, vp, cu: varlen_kernel.prepare_packed(st, qp, kp, vp, cu, cu))(
+                *packed
+            )
+            packed_ops = (ops_p, work_p)
     q8, k8, v8 = (x.astype(jnp.float8_e4m3fn) for x in (q, k, v))
     jax.block_until_ready((q, k, v, q8, k8, v8))
     res["flops"] = flops
@@ -301,6 +350,12 @@ def run_shape(sh, args, smoke, kernel_ok, res):
                 if ops is None:
                     raise RuntimeError("no prepared operands (the producer failed)")
                 call_args = (ops,)
+            elif kind == "kernel_packed":
+                if packed_ops is None:
+                    raise RuntimeError("no prepared packed operands")
+                call_args = packed_ops
+            elif kind == "attn_packed":
+                call_args = packed
             elif kind == "attn_fp8":
                 call_args = (q8, k8, v8, lens)
             else:
@@ -313,6 +368,11 @@ def run_shape(sh, args, smoke, kernel_ok, res):
                 ops = out
             if kind != "producer":
                 o = out
+                if kind == "attn_packed":
+                    o = to_padded(o, packed[3], lens, t)
+                elif kind == "kernel_packed":  # (1, rows, N, H) aligned rows -> the padded batch
+                    lay = varlen_kernel._layout(packed[3], int(np.sum(lens_np)), t)
+                    o = aligned_to_padded(o[0], lay.starts, lay.lengths, t)
                 if name == "cudnn_bf16":
                     ref = o
                 if name == "ours_e2e":
@@ -345,7 +405,7 @@ def run_shape(sh, args, smoke, kernel_ok, res):
             traceback.print_exc(limit=4)
             entry["error"] = repr(e)[:800]
             print(f"  {name:22s} ERROR {repr(e)[:200]}", flush=True)
-    del q, k, v, q8, k8, v8, ref, e2e_out, ops
+    del q, k, v, q8, k8, v8, ref, e2e_out, ops, packed, packed_ops
 
     im = res["impls"]
     ratios = {}

@@ -1,6 +1,7 @@
 // XLA FFI handler for the Hopper MXFP8 attention forward (jax_mxfp8/kernels/sm90/attention_fwd.py).
 //
-//   jax_mxfp8_attention_fwd  (q, k, vt, qs, ks, vs, vi, lens) -> (o, lse)   attrs: causal, tune
+//   jax_mxfp8_attention_fwd         (q, k, vt, qs, ks, vs, vi, lens) -> (o, lse)         attrs: causal, tune
+//   jax_mxfp8_attention_fwd_packed  (q, k, vt, qs, ks, vs, vi, seqs, work) -> (o, lse)   packed sequences, B = 1
 //
 // Operands come from the producer pass (jax_mxfp8/primitives/attention_fwd.py, `prepare`):
 //   q  (B, N, Tp, H) f8e4m3fn     k (B, K, Sp, H) f8e4m3fn     vt (B, K, H, Sp) f8e4m3fn
@@ -30,15 +31,23 @@ ffi::Error Want(bool ok, const std::string& msg) {
   return ok ? ffi::Error::Success() : ffi::Error::InvalidArgument("jax_mxfp8: attention_fwd: " + msg);
 }
 
-ffi::Error AttentionFwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer vt,
-                            ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs, ffi::AnyBuffer vi,
-                            ffi::AnyBuffer lens, ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
-                            int32_t causal, int32_t tune) {
+// Shapes shared by the dense and packed calls (the packed call has B = 1).
+struct FwdShape {
+  int64_t b, n, tp, h, nk, sp;
+};
+
+// Checks q, k, vt, the scale factors and the outputs, and views them as 2-D tensors in `t` (order q, k, vt,
+// qs, ks, vs, vi, o, lse). The kernel derives B, N, K, Tp and Sp from these views: all are checked.
+ffi::Error CheckOperands(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& vt,
+                         const ffi::AnyBuffer& qs, const ffi::AnyBuffer& ks, const ffi::AnyBuffer& vs,
+                         const ffi::AnyBuffer& vi, ffi::Result<ffi::AnyBuffer>& o,
+                         ffi::Result<ffi::AnyBuffer>& lse, FwdShape* shape, Tensor2D* t) {
   int64_t qd[4], kd[4], vd[4];
   JMX_RETURN_IF_ERROR(Dims(q, "q", 4, qd));
   JMX_RETURN_IF_ERROR(Dims(k, "k", 4, kd));
   JMX_RETURN_IF_ERROR(Dims(vt, "vt", 4, vd));
   const int64_t b = qd[0], n = qd[1], tp = qd[2], h = qd[3], nk = kd[1], sp = kd[2];
+  *shape = FwdShape{b, n, tp, h, nk, sp};
   JMX_RETURN_IF_ERROR(Want(q.element_type() == ffi::DataType::F8E4M3FN && k.element_type() == ffi::DataType::F8E4M3FN &&
                                vt.element_type() == ffi::DataType::F8E4M3FN,
                            "q, k and vt must be f8e4m3fn"));
@@ -48,13 +57,10 @@ ffi::Error AttentionFwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(Want(vd[0] == b && vd[1] == nk && vd[2] == h && vd[3] == sp, "vt must be (B, K, H, Sp)"));
   JMX_RETURN_IF_ERROR(Want(o->element_type() == ffi::DataType::BF16 && lse->element_type() == ffi::DataType::F32,
                            "o must be bf16 and lse f32"));
-  JMX_RETURN_IF_ERROR(Want(lens.element_type() == ffi::DataType::S32, "lens must be s32"));
   for (auto* s : {&qs, &ks, &vs, &vi}) {
     JMX_RETURN_IF_ERROR(Want(s->element_type() == ffi::DataType::F32, "scale factors must be f32"));
   }
   if (b == 0 || n == 0 || tp == 0) return ffi::Error::Success();
-
-  Tensor2D t[10];
   JMX_RETURN_IF_ERROR(As2D(q, "q", &t[0]));
   JMX_RETURN_IF_ERROR(As2D(k, "k", &t[1]));
   JMX_RETURN_IF_ERROR(As2D(vt, "vt", &t[2]));
@@ -62,25 +68,70 @@ ffi::Error AttentionFwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(As2D(ks, "ks", &t[4]));
   JMX_RETURN_IF_ERROR(As2D(vs, "vs", &t[5]));
   JMX_RETURN_IF_ERROR(As2D(vi, "vi", &t[6]));
-  JMX_RETURN_IF_ERROR(As2D(lens, "lens", &t[7]));
-  JMX_RETURN_IF_ERROR(As2D(o, "o", &t[8]));
-  JMX_RETURN_IF_ERROR(As2D(lse, "lse", &t[9]));
-  // The kernel derives B, N, K, Tp and Sp from these 2-D views: check them all.
+  JMX_RETURN_IF_ERROR(As2D(o, "o", &t[7]));
+  JMX_RETURN_IF_ERROR(As2D(lse, "lse", &t[8]));
   JMX_RETURN_IF_ERROR(Want(t[3].rows == b * n && t[3].cols == tp / 32, "qs must be (B, N, Tp/32)"));
   JMX_RETURN_IF_ERROR(Want(t[4].rows == b * nk && t[4].cols == sp / 32, "ks must be (B, K, Sp/32)"));
   JMX_RETURN_IF_ERROR(Want(t[5].rows == b * nk && t[5].cols == sp / 128 * (h / 32), "vs must be (B, K, Sp/128*H/32)"));
   JMX_RETURN_IF_ERROR(Want(t[6].rows == t[5].rows && t[6].cols == t[5].cols, "vi must match vs"));
-  JMX_RETURN_IF_ERROR(Want(t[7].rows == 2 && t[7].cols == b, "lens must be (2, B)"));
-  JMX_RETURN_IF_ERROR(Want(t[8].rows == b * n * tp && t[8].cols == h, "o must be (B, Tp, N, H)"));
-  JMX_RETURN_IF_ERROR(Want(t[9].rows == b * n && t[9].cols == tp, "lse must be (B, N, Tp)"));
-  JMX_RETURN_IF_ERROR(Want(tp / 128 <= 2147483647 && b * n <= 65535, "grid too large (B*N must be <= 65535)"));
-
-  const KernelEntry* entry = nullptr;
-  JMX_RETURN_IF_ERROR(FindKernel(device, kOpAttentionFwd, static_cast<int>(h), causal ? 1 : 0, 0, 0, tune, &entry));
-  return Launch(entry, device, t, 10, stream);
+  JMX_RETURN_IF_ERROR(Want(t[7].rows == b * n * tp && t[7].cols == h, "o must be (B, Tp, N, H)"));
+  JMX_RETURN_IF_ERROR(Want(t[8].rows == b * n && t[8].cols == tp, "lse must be (B, N, Tp)"));
+  JMX_RETURN_IF_ERROR(Want(b * n <= 65535, "grid too large (B*N must be <= 65535)"));
+  return ffi::Error::Success();
 }
 
-// Test hook: the same launch with o and lse passed in as well (XLA aliases them to the results), so a
+// The launch's tensor list: the seven operands, then the int32 tables, then o and lse.
+ffi::Error LaunchFwd(cudaStream_t stream, int32_t device, const FwdShape& shape, const Tensor2D* ops,
+                     const Tensor2D* tables, int n_tables, int packed, int32_t causal, int32_t tune) {
+  Tensor2D t[11];
+  for (int i = 0; i < 7; ++i) t[i] = ops[i];
+  for (int i = 0; i < n_tables; ++i) t[7 + i] = tables[i];
+  t[7 + n_tables] = ops[7];
+  t[8 + n_tables] = ops[8];
+  const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(
+      FindKernel(device, kOpAttentionFwd, static_cast<int>(shape.h), causal ? 1 : 0, 0, packed, tune, &entry));
+  return Launch(entry, device, t, 9 + n_tables, stream);
+}
+
+ffi::Error AttentionFwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer vt,
+                            ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs, ffi::AnyBuffer vi,
+                            ffi::AnyBuffer lens, ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
+                            int32_t causal, int32_t tune) {
+  FwdShape shape;
+  Tensor2D t[9];
+  JMX_RETURN_IF_ERROR(CheckOperands(q, k, vt, qs, ks, vs, vi, o, lse, &shape, t));
+  JMX_RETURN_IF_ERROR(Want(lens.element_type() == ffi::DataType::S32, "lens must be s32"));
+  if (shape.b == 0 || shape.n == 0 || shape.tp == 0) return ffi::Error::Success();
+  Tensor2D lens2d;
+  JMX_RETURN_IF_ERROR(As2D(lens, "lens", &lens2d));
+  JMX_RETURN_IF_ERROR(Want(lens2d.rows == 2 && lens2d.cols == shape.b, "lens must be (2, B)"));
+  return LaunchFwd(stream, device, shape, t, &lens2d, 1, 0, causal, tune);
+}
+
+// Packed sequences: B = 1; seqs (4, S) s32 = (first query tile, first KV tile, query length, KV length) of
+// each sequence; work (2, W) s32 = (sequence or -1, query tile in it), one CTA per item and head.
+ffi::Error AttentionFwdPackedImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                  ffi::AnyBuffer vt, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
+                                  ffi::AnyBuffer vi, ffi::AnyBuffer seqs, ffi::AnyBuffer work,
+                                  ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse, int32_t causal,
+                                  int32_t tune) {
+  FwdShape shape;
+  Tensor2D t[9];
+  JMX_RETURN_IF_ERROR(CheckOperands(q, k, vt, qs, ks, vs, vi, o, lse, &shape, t));
+  JMX_RETURN_IF_ERROR(Want(shape.b == 1, "packed operands have one batch row"));
+  JMX_RETURN_IF_ERROR(Want(seqs.element_type() == ffi::DataType::S32 && work.element_type() == ffi::DataType::S32,
+                           "seqs and work must be s32"));
+  Tensor2D tables[2];
+  JMX_RETURN_IF_ERROR(As2D(seqs, "seqs", &tables[0]));
+  JMX_RETURN_IF_ERROR(As2D(work, "work", &tables[1]));
+  JMX_RETURN_IF_ERROR(Want(tables[0].rows == 4 && tables[0].cols > 0, "seqs must be (4, S) with S >= 1"));
+  JMX_RETURN_IF_ERROR(Want(tables[1].rows == 2, "work must be (2, W)"));
+  if (shape.n == 0 || shape.tp == 0 || tables[1].cols == 0) return ffi::Error::Success();
+  return LaunchFwd(stream, device, shape, t, tables, 2, 1, causal, tune);
+}
+
+// Test hooks: the same launches with o and lse passed in as well (XLA aliases them to the results), so a
 // test can fill them with NaN first and check that the kernel writes every element.
 ffi::Error AttentionFwdIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                 ffi::AnyBuffer vt, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
@@ -88,6 +139,14 @@ ffi::Error AttentionFwdIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuf
                                 ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse, int32_t causal,
                                 int32_t tune) {
   return AttentionFwdImpl(stream, device, q, k, vt, qs, ks, vs, vi, lens, o, lse, causal, tune);
+}
+
+ffi::Error AttentionFwdPackedIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                      ffi::AnyBuffer vt, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
+                                      ffi::AnyBuffer vi, ffi::AnyBuffer seqs, ffi::AnyBuffer work, ffi::AnyBuffer,
+                                      ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> o,
+                                      ffi::Result<ffi::AnyBuffer> lse, int32_t causal, int32_t tune) {
+  return AttentionFwdPackedImpl(stream, device, q, k, vt, qs, ks, vs, vi, seqs, work, o, lse, causal, tune);
 }
 
 }  // namespace
@@ -98,7 +157,7 @@ namespace ffi = xla::ffi;
 #pragma GCC visibility push(default)
 
 namespace {
-// Stream, device and the eight operands (q, k, vt, qs, ks, vs, vi, lens), shared by both targets.
+// Stream, device and the eight operands (q, k, vt, qs, ks, vs, vi, lens or seqs), shared by all targets.
 auto BindOperands() {
   return ffi::Ffi::Bind()
       .Ctx<ffi::PlatformStream<cudaStream_t>>()
@@ -124,6 +183,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd, jmx::AttentionFwdImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd_into, jmx::AttentionFwdIntoImpl,
                               BindOperands()
+                                  .Arg<ffi::AnyBuffer>()  // o (aliased to the first result)
+                                  .Arg<ffi::AnyBuffer>()  // lse (aliased to the second result)
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("causal")
+                                  .Attr<int32_t>("tune"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd_packed, jmx::AttentionFwdPackedImpl,
+                              BindOperands()
+                                  .Arg<ffi::AnyBuffer>()  // work (BindOperands' last is seqs)
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("causal")
+                                  .Attr<int32_t>("tune"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd_packed_into, jmx::AttentionFwdPackedIntoImpl,
+                              BindOperands()
+                                  .Arg<ffi::AnyBuffer>()  // work
                                   .Arg<ffi::AnyBuffer>()  // o (aliased to the first result)
                                   .Arg<ffi::AnyBuffer>()  // lse (aliased to the second result)
                                   .Ret<ffi::AnyBuffer>()

@@ -47,6 +47,8 @@ def emulated_kernel(monkeypatch):
     monkeypatch.setattr(kern, "kernel_available", lambda: (True, ""))
     monkeypatch.setattr(pq, "_preload", lambda: None)
     monkeypatch.setattr(kern, "attention_fwd", functools.partial(kern.attention_fwd, _impl_override="xla"))
+    packed = functools.partial(kern.attention_fwd_packed, _impl_override="xla")
+    monkeypatch.setattr(kern, "attention_fwd_packed", packed)
     monkeypatch.setattr(
         kern, "prepare_sequence_major", functools.partial(kern.prepare_sequence_major, _impl_override="xla")
     )

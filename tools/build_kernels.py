@@ -152,7 +152,10 @@ def write_table(out: Path, archs: list[str]) -> Path:
                     f"{config.tune}"
                 )
             elif config.op == "attention_fwd":
-                codes = f"jmx::kOpAttentionFwd, {config.head_dim}, {int(config.causal)}, 0, 0, {config.tune}"
+                codes = (
+                    f"jmx::kOpAttentionFwd, {config.head_dim}, {int(config.causal)}, 0, {int(config.packed)}, "
+                    f"{config.tune}"
+                )
             elif config.op == "attention_realign":
                 codes = f"jmx::kOpAttentionRealign, {config.head_dim}, {int(config.operand == 'v')}, 0, 0, 0"
             else:

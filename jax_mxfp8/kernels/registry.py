@@ -231,6 +231,9 @@ class AttentionFwdConfig:
         P V is in flight (FA3's intra-warpgroup overlap). False: strictly sequential per warpgroup.
       pingpong: with overlap, the two consumer warpgroups take turns issuing their wgmmas (named barriers),
         so that one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores (FA3).
+      packed: packed jagged sequences (varlen): one batch row holds every sequence, each starting on a
+        128-row tile, and the grid runs a work list of (sequence, query tile) items instead of the padded
+        (B, Tp) grid.
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
     """
 
@@ -239,6 +242,7 @@ class AttentionFwdConfig:
     kv_stage: int = 4
     overlap: bool = False
     pingpong: bool = False
+    packed: bool = False
     tune: int = 0
 
     def __post_init__(self):
@@ -251,7 +255,7 @@ class AttentionFwdConfig:
 
     @property
     def name(self) -> str:
-        base = f"attention_fwd_h{self.head_dim}{'_causal' if self.causal else ''}"
+        base = f"attention_fwd_h{self.head_dim}{'_causal' if self.causal else ''}{'_packed' if self.packed else ''}"
         return f"{base}_t{self.tune}" if self.tune else base
 
     @property
@@ -335,6 +339,9 @@ ATTENTION_FWD_VARIANTS: tuple[AttentionFwdConfig, ...] = tuple(
     for stages in (8 if h == 64 else 4,)
     for tune, ov, pp, mult in ((0, True, False, 1), (1, False, False, 1), (2, True, True, 1), (3, True, True, 2))
     if stages * mult <= 12
+) + tuple(  # the production tuning over packed sequences (varlen_attention)
+    AttentionFwdConfig(head_dim=h, causal=c, kv_stage=8 if h == 64 else 4, overlap=True, packed=True)
+    for h, c in itertools.product((64, 128), (False, True))
 )
 ATTENTION_REALIGN_VARIANTS: tuple[AttentionRealignConfig, ...] = tuple(
     AttentionRealignConfig(head_dim=h, operand=o) for h, o in itertools.product((64, 128), ("rows", "v"))
@@ -382,10 +389,10 @@ def variant_archs(config) -> tuple[str, ...]:
     return ("sm_90a",) if isinstance(config, (AttentionFwdConfig, AttentionRealignConfig)) else ARCHS
 
 
-def find_attention_fwd(head_dim: int, causal: bool) -> AttentionFwdConfig | None:
+def find_attention_fwd(head_dim: int, causal: bool, packed: bool = False) -> AttentionFwdConfig | None:
     """The production attention forward variant for these parameters, or None when no kernel covers them."""
     for v in ATTENTION_FWD_VARIANTS:
-        if (v.head_dim, v.causal, v.tune) == (head_dim, causal, 0):
+        if (v.head_dim, v.causal, v.packed, v.tune) == (head_dim, causal, packed, 0):
             return v
     return None
 

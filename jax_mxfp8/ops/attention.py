@@ -364,6 +364,17 @@ def _check_lengths(x, name: str, batch: int):
     return x.astype(jnp.int32)
 
 
+def check_config(config: AttentionConfig | None, is_causal) -> AttentionConfig:
+    """The config (default AttentionConfig()); ValueError unless config is one and is_causal a bool."""
+    if config is None:
+        config = AttentionConfig()
+    if not isinstance(config, AttentionConfig):
+        raise ValueError(f"config must be an AttentionConfig or None; got {type(config).__name__}")
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise ValueError(f"is_causal={is_causal!r} must be a bool")
+    return config
+
+
 def check_scale(scale, head_dim: int) -> float:
     """The softmax scale as a Python float (default 1 / sqrt(head_dim)); ValueError if traced or not finite."""
     if scale is None:
@@ -465,12 +476,7 @@ def dot_product_attention(
     straight-through rule: quantization is treated as identity and the backward GEMMs are MXFP8 too.
     """
     check_implementation(implementation)
-    if config is None:
-        config = AttentionConfig()
-    if not isinstance(config, AttentionConfig):
-        raise ValueError(f"config must be an AttentionConfig or None; got {type(config).__name__}")
-    if not isinstance(is_causal, (bool, np.bool_)):
-        raise ValueError(f"is_causal={is_causal!r} must be a bool")
+    config = check_config(config, is_causal)
 
     q, unbatched = _as_4d_operand(query, "query")
     k, k_unb = _as_4d_operand(key, "key")

@@ -1,5 +1,6 @@
 """Public MXFP8 attention over packed jagged sequences (the layout recommender models use).
 
+On the Hopper kernel (implementation "cuda", or None on sm_90) the FP8 data stays packed: ops/varlen_kernel.py.
 The XLA path gathers each sequence into a row of a padded (B, max_seqlen) batch (blocks restart at each
 sequence start; zeros past its end), runs the dense custom_vjp op with per-row sequence lengths, and
 gathers the rows back. It spends compute on that padding: B * ceil32(max_seqlen_q) * ceil(max_seqlen_k /
@@ -16,7 +17,18 @@ import numpy as np
 
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.ops.attention import check_head_dim, check_implementation, dot_product_attention
+from jax_mxfp8.ops.attention import (
+    _out_dtype,
+    _Static,
+    check_config,
+    check_head_dim,
+    check_implementation,
+    check_scale,
+    choose_implementation,
+    dot_product_attention,
+    kernel_unsupported,
+)
+from jax_mxfp8.ops.varlen_kernel import VarlenStatic, packed_kernel_attention
 from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.attention_tiling import round_up
 from jax_mxfp8.reference.varlen import seq_lengths, to_packed, to_padded
@@ -106,8 +118,10 @@ def varlen_attention(
       scale: softmax scale; default 1 / sqrt(H).
       is_causal: within each sequence, query i attends key j <= i (top-left aligned as in
         dot_product_attention; flash-attn's varlen API aligns bottom-right when lengths differ).
-      implementation: None, "xla" or "cuda", as for dot_product_attention (the sequences are gathered into
-        a padded batch with lengths, which the dense kernel runs).
+      implementation: None, "xla" or "cuda", as for dot_product_attention. "cuda" runs the packed Hopper
+        kernel path (ops/varlen_kernel.py: FP8 operands in packed order, each sequence starting on a
+        128-row tile, no padding to max_seqlen); "xla" gathers the sequences into a padded batch with
+        lengths and runs the reference.
       config: AttentionConfig (default AttentionConfig()).
 
     Returns:
@@ -127,7 +141,43 @@ def varlen_attention(
     _check_concrete_lengths(cu_seqlens_q, max_q, q.shape[0], "cu_seqlens_q", "max_seqlen_q")
     _check_concrete_lengths(cu_seqlens_k, max_k, k.shape[0], "cu_seqlens_k", "max_seqlen_k")
 
-    return _varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, bool(is_causal), config, implementation)
+    config = check_config(config, is_causal)
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} heads, not a multiple of k's {k.shape[1]} heads")
+    operands = [("q", q), ("k", k), ("v", v)]
+    for name, x in operands:
+        if not isinstance(x, MXArray) and (not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype.itemsize < 2):
+            raise ValueError(f"{name} has dtype {x.dtype}; pass float32, bfloat16 or float16 (or an MXArray)")
+    why_not = kernel_unsupported(
+        config,
+        head_dim=q.shape[-1],
+        is_causal=bool(is_causal),
+        has_bias=False,
+        has_mask=False,
+        out_dtype=_out_dtype(operands),
+        mx_inputs=[(nm, x) for nm, x in operands if isinstance(x, MXArray)],
+    )
+    if choose_implementation(implementation, why_not) == "cuda":
+        st = VarlenStatic(
+            dense=_Static(
+                config=config,
+                scale=check_scale(scale, q.shape[-1]),
+                is_causal=bool(is_causal),
+                is_mx=(False, False, False),
+                out_dtype=_out_dtype(operands),
+                group=q.shape[1] // k.shape[1],
+                impl="cuda",
+            ),
+            max_q=max_q,
+            max_k=max_k,
+            total_q=q.shape[0],
+            total_k=k.shape[0],
+        )
+        return _packed_jit(st, q, k, v, cu_q, cu_k)
+    return _varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, bool(is_causal), config, "xla")
+
+
+_packed_jit = jax.jit(packed_kernel_attention, static_argnums=(0,))
 
 
 @functools.partial(jax.jit, static_argnums=(5, 6, 7, 8, 9, 10))

@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
-from jax_mxfp8.ops.attention import check_qkv_shapes, check_scale
+from jax_mxfp8.ops.attention import check_config, check_qkv_shapes, check_scale
 from jax_mxfp8.parallel.fsdp import _pack_bytes, _unpack_bytes
 from jax_mxfp8.reference.attention_bwd import attention_bwd
 from jax_mxfp8.reference.attention_config import AttentionConfig, operand_layouts
@@ -438,12 +438,7 @@ def ring_attention(
     Returns:
       The output (B, T, N, H) in query's dtype (and the LSE with return_residual=True), sharded like query.
     """
-    if config is None:
-        config = AttentionConfig()
-    if not isinstance(config, AttentionConfig):
-        raise ValueError(f"config must be an AttentionConfig or None; got {type(config).__name__}")
-    if not isinstance(is_causal, (bool, np.bool_)):
-        raise ValueError(f"is_causal={is_causal!r} must be a bool")
+    config = check_config(config, is_causal)
     if not isinstance(mesh, jax.sharding.Mesh):
         raise ValueError(f"mesh must be a jax.sharding.Mesh; got {type(mesh).__name__}")
     if not isinstance(axis_name, str) or axis_name not in mesh.axis_names:

@@ -107,17 +107,29 @@ def _row_exponents(scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, j
     return e_row, jnp.any(nan, axis=-1), e - e_row[..., None], nan
 
 
-def _v_exponents(scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def _sequence_max(e_tile: jax.Array, tile_seq: jax.Array | None) -> jax.Array:
+    """(..., Sp/128, H/32) -> the largest e_tile of each tile's sequence: all tiles (tile_seq None), or the
+    tiles with the same id in tile_seq (Sp/128,) (packed sequences: one sequence's V never moves another's)."""
+    if tile_seq is None:
+        return jnp.max(e_tile, axis=-2, keepdims=True)
+    moved = jnp.moveaxis(e_tile, -2, 0)
+    seg = jax.ops.segment_max(moved, tile_seq, num_segments=moved.shape[0], indices_are_sorted=True)
+    return jnp.moveaxis(seg[tile_seq], 0, -2)
+
+
+def _v_exponents(
+    scale: jax.Array, tile_seq: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """(..., Sp/32, H/32) square-block scales of V -> (e_tile (..., Sp/128, H/32), nan_tile, shift (..., Sp/32,
     H/32), nan): one exponent per (128-key tile, 32 columns), raised to within V_SPREAD of the sequence's
-    largest, and each block's shift to it."""
+    largest, and each block's shift to it. tile_seq: see _sequence_max."""
     e, nan = _exponents(scale)
     *lead, sb, hb = e.shape
     et = e.reshape(*lead, sb // 4, 4, hb)
     nt = nan.reshape(et.shape)
     e_tile = jnp.clip(jnp.max(jnp.where(nt, E_MIN, et), axis=-2), E_MIN, E_MAX)
     # The kernel keeps acc_O in the current tile's units: bound the spread between tiles (zero tiles, padding)
-    e_tile = jnp.maximum(e_tile, jnp.max(e_tile, axis=-2, keepdims=True) - V_SPREAD)
+    e_tile = jnp.maximum(e_tile, _sequence_max(e_tile, tile_seq) - V_SPREAD)
     shift = (et - e_tile[..., None, :]).reshape(e.shape)
     return e_tile, jnp.any(nt, axis=-2), shift, nan
 
@@ -212,6 +224,7 @@ def prepare_sequence_major(
     scale: float,
     q_len: jax.Array | None,
     kv_len: jax.Array | None,
+    kv_tile_seq: jax.Array | None = None,
     _impl_override: str | None = None,
 ) -> AlignedOperands:
     """The producer pass on sequence-major operands, bit-identical to `prepare` on their head-major transposes.
@@ -220,6 +233,8 @@ def prepare_sequence_major(
       q: (B, T, N, H) square-block MXArray (float8_e4m3fn, blocks over (T, H): axes (-3, -1)); T % 32 == 0.
       k, v: (B, S, K, H) likewise. Padding positions must already be zero (their blocks too).
       scale: softmax scale tau. q_len, kv_len: (B,) int32 or None (= T, S).
+      kv_tile_seq: packed sequences (B = 1) only: (Sp/128,) int32 non-decreasing sequence id of every KV
+        tile, so that V's exponent spread is bounded per sequence (None: per batch row).
     The exponent arithmetic runs in XLA on the scales; the FP8 data is re-encoded and transposed to the
     kernel's layouts by the realign kernel (kernels/sm90/attention_realign.py), one read and one write per
     byte. _impl_override="xla" runs that step's XLA emulation through the same partitioning (CPU tests).
@@ -230,7 +245,7 @@ def prepare_sequence_major(
     impl = _impl_override or "cuda"
     eq, nq, shq, nanq = _row_exponents(_head_major_scale(q, tp))
     ek, nk, shk, nank = _row_exponents(_head_major_scale(k, sp))
-    ev, nv, shv, nanv = _v_exponents(_head_major_scale(v, sp))
+    ev, nv, shv, nanv = _v_exponents(_head_major_scale(v, sp), kv_tile_seq)
     ev, nv = ev.reshape(b, ev.shape[1], -1), nv.reshape(b, nv.shape[1], -1)  # (B, K, Sp/128 * H/32)
     return AlignedOperands(
         q=_realign_op("rows", impl)(q.data, _shift_bytes(shq, nanq, t)),
@@ -335,22 +350,25 @@ def _out_shapes(q: jax.Array) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruc
     return jax.ShapeDtypeStruct((b, tp, n, h), jnp.bfloat16), jax.ShapeDtypeStruct((b, n, tp), jnp.float32)
 
 
-def _ffi_body(causal: bool, tune: int):
-    def fn(q, k, vt, qs, ks, vs, vi, lens):
+def _ffi_body(causal: bool, tune: int, packed: bool):
+    target = "jax_mxfp8_attention_fwd_packed" if packed else "jax_mxfp8_attention_fwd"
+
+    def fn(q, k, vt, qs, ks, vs, vi, *tables):
         return tuple(
-            jax.ffi.ffi_call("jax_mxfp8_attention_fwd", _out_shapes(q))(
-                q, k, vt, qs, ks, vs, vi, lens, causal=np.int32(causal), tune=np.int32(tune)
+            jax.ffi.ffi_call(target, _out_shapes(q))(
+                q, k, vt, qs, ks, vs, vi, *tables, causal=np.int32(causal), tune=np.int32(tune)
             )
         )
 
     return fn
 
 
-def _emulated_body(causal: bool):
+def _emulated_body(causal: bool, packed: bool):
     """The same contract as the kernel call, computed by emulate_fwd (CPU tests of the partitioning)."""
 
-    def fn(q, k, vt, qs, ks, vs, vi, lens):
-        o, lse = emulate_fwd(AlignedOperands(q, k, vt, qs, ks, vs, vi, lens), causal=causal, t=q.shape[2])
+    def fn(q, k, vt, qs, ks, vs, vi, *tables):
+        ops = AlignedOperands(q, k, vt, qs, ks, vs, vi, tables[0])
+        o, lse = emulate_packed_fwd(ops, causal=causal) if packed else emulate_fwd(ops, causal=causal, t=q.shape[2])
         return o.transpose(0, 2, 1, 3).astype(jnp.bfloat16), lse
 
     return fn
@@ -373,20 +391,22 @@ def _batch_and_heads(mesh, arg, batch_dim: int, heads_dim: int, heads: int):
 
 
 @functools.cache
-def _attention_op(causal: bool, tune: int, impl: str, group: int, n_kv: int):
+def _attention_op(causal: bool, tune: int, impl: str, group: int, n_kv: int, packed: bool = False):
     """custom_vmap(custom_partitioning(kernel call)): batch and KV-head groups shard, sequences do not.
 
     Heads shard as whole KV groups (query head n = kv * G + g): a mesh axis on the query-head dim is
     kept only when it divides the KV heads, and the KV operands then take the same axis. Everything
-    along the sequence and head_dim is replicated (each device runs whole sequences).
+    along the sequence and head_dim is replicated (each device runs whole sequences). packed: the
+    packed-sequence call (one batch row; the seqs and work tables replicated), which has no vmap rule.
     """
-    body = _ffi_body(causal, tune) if impl == "cuda" else _emulated_body(causal)
+    body = _ffi_body(causal, tune, packed) if impl == "cuda" else _emulated_body(causal, packed)
 
     def specs(mesh, arg_shapes):
         q, k = arg_shapes[0], arg_shapes[1]
         batch, heads = _batch_and_heads(mesh, q, 0, 1, k.shape[1])  # whole KV-head groups
         four, three = P(batch, heads, None, None), P(batch, heads, None)
-        args = (four, four, four, three, three, three, three, P(None, batch))
+        tables = (P(None, None), P(None, None)) if packed else (P(None, batch),)
+        args = (four, four, four, three, three, three, three, *tables)
         o = P(batch, None, heads, None)
         return tuple(NamedSharding(mesh, a) for a in args), (NamedSharding(mesh, o), NamedSharding(mesh, three))
 
@@ -406,13 +426,16 @@ def _attention_op(causal: bool, tune: int, impl: str, group: int, n_kv: int):
         n, sizes = "g", {}
     else:
         n, sizes = "(k g)", {"g": group}
+    tables = "l z, y x" if packed else "l b"
     cp = custom_partitioning(body)
     cp.def_partition(
         partition=partition,
         infer_sharding_from_operands=infer,
-        sharding_rule=f"b {n} t h, b k s h, b k h s, b {n} u, b k v, b k w, b k w, l b -> b t {n} h, b {n} t",
+        sharding_rule=f"b {n} t h, b k s h, b k h s, b {n} u, b k v, b k w, b k w, {tables} -> b t {n} h, b {n} t",
         **sizes,
     )
+    if packed:
+        return cp
 
     @jax.custom_batching.custom_vmap
     def op(q, k, vt, qs, ks, vs, vi, lens):
@@ -456,6 +479,117 @@ def attention_fwd(
         call = jax.ffi.ffi_call("jax_mxfp8_attention_fwd_into", _out_shapes(ops.q), input_output_aliases={8: 0, 9: 1})
         o, lse = call(*args, *out, causal=np.int32(causal), tune=np.int32(tune))
     return o[:, :t], lse[:, :, :t]
+
+
+def packed_tables(
+    q_len: jax.Array, kv_len: jax.Array, q_start: jax.Array, kv_start: jax.Array, *, causal: bool, q_rows: int
+) -> tuple[jax.Array, jax.Array]:
+    """The packed kernel's int32 tables for S sequences laid out from rows q_start / kv_start (multiples of 128)
+    in operands of q_rows query rows.
+
+    Returns seqs (4, S) = (first query tile, first KV tile, query length, KV length) and work (2, q_rows/128):
+    one item (sequence, query tile) per query tile holding rows of a sequence, the longest first (a CTA's
+    work is its number of KV tiles; the GPU starts CTAs in grid order, so the long ones do not trail), then
+    (-1, 0) items that do nothing.
+    """
+    q_len, kv_len = q_len.astype(jnp.int32), kv_len.astype(jnp.int32)
+    seqs = jnp.stack([q_start // TILE_M, kv_start // TILE_N, q_len, kv_len]).astype(jnp.int32)
+    tiles = jnp.arange(q_rows // TILE_M, dtype=jnp.int32)
+    b = jnp.clip(jnp.searchsorted(q_start // TILE_M, tiles, side="right").astype(jnp.int32) - 1, 0, q_len.shape[0] - 1)
+    m = tiles - q_start[b] // TILE_M
+    live = (m >= 0) & (m * TILE_M < q_len[b])
+    n_kv = -(-kv_len[b] // TILE_N)
+    if causal:
+        last_row = jnp.minimum((m + 1) * TILE_M, q_len[b]) - 1
+        n_kv = jnp.minimum(n_kv, last_row // TILE_N + 1)
+    cost = jnp.where(live, n_kv, -1)
+    order = jnp.argsort(-cost, stable=True)
+    work = jnp.stack([jnp.where(live, b, -1)[order], jnp.where(live, m, 0)[order]]).astype(jnp.int32)
+    return seqs, work
+
+
+def attention_fwd_packed(
+    ops: AlignedOperands,
+    work: jax.Array,
+    *,
+    causal: bool,
+    tune: int = 0,
+    out: tuple[jax.Array, jax.Array] | None = None,
+    _impl_override: str | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Runs the kernel over packed sequences (packed_tables; ops.lens holds the seqs table, B = 1).
+
+    Returns o (1, Tp, N, H) bfloat16 and lse (1, N, Tp) float32 in the operands' aligned row order: rows of
+    every sequence's query tiles are written (0 / -inf past its length); rows in no query tile of a
+    sequence are left unwritten (garbage: read only through the sequences' rows). Shards over KV-head
+    groups like attention_fwd; no vmap rule. out, _impl_override: as for attention_fwd.
+    """
+    args = (ops.q, ops.k, ops.vt, ops.qs, ops.ks, ops.vs, ops.vi, ops.lens, work)
+    if out is None:
+        n_kv = ops.k.shape[1]
+        op = _attention_op(bool(causal), int(tune), _impl_override or "cuda", ops.q.shape[1] // n_kv, n_kv, True)
+        return op(*args)
+    call = jax.ffi.ffi_call(
+        "jax_mxfp8_attention_fwd_packed_into", _out_shapes(ops.q), input_output_aliases={9: 0, 10: 1}
+    )
+    return call(*args, *out, causal=np.int32(causal), tune=np.int32(tune))
+
+
+def _sequence_windows(x: jax.Array, first_tile: jax.Array, n_tiles: jax.Array, axis: int) -> jax.Array:
+    """(1, ..., L, ...) aligned operand -> (S, ..., L, ...): sequence s's tiles first_tile[s] .. + n_tiles[s]
+    along `axis` from position 0, zeros after them (so that no other sequence's bytes reach the emulation)."""
+    length = x.shape[axis]
+    pos = jnp.arange(length, dtype=jnp.int32)
+    idx = jnp.clip(first_tile[:, None] * TILE_N + pos[None, :], 0, length - 1)  # (S, L)
+    valid = pos[None, :] < n_tiles[:, None] * TILE_N
+    moved = jnp.moveaxis(x[0], axis - 1, 0)[idx]  # (S, L, ...)
+    moved = jnp.where(valid.reshape(valid.shape + (1,) * (moved.ndim - 2)), moved, jnp.zeros((), x.dtype))
+    return jnp.moveaxis(moved, 1, axis)
+
+
+def emulate_packed_fwd(ops: AlignedOperands, *, causal: bool) -> tuple[jax.Array, jax.Array]:
+    """The packed kernel's arithmetic in XLA: emulate_fwd on each sequence's own tiles (ops.lens = seqs).
+    Returns o (1, N, Tp, H) and lse (1, N, Tp), 0 / -inf on rows in no sequence's query tiles."""
+    seqs = ops.lens
+    qt0, kt0, q_len, kv_len = seqs[0], seqs[1], seqs[2], seqs[3]
+    nq, nk = -(-q_len // TILE_M), -(-kv_len // TILE_N)
+    hg = ops.q.shape[-1] // 32
+    win_q = functools.partial(_sequence_windows, first_tile=qt0, n_tiles=nq)
+    win_k = functools.partial(_sequence_windows, first_tile=kt0, n_tiles=nk)
+    q32 = ops.qs.shape[-1]
+    k32 = ops.ks.shape[-1]
+    # scale factors: per 32 rows (qs, ks) and per (tile, 32 columns) (vs, vi); windows in tile units
+    qs = _sequence_windows(jnp.repeat(ops.qs, 32, axis=-1), qt0, nq, 2)[..., ::32]
+    ks = _sequence_windows(jnp.repeat(ops.ks, 32, axis=-1), kt0, nk, 2)[..., ::32]
+    nt = ops.vs.shape[-1] // hg
+
+    def tile_factors(f):
+        per_key = jnp.repeat(f.reshape(1, f.shape[1], nt, hg), TILE_N, axis=2).reshape(1, f.shape[1], nt * TILE_N * hg)
+        per_key = per_key.reshape(1, f.shape[1], nt * TILE_N, hg)
+        w = _sequence_windows(per_key, kt0, nk, 2)[:, :, ::TILE_N]
+        return jnp.where(w == 0, 1.0, w).reshape(w.shape[0], w.shape[1], -1)
+
+    assert q32 * 32 == ops.q.shape[2] and k32 * 32 == ops.k.shape[2]
+    seq_ops = AlignedOperands(
+        q=win_q(ops.q, axis=2),
+        k=win_k(ops.k, axis=2),
+        vt=win_k(ops.vt, axis=3),
+        qs=qs,
+        ks=ks,
+        vs=tile_factors(ops.vs),
+        vi=tile_factors(ops.vi),
+        lens=jnp.stack([q_len, kv_len]),
+    )
+    o, lse = emulate_fwd(seq_ops, causal=causal, t=ops.q.shape[2])  # (S, N, Tp, H), (S, N, Tp)
+    rows = jnp.arange(ops.q.shape[2], dtype=jnp.int32)
+    tile = rows // TILE_M
+    b = jnp.clip(jnp.searchsorted(qt0, tile, side="right").astype(jnp.int32) - 1, 0, qt0.shape[0] - 1)
+    i = rows - qt0[b] * TILE_M
+    live = (i >= 0) & (i < nq[b] * TILE_M)
+    ic = jnp.clip(i, 0, ops.q.shape[2] - 1)
+    o = jnp.where(live[None, :, None], o[b, :, ic].transpose(1, 0, 2), 0.0)[None]
+    lse = jnp.where(live[None, :], lse[b, :, ic].T, -jnp.inf)[None]
+    return o, lse
 
 
 def emulate_fwd(ops: AlignedOperands, *, causal: bool, t: int) -> tuple[jax.Array, jax.Array]:

@@ -38,3 +38,55 @@ def to_packed(y: jax.Array, cu_seqlens: jax.Array, lengths: jax.Array, total: in
     valid = (b < n_seq) & (i >= 0) & (i < lengths[bc])
     out = y[bc, jnp.clip(i, 0, padded_len - 1)]
     return jnp.where(valid.reshape(valid.shape + (1,) * (y.ndim - 2)), out, jnp.zeros((), y.dtype))
+
+
+def aligned_starts(lengths: jax.Array, align: int) -> jax.Array:
+    """(B,) first row of each sequence when every sequence starts on a multiple of `align` rows (the
+    "aligned packed" layout: packed order, each sequence padded to a multiple of `align` with zeros)."""
+    sizes = -(-lengths.astype(jnp.int32) // align) * align
+    return jnp.cumsum(sizes) - sizes
+
+
+def aligned_rows(total: int, n_seq: int, max_len: int, align: int) -> int:
+    """A static row count that holds the aligned packed layout of any n_seq sequences of total <= `total` rows
+    and each <= max_len rows."""
+    bound = -(-total // align) * align + n_seq * (align - 1)
+    return max(align, min(-(-bound // align) * align, n_seq * -(-max_len // align) * align))
+
+
+def _owner(starts: jax.Array, rows: jax.Array) -> jax.Array:
+    """The sequence whose aligned block holds each row (the last sequence starting at or before it)."""
+    return jnp.clip(jnp.searchsorted(starts, rows, side="right").astype(jnp.int32) - 1, 0, starts.shape[0] - 1)
+
+
+def to_aligned(x: jax.Array, cu_seqlens: jax.Array, lengths: jax.Array, starts: jax.Array, rows: int) -> jax.Array:
+    """Packed (T_total, ...) -> aligned packed (rows, ...): sequence b at rows starts[b] .. + lengths[b], zeros
+    elsewhere. The same rows as to_padded's row b, moved, so MX blocks restart at every sequence start."""
+    r = jnp.arange(rows, dtype=jnp.int32)
+    b = _owner(starts, r)
+    i = r - starts[b]
+    valid = (i >= 0) & (i < lengths[b])
+    idx = jnp.clip(cu_seqlens.astype(jnp.int32)[b] + i, 0, max(x.shape[0] - 1, 0))
+    return jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x[idx], jnp.zeros((), x.dtype))
+
+
+def aligned_to_packed(y: jax.Array, cu_seqlens: jax.Array, lengths: jax.Array, starts: jax.Array, total: int):
+    """Aligned packed (rows, ...) -> packed (total, ...): the inverse of to_aligned; rows in no sequence get 0."""
+    cu = cu_seqlens.astype(jnp.int32)
+    n_seq = lengths.shape[0]
+    p = jnp.arange(total, dtype=jnp.int32)
+    b = jnp.searchsorted(cu[1:], p, side="right").astype(jnp.int32)
+    bc = jnp.clip(b, 0, n_seq - 1)
+    i = p - cu[bc]
+    valid = (b < n_seq) & (i >= 0) & (i < lengths[bc])
+    out = y[jnp.clip(starts[bc] + i, 0, y.shape[0] - 1)]
+    return jnp.where(valid.reshape(valid.shape + (1,) * (y.ndim - 1)), out, jnp.zeros((), y.dtype))
+
+
+def aligned_to_padded(y: jax.Array, starts: jax.Array, valid_rows: jax.Array, padded_len: int, fill=0) -> jax.Array:
+    """Aligned packed (rows, ...) -> (B, padded_len, ...): row i of sequence b is y[starts[b] + i] where
+    i < valid_rows[b], `fill` after. With starts in units of the first axis (rows, or 32-row blocks)."""
+    i = jnp.arange(padded_len, dtype=jnp.int32)
+    idx = jnp.clip(starts[:, None] + i[None, :], 0, y.shape[0] - 1)
+    valid = i[None, :] < valid_rows[:, None]
+    return jnp.where(valid.reshape(valid.shape + (1,) * (y.ndim - 1)), y[idx], jnp.asarray(fill, y.dtype))

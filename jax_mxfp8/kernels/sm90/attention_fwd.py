@@ -2,10 +2,12 @@
 
 Supported features (kernels/registry.py, AttentionFwdConfig):
   head_dim 64 or 128; non-causal or causal (top-left: query i sees keys j <= i); GQA/MQA (query head n
-  reads KV head n // G); per-batch query and KV lengths (padded batches); kv tile 128 (= the contract's
+  reads KV head n // G); per-batch query and KV lengths (padded batches); packed jagged sequences
+  (config.packed: one batch row holding every sequence from a 128-row tile boundary, a work list of
+  (sequence, query tile) items; ops/varlen_kernel.py); kv tile 128 (= the contract's
   AttentionConfig.kv_tile default, visited in ascending order, as the reference does); p_scale "const".
   Not here (the XLA reference takes them): bias and boolean masks, causal_safe, p_scale "block",
-  qkv_blocks "row", other kv tiles, head_dim 256, packed (cu_seqlens) sequences.
+  qkv_blocks "row", other kv tiles, head_dim 256.
 
 Inputs come from the producer pass jax_mxfp8.primitives.attention_fwd.prepare_sequence_major (exponents
 in XLA, the FP8 data through kernels/sm90/attention_realign.py; `prepare` is its XLA formulation), which
@@ -31,6 +33,13 @@ ex2(acc * c_g - (m - 8)) = 256 P~ (the contract's constant P scale 2^-8 folded i
 rounded to E4M3 (cvt.rn.satfinite), l sums the float32 values before rounding. PV runs on V' of the tile
 in units of 2^eV[tile, hg]; acc_O is kept in the current tile's units: the per-tile online-softmax rescale
 becomes alpha_row * 2^(eV[j-1,hg] - eV[j,hg]) (exact powers of two). Epilogue: O = acc * 2^eV[last] / l.
+
+Packed variant (launch_packed): the same operands with B = 1, Tp / Sp the aligned packed row counts, plus
+  seqs (4, S) int32  per sequence: first query tile, first KV tile, query length, KV length
+  work (2, W) int32  per CTA column: (sequence, query tile inside it), longest first; sequence -1 = no work
+and o (Tp, N, H), lse (N, Tp) in the aligned rows. Each CTA runs the dense code on its sequence's tiles
+(tile offsets qt0, kt0; masks and lengths relative to the sequence), so a sequence gets the bits the
+dense kernel gives it alone on a padded batch. Rows outside every sequence's query tiles are not written.
 
 Structure (per CTA: one (batch, query head, 128-row tile); 3 warpgroups, FA3-style):
   WG0   producer: one warp issues TMA for Q (two 64-row stages, one per consumer), then K_j, V_j into a
@@ -128,17 +137,20 @@ class AttentionForwardSm90:
             t(Float32, s(), s(divisibility=4)),  # ks
             t(Float32, s(), s(divisibility=2)),  # vs
             t(Float32, s(), s(divisibility=2)),  # vi
-            t(Int32, s(), s()),  # lens
+            t(Int32, s(), s()),  # lens (dense) or seqs (packed)
+            *((t(Int32, s(), s()),) if self.config.packed else ()),  # work (packed)
             t(cutlass.BFloat16, s(divisibility=128), s(divisibility=64)),  # o
             t(Float32, s(), s(divisibility=128)),  # lse
             make_fake_stream(),
         )
 
     def tensor_names(self) -> tuple[str, ...]:
+        if self.config.packed:
+            return ("q", "k", "vt", "qs", "ks", "vs", "vi", "seqs", "work", "o", "lse")
         return ("q", "k", "vt", "qs", "ks", "vs", "vi", "lens", "o", "lse")
 
     def entry(self):
-        return self.launch
+        return self.launch_packed if self.config.packed else self.launch
 
     # ------------------------------------------------------------------------------------------------
     # Host side: views, TMA descriptors, launch
@@ -159,6 +171,47 @@ class AttentionForwardSm90:
         lse: cute.Tensor,
         stream: cuda.CUstream,
     ):
+        """Dense batch: grid (Tp / 128, B * N), one CTA per (128-row query tile, batch and head)."""
+        self._launch(q2, k2, vt2, qs, ks, vs, vi, lens, lens, o2, lse, stream, qs.shape[1] * 32 // CTA_M, lens.shape[1])
+
+    @cute.jit
+    def launch_packed(
+        self,
+        q2: cute.Tensor,
+        k2: cute.Tensor,
+        vt2: cute.Tensor,
+        qs: cute.Tensor,
+        ks: cute.Tensor,
+        vs: cute.Tensor,
+        vi: cute.Tensor,
+        seqs: cute.Tensor,
+        work: cute.Tensor,
+        o2: cute.Tensor,
+        lse: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        """Packed sequences (one batch row holding every sequence, each starting on a 128-row tile): grid
+        (W, N), one CTA per (work item, head); work[:, i] = (sequence, its query tile), or sequence -1."""
+        self._launch(q2, k2, vt2, qs, ks, vs, vi, seqs, work, o2, lse, stream, work.shape[1], 1)
+
+    @cute.jit
+    def _launch(
+        self,
+        q2: cute.Tensor,
+        k2: cute.Tensor,
+        vt2: cute.Tensor,
+        qs: cute.Tensor,
+        ks: cute.Tensor,
+        vs: cute.Tensor,
+        vi: cute.Tensor,
+        lens: cute.Tensor,
+        work: cute.Tensor,
+        o2: cute.Tensor,
+        lse: cute.Tensor,
+        stream: cuda.CUstream,
+        grid_x: Int32,
+        nb: Int32,
+    ):
         h = self.h
         bn = qs.shape[0]
         bk = ks.shape[0]
@@ -169,7 +222,6 @@ class AttentionForwardSm90:
         k = cute.make_tensor(k2.iterator, cute.make_layout((sp, h, bk), stride=(h, 1, sp * h)))
         vt = cute.make_tensor(vt2.iterator, cute.make_layout((h, sp, bk), stride=(sp, 1, sp * h)))
         # O is written in the caller's (B, Tp, N, H) layout: head bn = b * N + n, rows N * H apart
-        nb = lens.shape[1]
         heads = bn // nb
         o = cute.make_tensor(
             o2.iterator, cute.make_layout((tp, h, (heads, nb)), stride=(heads * h, 1, (h, tp * heads * h)))
@@ -198,9 +250,9 @@ class AttentionForwardSm90:
 
         self.shared_storage = SharedStorage
         self.kernel(
-            qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, qs, ks, vs, vi, lens, o, lse, q_smem, k_smem, v_smem
+            qk_mma, pv_mma, tma_q, tq, tma_k, tk, tma_v, tv, qs, ks, vs, vi, lens, work, o, lse, q_smem, k_smem, v_smem
         ).launch(
-            grid=[tp // CTA_M, bn, 1],
+            grid=[grid_x, bn, 1],
             block=[self.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
@@ -226,24 +278,53 @@ class AttentionForwardSm90:
         mVs: cute.Tensor,
         mVi: cute.Tensor,
         mLen: cute.Tensor,
+        mWork: cute.Tensor,
         mO: cute.Tensor,
         mLse: cute.Tensor,
         q_smem: cute.ComposedLayout,
         k_smem: cute.ComposedLayout,
         v_smem: cute.ComposedLayout,
     ):
-        tidx, _, _ = cute.arch.thread_idx()
         bx, by, _ = cute.arch.block_idx()
-        gx, _, _ = cute.arch.grid_dim()
-        # Longest rows first under causal masking: the last query tiles have the most KV tiles.
-        m_tile = gx - 1 - bx if self.config.causal else bx
-        bn = by
-        n_heads = mQs.shape[0] // mLen.shape[1]
-        n_kv = mKs.shape[0] // mLen.shape[1]
-        b = bn // n_heads
-        bkv = b * n_kv + (bn % n_heads) // (n_heads // n_kv)
-        q_len = mLen[0, b]
-        kv_len = mLen[1, b]
+        if cutlass.const_expr(self.config.packed):
+            # one batch row; the work item names the sequence (its first query / KV tile and lengths in
+            # mLen = seqs (4, B)) and the query tile inside it; items past the list's end hold sequence -1
+            seq = mWork[0, bx]
+            live = seq >= 0
+            s = cutlass.max(seq, 0)
+            m_tile = mWork[1, bx]
+            qt0, kt0 = mLen[0, s], mLen[1, s]
+            q_len, kv_len = mLen[2, s], mLen[3, s]
+            bn = by
+            bkv = by // (mQs.shape[0] // mKs.shape[0])
+            if live:
+                self._cta(
+                    qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, mQs, mKs, mVs, mVi, mO, mLse,
+                    q_smem, k_smem, v_smem, m_tile, bn, bkv, q_len, kv_len, qt0, kt0,
+                )  # fmt: skip
+        else:
+            gx, _, _ = cute.arch.grid_dim()
+            # Longest rows first under causal masking: the last query tiles have the most KV tiles.
+            m_tile = gx - 1 - bx if self.config.causal else bx
+            bn = by
+            n_heads = mQs.shape[0] // mLen.shape[1]
+            n_kv = mKs.shape[0] // mLen.shape[1]
+            b = bn // n_heads
+            bkv = b * n_kv + (bn % n_heads) // (n_heads // n_kv)
+            self._cta(
+                qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, mQs, mKs, mVs, mVi, mO, mLse,
+                q_smem, k_smem, v_smem, m_tile, bn, bkv, mLen[0, b], mLen[1, b], 0, 0,
+            )  # fmt: skip
+
+    @cute.jit
+    def _cta(
+        self, qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, mQs, mKs, mVs, mVi, mO, mLse,
+        q_smem, k_smem, v_smem, m_tile, bn, bkv, q_len, kv_len, qt0, kt0,
+    ):  # fmt: skip
+        """One CTA's work: query tile m_tile (128 rows) of head bn against KV head bkv. qt0, kt0: the
+        sequence's first query / KV tile in the operands (0 for a dense batch); m_tile, lengths and masks
+        are relative to the sequence."""
+        tidx, _, _ = cute.arch.thread_idx()
         n_tiles = self._kv_tile_count(m_tile, q_len, kv_len)
 
         smem = utils.SmemAllocator()
@@ -280,12 +361,14 @@ class AttentionForwardSm90:
         if wg == 0:
             cute.arch.setmaxregister_decrease(24)
             if warp == 0:
-                self._produce(tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_prod, m_tile, bn, bkv, n_tiles)
+                self._produce(
+                    tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_prod, qt0 + m_tile, bn, bkv, kt0, n_tiles
+                )
         else:
             cute.arch.setmaxregister_increase(240)
             self._consume(
                 qk_mma, pv_mma, sQ, sK, sV, q_pipe, kv_pipe, mQs, mKs, mVs, mVi, mO, mLse,
-                m_tile, bn, bkv, q_len, kv_len, n_tiles, wg - 1, tidx % 128,
+                m_tile, bn, bkv, q_len, kv_len, n_tiles, qt0, kt0, wg - 1, tidx % 128,
             )  # fmt: skip
 
     @cute.jit
@@ -301,8 +384,9 @@ class AttentionForwardSm90:
         return n
 
     @cute.jit
-    def _produce(self, tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_prod, m_tile, bn, bkv, n_tiles):
-        """Producer warp: Q (one 64-row stage per consumer), then K_j, V_j for j = 0 .. n_tiles - 1."""
+    def _produce(self, tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_prod, q_tile, bn, bkv, kt0, n_tiles):
+        """Producer warp: Q (one 64-row stage per consumer) of the operands' 128-row tile q_tile, then K_j,
+        V_j of KV tiles kt0 + j for j = 0 .. n_tiles - 1."""
         tQsQ, tQgQ = cute.nvgpu.cpasync.tma_partition(
             tma_q,
             0,
@@ -329,22 +413,23 @@ class AttentionForwardSm90:
             q_pipe.producer_acquire(state)
             cute.copy(
                 tma_q,
-                tQgQ[(None, m_tile * NUM_CONSUMERS + c, 0, bn)],
+                tQgQ[(None, q_tile * NUM_CONSUMERS + c, 0, bn)],
                 tQsQ[(None, c)],
                 tma_bar_ptr=q_pipe.producer_get_barrier(state),
             )
         for j in cutlass.range(n_tiles, unroll=1):
             handle = kv_prod.acquire_and_advance()
-            cute.copy(tma_k, tKgK[(None, j, 0, bkv)], tKsK[(None, handle.index)], tma_bar_ptr=handle.barrier)
+            cute.copy(tma_k, tKgK[(None, kt0 + j, 0, bkv)], tKsK[(None, handle.index)], tma_bar_ptr=handle.barrier)
             handle = kv_prod.acquire_and_advance()
-            cute.copy(tma_v, tVgV[(None, 0, j, bkv)], tVsV[(None, handle.index)], tma_bar_ptr=handle.barrier)
+            cute.copy(tma_v, tVgV[(None, 0, kt0 + j, bkv)], tVsV[(None, handle.index)], tma_bar_ptr=handle.barrier)
 
     @cute.jit
     def _consume(
         self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, kv_pipe, mQs, mKs, mVs, mVi, mO, mLse,
-        m_tile, bn, bkv, q_len, kv_len, n_tiles, c, tid,
+        m_tile, bn, bkv, q_len, kv_len, n_tiles, qt0, kt0, c, tid,
     ):  # fmt: skip
-        """One consumer warpgroup: 64 query rows (c = 0 or 1) over all visited KV tiles, then the epilogue."""
+        """One consumer warpgroup: 64 query rows (c = 0 or 1) over all visited KV tiles, then the epilogue.
+        Rows and KV tiles are counted from the sequence start; qt0, kt0 locate it in the operands."""
         h, hg = self.h, self.hg
         qk_thr = qk_mma.get_slice(tid)
         pv_thr = pv_mma.get_slice(tid)
@@ -356,13 +441,14 @@ class AttentionForwardSm90:
         p_f32 = cute.make_rmem_tensor(pv_thr.partition_shape_A((TILE_M, TILE_N)), Float32)
         p_fp8 = cute.make_rmem_tensor(pv_thr.partition_shape_A((TILE_M, TILE_N)), FP8)
         # partitioned before the main loop: the wgmma ACCUMULATE field set inside it rebinds the tiled MMA
-        tOgO = pv_thr.partition_C(cute.local_tile(mO, (TILE_M, h), (m_tile * NUM_CONSUMERS + c, 0, bn)))
+        tOgO = pv_thr.partition_C(cute.local_tile(mO, (TILE_M, h), ((qt0 + m_tile) * NUM_CONSUMERS + c, 0, bn)))
         assert cute.size(acc_s) == 64 and cute.size(p_fp8) == 64 and cute.size(acc_o) == h // 2
 
         lane = tid % 32
         row0 = m_tile * CTA_M + c * TILE_M + (tid // 32) * 16 + lane // 4  # this thread's rows: row0, row0 + 8
         col_in_tile = 2 * (lane % 4)  # + v0 + 8 * nb
-        q_factor = mQs[bn, row0 // 32]  # tau * log2(e) * 2^eQ of the 32-row block holding both rows
+        # tau * log2(e) * 2^eQ of the 32-row block holding both rows
+        q_factor = mQs[bn, qt0 * (CTA_M // 32) + row0 // 32]
 
         row_max = cute.make_rmem_tensor((2,), Float32)
         row_sum = cute.make_rmem_tensor((2,), Float32)
@@ -385,9 +471,11 @@ class AttentionForwardSm90:
                 cute.nvgpu.warpgroup.commit_group()
                 cute.nvgpu.warpgroup.wait_group(0)
                 kv_pipe.consumer_release(self._kv_state(2 * j))
-                alpha = self._softmax(acc_s, row_max, row_sum, q_factor, mKs, bkv, j, m_tile, row0, col_in_tile, kv_len)
+                alpha = self._softmax(
+                    acc_s, row_max, row_sum, q_factor, mKs, bkv, kt0, j, m_tile, row0, col_in_tile, kv_len
+                )
                 self._pack_p(acc_s, p_f32, p_fp8)
-                self._rescale_o(acc_o, alpha, v_prev, mVs, mVi, bkv, j)
+                self._rescale_o(acc_o, alpha, v_prev, mVs, mVi, bkv, kt0 + j)
                 kv_pipe.consumer_wait(self._kv_state(2 * j + 1))
                 cute.nvgpu.warpgroup.fence()
                 self._gemm("pv", acc_o, p_fp8, tOrV[(None, None, None, (2 * j + 1) % self.kv_stage)], True)
@@ -404,10 +492,10 @@ class AttentionForwardSm90:
                 cute.nvgpu.warpgroup.wait_group(0)
                 kv_pipe.consumer_release(self._kv_state(0))
                 alpha0 = self._softmax(
-                    acc_s, row_max, row_sum, q_factor, mKs, bkv, 0, m_tile, row0, col_in_tile, kv_len
+                    acc_s, row_max, row_sum, q_factor, mKs, bkv, kt0, 0, m_tile, row0, col_in_tile, kv_len
                 )
                 self._pack_p(acc_s, p_f32, p_fp8)
-                self._rescale_o(acc_o, alpha0, v_prev, mVs, mVi, bkv, 0)
+                self._rescale_o(acc_o, alpha0, v_prev, mVs, mVi, bkv, kt0)
             if cutlass.const_expr(self.config.pingpong):
                 if c == 1:  # consumer 0 issues first
                     self._turn_arrive(1)
@@ -425,11 +513,13 @@ class AttentionForwardSm90:
                     self._turn_arrive(c)
                 cute.nvgpu.warpgroup.wait_group(1)
                 kv_pipe.consumer_release(self._kv_state(2 * j))
-                alpha = self._softmax(acc_s, row_max, row_sum, q_factor, mKs, bkv, j, m_tile, row0, col_in_tile, kv_len)
+                alpha = self._softmax(
+                    acc_s, row_max, row_sum, q_factor, mKs, bkv, kt0, j, m_tile, row0, col_in_tile, kv_len
+                )
                 cute.nvgpu.warpgroup.wait_group(0)
                 kv_pipe.consumer_release(self._kv_state(2 * j - 1))
                 self._pack_p(acc_s, p_f32, p_fp8)
-                self._rescale_o(acc_o, alpha, v_prev, mVs, mVi, bkv, j)
+                self._rescale_o(acc_o, alpha, v_prev, mVs, mVi, bkv, kt0 + j)
             if cutlass.const_expr(self.config.pingpong):
                 if c == 0:  # consume consumer 1's last arrive (or its initial one)
                     self._turn_wait(0)
@@ -442,7 +532,7 @@ class AttentionForwardSm90:
                 cute.nvgpu.warpgroup.wait_group(0)
                 kv_pipe.consumer_release(self._kv_state(last))
 
-        self._epilogue(tOgO, acc_o, row_max, row_sum, v_prev, mLse, bn, row0, q_len)
+        self._epilogue(tOgO, acc_o, row_max, row_sum, v_prev, mLse, bn, qt0 * CTA_M, row0, q_len)
 
     def _make_qk_mma(self):
         """S = Q K^T: FP8 wgmma, both operands K-major in shared memory, float32 accumulator (64 x 128)."""
@@ -472,7 +562,7 @@ class AttentionForwardSm90:
 
     @cute.jit
     def _rescale_o(self, acc_o, alpha, v_prev, mVs, mVi, bkv, j):
-        """acc_O into tile j's V units: times alpha_row * 2^(eV[j-1] - eV[j]) per 32 head-dim columns.
+        """acc_O into (operand) KV tile j's V units: times alpha_row * 2^(eV[j-1] - eV[j]) per 32 head-dim columns.
 
         Skipped (exactly: a multiply by 1.0 changes no bit) when every factor of the warp is 1, i.e. no
         row max moved and the V exponents repeat; this happens on most tiles once the max has settled.
@@ -501,14 +591,15 @@ class AttentionForwardSm90:
             cute.gemm(tiled_mma, acc, a[None, None, kb], b[None, None, kb], acc)
 
     @cute.jit
-    def _softmax(self, acc_s, row_max, row_sum, q_factor, mKs, bkv, j, m_tile, row0, col_in_tile, kv_len):
-        """Online softmax of one 64 x 128 tile in place: acc_s becomes 256 P~ (float32); returns alpha per row."""
+    def _softmax(self, acc_s, row_max, row_sum, q_factor, mKs, bkv, kt0, j, m_tile, row0, col_in_tile, kv_len):
+        """Online softmax of one 64 x 128 tile in place: acc_s becomes 256 P~ (float32); returns alpha per row.
+        j counts KV tiles from the sequence start (masks); kt0 + j indexes the operands (scales)."""
         # log2-domain factor per 32-key group: tau * log2(e) * 2^(eQ + eK[g])
         # A product below float32's normal range (a zero query row block, say) flushes to 0, and a masked
         # -inf * 0 would be NaN: use the smallest normal instead (the logits are ~0 either way).
         kg = cute.make_rmem_tensor((TILE_N // 32,), Float32)
         for g in cutlass.range_constexpr(TILE_N // 32):
-            f = q_factor * mKs[bkv, j * (TILE_N // 32) + g]
+            f = q_factor * mKs[bkv, (kt0 + j) * (TILE_N // 32) + g]
             kg[g] = cutlass.select_(f == 0.0, Float32(MIN_NORMAL), f)
 
         col_base = j * TILE_N + col_in_tile
@@ -560,7 +651,7 @@ class AttentionForwardSm90:
         p_fp8.store(p_f32.load().to(FP8))
 
     @cute.jit
-    def _epilogue(self, tOgO, acc_o, row_max, row_sum, v_last, mLse, bn, row0, q_len):
+    def _epilogue(self, tOgO, acc_o, row_max, row_sum, v_last, mLse, bn, lse_row0, row0, q_len):
         """O = acc * 2^eV[last] / l in bfloat16, LSE = ln2 * (m - 8 + log2 l); zeros / -inf for empty rows."""
         inv = cute.make_rmem_tensor((2,), Float32)
         lse = cute.make_rmem_tensor((2,), Float32)
@@ -585,8 +676,8 @@ class AttentionForwardSm90:
         cute.autovec_copy(out, tOgO)
         lane = cute.arch.lane_idx()
         if lane % 4 == 0:
-            mLse[bn, row0] = lse[0]
-            mLse[bn, row0 + 8] = lse[1]
+            mLse[bn, lse_row0 + row0] = lse[0]
+            mLse[bn, lse_row0 + row0 + 8] = lse[1]
 
 
 def make_kernel(config: AttentionFwdConfig) -> AttentionForwardSm90:
