@@ -327,7 +327,7 @@ def run_shape(sh, args, smoke, kernel_ok, res):
                 total_q=total,
                 total_k=total,
             )
-            _, ops_p, work_p, _ = jax.jit(lambda qp, kp, vp, cu: varlen_kernel.prepare_packed(st, qp, kp, vp, cu, cu))(
+            ops_p, work_p = jax.jit(lambda qp, kp, vp, cu: varlen_kernel.prepare_packed(st, qp, kp, vp, cu, cu)[1:3])(
                 *packed
             )
             packed_ops = (ops_p, work_p)

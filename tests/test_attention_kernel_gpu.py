@@ -93,17 +93,27 @@ def _check_against_reference(q, k, v, rng, case, causal, lengths, kw, min_db):
 
 @pytest.mark.parametrize("h,causal", [(128, False), (128, True), (64, False), (64, True)])
 def test_scheduling_variants_are_bit_identical(h, causal):
-    """The tunings (serial, pingpong, more stages) reorder only when work is issued, not the arithmetic."""
+    """The tunings (serial, pingpong, more stages) reorder only when work is issued, not the arithmetic; the
+    polynomial-exp2 tunings change it by a bounded amount."""
     rng = fresh_rng()
     q, k, v = _inputs(rng, 2, 640, 768, 4, 2, h)
     qh, kh, vh = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
     ops = kern.prepare(_mx(qh), _mx(kh), _mx(vh), scale=h**-0.5, q_len=None, kv_len=jnp.asarray([700, 33], jnp.int32))
-    tunes = sorted(v.tune for v in registry.ATTENTION_FWD_VARIANTS if (v.head_dim, v.causal) == (h, causal))
+    variants = [v for v in registry.ATTENTION_FWD_VARIANTS if (v.head_dim, v.causal, v.packed) == (h, causal, False)]
+    tunes = sorted(v.tune for v in variants if v.poly_exp2 == 0)
     assert len(tunes) >= 3
     outs = [jax.jit(lambda o, t=t: kern.attention_fwd(o, causal=causal, t=640, tune=t))(ops) for t in tunes]
     for other in outs[1:]:
         for a, b in zip(outs[0], other, strict=True):
             assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    # Polynomial exp2 on the FMA pipe changes P~ by <= 7.8e-5 relative: a few E4M3 roundings flip
+    for v in (v for v in variants if v.poly_exp2):
+        o, lse = jax.jit(lambda o, t=v.tune: kern.attention_fwd(o, causal=causal, t=640, tune=t))(ops)
+        o0, lse0 = (np.asarray(x, np.float64) for x in outs[0])
+        assert sqnr_db(o0, np.asarray(o, np.float64)) >= 50.0
+        fin = np.isfinite(lse0)
+        np.testing.assert_array_equal(np.isfinite(np.asarray(lse)), fin)
+        assert sqnr_db(lse0[fin], np.asarray(lse, np.float64)[fin]) >= 70.0
 
 
 def test_every_output_element_written():

@@ -30,6 +30,8 @@ EXPORTED = {
     "jax_mxfp8_rms_norm_quantize",
     "jax_mxfp8_attention_fwd",
     "jax_mxfp8_attention_fwd_into",
+    "jax_mxfp8_attention_fwd_packed",
+    "jax_mxfp8_attention_fwd_packed_into",
     "jax_mxfp8_attention_realign",
     "jax_mxfp8_kernel_count",
     "jax_mxfp8_kernel_name",

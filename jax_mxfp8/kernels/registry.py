@@ -231,6 +231,9 @@ class AttentionFwdConfig:
         P V is in flight (FA3's intra-warpgroup overlap). False: strictly sequential per warpgroup.
       pingpong: with overlap, the two consumer warpgroups take turns issuing their wgmmas (named barriers),
         so that one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores (FA3).
+      poly_exp2: of every 16 softmax exponentials, how many are computed by a degree-3 polynomial on the
+        FMA pipe instead of MUFU.EX2 (FA4's trick: MUFU runs 16 per clock per SM, as many exps per tile as
+        the FP8 wgmmas take clocks); 0 = all on MUFU. Relative error <= 7.8e-5 (E4M3 keeps 2^-4).
       packed: packed jagged sequences (varlen): one batch row holds every sequence, each starting on a
         128-row tile, and the grid runs a work list of (sequence, query tile) items instead of the padded
         (B, Tp) grid.
@@ -242,6 +245,7 @@ class AttentionFwdConfig:
     kv_stage: int = 4
     overlap: bool = False
     pingpong: bool = False
+    poly_exp2: int = 0
     packed: bool = False
     tune: int = 0
 
@@ -252,6 +256,8 @@ class AttentionFwdConfig:
             raise ValueError(f"kv_stage={self.kv_stage} must be even in [2, 12]")
         if self.pingpong and not self.overlap:
             raise ValueError("pingpong needs overlap")
+        if not 0 <= self.poly_exp2 <= 16:
+            raise ValueError(f"poly_exp2={self.poly_exp2} not in [0, 16]")
 
     @property
     def name(self) -> str:
@@ -333,15 +339,23 @@ RMS_NORM_QUANTIZE_VARIANTS: tuple[RMSNormQuantizeConfig, ...] = tuple(
 # Production: intra-warpgroup overlap (measured 0.79 vs 0.89 ms serial at B4 T4k N16 H128 on the H200,
 # docs/perf-notes.md). Tunings built for benchmarks/attention.py: 1 = serial (no overlap), 2 = overlap +
 # pingpong between the consumer warpgroups, 3 = pingpong with twice the K/V stages.
-ATTENTION_FWD_VARIANTS: tuple[AttentionFwdConfig, ...] = tuple(
-    AttentionFwdConfig(head_dim=h, causal=c, kv_stage=stages * mult, overlap=ov, pingpong=pp, tune=tune)
-    for h, c in itertools.product((64, 128), (False, True))
-    for stages in (8 if h == 64 else 4,)
-    for tune, ov, pp, mult in ((0, True, False, 1), (1, False, False, 1), (2, True, True, 1), (3, True, True, 2))
-    if stages * mult <= 12
-) + tuple(  # the production tuning over packed sequences (varlen_attention)
-    AttentionFwdConfig(head_dim=h, causal=c, kv_stage=8 if h == 64 else 4, overlap=True, packed=True)
-    for h, c in itertools.product((64, 128), (False, True))
+ATTENTION_FWD_VARIANTS: tuple[AttentionFwdConfig, ...] = (
+    tuple(
+        AttentionFwdConfig(head_dim=h, causal=c, kv_stage=stages * mult, overlap=ov, pingpong=pp, tune=tune)
+        for h, c in itertools.product((64, 128), (False, True))
+        for stages in (8 if h == 64 else 4,)
+        for tune, ov, pp, mult in ((0, True, False, 1), (1, False, False, 1), (2, True, True, 1), (3, True, True, 2))
+        if stages * mult <= 12
+    )
+    + tuple(  # 4, 5: production + 2 / 4 of every 16 softmax exps on the FMA pipe (benchmark only)
+        AttentionFwdConfig(head_dim=h, causal=c, kv_stage=8 if h == 64 else 4, overlap=True, poly_exp2=k, tune=t)
+        for h, c in itertools.product((64, 128), (False, True))
+        for t, k in ((4, 2), (5, 4))
+    )
+    + tuple(  # the production tuning over packed sequences (varlen_attention)
+        AttentionFwdConfig(head_dim=h, causal=c, kv_stage=8 if h == 64 else 4, overlap=True, packed=True)
+        for h, c in itertools.product((64, 128), (False, True))
+    )
 )
 ATTENTION_REALIGN_VARIANTS: tuple[AttentionRealignConfig, ...] = tuple(
     AttentionRealignConfig(head_dim=h, operand=o) for h, o in itertools.product((64, 128), ("rows", "v"))

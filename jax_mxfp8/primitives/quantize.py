@@ -57,6 +57,8 @@ _TARGETS = (
     "jax_mxfp8_rms_norm_quantize",
     "jax_mxfp8_attention_fwd",
     "jax_mxfp8_attention_fwd_into",
+    "jax_mxfp8_attention_fwd_packed",
+    "jax_mxfp8_attention_fwd_packed_into",
     "jax_mxfp8_attention_realign",
 )
 _KERNEL_ARCH_MAJORS = (9, 10)
