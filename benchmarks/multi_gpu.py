@@ -124,11 +124,42 @@ def lm_args(sizes: dict, steps: int, policy: str, seed: int):
     return train_lm.parse_args([*argv, "--policy", policy, "--seed", str(seed), "--no-bf16", "--no-progress"])
 
 
+def bf16_gather(x: jax.Array, shard: NamedSharding, whole: NamedSharding) -> jax.Array:
+    """x (float32, sharded `shard`) rounded to bfloat16 on the shard, then all-gathered in bfloat16 to `whole`.
+
+    Constraining the rounded kernel to its own sharded spec does not place the all-gather: the partitioner
+    keeps the value sharded through the MX quantizer (its float32 cast and shard-local blocks) and gathers
+    where the GEMM needs the whole operand, i.e. the float32 dequantized values: on H200s that step
+    gathered the FP32 variant's bytes (and, with no collective left between the f32 -> bf16 -> f32
+    converts, XLA:GPU's simplify-fp-conversions may drop the rounding itself). The constraint to the
+    gathered sharding (as gather_quantized does for the FP8 bytes) pins the gather to the bfloat16 value.
+    Differentiated as is, the cotangent would get that replicated sharding too (an all-reduce of the weight
+    gradient, sliced after the bf16 -> f32 casts, which no longer forms a reduce-scatter); the custom
+    backward is the plain cast's, back on the shard, so the gradient reduce-scatters in float32 as in the
+    other variants. XLA:CPU widens bf16 all-gathers to f32 (float-normalization-bf16): on CPU the compiled
+    HLO shows f32 gathers, the bfloat16 ones are in the HLO after SPMD partitioning."""
+    dtype = x.dtype
+
+    @jax.custom_vjp
+    def gather(x):
+        return lax.with_sharding_constraint(lax.with_sharding_constraint(x.astype(jnp.bfloat16), shard), whole)
+
+    def fwd(x):
+        return gather(x), None
+
+    def bwd(_, g):
+        return (lax.with_sharding_constraint(g.astype(dtype), shard),)
+
+    gather.defvjp(fwd, bwd)
+    return gather(x)
+
+
 def bf16_kernel_step(mesh: jax.sharding.Mesh):
     """lm_model.train_step with every layer kernel rounded to bfloat16 where it is used (float32 master
     weights; the gradient flows back through the cast): the usual mixed-precision FSDP, which all-gathers
-    BF16 kernels. The rounded kernel keeps the parameter's sharding (param_spec), so the rounding happens
-    on the shard and the all-gather carries bfloat16 (left alone, XLA gathers float32 and rounds after)."""
+    BF16 kernels: each kernel is rounded on its shard (param_spec) and all-gathered in bfloat16 to
+    gathered_spec (bf16_gather). The gathered BF16 kernels serve the backward GEMMs too (no second gather;
+    the FP8 variant re-gathers the float32 kernels there)."""
 
     def loss_fn(model, tokens):
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -137,8 +168,9 @@ def bf16_kernel_step(mesh: jax.sharding.Mesh):
             keys = train_multihost.path_keys(path)
             if keys[-1] != "kernel":
                 return x
-            spec = train_multihost.param_spec(keys, x.shape)
-            return lax.with_sharding_constraint(x.astype(jnp.bfloat16), NamedSharding(mesh, spec))
+            shard = NamedSharding(mesh, train_multihost.param_spec(keys, x.shape))
+            whole = NamedSharding(mesh, train_multihost.gathered_spec(".".join(str(k) for k in keys[:-1])))
+            return bf16_gather(x, shard, whole)
 
         return lm_loss(nnx.merge(graphdef, jax.tree_util.tree_map_with_path(low, params), rest), tokens)
 
@@ -458,6 +490,7 @@ def part_fsdp_gather(cfg: dict, devices, policy: str, seed: int) -> dict:
     checks = {
         "losses_finite": bool(np.all(np.isfinite(fp8["losses"] + bf16["losses"] + f32["losses"]))),
         "fp8_gathers_fewer_bytes": fp8["all_gather_bytes"] < f32["all_gather_bytes"],
+        "bf16_gathers_fewer_bytes": bf16["all_gather_bytes"] < f32["all_gather_bytes"],
         "first_losses_agree": first_diff <= FORWARD_RTOL * abs(f32["losses"][0]),
     }
     return {
