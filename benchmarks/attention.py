@@ -14,6 +14,7 @@ run once for a correctness check, then timed; a failure is recorded in the JSON 
   ours_kernel_packed  jagged only: the packed kernel alone (attention_fwd_packed) on operands prepared
                     once by varlen_kernel.prepare_packed
   ours_kernel_t<k>  benchmark-only kernel variants (registry.ATTENTION_FWD_VARIANTS with tune k > 0)
+  ours_kernel_pblock  the kernel alone with p_scale="block" (one P scale per row and KV tile)
   producer_xla      transpose + zero padding + quantize (XLA) + prepare (XLA re-encode), jitted
   producer_qkernel  what ours_e2e runs before the kernel: the CuTe DSL square quantize kernel on the
                     (B*T, N*H) view of the BTNH input + prepare_sequence_major (the realign kernel)
@@ -220,8 +221,18 @@ def build_impls(sh, smoke: bool, kernel_ok: bool):
             lambda ops: afwd.emulate_fwd(ops, causal=c, t=sh["t"])[0].transpose(0, 2, 1, 3),
             None,
         )
+        impls["ours_kernel_pblock"] = (
+            "kernel",
+            lambda ops: afwd.emulate_fwd(ops, causal=c, t=sh["t"], p_scale="block")[0].transpose(0, 2, 1, 3),
+            None,
+        )
     else:
         impls["ours_kernel"] = ("kernel", lambda ops: afwd.attention_fwd(ops, causal=c, t=sh["t"])[0], None)
+        impls["ours_kernel_pblock"] = (
+            "kernel",
+            lambda ops: afwd.attention_fwd(ops, causal=c, t=sh["t"], p_scale="block")[0],
+            None,
+        )
         if jagged:
             impls["ours_kernel_packed"] = (
                 "kernel_packed",
@@ -444,7 +455,7 @@ def print_tables(results):
         print("| " + " | ".join(cells) + " |")
 
     print("\nWhere ours end-to-end goes (ms; producer = transpose + zero padding + MX quantize + prepare)\n")
-    extra = sorted({x for r in results for x in r.get("impls", {}) if x.startswith("ours_kernel_t")})
+    extra = sorted({x for r in results for x in r.get("impls", {}) if x.startswith("ours_kernel_")})
     head = ["shape", "ours e2e", "producer (XLA quantize)", "producer (quantize kernel)", "kernel"]
     head += [f"kernel {x[len('ours_kernel_') :]}" for x in extra] + ["e2e - producer - kernel", "cuDNN BF16"]
     print("| " + " | ".join(head) + " |")

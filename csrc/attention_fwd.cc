@@ -1,7 +1,8 @@
 // XLA FFI handler for the Hopper MXFP8 attention forward (jax_mxfp8/kernels/sm90/attention_fwd.py).
 //
-//   jax_mxfp8_attention_fwd         (q, k, vt, qs, ks, vs, vi, lens) -> (o, lse)         attrs: causal, tune
+//   jax_mxfp8_attention_fwd         (q, k, vt, qs, ks, vs, vi, lens) -> (o, lse)
 //   jax_mxfp8_attention_fwd_packed  (q, k, vt, qs, ks, vs, vi, seqs, work) -> (o, lse)   packed sequences, B = 1
+//     attrs of both: causal, p_scale (0 const, 1 block), p_rounding (0 up, 1 floor; 0 for const), tune
 //
 // Operands come from the producer pass (jax_mxfp8/primitives/attention_fwd.py, `prepare`):
 //   q  (B, N, Tp, H) f8e4m3fn     k (B, K, Sp, H) f8e4m3fn     vt (B, K, H, Sp) f8e4m3fn
@@ -80,33 +81,47 @@ ffi::Error CheckOperands(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const
   return ffi::Error::Success();
 }
 
+// The kernel-selecting attributes of both targets.
+struct FwdVariant {
+  int32_t causal, p_scale, p_rounding, tune;
+};
+
+ffi::Error CheckVariant(const FwdVariant& v) {
+  JMX_RETURN_IF_ERROR(Want(v.p_scale == 0 || v.p_scale == 1, "p_scale must be 0 (const) or 1 (block)"));
+  return Want(v.p_rounding == 0 || (v.p_scale == 1 && v.p_rounding == 1),
+              "p_rounding must be 0 (up) or, with p_scale 1 (block), 1 (floor)");
+}
+
 // The launch's tensor list: the seven operands, then the int32 tables, then o and lse.
 ffi::Error LaunchFwd(cudaStream_t stream, int32_t device, const FwdShape& shape, const Tensor2D* ops,
-                     const Tensor2D* tables, int n_tables, int packed, int32_t causal, int32_t tune) {
+                     const Tensor2D* tables, int n_tables, int packed, const FwdVariant& v) {
   Tensor2D t[11];
   for (int i = 0; i < 7; ++i) t[i] = ops[i];
   for (int i = 0; i < n_tables; ++i) t[7 + i] = tables[i];
   t[7 + n_tables] = ops[7];
   t[8 + n_tables] = ops[8];
   const KernelEntry* entry = nullptr;
-  JMX_RETURN_IF_ERROR(
-      FindKernel(device, kOpAttentionFwd, static_cast<int>(shape.h), causal ? 1 : 0, 0, packed, tune, &entry));
+  // table key c = 2 * p_scale + p_rounding (registry.AttentionFwdConfig.p_code), d = packed
+  JMX_RETURN_IF_ERROR(FindKernel(device, kOpAttentionFwd, static_cast<int>(shape.h), v.causal ? 1 : 0,
+                                 2 * v.p_scale + v.p_rounding, packed, v.tune, &entry));
   return Launch(entry, device, t, 9 + n_tables, stream);
 }
 
 ffi::Error AttentionFwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer vt,
                             ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs, ffi::AnyBuffer vi,
                             ffi::AnyBuffer lens, ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
-                            int32_t causal, int32_t tune) {
+                            int32_t causal, int32_t p_scale, int32_t p_rounding, int32_t tune) {
+  const FwdVariant variant{causal, p_scale, p_rounding, tune};
   FwdShape shape;
   Tensor2D t[9];
   JMX_RETURN_IF_ERROR(CheckOperands(q, k, vt, qs, ks, vs, vi, o, lse, &shape, t));
+  JMX_RETURN_IF_ERROR(CheckVariant(variant));
   JMX_RETURN_IF_ERROR(Want(lens.element_type() == ffi::DataType::S32, "lens must be s32"));
   if (shape.b == 0 || shape.n == 0 || shape.tp == 0) return ffi::Error::Success();
   Tensor2D lens2d;
   JMX_RETURN_IF_ERROR(As2D(lens, "lens", &lens2d));
   JMX_RETURN_IF_ERROR(Want(lens2d.rows == 2 && lens2d.cols == shape.b, "lens must be (2, B)"));
-  return LaunchFwd(stream, device, shape, t, &lens2d, 1, 0, causal, tune);
+  return LaunchFwd(stream, device, shape, t, &lens2d, 1, 0, variant);
 }
 
 // Packed sequences: B = 1; seqs (4, S) s32 = (first query tile, first KV tile, query length, KV length) of
@@ -115,10 +130,12 @@ ffi::Error AttentionFwdPackedImpl(cudaStream_t stream, int32_t device, ffi::AnyB
                                   ffi::AnyBuffer vt, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
                                   ffi::AnyBuffer vi, ffi::AnyBuffer seqs, ffi::AnyBuffer work,
                                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse, int32_t causal,
-                                  int32_t tune) {
+                                  int32_t p_scale, int32_t p_rounding, int32_t tune) {
+  const FwdVariant variant{causal, p_scale, p_rounding, tune};
   FwdShape shape;
   Tensor2D t[9];
   JMX_RETURN_IF_ERROR(CheckOperands(q, k, vt, qs, ks, vs, vi, o, lse, &shape, t));
+  JMX_RETURN_IF_ERROR(CheckVariant(variant));
   JMX_RETURN_IF_ERROR(Want(shape.b == 1, "packed operands have one batch row"));
   JMX_RETURN_IF_ERROR(Want(seqs.element_type() == ffi::DataType::S32 && work.element_type() == ffi::DataType::S32,
                            "seqs and work must be s32"));
@@ -128,7 +145,7 @@ ffi::Error AttentionFwdPackedImpl(cudaStream_t stream, int32_t device, ffi::AnyB
   JMX_RETURN_IF_ERROR(Want(tables[0].rows == 4 && tables[0].cols > 0, "seqs must be (4, S) with S >= 1"));
   JMX_RETURN_IF_ERROR(Want(tables[1].rows == 2, "work must be (2, W)"));
   if (shape.n == 0 || shape.tp == 0 || tables[1].cols == 0) return ffi::Error::Success();
-  return LaunchFwd(stream, device, shape, t, tables, 2, 1, causal, tune);
+  return LaunchFwd(stream, device, shape, t, tables, 2, 1, variant);
 }
 
 // Test hooks: the same launches with o and lse passed in as well (XLA aliases them to the results), so a
@@ -137,16 +154,18 @@ ffi::Error AttentionFwdIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuf
                                 ffi::AnyBuffer vt, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
                                 ffi::AnyBuffer vi, ffi::AnyBuffer lens, ffi::AnyBuffer, ffi::AnyBuffer,
                                 ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse, int32_t causal,
-                                int32_t tune) {
-  return AttentionFwdImpl(stream, device, q, k, vt, qs, ks, vs, vi, lens, o, lse, causal, tune);
+                                int32_t p_scale, int32_t p_rounding, int32_t tune) {
+  return AttentionFwdImpl(stream, device, q, k, vt, qs, ks, vs, vi, lens, o, lse, causal, p_scale, p_rounding, tune);
 }
 
 ffi::Error AttentionFwdPackedIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                       ffi::AnyBuffer vt, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
                                       ffi::AnyBuffer vi, ffi::AnyBuffer seqs, ffi::AnyBuffer work, ffi::AnyBuffer,
                                       ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> o,
-                                      ffi::Result<ffi::AnyBuffer> lse, int32_t causal, int32_t tune) {
-  return AttentionFwdPackedImpl(stream, device, q, k, vt, qs, ks, vs, vi, seqs, work, o, lse, causal, tune);
+                                      ffi::Result<ffi::AnyBuffer> lse, int32_t causal, int32_t p_scale,
+                                      int32_t p_rounding, int32_t tune) {
+  return AttentionFwdPackedImpl(stream, device, q, k, vt, qs, ks, vs, vi, seqs, work, o, lse, causal, p_scale,
+                                p_rounding, tune);
 }
 
 }  // namespace
@@ -178,6 +197,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd, jmx::AttentionFwdImpl,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int32_t>("causal")
+                                  .Attr<int32_t>("p_scale")
+                                  .Attr<int32_t>("p_rounding")
                                   .Attr<int32_t>("tune"),
                               {ffi::Traits::kCmdBufferCompatible});
 
@@ -188,6 +209,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd_into, jmx::AttentionFwdInt
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int32_t>("causal")
+                                  .Attr<int32_t>("p_scale")
+                                  .Attr<int32_t>("p_rounding")
                                   .Attr<int32_t>("tune"),
                               {ffi::Traits::kCmdBufferCompatible});
 
@@ -197,6 +220,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd_packed, jmx::AttentionFwdP
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int32_t>("causal")
+                                  .Attr<int32_t>("p_scale")
+                                  .Attr<int32_t>("p_rounding")
                                   .Attr<int32_t>("tune"),
                               {ffi::Traits::kCmdBufferCompatible});
 
@@ -208,6 +233,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd_packed_into, jmx::Attentio
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int32_t>("causal")
+                                  .Attr<int32_t>("p_scale")
+                                  .Attr<int32_t>("p_rounding")
                                   .Attr<int32_t>("tune"),
                               {ffi::Traits::kCmdBufferCompatible});
 

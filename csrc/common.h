@@ -53,7 +53,8 @@ using DslInitFn = void (*)(void**);
 // Quantize rows:   a = in dtype, b = mode, c = elem dtype, d = scale rounding, tune = tuning (0 = production).
 // Dequantize rows: a = elem dtype, b = block (row/col/square as ModeCode), c = out dtype, d = 0, tune = 0.
 // RMSNorm+quantize rows: a = in dtype, b = 0, c = elem dtype, d = scale rounding, tune.
-// Attention forward rows: a = head_dim, b = causal (0/1), c = 0, d = 0, tune.
+// Attention forward rows: a = head_dim, b = causal (0/1), c = 2 * p_scale (0 const, 1 block) + P scale
+// rounding (ROUNDING_CODE; 0 for const), d = packed (0/1), tune.
 // Attention realign rows: a = head_dim, b = operand (0 = Q/K rows, 1 = V transposed), c = d = tune = 0.
 struct KernelEntry {
   const char* name;

@@ -21,8 +21,8 @@ from jax_mxfp8.formats.decode import decode_elements
 from jax_mxfp8.primitives import attention_fwd as kern
 
 
-def _mx(x_hm):
-    return mx.quantize(x_hm, axis=(-2, -1), block="square")
+def _mx(x_hm, scale_rounding="up"):
+    return mx.quantize(x_hm, axis=(-2, -1), block="square", scale_rounding=scale_rounding)
 
 
 def _zero_past(x, lens, axis):
@@ -34,15 +34,21 @@ def _zero_past(x, lens, axis):
     return jnp.where((pos[None, :] < lens[:, None]).reshape(shape), x, 0)
 
 
-def emulated(q, k, v, *, causal, q_len=None, kv_len=None, scale=None):
-    """q (B, T, N, H), k, v (B, S, K, H) bfloat16 -> emulated kernel (o BTNH float32, lse (B, N, T))."""
+def emulated(q, k, v, *, causal, q_len=None, kv_len=None, scale=None, config=None):
+    """q (B, T, N, H), k, v (B, S, K, H) bfloat16 -> emulated kernel (o BTNH float32, lse (B, N, T)).
+
+    config: AttentionConfig (default AttentionConfig()); its scale_rounding (operands and block P) and
+    p_scale are used."""
+    config = config or mx.AttentionConfig()
     h = q.shape[-1]
     scale = h**-0.5 if scale is None else scale
     qh = _zero_past(q.transpose(0, 2, 1, 3), q_len, 2)
     kh = _zero_past(k.transpose(0, 2, 1, 3), kv_len, 2)
     vh = _zero_past(v.transpose(0, 2, 1, 3), kv_len, 2)
-    ops = kern.prepare(_mx(qh), _mx(kh), _mx(vh), scale=scale, q_len=q_len, kv_len=kv_len)
-    o, lse = kern.emulate_fwd(ops, causal=causal, t=q.shape[1])
+    ops = kern.prepare(*(_mx(x, config.scale_rounding) for x in (qh, kh, vh)), scale=scale, q_len=q_len, kv_len=kv_len)
+    o, lse = kern.emulate_fwd(
+        ops, causal=causal, t=q.shape[1], p_scale=config.p_scale, p_rounding=config.scale_rounding
+    )
     return o.transpose(0, 2, 1, 3), lse
 
 
@@ -154,6 +160,11 @@ def test_kernel_choice_falls_back_where_not_covered():
     base = dict(head_dim=128, is_causal=False, has_bias=False, has_mask=False, out_dtype=jnp.bfloat16, mx_inputs=[])
     assert kernel_unsupported(mx.AttentionConfig(), **base) is None
     assert kernel_unsupported(mx.AttentionConfig(scale_rounding="floor"), **base) is None
+    assert kernel_unsupported(mx.AttentionConfig(p_scale="block"), **base) is None
+    block = mx.AttentionConfig(p_scale="block")
+    assert kernel_unsupported(block, **{**base, "is_causal": True, "head_dim": 64}) is None
+    assert "floor" in kernel_unsupported(mx.AttentionConfig(p_scale="block", scale_rounding="floor"), **base)
+    assert "qkv_blocks" in kernel_unsupported(mx.AttentionConfig(qkv_blocks="row"), **base)
     assert "kv_tile" in kernel_unsupported(mx.AttentionConfig(kv_tile=64), **base)
     assert "bias" in kernel_unsupported(mx.AttentionConfig(), **{**base, "has_bias": True})
     assert "bfloat16" in kernel_unsupported(mx.AttentionConfig(), **{**base, "out_dtype": jnp.float32})

@@ -7,7 +7,8 @@ fed by those residuals. Checked against independent paths:
   * residuals are bit-identical to the head-major quantization of the XLA path, and the producer's output to
     `prepare` on that quantization;
   * O and LSE are bit-identical to the emulation run on head-major operands quantized separately;
-  * gradients agree with implementation="xla" (>= 30 dB, the GPU test's gate).
+  * gradients agree with implementation="xla" (>= 30 dB, the GPU test's gate);
+  * the same with AttentionConfig(p_scale="block") (the kernel's per-row-tile P scale).
 The GPU tests (test_attention_kernel_gpu.py) run the same path on the real kernel.
 """
 
@@ -43,7 +44,8 @@ def _id(case):
 
 @pytest.fixture
 def emulated_kernel(monkeypatch):
-    """Makes the attention kernel 'available' and runs its emulation in place of the FFI call."""
+    """Makes the attention kernel 'available' and runs its emulation in place of the FFI call; returns the
+    list of (p_scale, p_rounding) the emulated kernel was traced with."""
     monkeypatch.setattr(kern, "kernel_available", lambda: (True, ""))
     monkeypatch.setattr(pq, "_preload", lambda: None)
     monkeypatch.setattr(kern, "attention_fwd", functools.partial(kern.attention_fwd, _impl_override="xla"))
@@ -52,6 +54,15 @@ def emulated_kernel(monkeypatch):
     monkeypatch.setattr(
         kern, "prepare_sequence_major", functools.partial(kern.prepare_sequence_major, _impl_override="xla")
     )
+    calls = []  # (p_scale, p_rounding) of every emulated kernel call, traced once per compilation
+    emulate = kern.emulate_fwd
+
+    def spy(ops, **kw):
+        calls.append((kw["p_scale"], kw["p_rounding"]))
+        return emulate(ops, **kw)
+
+    monkeypatch.setattr(kern, "emulate_fwd", spy)
+    return calls
 
 
 def _inputs(case, rng):
@@ -64,6 +75,13 @@ def _inputs(case, rng):
         q_len = jnp.asarray(rng.integers(1, t + 1, size=b), jnp.int32).at[0].set(t)
         kv_len = jnp.asarray(rng.integers(0, s + 1, size=b), jnp.int32).at[0].set(s - 5)
     return q, k, v, q_len, kv_len
+
+
+def _why_not(case, config):
+    return attn_ops.kernel_unsupported(
+        config, head_dim=case["h"], is_causal=case["causal"], has_bias=False, has_mask=False,
+        out_dtype=jnp.bfloat16, mx_inputs=[],
+    )  # fmt: skip
 
 
 def _static(case, impl):
@@ -110,10 +128,15 @@ def test_residuals_and_producer_equal_head_major_path(case):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(w), err_msg=field)
 
 
-@pytest.mark.parametrize("case", CASES, ids=_id)
-def test_kernel_path_forward_and_gradients(case, emulated_kernel):
+PATH_CASES = [(case, "const") for case in CASES] + [(CASES[0], "block"), (CASES[2], "block")]
+
+
+@pytest.mark.parametrize("case,p_scale", PATH_CASES, ids=[f"{_id(c)}-{p}" for c, p in PATH_CASES])
+def test_kernel_path_forward_and_gradients(case, p_scale, emulated_kernel):
     q, k, v, q_len, kv_len = _inputs(case, fresh_rng())
     do = jnp.asarray(fresh_rng().standard_normal(q.shape), jnp.bfloat16)
+    config = AttentionConfig(p_scale=p_scale)
+    assert attn_ops.choose_implementation(None, _why_not(case, config)) == "cuda"  # the kernel covers it
 
     def run(impl):
         def f(q, k, v):
@@ -125,6 +148,7 @@ def test_kernel_path_forward_and_gradients(case, emulated_kernel):
                 query_seq_lengths=q_len,
                 key_value_seq_lengths=kv_len,
                 implementation=impl,
+                config=config,
             )
 
         o, vjp = jax.vjp(f, q, k, v)
@@ -132,13 +156,16 @@ def test_kernel_path_forward_and_gradients(case, emulated_kernel):
 
     o_c, grads_c = run("cuda")
     o_x, grads_x = run("xla")
-    o_e, _ = emulated(q, k, v, causal=case["causal"], q_len=q_len, kv_len=kv_len)
+    o_e, _ = emulated(q, k, v, causal=case["causal"], q_len=q_len, kv_len=kv_len, config=config)
     rows = np.arange(case["t"])[None, :, None, None] < (
         np.asarray(q_len)[:, None, None, None] if q_len is not None else case["t"]
     )
     o_c, o_e = np.asarray(o_c.astype(jnp.float32)), np.asarray(o_e.astype(jnp.bfloat16).astype(jnp.float32))
     assert not np.isnan(o_c).any()
     np.testing.assert_array_equal(np.where(rows, o_c, 0), np.where(rows, o_e, 0))
+    # the "kernel" ran with the config's P scale (on N(0, 1) inputs "const" and "block" outputs can agree to
+    # the last bfloat16 bit, so the call itself is checked)
+    assert emulated_kernel and set(emulated_kernel) == {(p_scale, "up")}
     for name, gc, gx in zip("qkv", grads_c, grads_x):
         gc, gx = np.asarray(gc, np.float64), np.asarray(gx, np.float64)
         assert np.isfinite(gc).all(), name

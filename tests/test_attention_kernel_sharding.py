@@ -78,6 +78,26 @@ def test_head_layouts_partition(n, n_kv):
         _assert_same(f(_place(ops, _mesh((1, 2)), None, "model")), want)
 
 
+def test_block_p_scale_sharded_and_vmapped():
+    """p_scale="block" is a static parameter of the same op: it partitions and batches like "const", and the
+    partitioned call computes emulate_fwd's block mode (not const)."""
+    if len(jax.devices()) < 4:
+        pytest.skip("needs the 8 CPU host devices of tests/conftest.py")
+    rng = fresh_rng()
+    ops = _ops(rng, kv_len=jnp.asarray([256, 100, 37, 200], jnp.int32))
+    f = jax.jit(lambda ops: kern.attention_fwd(ops, causal=True, t=256, p_scale="block", _impl_override="xla"))
+    want = f(ops)
+    placed = _place(ops, _mesh((2, 2)), "data", "model")
+    _assert_same(f(placed), want)
+    assert "all-gather" not in f.lower(placed).compile().as_text()
+    o_e, lse_e = kern.emulate_fwd(ops, causal=True, t=256, p_scale="block")
+    _assert_same(want, (o_e.transpose(0, 2, 1, 3).astype(jnp.bfloat16), lse_e))
+    stacked = jax.tree.map(lambda x: jnp.stack([x, x]), ops)
+    got = jax.jit(jax.vmap(lambda ops: kern.attention_fwd(ops, causal=True, t=256, p_scale="block",
+                                                          _impl_override="xla")))(stacked)  # fmt: skip
+    _assert_same([x[1] for x in got], want)
+
+
 def test_vmap_joins_the_batch():
     rng = fresh_rng()
     a, b = _ops(rng, b=2), _ops(rng, b=2)

@@ -32,11 +32,13 @@ CASES = [
     dict(lq=(257, 128, 31, 1000), lk=(64, 300, 200, 999), n=2, n_kv=1, h=128, causal=False),
     dict(lq=(129, 1, 256, 700), lk=(129, 5, 256, 700), n=4, n_kv=4, h=64, causal=True),
     dict(lq=(640, 33, 2048), lk=(700, 40, 2048), n=2, n_kv=2, h=64, causal=False),
+    dict(lq=(257, 128, 31, 1000), lk=(64, 300, 200, 999), n=2, n_kv=1, h=128, causal=True, p_scale="block"),
 ]
 
 
 def _id(c):
-    return f"lq{'_'.join(map(str, c['lq']))}-h{c['h']}-n{c['n']}k{c['n_kv']}-c{int(c['causal'])}"
+    lq = "_".join(map(str, c["lq"]))
+    return f"lq{lq}-h{c['h']}-n{c['n']}k{c['n_kv']}-c{int(c['causal'])}-{c.get('p_scale', 'const')}"
 
 
 def _packed(rng, c):
@@ -55,6 +57,7 @@ def _varlen(c, impl):
             max_seqlen_k=max(c["lk"]),
             is_causal=c["causal"],
             implementation=impl,
+            config=mx.AttentionConfig(p_scale=c.get("p_scale", "const")),
         )
     )
 

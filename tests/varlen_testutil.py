@@ -35,5 +35,6 @@ def dense_kernel_on_padded(case, q, k, v, cu_q, cu_k):
         query_seq_lengths=lq,
         key_value_seq_lengths=lk,
         implementation="cuda",
+        config=jax_mxfp8.AttentionConfig(p_scale=case.get("p_scale", "const")),
     )
     return to_packed(out, cu_q, lq, q.shape[0])

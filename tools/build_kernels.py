@@ -153,8 +153,8 @@ def write_table(out: Path, archs: list[str]) -> Path:
                 )
             elif config.op == "attention_fwd":
                 codes = (
-                    f"jmx::kOpAttentionFwd, {config.head_dim}, {int(config.causal)}, 0, {int(config.packed)}, "
-                    f"{config.tune}"
+                    f"jmx::kOpAttentionFwd, {config.head_dim}, {int(config.causal)}, {config.p_code}, "
+                    f"{int(config.packed)}, {config.tune}"
                 )
             elif config.op == "attention_realign":
                 codes = f"jmx::kOpAttentionRealign, {config.head_dim}, {int(config.operand == 'v')}, 0, 0, 0"

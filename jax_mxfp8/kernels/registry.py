@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 ARCHS = ("sm_90a", "sm_100a")
 """Targets every variant is compiled for. Blackwell (sm_100a) cubins are built and inspected, not run."""
@@ -39,6 +40,8 @@ DTYPE_CODE = {"bfloat16": 0, "float32": 1, "float8_e4m3fn": 2, "float8_e5m2": 3}
 MODE_CODE = {"rowcol": 0, "row": 1, "col": 2, "square": 3}
 OP_CODE = {"quantize": 0, "dequantize": 1, "rms_norm_quantize": 2, "attention_fwd": 3, "attention_realign": 4}
 ROUNDING_CODE = {"up": 0, "floor": 1}
+P_SCALES = ("const", "block")
+P_SCALE_CODE = {"const": 0, "block": 1}
 
 _SHORT = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 
@@ -231,6 +234,15 @@ class AttentionFwdConfig:
         P V is in flight (FA3's intra-warpgroup overlap). False: strictly sequential per warpgroup.
       pingpong: with overlap, the two consumer warpgroups take turns issuing their wgmmas (named barriers),
         so that one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores (FA3).
+      p_scale: the contract's AttentionConfig.p_scale. "const": P~ stored as E4M3(256 P~). "block": one
+        power-of-two scale per (query row, 128-key tile), the one the contract's block rule gives for the
+        row-tile's amax (docs/numerics.md "Hopper attention kernel").
+      p_rounding: with p_scale="block", the scale rule: "up" (AttentionConfig.scale_rounding default) or
+        "floor" (implemented, not registered: see ATTENTION_FWD_VARIANTS). Must be "up" (unused) for "const".
+      pv_fp32: each KV tile's O += P V runs on a fresh wgmma accumulator, added to acc_O by float32 FADDs,
+        instead of chaining every tile's wgmma onto acc_O: Hopper's FP8 wgmma accumulates with fewer bits
+        than float32 (DeepSeek-V3 measured ~14), which loses long sums of small addends next to a large one
+        (an attention sink; docs/numerics.md). Costs 64 FADDs (H128) and H/2 registers per thread and tile.
       poly_exp2: of every 16 softmax exponentials, how many are computed by a degree-3 polynomial on the
         FMA pipe instead of MUFU.EX2 (FA4's trick: MUFU runs 16 per clock per SM, as many exps per tile as
         the FP8 wgmmas take clocks); 0 = all on MUFU. Relative error <= 7.8e-5 (E4M3 keeps 2^-4).
@@ -245,6 +257,9 @@ class AttentionFwdConfig:
     kv_stage: int = 4
     overlap: bool = False
     pingpong: bool = False
+    p_scale: str = "const"
+    p_rounding: str = "up"
+    pv_fp32: bool = True
     poly_exp2: int = 0
     packed: bool = False
     tune: int = 0
@@ -258,11 +273,38 @@ class AttentionFwdConfig:
             raise ValueError("pingpong needs overlap")
         if not 0 <= self.poly_exp2 <= 16:
             raise ValueError(f"poly_exp2={self.poly_exp2} not in [0, 16]")
+        if self.p_scale not in P_SCALES:
+            raise ValueError(f"p_scale={self.p_scale!r} not in {P_SCALES}")
+        if self.p_rounding not in SCALE_ROUNDINGS:
+            raise ValueError(f"p_rounding={self.p_rounding!r} not in {SCALE_ROUNDINGS}")
+        if self.p_scale == "const" and self.p_rounding != "up":
+            raise ValueError("p_rounding only applies to p_scale='block' (leave it 'up' for 'const')")
 
     @property
     def name(self) -> str:
-        base = f"attention_fwd_h{self.head_dim}{'_causal' if self.causal else ''}{'_packed' if self.packed else ''}"
+        base = f"attention_fwd_h{self.head_dim}{'_causal' if self.causal else ''}"
+        if self.p_scale == "block":
+            base += "_pblock" if self.p_rounding == "up" else f"_pblock_{self.p_rounding}"
+        if self.packed:
+            base += "_packed"
+        if self.pv_fp32 != (self.head_dim == 64):  # not the production accumulation (see _pv_fp32)
+            base += "_pvfp32" if self.pv_fp32 else "_pvchain"
         return f"{base}_t{self.tune}" if self.tune else base
+
+    @property
+    def p_scale_code(self) -> int:
+        """The table's and the FFI attribute's integer for p_scale (P_SCALE_CODE)."""
+        return P_SCALE_CODE[self.p_scale]
+
+    @property
+    def p_rounding_code(self) -> int:
+        """The table's and the FFI attribute's integer for p_rounding (ROUNDING_CODE; 0 for "const")."""
+        return ROUNDING_CODE[self.p_rounding]
+
+    @property
+    def p_code(self) -> int:
+        """The kernel table's key for the P scale: 2 * p_scale_code + p_rounding_code (csrc/attention_fwd.cc)."""
+        return 2 * self.p_scale_code + self.p_rounding_code
 
     @property
     def op(self) -> str:
@@ -336,26 +378,59 @@ RMS_NORM_QUANTIZE_VARIANTS: tuple[RMSNormQuantizeConfig, ...] = tuple(
     RMSNormQuantizeConfig(in_dtype=i, elem_dtype=e, scale_rounding=r)
     for i, e, r in itertools.product(IN_DTYPES, ELEM_DTYPES, SCALE_ROUNDINGS)
 )
-# Production: intra-warpgroup overlap (measured 0.79 vs 0.89 ms serial at B4 T4k N16 H128 on the H200,
+
+
+# Production (tune 0): intra-warpgroup overlap (measured 0.79 vs 0.89 ms serial at B4 T4k N16 H128 on the H200,
 # docs/perf-notes.md). Tunings built for benchmarks/attention.py: 1 = serial (no overlap), 2 = overlap +
-# pingpong between the consumer warpgroups, 3 = pingpong with twice the K/V stages.
-ATTENTION_FWD_VARIANTS: tuple[AttentionFwdConfig, ...] = (
+# pingpong between the consumer warpgroups, 3 = pingpong with twice the K/V stages, 4 and 5 = polynomial exp2,
+# 6 = the other P V accumulation (pv_fp32).
+def _pv_fp32(head_dim: int) -> bool:
+    """Production P V accumulation: float32 on the CUDA cores at H64; chained on the wgmma accumulator at
+    H128, where the extra 64 registers per thread spill (98 STL/LDL in the consumer; docs/perf-notes.md)."""
+    return head_dim == 64
+
+
+_ATTENTION_FWD_CONST: tuple[AttentionFwdConfig, ...] = (
     tuple(
-        AttentionFwdConfig(head_dim=h, causal=c, kv_stage=stages * mult, overlap=ov, pingpong=pp, tune=tune)
+        AttentionFwdConfig(
+            head_dim=h,
+            causal=c,
+            kv_stage=stages * mult,
+            overlap=ov,
+            pingpong=pp,
+            pv_fp32=_pv_fp32(h),
+            tune=tune,
+        )
         for h, c in itertools.product((64, 128), (False, True))
         for stages in (8 if h == 64 else 4,)
         for tune, ov, pp, mult in ((0, True, False, 1), (1, False, False, 1), (2, True, True, 1), (3, True, True, 2))
         if stages * mult <= 12
     )
     + tuple(  # 4, 5: production + 2 / 4 of every 16 softmax exps on the FMA pipe (benchmark only)
-        AttentionFwdConfig(head_dim=h, causal=c, kv_stage=8 if h == 64 else 4, overlap=True, poly_exp2=k, tune=t)
+        AttentionFwdConfig(
+            head_dim=h, causal=c, kv_stage=8 if h == 64 else 4, overlap=True, pv_fp32=_pv_fp32(h), poly_exp2=k, tune=t
+        )
         for h, c in itertools.product((64, 128), (False, True))
         for t, k in ((4, 2), (5, 4))
     )
-    + tuple(  # the production tuning over packed sequences (varlen_attention)
-        AttentionFwdConfig(head_dim=h, causal=c, kv_stage=8 if h == 64 else 4, overlap=True, packed=True)
+    + tuple(  # 6: production with the other P V accumulation (benchmark only)
+        AttentionFwdConfig(
+            head_dim=h, causal=c, kv_stage=8 if h == 64 else 4, overlap=True, pv_fp32=not _pv_fp32(h), tune=6
+        )
         for h, c in itertools.product((64, 128), (False, True))
     )
+)
+# p_scale="block": the production scheduling of each (head_dim, causal) only (the tunings reorder when work
+# is issued, not the arithmetic), P scale rule "up" only. The kernel implements "floor" too, but one scale
+# per row-tile cannot reproduce that rule's saturation of P elements (a 32-key block whose amax has a
+# mantissa >= 1.75 clips it to 448 * 2^(floor(log2 amax) - 8)): 36.8-40.5 dB from the reference, below the
+# 40 dB gate (docs/numerics.md), so "floor" takes the XLA path.
+# Packed sequences (varlen_attention): the production scheduling with either P scale.
+ATTENTION_FWD_VARIANTS: tuple[AttentionFwdConfig, ...] = _ATTENTION_FWD_CONST + tuple(
+    dataclasses.replace(v, p_scale=p_scale, packed=packed)
+    for v in _ATTENTION_FWD_CONST
+    if v.tune == 0
+    for p_scale, packed in (("block", False), ("const", True), ("block", True))
 )
 ATTENTION_REALIGN_VARIANTS: tuple[AttentionRealignConfig, ...] = tuple(
     AttentionRealignConfig(head_dim=h, operand=o) for h, o in itertools.product((64, 128), ("rows", "v"))
@@ -386,6 +461,17 @@ def find_rms_norm_quantize(in_dtype: str, elem_dtype: str, scale_rounding: str) 
     return None
 
 
+P_CONST_OFFSET = 8
+"""The attention kernel's P units: p_scale="const" stores E4M3(P~ * 2^8); l is always kept in 2^-8 units."""
+P_OFFSET_MAX = 24
+"""p_scale="block": the largest per-(row, tile) P offset (P~ stored as E4M3(P~ * 2^offset)). acc_O is kept in
+the current tile's P units, so its bound grows with 2^offset: 2^24 keeps it below 2^24 * S * 448 * 2^V_SPREAD
+(< 2^128 for S < 2^31); tiles whose max lies below 2^-15 of the row's max get this offset instead of their
+own (their elements below 2^-30 of the row max become E4M3 subnormals; docs/numerics.md)."""
+LOG2_E4M3_MAX = math.log2(448.0)
+"""log2 of E4M3's largest value: the "up" rule's scale for a tile whose max is 2^-d is 2^ceil(-d - log2 448)."""
+
+
 def pv_permutation() -> tuple[int, ...]:
     """The attention kernel's key order for O += P V: k-slot a = 16h + 4q + i of the 8-bit wgmma A fragment
     holds key 16h + 8(i // 2) + 2q + (i % 2) of its 32-key chunk (the S accumulator's order, so P needs no
@@ -403,10 +489,17 @@ def variant_archs(config) -> tuple[str, ...]:
     return ("sm_90a",) if isinstance(config, (AttentionFwdConfig, AttentionRealignConfig)) else ARCHS
 
 
-def find_attention_fwd(head_dim: int, causal: bool, packed: bool = False) -> AttentionFwdConfig | None:
-    """The production attention forward variant for these parameters, or None when no kernel covers them."""
+def find_attention_fwd(
+    head_dim: int, causal: bool, p_scale: str = "const", p_rounding: str = "up", packed: bool = False
+) -> AttentionFwdConfig | None:
+    """The production attention forward variant for these parameters, or None when no kernel covers them.
+
+    p_rounding is ignored for p_scale="const" (one scale, no rule)."""
+    if p_scale == "const":
+        p_rounding = "up"
+    want = (head_dim, causal, p_scale, p_rounding, packed, 0)
     for v in ATTENTION_FWD_VARIANTS:
-        if (v.head_dim, v.causal, v.packed, v.tune) == (head_dim, causal, packed, 0):
+        if (v.head_dim, v.causal, v.p_scale, v.p_rounding, v.packed, v.tune) == want:
             return v
     return None
 

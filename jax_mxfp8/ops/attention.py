@@ -52,12 +52,11 @@ def choose_implementation(implementation: str | None, unsupported: str | None = 
 
 def kernel_unsupported(config, *, head_dim, is_causal, has_bias, has_mask, out_dtype, mx_inputs) -> str | None:
     """Why the Hopper kernel does not cover these arguments (None when it does); see kernels/sm90/attention_fwd.py."""
-    default = AttentionConfig(scale_rounding=config.scale_rounding, dq_accum=config.dq_accum)
+    # scale_rounding (operands and block-scaled P), dq_accum (backward only) and p_scale may vary; the rest
+    # must be the defaults
+    default = AttentionConfig(scale_rounding=config.scale_rounding, dq_accum=config.dq_accum, p_scale=config.p_scale)
     if config != default:
-        return (
-            "the kernel implements AttentionConfig's defaults (p_scale, qkv_blocks, kv_tile, causal_safe); "
-            f"got {config}"
-        )
+        return f"the kernel implements AttentionConfig's defaults (qkv_blocks, kv_tile, causal_safe); got {config}"
     if has_bias or has_mask:
         return "the kernel takes no bias or mask arrays (use is_causal and the sequence lengths)"
     if np.dtype(out_dtype) != np.dtype(jnp.bfloat16):
@@ -65,7 +64,9 @@ def kernel_unsupported(config, *, head_dim, is_causal, has_bias, has_mask, out_d
     for name, x in mx_inputs:
         if x.dtype != jnp.float8_e4m3fn or x.block != "square" or x.axes != (-3, -1):
             return f"{name}: the kernel takes float8_e4m3fn MXArrays with square blocks over (sequence, head_dim)"
-    return attention_kernel.unsupported(head_dim=head_dim, causal=is_causal)
+    return attention_kernel.unsupported(
+        head_dim=head_dim, causal=is_causal, p_scale=config.p_scale, p_rounding=config.scale_rounding
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,7 +243,13 @@ def _fwd_kernel(static: _Static, quants, q_len, kv_len):
         q_len=q_len,
         kv_len=kv_len,
     )
-    o, lse = attention_kernel.attention_fwd(ops, causal=static.is_causal, t=q.shape[1])
+    o, lse = attention_kernel.attention_fwd(
+        ops,
+        causal=static.is_causal,
+        t=q.shape[1],
+        p_scale=static.config.p_scale,
+        p_rounding=static.config.scale_rounding,
+    )
     return o.astype(static.out_dtype), lse  # the kernel writes O in BTNH
 
 

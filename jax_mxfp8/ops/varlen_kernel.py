@@ -97,7 +97,10 @@ def prepare_packed(st: VarlenStatic, q, k, v, cu_q, cu_k):
 
 def _kernel_forward(st: VarlenStatic, q, k, v, cu_q, cu_k):
     (qm, km, vm), ops, work, lq = prepare_packed(st, q, k, v, cu_q, cu_k)
-    o_al, lse_al = attention_kernel.attention_fwd_packed(ops, work, causal=st.dense.is_causal)
+    config = st.dense.config
+    o_al, lse_al = attention_kernel.attention_fwd_packed(
+        ops, work, causal=st.dense.is_causal, p_scale=config.p_scale, p_rounding=config.scale_rounding
+    )
     o = aligned_to_packed(o_al[0], cu_q, lq.lengths, lq.starts, st.total_q).astype(st.dense.out_dtype)
     return o, (qm, km, vm, o_al, lse_al, cu_q, cu_k)
 

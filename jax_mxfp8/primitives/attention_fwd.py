@@ -3,9 +3,10 @@
   prepare(q, k, v, *, scale, q_len, kv_len) -> AlignedOperands   XLA, head-major MXArrays; runs anywhere
   prepare_sequence_major(q, k, v, ...) -> AlignedOperands          the same from (B, L, N, H) MXArrays: exponents
                                                                    in XLA, FP8 data through the realign kernel
-  attention_fwd(ops, *, causal, t, tune=0) -> (o, lse)            the sm_90a kernel, o (B, T, N, H); shards over
-                                                                   batch and KV-head groups, vmaps into the batch
-  emulate_fwd(ops, *, causal, t) -> (o, lse)                       the kernel's math in XLA, o (B, N, T, H)
+  attention_fwd(ops, *, causal, t, p_scale, p_rounding, tune=0)   the sm_90a kernel -> (o (B, T, N, H), lse);
+                                                                   shards over batch and KV-head groups, vmaps
+                                                                   into the batch
+  emulate_fwd(ops, *, causal, t, p_scale, p_rounding) -> (o, lse)   the kernel's math in XLA, o (B, N, T, H)
 
 The kernel (jax_mxfp8/kernels/sm90/attention_fwd.py) takes the contract's square-block MX operands
 re-encoded to one exponent per GEMM sub-tile ("way (a)", docs/numerics.md "Hopper attention kernel"):
@@ -17,6 +18,11 @@ re-encoded to one exponent per GEMM sub-tile ("way (a)", docs/numerics.md "Hoppe
 * V: every (128-key tile, 32 head-dim columns) gets e_tile = max of its 4 block exponents; elements as
   above, stored transposed (B, K, H, Sp) with the keys of every 32-key chunk permuted by PV_PERMUTATION
   (the order the kernel's P fragment has them in).
+
+P~ is quantized as the kernel does it: p_scale="const" stores E4M3(256 P~); "block" stores E4M3(P~ * 2^offset)
+with one offset per (query row, 128-key tile) from the contract's block rule on the row-tile's amax
+(p_tile_offset; docs/numerics.md "Hopper attention kernel" says why this reproduces the contract's 32-key
+blocks except below 2^-6 of the row-tile scale).
 
 Exponents are clamped to [-126, 126] so that 2^e and 2^-e are normal float32 numbers; finite float32 input
 never produces a block exponent above 120 (docs/numerics.md), and raising a tiny exponent only flushes
@@ -49,8 +55,9 @@ LOG2E = float(np.log2(np.e))
 E_MIN, E_MAX = -126, 126
 V_SPREAD = 64
 """V tile exponents are raised to at least (the largest of the sequence's column group) - V_SPREAD, so that
-acc_O, kept in the current tile's units, stays far from float32 overflow (|acc| <= 256 * S * 448 *
-2^spread); elements of such raised tiles lose only what lies 2^-70 below the sequence's largest V."""
+acc_O, kept in the current tile's units, stays far from float32 overflow (|acc| <= 2^off * S * 448 *
+2^spread, off = 8 for p_scale "const", <= registry.P_OFFSET_MAX = 24 for "block"); elements of such raised
+tiles lose only what lies 2^-70 below the sequence's largest V."""
 
 
 def pv_permutation() -> np.ndarray:
@@ -326,10 +333,26 @@ def _realign_op(operand: str, impl: str):
     return op
 
 
-def unsupported(*, head_dim: int, causal: bool) -> str | None:
+def p_options(p_scale: str, p_rounding: str) -> tuple[str, str]:
+    """Checked (p_scale, p_rounding), p_rounding normalized to "up" for "const" (one fixed scale, no rule)."""
+    if p_scale not in registry.P_SCALES:
+        raise ValueError(f"p_scale={p_scale!r} is not one of {registry.P_SCALES}")
+    if p_rounding not in registry.SCALE_ROUNDINGS:
+        raise ValueError(f"p_rounding={p_rounding!r} is not one of {registry.SCALE_ROUNDINGS}")
+    return p_scale, (p_rounding if p_scale == "block" else "up")
+
+
+def unsupported(*, head_dim: int, causal: bool, p_scale: str = "const", p_rounding: str = "up") -> str | None:
     """Why the kernel cannot run these arguments, or None."""
+    p_scale, p_rounding = p_options(p_scale, p_rounding)
     if registry.find_attention_fwd(head_dim, causal) is None:
         return f"no attention kernel for head_dim={head_dim} (the kernel covers 64 and 128)"
+    if registry.find_attention_fwd(head_dim, causal, p_scale, p_rounding) is None:
+        return (
+            f"no attention kernel for p_scale={p_scale!r} with scale_rounding={p_rounding!r}: the kernel's one P "
+            "scale per (row, 128-key tile) reproduces the 'up' block rule, not the 'floor' rule's saturation of "
+            "P elements (docs/numerics.md, 'Hopper attention kernel')"
+        )
     return None
 
 
@@ -350,25 +373,39 @@ def _out_shapes(q: jax.Array) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruc
     return jax.ShapeDtypeStruct((b, tp, n, h), jnp.bfloat16), jax.ShapeDtypeStruct((b, n, tp), jnp.float32)
 
 
-def _ffi_body(causal: bool, tune: int, packed: bool):
+def _attrs(causal: bool, p_scale: str, p_rounding: str, tune: int) -> dict[str, np.int32]:
+    """The FFI call's attributes (csrc/attention_fwd.cc picks the variant by them; codes from the registry)."""
+    return dict(
+        causal=np.int32(causal),
+        p_scale=np.int32(registry.P_SCALE_CODE[p_scale]),
+        p_rounding=np.int32(registry.ROUNDING_CODE[p_rounding]),
+        tune=np.int32(tune),
+    )
+
+
+def _ffi_body(causal: bool, p_scale: str, p_rounding: str, tune: int, packed: bool):
     target = "jax_mxfp8_attention_fwd_packed" if packed else "jax_mxfp8_attention_fwd"
 
     def fn(q, k, vt, qs, ks, vs, vi, *tables):
         return tuple(
             jax.ffi.ffi_call(target, _out_shapes(q))(
-                q, k, vt, qs, ks, vs, vi, *tables, causal=np.int32(causal), tune=np.int32(tune)
+                q, k, vt, qs, ks, vs, vi, *tables, **_attrs(causal, p_scale, p_rounding, tune)
             )
         )
 
     return fn
 
 
-def _emulated_body(causal: bool, packed: bool):
+def _emulated_body(causal: bool, p_scale: str, p_rounding: str, packed: bool):
     """The same contract as the kernel call, computed by emulate_fwd (CPU tests of the partitioning)."""
 
     def fn(q, k, vt, qs, ks, vs, vi, *tables):
         ops = AlignedOperands(q, k, vt, qs, ks, vs, vi, tables[0])
-        o, lse = emulate_packed_fwd(ops, causal=causal) if packed else emulate_fwd(ops, causal=causal, t=q.shape[2])
+        p = dict(p_scale=p_scale, p_rounding=p_rounding)
+        if packed:
+            o, lse = emulate_packed_fwd(ops, causal=causal, **p)
+        else:
+            o, lse = emulate_fwd(ops, causal=causal, t=q.shape[2], **p)
         return o.transpose(0, 2, 1, 3).astype(jnp.bfloat16), lse
 
     return fn
@@ -391,7 +428,9 @@ def _batch_and_heads(mesh, arg, batch_dim: int, heads_dim: int, heads: int):
 
 
 @functools.cache
-def _attention_op(causal: bool, tune: int, impl: str, group: int, n_kv: int, packed: bool = False):
+def _attention_op(
+    causal: bool, p_scale: str, p_rounding: str, tune: int, impl: str, group: int, n_kv: int, packed: bool = False
+):
     """custom_vmap(custom_partitioning(kernel call)): batch and KV-head groups shard, sequences do not.
 
     Heads shard as whole KV groups (query head n = kv * G + g): a mesh axis on the query-head dim is
@@ -399,7 +438,10 @@ def _attention_op(causal: bool, tune: int, impl: str, group: int, n_kv: int, pac
     along the sequence and head_dim is replicated (each device runs whole sequences). packed: the
     packed-sequence call (one batch row; the seqs and work tables replicated), which has no vmap rule.
     """
-    body = _ffi_body(causal, tune, packed) if impl == "cuda" else _emulated_body(causal, packed)
+    if impl == "cuda":
+        body = _ffi_body(causal, p_scale, p_rounding, tune, packed)
+    else:
+        body = _emulated_body(causal, p_scale, p_rounding, packed)
 
     def specs(mesh, arg_shapes):
         q, k = arg_shapes[0], arg_shapes[1]
@@ -459,12 +501,16 @@ def attention_fwd(
     *,
     causal: bool,
     t: int,
+    p_scale: str = "const",
+    p_rounding: str = "up",
     tune: int = 0,
     out: tuple[jax.Array, jax.Array] | None = None,
     _impl_override: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Runs the kernel. Returns o (B, T, N, H) bfloat16 and lse (B, N, T) float32 (padding rows dropped).
 
+    p_scale: "const" or "block" (AttentionConfig.p_scale); p_rounding: the block scale rule ("up" or
+    "floor", AttentionConfig.scale_rounding; ignored for "const").
     Under jit with sharded operands the call partitions over batch and KV-head groups (see
     _attention_op); under vmap the mapped axis joins the batch.
     out: optional (o (B, Tp, N, H) bfloat16, lse (B, N, Tp) float32) buffers the kernel writes into
@@ -472,12 +518,16 @@ def attention_fwd(
     runs the emulation through the same partitioning and batching (CPU tests).
     """
     args = (ops.q, ops.k, ops.vt, ops.qs, ops.ks, ops.vs, ops.vi, ops.lens)
+    p_scale, p_rounding = p_options(p_scale, p_rounding)
     if out is None:
         n_kv = ops.k.shape[1]
-        o, lse = _attention_op(bool(causal), int(tune), _impl_override or "cuda", ops.q.shape[1] // n_kv, n_kv)(*args)
+        op = _attention_op(
+            bool(causal), p_scale, p_rounding, int(tune), _impl_override or "cuda", ops.q.shape[1] // n_kv, n_kv
+        )
+        o, lse = op(*args)
     else:
         call = jax.ffi.ffi_call("jax_mxfp8_attention_fwd_into", _out_shapes(ops.q), input_output_aliases={8: 0, 9: 1})
-        o, lse = call(*args, *out, causal=np.int32(causal), tune=np.int32(tune))
+        o, lse = call(*args, *out, **_attrs(bool(causal), p_scale, p_rounding, int(tune)))
     return o[:, :t], lse[:, :, :t]
 
 
@@ -513,6 +563,8 @@ def attention_fwd_packed(
     work: jax.Array,
     *,
     causal: bool,
+    p_scale: str = "const",
+    p_rounding: str = "up",
     tune: int = 0,
     out: tuple[jax.Array, jax.Array] | None = None,
     _impl_override: str | None = None,
@@ -527,12 +579,13 @@ def attention_fwd_packed(
     args = (ops.q, ops.k, ops.vt, ops.qs, ops.ks, ops.vs, ops.vi, ops.lens, work)
     if out is None:
         n_kv = ops.k.shape[1]
-        op = _attention_op(bool(causal), int(tune), _impl_override or "cuda", ops.q.shape[1] // n_kv, n_kv, True)
+        impl = _impl_override or "cuda"
+        op = _attention_op(bool(causal), p_scale, p_rounding, int(tune), impl, ops.q.shape[1] // n_kv, n_kv, True)
         return op(*args)
     call = jax.ffi.ffi_call(
         "jax_mxfp8_attention_fwd_packed_into", _out_shapes(ops.q), input_output_aliases={9: 0, 10: 1}
     )
-    return call(*args, *out, causal=np.int32(causal), tune=np.int32(tune))
+    return call(*args, *out, **_attrs(causal, p_scale, p_rounding, tune))
 
 
 def _sequence_windows(x: jax.Array, first_tile: jax.Array, n_tiles: jax.Array, axis: int) -> jax.Array:
@@ -547,7 +600,9 @@ def _sequence_windows(x: jax.Array, first_tile: jax.Array, n_tiles: jax.Array, a
     return jnp.moveaxis(moved, 1, axis)
 
 
-def emulate_packed_fwd(ops: AlignedOperands, *, causal: bool) -> tuple[jax.Array, jax.Array]:
+def emulate_packed_fwd(
+    ops: AlignedOperands, *, causal: bool, p_scale: str = "const", p_rounding: str = "up"
+) -> tuple[jax.Array, jax.Array]:
     """The packed kernel's arithmetic in XLA: emulate_fwd on each sequence's own tiles (ops.lens = seqs).
     Returns o (1, N, Tp, H) and lse (1, N, Tp), 0 / -inf on rows in no sequence's query tiles."""
     seqs = ops.lens
@@ -580,7 +635,7 @@ def emulate_packed_fwd(ops: AlignedOperands, *, causal: bool) -> tuple[jax.Array
         vi=tile_factors(ops.vi),
         lens=jnp.stack([q_len, kv_len]),
     )
-    o, lse = emulate_fwd(seq_ops, causal=causal, t=ops.q.shape[2])  # (S, N, Tp, H), (S, N, Tp)
+    o, lse = emulate_fwd(seq_ops, causal=causal, t=ops.q.shape[2], p_scale=p_scale, p_rounding=p_rounding)
     rows = jnp.arange(ops.q.shape[2], dtype=jnp.int32)
     tile = rows // TILE_M
     b = jnp.clip(jnp.searchsorted(qt0, tile, side="right").astype(jnp.int32) - 1, 0, qt0.shape[0] - 1)
@@ -592,10 +647,52 @@ def emulate_packed_fwd(ops: AlignedOperands, *, causal: bool) -> tuple[jax.Array
     return o, lse
 
 
-def emulate_fwd(ops: AlignedOperands, *, causal: bool, t: int) -> tuple[jax.Array, jax.Array]:
+def p_tile_offset(tile_max: jax.Array, m_use: jax.Array, prev: jax.Array, p_rounding: str) -> jax.Array:
+    """p_scale="block": the kernel's P offset per (query row, KV tile), as AttentionForwardSm90._p_offset.
+
+    Args (log2 domain, float32, any common shape): tile_max: the row's largest logit in the tile (-inf when
+      the tile is fully masked for the row); m_use: the running max the tile is exponentiated against
+      (tile_max <= m_use); prev: the row's offset of the previous tile. p_rounding: "up" or "floor".
+    Returns float32 integers in [8, P_OFFSET_MAX]: the tile stores E4M3(P~ * 2^offset), i.e. its scale is
+    the contract's block scale for an amax of 2^-d, d = m_use - tile_max ("up": 2^ceil(-d - log2 448),
+    "floor": 2^(floor(-d) - 8)), capped at 2^-P_OFFSET_MAX below; fully masked tiles keep `prev`; NaN
+    rows get P_OFFSET_MAX (fmin ignores NaN, as the kernel's min.f32 does).
+    """
+    d = m_use - tile_max
+    if p_rounding == "up":
+        off = jnp.floor(d + np.float32(registry.LOG2_E4M3_MAX))
+    elif p_rounding == "floor":
+        off = jnp.ceil(d) + np.float32(registry.P_CONST_OFFSET)
+    else:
+        raise ValueError(f"p_rounding={p_rounding!r} is not one of {registry.SCALE_ROUNDINGS}")
+    off = jnp.fmin(off, np.float32(registry.P_OFFSET_MAX))
+    return jnp.where(tile_max == -jnp.inf, prev, off).astype(jnp.float32)
+
+
+def p_to_e4m3(p: jax.Array) -> jax.Array:
+    """The kernel's P rounding, cvt.rn.satfinite.e4m3: float32 P (>= 0, or NaN) -> E4M3 values as float32.
+
+    Saturates at 448 (an "up" tile's max can land just above 448 where float rounding of d picked the
+    finer scale; "floor" tiles reach [256, 512) by design, as the contract's own saturation does)."""
+    return decode_elements(jnp.minimum(p, np.float32(448.0)).astype(jnp.float8_e4m3fn))
+
+
+def _pow2f(k: jax.Array) -> jax.Array:
+    """2^k for integer-valued float32 k in [-126, 127] (exact, from the bits)."""
+    return pow2(k.astype(jnp.int32))
+
+
+def emulate_fwd(
+    ops: AlignedOperands, *, causal: bool, t: int, p_scale: str = "const", p_rounding: str = "up"
+) -> tuple[jax.Array, jax.Array]:
     """The kernel's arithmetic in XLA (float32 GEMMs on the aligned operands, same tile order, exp2 with the
-    max offset 8, E4M3 P, per-tile V exponents): the tight oracle for the kernel and a CPU check of
-    `prepare`. Returns o (B, N, T, H) float32 and lse (B, N, T) float32."""
+    max offset, E4M3 P, per-tile V exponents): the tight oracle for the kernel and a CPU check of
+    `prepare`. p_scale "const": P = E4M3(256 P~); "block": P = E4M3(P~ * 2^offset) with the per-(row, tile)
+    p_tile_offset, l kept in 2^-8 units, acc_O in the current tile's P units (rescaled by
+    2^(offset_j - offset_{j-1}) with alpha), O = acc * 2^(8 - offset_last) * 2^eV / l.
+    Returns o (B, N, T, H) float32 and lse (B, N, T) float32."""
+    p_scale, p_rounding = p_options(p_scale, p_rounding)
+    block = p_scale == "block"
     b, n, tp, h = ops.q.shape
     nk, sp = ops.k.shape[1], ops.k.shape[2]
     g, hg, nt = n // nk, h // 32, sp // TILE_N
@@ -612,9 +709,10 @@ def emulate_fwd(ops: AlignedOperands, *, causal: bool, t: int) -> tuple[jax.Arra
     vi = ops.vi.reshape(b, nk, nt, hg)
     q_len, kv_len = ops.lens[0], ops.lens[1]
     rows = jnp.arange(tp)[:, None]
+    const_off = np.float32(registry.P_CONST_OFFSET)
 
     def step(carry, j):
-        m, lsum, acc, v_prev = carry
+        m, lsum, acc, v_prev, off_prev = carry
         kj = lax.dynamic_slice_in_dim(k, j * TILE_N, TILE_N, axis=2)
         vj = lax.dynamic_slice_in_dim(v, j * TILE_N, TILE_N, axis=2)
         s = jnp.einsum("bkgth,bksh->bkgts", q, kj, precision=hp) * (qs * ks[:, :, None, j, None, :])
@@ -623,26 +721,36 @@ def emulate_fwd(ops: AlignedOperands, *, causal: bool, t: int) -> tuple[jax.Arra
         if causal:
             bad = bad | (cols > rows)[None]
         s = jnp.where(bad[:, None, None], -jnp.inf, s)
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        tile_max = jnp.max(s, axis=-1)
+        m_new = jnp.maximum(m, tile_max)
         m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-        p = jnp.exp2(s - (m_use - 8.0)[..., None])
+        off = p_tile_offset(tile_max, m_use, off_prev, p_rounding) if block else off_prev
+        p = jnp.exp2(s - (m_use - off)[..., None])  # P~ in this tile's P units (2^off)
         alpha = jnp.exp2(m - m_use)
-        lsum = alpha * lsum + jnp.sum(p, axis=-1)
-        pq = decode_elements(p.astype(jnp.float8_e4m3fn))
+        if block:
+            # l in fixed 2^-8 units; acc_O moves into this tile's P units (exact powers of two)
+            lsum = alpha * lsum + jnp.sum(p, axis=-1) * _pow2f(const_off - off)
+            alpha = alpha * _pow2f(off - off_prev)
+        else:
+            lsum = alpha * lsum + jnp.sum(p, axis=-1)
+        pq = p_to_e4m3(p)
         ratio = jnp.where(j == 0, 1.0, v_prev * vi[:, :, j])  # (b, nk, hg)
         ratio = jnp.repeat(ratio, 32, axis=-1)[:, :, None, None, :]
         acc = acc * alpha[..., None] * ratio + jnp.einsum("bkgts,bksh->bkgth", pq, vj, precision=hp)
-        return (m_new, lsum, acc, vs[:, :, j]), None
+        return (m_new, lsum, acc, vs[:, :, j], off), None
 
     init = (
         jnp.full((b, nk, g, tp), -jnp.inf, jnp.float32),
         jnp.zeros((b, nk, g, tp), jnp.float32),
         jnp.zeros((b, nk, g, tp, h), jnp.float32),
         jnp.ones((b, nk, hg), jnp.float32),
+        jnp.full((b, nk, g, tp), const_off, jnp.float32),
     )
-    (m, lsum, acc, v_last), _ = lax.scan(step, init, jnp.arange(nt))
+    (m, lsum, acc, v_last, off_last), _ = lax.scan(step, init, jnp.arange(nt))
     live = (lsum > 0) | jnp.isnan(lsum)
     live = live & (jnp.arange(tp)[None, None, None, :] < q_len[:, None, None, None])
+    if block:
+        acc = acc * _pow2f(const_off - off_last)[..., None]  # back to the fixed 2^-8 units of l
     o = jnp.where(live[..., None], acc * jnp.repeat(v_last, 32, axis=-1)[:, :, None, None, :] / lsum[..., None], 0.0)
     lse = jnp.where(live, (m - 8.0 + jnp.log2(lsum)) * np.float32(np.log(2.0)), -jnp.inf)
     return o.reshape(b, n, tp, h)[:, :, :t], lse.reshape(b, n, tp)[:, :, :t]

@@ -5,9 +5,10 @@ Supported features (kernels/registry.py, AttentionFwdConfig):
   reads KV head n // G); per-batch query and KV lengths (padded batches); packed jagged sequences
   (config.packed: one batch row holding every sequence from a 128-row tile boundary, a work list of
   (sequence, query tile) items; ops/varlen_kernel.py); kv tile 128 (= the contract's
-  AttentionConfig.kv_tile default, visited in ascending order, as the reference does); p_scale "const".
-  Not here (the XLA reference takes them): bias and boolean masks, causal_safe, p_scale "block",
-  qkv_blocks "row", other kv tiles, head_dim 256.
+  AttentionConfig.kv_tile default, visited in ascending order, as the reference does); p_scale "const"
+  and "block" (scale rule "up"; "floor" is implemented but not registered, see below).
+  Not here (the XLA reference takes them): bias and boolean masks, causal_safe, p_scale "block" with
+  scale_rounding "floor", qkv_blocks "row", other kv tiles, head_dim 256.
 
 Inputs come from the producer pass jax_mxfp8.primitives.attention_fwd.prepare_sequence_major (exponents
 in XLA, the FP8 data through kernels/sm90/attention_realign.py; `prepare` is its XLA formulation), which
@@ -41,6 +42,30 @@ and o (Tp, N, H), lse (N, Tp) in the aligned rows. Each CTA runs the dense code 
 (tile offsets qt0, kt0; masks and lengths relative to the sequence), so a sequence gets the bits the
 dense kernel gives it alone on a padded batch. Rows outside every sequence's query tiles are not written.
 
+p_scale "block" (config.p_scale): the contract scales P~ per 32-key block along KV, the P V GEMM's
+contracting axis, which wgmma cannot do; the kernel re-encodes instead, as for Q and K: ONE power-of-two
+scale s_rt = 2^-off per (query row, KV tile), the one the contract's rule gives for the row-tile's amax
+2^-d, d = m - tile_max ("up": off = floor(d + log2 448); "floor": off = 8 + ceil(d)), capped at
+P_OFFSET_MAX = 24 (acc_O bound). P = ex2(acc * c_g - (m - off)) = P~ * 2^off, cvt.rn.satfinite to E4M3
+(satfinite: where float rounding of d picks the finer scale, the max lands just above 448 and becomes
+448 * s_rt, the contract's value). Why that is the contract's numerics: every 32-key block's contract
+scale s_b <= s_rt; an element x >= 2^-6 * s_rt is E4M3-normal at both scales, so both round it to 3
+mantissa bits in its own binade: identical values; smaller elements differ by at most half a subnormal
+step, 2^-10 * s_rt (tests/test_attention_kernel_pblock.py checks it bit for bit). "floor" also
+saturates a block's elements above 448 * s_b, which a coarser s_rt does not reproduce (1-2% of O,
+below the 40 dB gate): those variants are not registered. Units: l stays in 2^-8 units
+(row_sum = row_sum * alpha + sum(P) * 2^(8 - off), so LSE is unchanged); acc_O is kept in the current
+tile's P units: the rescale factor becomes alpha_row * 2^(off_j - off_{j-1}) * 2^(eV[j-1] - eV[j]), and
+the epilogue multiplies by 2^(8 - off_last). A fully masked row-tile keeps the previous offset (no
+inf - inf); a NaN row gets the cap and stays NaN through its P and l. Powers of two are built from
+exponent bits (F2I, SHL, IADD), never ex2. Cost: a floor, a min, a select and two such powers per row
+and tile, and the acc_O rescale on tiles whose offset moved (64 FMUL per thread).
+
+P V accumulation (config.pv_fp32, production at H64): each tile's P V runs on a fresh wgmma accumulator that
+float32 FADDs add to acc_O, because the FP8 wgmma's own accumulation keeps fewer bits than float32 and a
+chain over all KV tiles loses small addends beside a large sum (docs/numerics.md "P V accumulation"). At
+H128 the extra registers spill, so H128 chains P V on acc_O (the known error on attention-sink inputs).
+
 Structure (per CTA: one (batch, query head, 128-row tile); 3 warpgroups, FA3-style):
   WG0   producer: one warp issues TMA for Q (two 64-row stages, one per consumer), then K_j, V_j into a
         shared K/V ring of `kv_stage` stages (K and V tiles have the same bytes), 24 registers.
@@ -73,7 +98,13 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 
-from jax_mxfp8.kernels.registry import AttentionFwdConfig, pv_permutation
+from jax_mxfp8.kernels.registry import (
+    LOG2_E4M3_MAX,
+    P_CONST_OFFSET,
+    P_OFFSET_MAX,
+    AttentionFwdConfig,
+    pv_permutation,
+)
 
 FP8 = cutlass.Float8E4M3FN
 TILE_M = 64  # query rows per consumer warpgroup
@@ -113,6 +144,11 @@ def _exp2_poly(x):
     return (p.bitcast(Int32) + (t.bitcast(Int32) << 23)).bitcast(Float32)
 
 
+def _pow2(k: Float32) -> Float32:
+    """2^k for an integer-valued Float32 k in [-126, 127], built from its exponent bits (exact; no MUFU)."""
+    return ((Int32(k) + 127) << 23).bitcast(Float32)
+
+
 def _acc_index_for_a_slot(flat_a: int) -> int:
     """Flat index into the (64 x 128) S accumulator fragment of the value for A-fragment element flat_a.
 
@@ -132,6 +168,7 @@ class AttentionForwardSm90:
         self.h = config.head_dim
         self.hg = self.h // 32
         self.kv_stage = config.kv_stage
+        self.block_p = config.p_scale == "block"
         self.qk_tiler = (TILE_M, TILE_N, self.h)
         self.pv_tiler = (TILE_M, self.h, TILE_N)
         self.threads = 128 * (1 + NUM_CONSUMERS)
@@ -456,6 +493,9 @@ class AttentionForwardSm90:
         tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
         acc_s = cute.make_rmem_tensor(qk_thr.partition_shape_C((TILE_M, TILE_N)), Float32)
         acc_o = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M, h)), Float32)
+        # config.pv_fp32: each tile's P V goes to a fresh accumulator that the CUDA cores add to acc_O (the
+        # tensor core's FP8 accumulation keeps too few bits for a long chain of small addends)
+        acc_pv = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M, h)), Float32) if self.config.pv_fp32 else acc_o
         p_f32 = cute.make_rmem_tensor(pv_thr.partition_shape_A((TILE_M, TILE_N)), Float32)
         p_fp8 = cute.make_rmem_tensor(pv_thr.partition_shape_A((TILE_M, TILE_N)), FP8)
         # partitioned before the main loop: the wgmma ACCUMULATE field set inside it rebinds the tiled MMA
@@ -477,6 +517,10 @@ class AttentionForwardSm90:
         v_prev = cute.make_rmem_tensor((hg,), Float32)  # 2^eV of the previous tile
         for g in cutlass.range_constexpr(hg):
             v_prev[g] = Float32(1.0)
+        # p_scale="block": each row's P offset of the previous tile (acc_O's P units); unused for "const"
+        p_off = cute.make_rmem_tensor((2,), Float32)
+        for r in cutlass.range_constexpr(2):
+            p_off[r] = Float32(P_CONST_OFFSET)
 
         q_pipe.consumer_wait(pipeline.PipelineState(NUM_CONSUMERS, Int32(0), c, Int32(0)))
         tSrQ = tSrQ[(None, None, None, c)]
@@ -490,16 +534,17 @@ class AttentionForwardSm90:
                 cute.nvgpu.warpgroup.wait_group(0)
                 kv_pipe.consumer_release(self._kv_state(2 * j))
                 alpha = self._softmax(
-                    acc_s, row_max, row_sum, q_factor, mKs, bkv, kt0, j, m_tile, row0, col_in_tile, kv_len
+                    acc_s, row_max, row_sum, p_off, q_factor, mKs, bkv, kt0, j, m_tile, row0, col_in_tile, kv_len
                 )
                 self._pack_p(acc_s, p_f32, p_fp8)
                 self._rescale_o(acc_o, alpha, v_prev, mVs, mVi, bkv, kt0 + j)
                 kv_pipe.consumer_wait(self._kv_state(2 * j + 1))
                 cute.nvgpu.warpgroup.fence()
-                self._gemm("pv", acc_o, p_fp8, tOrV[(None, None, None, (2 * j + 1) % self.kv_stage)], True)
+                self._gemm("pv", acc_pv, p_fp8, tOrV[(None, None, None, (2 * j + 1) % self.kv_stage)], self._pv_chain)
                 cute.nvgpu.warpgroup.commit_group()
                 cute.nvgpu.warpgroup.wait_group(0)
                 kv_pipe.consumer_release(self._kv_state(2 * j + 1))
+                self._add_pv(acc_o, acc_pv)
         else:
             # S_j = Q K_j^T is issued together with O += P_{j-1} V_{j-1}; softmax(j) runs while P V is in flight
             if n_tiles > 0:
@@ -510,7 +555,7 @@ class AttentionForwardSm90:
                 cute.nvgpu.warpgroup.wait_group(0)
                 kv_pipe.consumer_release(self._kv_state(0))
                 alpha0 = self._softmax(
-                    acc_s, row_max, row_sum, q_factor, mKs, bkv, kt0, 0, m_tile, row0, col_in_tile, kv_len
+                    acc_s, row_max, row_sum, p_off, q_factor, mKs, bkv, kt0, 0, m_tile, row0, col_in_tile, kv_len
                 )
                 self._pack_p(acc_s, p_f32, p_fp8)
                 self._rescale_o(acc_o, alpha0, v_prev, mVs, mVi, bkv, kt0)
@@ -525,17 +570,18 @@ class AttentionForwardSm90:
                 cute.nvgpu.warpgroup.fence()
                 self._gemm("qk", acc_s, tSrQ, tSrK[(None, None, None, (2 * j) % self.kv_stage)], False)
                 cute.nvgpu.warpgroup.commit_group()
-                self._gemm("pv", acc_o, p_fp8, tOrV[(None, None, None, (2 * j - 1) % self.kv_stage)], True)
+                self._gemm("pv", acc_pv, p_fp8, tOrV[(None, None, None, (2 * j - 1) % self.kv_stage)], self._pv_chain)
                 cute.nvgpu.warpgroup.commit_group()
                 if cutlass.const_expr(self.config.pingpong):
                     self._turn_arrive(c)
                 cute.nvgpu.warpgroup.wait_group(1)
                 kv_pipe.consumer_release(self._kv_state(2 * j))
                 alpha = self._softmax(
-                    acc_s, row_max, row_sum, q_factor, mKs, bkv, kt0, j, m_tile, row0, col_in_tile, kv_len
+                    acc_s, row_max, row_sum, p_off, q_factor, mKs, bkv, kt0, j, m_tile, row0, col_in_tile, kv_len
                 )
                 cute.nvgpu.warpgroup.wait_group(0)
                 kv_pipe.consumer_release(self._kv_state(2 * j - 1))
+                self._add_pv(acc_o, acc_pv)
                 self._pack_p(acc_s, p_f32, p_fp8)
                 self._rescale_o(acc_o, alpha, v_prev, mVs, mVi, bkv, kt0 + j)
             if cutlass.const_expr(self.config.pingpong):
@@ -545,12 +591,25 @@ class AttentionForwardSm90:
                 last = 2 * n_tiles - 1
                 kv_pipe.consumer_wait(self._kv_state(last))
                 cute.nvgpu.warpgroup.fence()
-                self._gemm("pv", acc_o, p_fp8, tOrV[(None, None, None, last % self.kv_stage)], True)
+                self._gemm("pv", acc_pv, p_fp8, tOrV[(None, None, None, last % self.kv_stage)], self._pv_chain)
                 cute.nvgpu.warpgroup.commit_group()
                 cute.nvgpu.warpgroup.wait_group(0)
                 kv_pipe.consumer_release(self._kv_state(last))
+                self._add_pv(acc_o, acc_pv)
 
-        self._epilogue(tOgO, acc_o, row_max, row_sum, v_prev, mLse, bn, qt0 * CTA_M, row0, q_len)
+        self._epilogue(tOgO, acc_o, row_max, row_sum, p_off, v_prev, mLse, bn, qt0 * CTA_M, row0, q_len)
+
+    @property
+    def _pv_chain(self) -> bool:
+        """Whether P V accumulates onto acc_O in the tensor core (False: a fresh accumulator per tile)."""
+        return not self.config.pv_fp32
+
+    @cute.jit
+    def _add_pv(self, acc_o, acc_pv):
+        """config.pv_fp32: acc_O += this tile's P V (float32 FADD on the CUDA cores)."""
+        if cutlass.const_expr(self.config.pv_fp32):
+            for i in cutlass.range_constexpr(cute.size(acc_o)):
+                acc_o[i] = acc_o[i] + acc_pv[i]
 
     def _make_qk_mma(self):
         """S = Q K^T: FP8 wgmma, both operands K-major in shared memory, float32 accumulator (64 x 128)."""
@@ -580,10 +639,13 @@ class AttentionForwardSm90:
 
     @cute.jit
     def _rescale_o(self, acc_o, alpha, v_prev, mVs, mVi, bkv, j):
-        """acc_O into (operand) KV tile j's V units: times alpha_row * 2^(eV[j-1] - eV[j]) per 32 head-dim columns.
+        """acc_O into (operand) KV tile j's V (and P) units: times alpha_row * 2^(eV[j-1] - eV[j]) per 32 head-dim
+        columns.
 
+        alpha (from _softmax) carries, for p_scale="block", the row's P unit change 2^(off_j - off_{j-1}).
         Skipped (exactly: a multiply by 1.0 changes no bit) when every factor of the warp is 1, i.e. no
-        row max moved and the V exponents repeat; this happens on most tiles once the max has settled.
+        row max moved and the V exponents repeat; this happens on most tiles once the max has settled
+        ("const"; with "block" the P offsets of a warp's 16 rows must repeat too).
         """
         factor = cute.make_rmem_tensor((2, self.hg), Float32)
         ones = cutlass.Boolean(True)
@@ -609,8 +671,29 @@ class AttentionForwardSm90:
             cute.gemm(tiled_mma, acc, a[None, None, kb], b[None, None, kb], acc)
 
     @cute.jit
-    def _softmax(self, acc_s, row_max, row_sum, q_factor, mKs, bkv, kt0, j, m_tile, row0, col_in_tile, kv_len):
-        """Online softmax of one 64 x 128 tile in place: acc_s becomes 256 P~ (float32); returns alpha per row.
+    def _p_offset(self, m_use: Float32, tile_max: Float32, prev: Float32) -> Float32:
+        """p_scale="block": this row-tile's P offset (P~ is stored as E4M3(P~ * 2^offset)), an integer in
+        [8, P_OFFSET_MAX]: the contract's block scale rule applied to the row-tile's amax 2^-d.
+
+        "up": scale 2^ceil(-d - log2 448), offset floor(d + log2 448); "floor": scale 2^(floor(-d) - 8),
+        offset 8 + ceil(d). Float rounding of d can pick the finer scale at a boundary: the tile's max then
+        lands just above 448 and cvt.rn.satfinite gives 448, the same value the contract's scale gives.
+        A fully masked row-tile (tile_max = -inf, so d = +inf; m_use is never -inf) keeps the previous
+        offset: nothing to scale, no rescale of acc_O, no inf in the offset. A NaN row (d NaN) gets
+        P_OFFSET_MAX from the NaN-quiet min and stays NaN through its P and l.
+        """
+        d = m_use - tile_max  # >= 0: the tile's largest P~ is 2^-d
+        if cutlass.const_expr(self.config.p_rounding == "up"):
+            off = cute.math.floor(d + LOG2_E4M3_MAX)
+        else:
+            off = cute.math.ceil(d) + float(P_CONST_OFFSET)
+        off = cute.arch.fmin(off, Float32(P_OFFSET_MAX))  # bounds acc_O (registry.P_OFFSET_MAX)
+        return cutlass.select_(tile_max == -Float32.inf, prev, off)
+
+    @cute.jit
+    def _softmax(self, acc_s, row_max, row_sum, p_off, q_factor, mKs, bkv, kt0, j, m_tile, row0, col_in_tile, kv_len):
+        """Online softmax of one 64 x 128 tile in place: acc_s becomes P~ in this tile's P units (float32;
+        256 P~ for p_scale="const", P~ * 2^p_off for "block"); returns acc_O's rescale factor per row.
         j counts KV tiles from the sequence start (masks); kt0 + j indexes the operands (scales)."""
         # log2-domain factor per 32-key group: tau * log2(e) * 2^(eQ + eK[g])
         # A product below float32's normal range (a zero query row block, say) flushes to 0, and a masked
@@ -650,7 +733,11 @@ class AttentionForwardSm90:
             if m_new == -Float32.inf:
                 m_use = Float32(0.0)
             alpha[v1] = cute.math.exp2(m_old - m_use, fastmath=True)
-            neg_offset = 8.0 - m_use  # 256 P~ = 2^(t - m + 8)
+            if cutlass.const_expr(self.block_p):
+                offset = self._p_offset(m_use, tile_max, p_off[v1])
+                neg_offset = offset - m_use  # P~ * 2^offset = 2^(t - m + offset)
+            else:
+                neg_offset = 8.0 - m_use  # 256 P~ = 2^(t - m + 8)
             ps = []
             for nb in cutlass.range_constexpr(TILE_N // 8):
                 for v0 in cutlass.range_constexpr(2):
@@ -662,7 +749,15 @@ class AttentionForwardSm90:
                         p = cute.math.exp2(x, fastmath=True)
                     acc_s[i] = p
                     ps.append(p)
-            row_sum[v1] = row_sum[v1] * alpha[v1] + _tree(ps, lambda a, b: a + b)
+            tile_sum = _tree(ps, lambda a, b: a + b)
+            if cutlass.const_expr(self.block_p):
+                # l stays in 2^-8 units (LSE unchanged); acc_O moves into this tile's P units. Both factors
+                # are exact powers of two (offsets are integers in [8, P_OFFSET_MAX]).
+                row_sum[v1] = row_sum[v1] * alpha[v1] + tile_sum * _pow2(float(P_CONST_OFFSET) - offset)
+                alpha[v1] = alpha[v1] * _pow2(offset - p_off[v1])
+                p_off[v1] = offset
+            else:
+                row_sum[v1] = row_sum[v1] * alpha[v1] + tile_sum
         return alpha
 
     @cute.jit
@@ -673,8 +768,9 @@ class AttentionForwardSm90:
         p_fp8.store(p_f32.load().to(FP8))
 
     @cute.jit
-    def _epilogue(self, tOgO, acc_o, row_max, row_sum, v_last, mLse, bn, lse_row0, row0, q_len):
-        """O = acc * 2^eV[last] / l in bfloat16, LSE = ln2 * (m - 8 + log2 l); zeros / -inf for empty rows."""
+    def _epilogue(self, tOgO, acc_o, row_max, row_sum, p_off, v_last, mLse, bn, lse_row0, row0, q_len):
+        """O = acc * 2^eV[last] / l in bfloat16 (times 2^(8 - p_off[last]) for p_scale="block": acc_O is in
+        the last tile's P units, l in 2^-8 units), LSE = ln2 * (m - 8 + log2 l); zeros / -inf for empty rows."""
         inv = cute.make_rmem_tensor((2,), Float32)
         lse = cute.make_rmem_tensor((2,), Float32)
         keep = cute.make_rmem_tensor((2,), cutlass.Boolean)
@@ -689,6 +785,8 @@ class AttentionForwardSm90:
             lse[v1] = -Float32.inf
             if live:
                 inv[v1] = cute.arch.rcp_approx(total)
+                if cutlass.const_expr(self.block_p):
+                    inv[v1] = inv[v1] * _pow2(float(P_CONST_OFFSET) - p_off[v1])
                 lse[v1] = (row_max[v1] - 8.0 + cute.math.log2(total, fastmath=True)) * LN2
         for i in cutlass.range_constexpr(cute.size(acc_o)):
             v1, nb = (i // 2) % 2, i // 4
