@@ -131,7 +131,11 @@ def test_row_tile_scale_reproduces_contract_blocks(rounding):
           f"({(got[sub] != want[sub]).sum()} differ), {sat.sum()} saturated by the contract only")  # fmt: skip
 
 
-@pytest.mark.parametrize("rounding", ["up", "floor"])
+# "up" only: it is the registered rule. Under "floor" the finer neighbouring scale puts the tile's max in
+# [512, 1024) * s_rt, which cvt.rn.satfinite clips to 448 * s_rt (up to 56% off that element): one more
+# reason "floor" takes the XLA path (registry.ATTENTION_FWD_VARIANTS). Whether float32 log2 picks the
+# finer scale at such a boundary varied between runs of the full suite, so that case is not asserted.
+@pytest.mark.parametrize("rounding", ["up"])
 def test_offset_boundary_gives_the_contract_value(rounding):
     """Where float rounding of d picks the scale next to the contract's, the tile's max still quantizes to
     the contract's value ("up": the finer scale puts it just above 448, satfinite gives 448 * s_rt = 224 *
