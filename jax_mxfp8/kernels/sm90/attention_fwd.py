@@ -17,7 +17,7 @@ DESIGN.md section 2, docs/numerics.md "Hopper attention kernel"):
   q   (B*N*Tp, H)     float8_e4m3fn  Q' rows, head-major (b, n, t); Tp = T rounded up to 128
   k   (B*K*Sp, H)     float8_e4m3fn  K' rows, head-major (b, kv, s); Sp = S rounded up to 128
   vt  (B*K*H, Sp)     float8_e4m3fn  V'^T: per (b, kv) an (H, Sp) matrix whose columns are the KV
-                                     positions, permuted inside every 32 by PV_PERMUTATION (below)
+                                     positions, permuted inside every 32 by PV_PERMUTATION (wgmma_fragment.py)
   qs  (B*N, Tp/32)    float32        tau * log2(e) * 2^eQ per 32 query rows
   ks  (B*K, Sp/32)    float32        2^eK per 32 keys
   vs  (B*K, Sp/128*H/32) float32     2^eV per (kv tile, 32 head-dim columns)
@@ -72,10 +72,8 @@ Structure (per CTA: one (batch, query head, 128-row tile); 3 warpgroups, FA3-sty
   WG1/2 consumers (240 registers), 64 query rows each: S = Q K_j^T (FP8 wgmma, both operands K-major from
         shared memory), online softmax in registers, P packed to E4M3 in registers as the A operand of
         O += P V_j (wgmma RS; V' is K-major along KV because it is stored transposed).
-  P needs no shuffles: the S accumulator holds, per thread and 32 keys, keys {2q, 2q+1, 8+2q, 9+2q,
-  16+2q, 17+2q, 24+2q, 25+2q} (q = lane % 4) while the 8-bit A fragment wants k-slots {4q..4q+3,
-  16+4q..19+4q}; packing accumulator values in that order puts key PV_PERMUTATION[a] in k-slot a, and the
-  producer pass stores V'^T with its KV columns permuted the same way, so P V sums the same pairs.
+  P needs no shuffles: packed from the S accumulator in the A fragment's order, its k-slot a holds key
+  PV_PERMUTATION[a] of every 32, the order the producer pass stores V'^T in (kernels/sm90/wgmma_fragment.py).
   With config.overlap the consumer issues S_{j+1} = Q K_{j+1}^T before O += P_j V_j and runs the softmax of
   tile j+1 while that PV wgmma is in flight (FA3's intra-warpgroup overlap). config.pingpong makes the
   two consumers take turns issuing (named barriers 1 and 2).
@@ -98,66 +96,21 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 
-from jax_mxfp8.kernels.registry import (
-    LOG2_E4M3_MAX,
-    P_CONST_OFFSET,
-    P_OFFSET_MAX,
-    AttentionFwdConfig,
-    pv_permutation,
-)
+from jax_mxfp8.kernels.common.fp32_math import pow2
+from jax_mxfp8.kernels.registry import P_CONST_OFFSET, AttentionFwdConfig
+from jax_mxfp8.kernels.sm90 import warp_specialization as ws
+from jax_mxfp8.kernels.sm90 import wgmma
+from jax_mxfp8.kernels.sm90.attention_mask import AttentionMask
+from jax_mxfp8.kernels.sm90.attention_softmax import OnlineSoftmax
+from jax_mxfp8.kernels.sm90.tile_scheduler import DenseTileScheduler, PackedTileScheduler, WorkTile
+from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords, pack_acc_to_a_fp8
 
 FP8 = cutlass.Float8E4M3FN
 TILE_M = 64  # query rows per consumer warpgroup
 NUM_CONSUMERS = 2
 CTA_M = TILE_M * NUM_CONSUMERS
 TILE_N = 128  # keys per KV tile (the reference's kv_tile)
-LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
-MIN_NORMAL = 2.0**-126
-
-
-PV_PERMUTATION = pv_permutation()
-
-
-def _tree(values: list, op):
-    """op-reduction of a Python list of DSL values as a balanced tree (trace time)."""
-    while len(values) > 1:
-        values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
-    return values[0]
-
-
-# 2^f on [-0.5, 0.5], degree 3, fitted for relative error (max 7.8e-5 in float32 Horner form)
-POLY_EXP2 = (0.9999289512634277, 0.6932762265205383, 0.24260404706001282, 0.05508868396282196)
-ROUND_MAGIC = 12582912.0  # 1.5 * 2^23: x + this rounds x to an integer held in the low mantissa bits
-
-
-def _exp2_poly(x):
-    """2^x on the FMA pipe (FADD/FFMA + two integer ops), for x <= 127: x = j + f with j = rint(x),
-    |f| <= 1/2, 2^f by POLY_EXP2, j added to the exponent field. x is first raised to -126 (NaN kept),
-    so a masked -inf gives 2^-126 ~ 1e-38, not 0: invisible in l and rounded to 0 in E4M3."""
-    x = cute.arch.fmax(x, Float32(-126.0), nan=True)
-    t = x + Float32(ROUND_MAGIC)
-    f = x - (t - Float32(ROUND_MAGIC))
-    p = cute.math.fma(f, Float32(POLY_EXP2[3]), Float32(POLY_EXP2[2]))
-    p = cute.math.fma(f, p, Float32(POLY_EXP2[1]))
-    p = cute.math.fma(f, p, Float32(POLY_EXP2[0]))
-    return (p.bitcast(Int32) + (t.bitcast(Int32) << 23)).bitcast(Float32)
-
-
-def _pow2(k: Float32) -> Float32:
-    """2^k for an integer-valued Float32 k in [-126, 127], built from its exponent bits (exact; no MUFU)."""
-    return ((Int32(k) + 127) << 23).bitcast(Float32)
-
-
-def _acc_index_for_a_slot(flat_a: int) -> int:
-    """Flat index into the (64 x 128) S accumulator fragment of the value for A-fragment element flat_a.
-
-    A fragment ((4, 2, 2), 1, 4): byte i of word (row half v1, k half v2) of k-block kb.
-    Accumulator ((2, 2, 16), 1, 1): v0 (column + 1), v1 (row + 8), nb (column + 8).
-    """
-    i, v1, v2, kb = flat_a % 4, (flat_a // 4) % 2, (flat_a // 8) % 2, flat_a // 16
-    nb = 4 * kb + 2 * v2 + i // 2
-    return (i % 2) + 2 * v1 + 4 * nb
 
 
 class AttentionForwardSm90:
@@ -171,7 +124,10 @@ class AttentionForwardSm90:
         self.block_p = config.p_scale == "block"
         self.qk_tiler = (TILE_M, TILE_N, self.h)
         self.pv_tiler = (TILE_M, self.h, TILE_N)
-        self.threads = 128 * (1 + NUM_CONSUMERS)
+        self.threads = ws.WARPGROUP_THREADS * (1 + NUM_CONSUMERS)
+        self.mask = AttentionMask(config.causal, CTA_M, TILE_N)
+        self.softmax = OnlineSoftmax(config, self.mask, TILE_N)
+        ws.check_register_budget(NUM_CONSUMERS)
 
     # ------------------------------------------------------------------------------------------------
     # AOT interface (tools/build_kernels.py)
@@ -283,8 +239,8 @@ class AttentionForwardSm90:
         )
 
         kmajor = utils.LayoutEnum.ROW_MAJOR
-        qk_mma = self._make_qk_mma()
-        pv_mma = self._make_pv_mma()
+        qk_mma = self._qk_mma()
+        pv_mma = self._pv_mma()
         q_smem = sm90_utils.make_smem_layout_a(kmajor, self.qk_tiler, FP8, NUM_CONSUMERS)
         k_smem = sm90_utils.make_smem_layout_b(kmajor, self.qk_tiler, FP8, self.kv_stage)
         v_smem = sm90_utils.make_smem_layout_b(kmajor, self.pv_tiler, FP8, self.kv_stage)
@@ -340,66 +296,39 @@ class AttentionForwardSm90:
         k_smem: cute.ComposedLayout,
         v_smem: cute.ComposedLayout,
     ):
-        bx, by, _ = cute.arch.block_idx()
         if cutlass.const_expr(self.config.packed):
-            # one batch row; the work item names the sequence (its first query / KV tile and lengths in
-            # mLen = seqs (4, B)) and the query tile inside it; items past the list's end hold sequence -1
-            seq = mWork[0, bx]
-            live = seq >= 0
-            s = cutlass.max(seq, 0)
-            m_tile = mWork[1, bx]
-            qt0, kt0 = mLen[0, s], mLen[1, s]
-            q_len, kv_len = mLen[2, s], mLen[3, s]
-            bn = by
-            bkv = by // (mQs.shape[0] // mKs.shape[0])
-            if live:
+            # one batch row; padding items past the work list's end are not live
+            w = PackedTileScheduler().work_tile(mWork, mLen, mQs.shape[0], mKs.shape[0])
+            if w.live:
                 self._cta(
                     qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, mQs, mKs, mVs, mVi, mO, mLse,
-                    q_smem, k_smem, v_smem, m_tile, bn, bkv, q_len, kv_len, qt0, kt0,
+                    q_smem, k_smem, v_smem, w,
                 )  # fmt: skip
         else:
-            gx, _, _ = cute.arch.grid_dim()
-            # Longest rows first under causal masking: the last query tiles have the most KV tiles.
-            m_tile = gx - 1 - bx if self.config.causal else bx
-            bn = by
-            n_heads = mQs.shape[0] // mLen.shape[1]
-            n_kv = mKs.shape[0] // mLen.shape[1]
-            b = bn // n_heads
-            bkv = b * n_kv + (bn % n_heads) // (n_heads // n_kv)
+            w = DenseTileScheduler(self.config.causal).work_tile(mLen, mQs.shape[0], mKs.shape[0])
             self._cta(
-                qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, mQs, mKs, mVs, mVi, mO, mLse,
-                q_smem, k_smem, v_smem, m_tile, bn, bkv, mLen[0, b], mLen[1, b], 0, 0,
-            )  # fmt: skip
+                qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, mQs, mKs, mVs, mVi, mO, mLse, q_smem, k_smem, v_smem, w
+            )
 
     @cute.jit
     def _cta(
         self, qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, mQs, mKs, mVs, mVi, mO, mLse,
-        q_smem, k_smem, v_smem, m_tile, bn, bkv, q_len, kv_len, qt0, kt0,
+        q_smem, k_smem, v_smem, w: WorkTile,
     ):  # fmt: skip
-        """One CTA's work: query tile m_tile (128 rows) of head bn against KV head bkv. qt0, kt0: the
+        """One CTA's work w: query tile m_tile (128 rows) of head bn against KV head bkv. qt0, kt0: the
         sequence's first query / KV tile in the operands (0 for a dense batch); m_tile, lengths and masks
-        are relative to the sequence."""
+        are relative to the sequence. Warp roles: WG0 produces (one warp), WG1/2 consume."""
+        m_tile, bn, bkv, q_len, kv_len, qt0, kt0, _ = w
         tidx, _, _ = cute.arch.thread_idx()
-        n_tiles = self._kv_tile_count(m_tile, q_len, kv_len)
+        n_tiles = self.mask.kv_tile_count(m_tile, q_len, kv_len)
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         # one Q stage per consumer warpgroup, each filled and read once
-        q_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.q_mbar.data_ptr(),
-            num_stages=NUM_CONSUMERS,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
-            tx_count=self.q_bytes,
-            defer_sync=True,
-        )
-        kv_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.kv_mbar.data_ptr(),
-            num_stages=self.kv_stage,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * NUM_CONSUMERS),
-            tx_count=self.kv_bytes,
-            defer_sync=True,
+        q_pipe = ws.make_tma_pipeline(storage.q_mbar.data_ptr(), NUM_CONSUMERS, ws.WARPGROUP_WARPS, self.q_bytes)
+        # K_j and V_j take one stage each (same bytes); every consumer warp releases each stage
+        kv_pipe = ws.make_tma_pipeline(
+            storage.kv_mbar.data_ptr(), self.kv_stage, ws.WARPGROUP_WARPS * NUM_CONSUMERS, self.kv_bytes
         )
         kv_prod = kv_pipe.make_producer()
 
@@ -414,29 +343,17 @@ class AttentionForwardSm90:
         cute.arch.sync_threads()
 
         if wg == 0:
-            cute.arch.setmaxregister_decrease(24)
+            cute.arch.setmaxregister_decrease(ws.PRODUCER_REGISTERS)
             if warp == 0:
                 self._produce(
                     tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_prod, qt0 + m_tile, bn, bkv, kt0, n_tiles
                 )
         else:
-            cute.arch.setmaxregister_increase(240)
+            cute.arch.setmaxregister_increase(ws.CONSUMER_REGISTERS)
             self._consume(
                 qk_mma, pv_mma, sQ, sK, sV, q_pipe, kv_pipe, mQs, mKs, mVs, mVi, mO, mLse,
                 m_tile, bn, bkv, q_len, kv_len, n_tiles, qt0, kt0, wg - 1, tidx % 128,
             )  # fmt: skip
-
-    @cute.jit
-    def _kv_tile_count(self, m_tile: Int32, q_len: Int32, kv_len: Int32) -> Int32:
-        """KV tiles this query tile visits: those holding any valid key (and, causal, any key <= its rows)."""
-        n = (kv_len + (TILE_N - 1)) // TILE_N
-        if cutlass.const_expr(self.config.causal):
-            last_row = cutlass.min(m_tile * CTA_M + CTA_M, q_len) - 1
-            n_causal = Int32(0)
-            if last_row >= 0:
-                n_causal = last_row // TILE_N + 1
-            n = cutlass.min(n, n_causal)
-        return n
 
     @cute.jit
     def _produce(self, tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_prod, q_tile, bn, bkv, kt0, n_tiles):
@@ -533,11 +450,11 @@ class AttentionForwardSm90:
                 cute.nvgpu.warpgroup.commit_group()
                 cute.nvgpu.warpgroup.wait_group(0)
                 kv_pipe.consumer_release(self._kv_state(2 * j))
-                alpha = self._softmax(
+                alpha = self.softmax.step(
                     acc_s, row_max, row_sum, p_off, q_factor, mKs, bkv, kt0, j, m_tile, row0, col_in_tile, kv_len
                 )
-                self._pack_p(acc_s, p_f32, p_fp8)
-                self._rescale_o(acc_o, alpha, v_prev, mVs, mVi, bkv, kt0 + j)
+                pack_acc_to_a_fp8(acc_s, p_f32, p_fp8)
+                self.softmax.rescale_o(acc_o, alpha, v_prev, mVs, mVi, bkv, kt0 + j)
                 kv_pipe.consumer_wait(self._kv_state(2 * j + 1))
                 cute.nvgpu.warpgroup.fence()
                 self._gemm("pv", acc_pv, p_fp8, tOrV[(None, None, None, (2 * j + 1) % self.kv_stage)], self._pv_chain)
@@ -554,39 +471,39 @@ class AttentionForwardSm90:
                 cute.nvgpu.warpgroup.commit_group()
                 cute.nvgpu.warpgroup.wait_group(0)
                 kv_pipe.consumer_release(self._kv_state(0))
-                alpha0 = self._softmax(
+                alpha0 = self.softmax.step(
                     acc_s, row_max, row_sum, p_off, q_factor, mKs, bkv, kt0, 0, m_tile, row0, col_in_tile, kv_len
                 )
-                self._pack_p(acc_s, p_f32, p_fp8)
-                self._rescale_o(acc_o, alpha0, v_prev, mVs, mVi, bkv, kt0)
+                pack_acc_to_a_fp8(acc_s, p_f32, p_fp8)
+                self.softmax.rescale_o(acc_o, alpha0, v_prev, mVs, mVi, bkv, kt0)
             if cutlass.const_expr(self.config.pingpong):
                 if c == 1:  # consumer 0 issues first
-                    self._turn_arrive(1)
+                    ws.turn_arrive(1)
             for j in cutlass.range(1, n_tiles, unroll=1):
                 kv_pipe.consumer_wait(self._kv_state(2 * j))
                 kv_pipe.consumer_wait(self._kv_state(2 * j - 1))
                 if cutlass.const_expr(self.config.pingpong):
-                    self._turn_wait(c)
+                    ws.turn_wait(c)
                 cute.nvgpu.warpgroup.fence()
                 self._gemm("qk", acc_s, tSrQ, tSrK[(None, None, None, (2 * j) % self.kv_stage)], False)
                 cute.nvgpu.warpgroup.commit_group()
                 self._gemm("pv", acc_pv, p_fp8, tOrV[(None, None, None, (2 * j - 1) % self.kv_stage)], self._pv_chain)
                 cute.nvgpu.warpgroup.commit_group()
                 if cutlass.const_expr(self.config.pingpong):
-                    self._turn_arrive(c)
+                    ws.turn_arrive(c)
                 cute.nvgpu.warpgroup.wait_group(1)
                 kv_pipe.consumer_release(self._kv_state(2 * j))
-                alpha = self._softmax(
+                alpha = self.softmax.step(
                     acc_s, row_max, row_sum, p_off, q_factor, mKs, bkv, kt0, j, m_tile, row0, col_in_tile, kv_len
                 )
                 cute.nvgpu.warpgroup.wait_group(0)
                 kv_pipe.consumer_release(self._kv_state(2 * j - 1))
                 self._add_pv(acc_o, acc_pv)
-                self._pack_p(acc_s, p_f32, p_fp8)
-                self._rescale_o(acc_o, alpha, v_prev, mVs, mVi, bkv, kt0 + j)
+                pack_acc_to_a_fp8(acc_s, p_f32, p_fp8)
+                self.softmax.rescale_o(acc_o, alpha, v_prev, mVs, mVi, bkv, kt0 + j)
             if cutlass.const_expr(self.config.pingpong):
                 if c == 0:  # consume consumer 1's last arrive (or its initial one)
-                    self._turn_wait(0)
+                    ws.turn_wait(0)
             if n_tiles > 0:
                 last = 2 * n_tiles - 1
                 kv_pipe.consumer_wait(self._kv_state(last))
@@ -611,161 +528,22 @@ class AttentionForwardSm90:
             for i in cutlass.range_constexpr(cute.size(acc_o)):
                 acc_o[i] = acc_o[i] + acc_pv[i]
 
-    def _make_qk_mma(self):
-        """S = Q K^T: FP8 wgmma, both operands K-major in shared memory, float32 accumulator (64 x 128)."""
-        k = utils.LayoutEnum.ROW_MAJOR.sm90_mma_major_mode()
-        return sm90_utils.make_trivial_tiled_mma(FP8, FP8, k, k, Float32, (1, 1, 1), self.qk_tiler[:2])
+    def _qk_mma(self) -> cute.TiledMma:
+        """S = Q K^T: both operands K-major in shared memory, float32 accumulator (64 x 128)."""
+        return wgmma.make_fp8_ss_mma(self.qk_tiler[:2])
 
-    def _make_pv_mma(self):
-        """O += P V: FP8 wgmma with P (A) in registers and V'^T K-major in shared memory (64 x H)."""
-        k = utils.LayoutEnum.ROW_MAJOR.sm90_mma_major_mode()
-        return sm90_utils.make_trivial_tiled_mma(
-            FP8, FP8, k, k, Float32, (1, 1, 1), self.pv_tiler[:2], cute.nvgpu.warpgroup.OperandSource.RMEM
-        )
+    def _pv_mma(self) -> cute.TiledMma:
+        """O += P V: P (A) in registers, V'^T K-major in shared memory (64 x H)."""
+        return wgmma.make_fp8_rs_mma(self.pv_tiler[:2])
 
-    @staticmethod
-    def _turn_wait(c):
-        """Blocks consumer c until the other consumer has issued its wgmmas (named barrier 1 + c)."""
-        cute.arch.barrier(barrier_id=1 + c, number_of_threads=2 * 128)
-
-    @staticmethod
-    def _turn_arrive(c):
-        """Consumer c has issued its wgmmas: the other consumer's turn (arrive on its barrier)."""
-        cute.arch.barrier_arrive(barrier_id=2 - c, number_of_threads=2 * 128)
+    def _gemm(self, which: str, acc, a, b, accumulate_first: bool):
+        """S = Q K_j^T ("qk") or O (+)= P V_j ("pv"): wgmma.gemm on a fresh tiled MMA (fence/commit/wait are
+        the caller's)."""
+        wgmma.gemm(self._qk_mma if which == "qk" else self._pv_mma, acc, a, b, accumulate_first)
 
     def _kv_state(self, pos):
-        """Consumer state of ring position pos (K_j at 2j, V_j at 2j + 1)."""
-        return pipeline.PipelineState(self.kv_stage, pos, pos % self.kv_stage, (pos // self.kv_stage) % 2)
-
-    @cute.jit
-    def _rescale_o(self, acc_o, alpha, v_prev, mVs, mVi, bkv, j):
-        """acc_O into (operand) KV tile j's V (and P) units: times alpha_row * 2^(eV[j-1] - eV[j]) per 32 head-dim
-        columns.
-
-        alpha (from _softmax) carries, for p_scale="block", the row's P unit change 2^(off_j - off_{j-1}).
-        Skipped (exactly: a multiply by 1.0 changes no bit) when every factor of the warp is 1, i.e. no
-        row max moved and the V exponents repeat; this happens on most tiles once the max has settled
-        ("const"; with "block" the P offsets of a warp's 16 rows must repeat too).
-        """
-        factor = cute.make_rmem_tensor((2, self.hg), Float32)
-        ones = cutlass.Boolean(True)
-        for g in cutlass.range_constexpr(self.hg):
-            v_cur = mVs[bkv, j * self.hg + g]
-            ratio = v_prev[g] * mVi[bkv, j * self.hg + g]
-            v_prev[g] = v_cur
-            for v1 in cutlass.range_constexpr(2):
-                factor[v1, g] = alpha[v1] * ratio
-                ones = ones & (factor[v1, g] == 1.0)
-        if not cute.arch.vote_all_sync(ones):
-            for i in cutlass.range_constexpr(cute.size(acc_o)):
-                v1, nb = (i // 2) % 2, i // 4
-                acc_o[i] = acc_o[i] * factor[v1, nb // 4]
-
-    @cute.jit
-    def _gemm(self, which: str, acc, a, b, accumulate_first: bool):
-        # A fresh tiled MMA per call: setting its ACCUMULATE field rebinds runtime state, which must not
-        # escape the staged loop or branch it was set in.
-        tiled_mma = self._make_qk_mma() if which == "qk" else self._make_pv_mma()
-        for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, accumulate_first or kb != 0)
-            cute.gemm(tiled_mma, acc, a[None, None, kb], b[None, None, kb], acc)
-
-    @cute.jit
-    def _p_offset(self, m_use: Float32, tile_max: Float32, prev: Float32) -> Float32:
-        """p_scale="block": this row-tile's P offset (P~ is stored as E4M3(P~ * 2^offset)), an integer in
-        [8, P_OFFSET_MAX]: the contract's block scale rule applied to the row-tile's amax 2^-d.
-
-        "up": scale 2^ceil(-d - log2 448), offset floor(d + log2 448); "floor": scale 2^(floor(-d) - 8),
-        offset 8 + ceil(d). Float rounding of d can pick the finer scale at a boundary: the tile's max then
-        lands just above 448 and cvt.rn.satfinite gives 448, the same value the contract's scale gives.
-        A fully masked row-tile (tile_max = -inf, so d = +inf; m_use is never -inf) keeps the previous
-        offset: nothing to scale, no rescale of acc_O, no inf in the offset. A NaN row (d NaN) gets
-        P_OFFSET_MAX from the NaN-quiet min and stays NaN through its P and l.
-        """
-        d = m_use - tile_max  # >= 0: the tile's largest P~ is 2^-d
-        if cutlass.const_expr(self.config.p_rounding == "up"):
-            off = cute.math.floor(d + LOG2_E4M3_MAX)
-        else:
-            off = cute.math.ceil(d) + float(P_CONST_OFFSET)
-        off = cute.arch.fmin(off, Float32(P_OFFSET_MAX))  # bounds acc_O (registry.P_OFFSET_MAX)
-        return cutlass.select_(tile_max == -Float32.inf, prev, off)
-
-    @cute.jit
-    def _softmax(self, acc_s, row_max, row_sum, p_off, q_factor, mKs, bkv, kt0, j, m_tile, row0, col_in_tile, kv_len):
-        """Online softmax of one 64 x 128 tile in place: acc_s becomes P~ in this tile's P units (float32;
-        256 P~ for p_scale="const", P~ * 2^p_off for "block"); returns acc_O's rescale factor per row.
-        j counts KV tiles from the sequence start (masks); kt0 + j indexes the operands (scales)."""
-        # log2-domain factor per 32-key group: tau * log2(e) * 2^(eQ + eK[g])
-        # A product below float32's normal range (a zero query row block, say) flushes to 0, and a masked
-        # -inf * 0 would be NaN: use the smallest normal instead (the logits are ~0 either way).
-        kg = cute.make_rmem_tensor((TILE_N // 32,), Float32)
-        for g in cutlass.range_constexpr(TILE_N // 32):
-            f = q_factor * mKs[bkv, (kt0 + j) * (TILE_N // 32) + g]
-            kg[g] = cutlass.select_(f == 0.0, Float32(MIN_NORMAL), f)
-
-        col_base = j * TILE_N + col_in_tile
-        need_mask = (j + 1) * TILE_N > kv_len
-        if cutlass.const_expr(self.config.causal):
-            need_mask = need_mask | ((j + 1) * TILE_N > m_tile * CTA_M + 1)
-        if need_mask:
-            for i in cutlass.range_constexpr(cute.size(acc_s)):
-                v0, v1, nb = i % 2, (i // 2) % 2, i // 4
-                col = col_base + v0 + 8 * nb
-                bad = col >= kv_len
-                if cutlass.const_expr(self.config.causal):
-                    bad = bad | (col > row0 + 8 * v1)
-                acc_s[i] = cutlass.select_(bad, -Float32.inf, acc_s[i])
-
-        alpha = cute.make_rmem_tensor((2,), Float32)
-        for v1 in cutlass.range_constexpr(2):
-            # Pairwise trees, not serial chains: the softmax is latency-bound between the wgmmas.
-            scaled = []
-            for g in cutlass.range_constexpr(TILE_N // 32):
-                vals = [acc_s[v0 + 2 * v1 + 4 * nb] for nb in range(4 * g, 4 * g + 4) for v0 in range(2)]
-                scaled.append(_tree(vals, lambda a, b: cute.arch.fmax(a, b, nan=True)) * kg[g])
-            tile_max = _tree(scaled, lambda a, b: cute.arch.fmax(a, b, nan=True))
-            for s in cutlass.range_constexpr(1, 3):  # the 4 lanes of a quad share the row
-                tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=s), nan=True)
-            m_old = row_max[v1]
-            m_new = cute.arch.fmax(m_old, tile_max, nan=True)
-            row_max[v1] = m_new
-            m_use = m_new
-            if m_new == -Float32.inf:
-                m_use = Float32(0.0)
-            alpha[v1] = cute.math.exp2(m_old - m_use, fastmath=True)
-            if cutlass.const_expr(self.block_p):
-                offset = self._p_offset(m_use, tile_max, p_off[v1])
-                neg_offset = offset - m_use  # P~ * 2^offset = 2^(t - m + offset)
-            else:
-                neg_offset = 8.0 - m_use  # 256 P~ = 2^(t - m + 8)
-            ps = []
-            for nb in cutlass.range_constexpr(TILE_N // 8):
-                for v0 in cutlass.range_constexpr(2):
-                    i = v0 + 2 * v1 + 4 * nb
-                    x = cute.math.fma(acc_s[i], kg[nb // 4], neg_offset)
-                    if cutlass.const_expr((2 * nb + v0) % 16 < self.config.poly_exp2):
-                        p = _exp2_poly(x)
-                    else:
-                        p = cute.math.exp2(x, fastmath=True)
-                    acc_s[i] = p
-                    ps.append(p)
-            tile_sum = _tree(ps, lambda a, b: a + b)
-            if cutlass.const_expr(self.block_p):
-                # l stays in 2^-8 units (LSE unchanged); acc_O moves into this tile's P units. Both factors
-                # are exact powers of two (offsets are integers in [8, P_OFFSET_MAX]).
-                row_sum[v1] = row_sum[v1] * alpha[v1] + tile_sum * _pow2(float(P_CONST_OFFSET) - offset)
-                alpha[v1] = alpha[v1] * _pow2(offset - p_off[v1])
-                p_off[v1] = offset
-            else:
-                row_sum[v1] = row_sum[v1] * alpha[v1] + tile_sum
-        return alpha
-
-    @cute.jit
-    def _pack_p(self, acc_s, p_f32, p_fp8):
-        """256 P~ from the accumulator layout into the 8-bit A fragment (PV_PERMUTATION order), as E4M3."""
-        for a in cutlass.range_constexpr(cute.size(p_f32)):
-            p_f32[a] = acc_s[_acc_index_for_a_slot(a)]
-        p_fp8.store(p_f32.load().to(FP8))
+        """Consumer state of K/V ring position pos (K_j at 2j, V_j at 2j + 1)."""
+        return ws.ring_state(self.kv_stage, pos)
 
     @cute.jit
     def _epilogue(self, tOgO, acc_o, row_max, row_sum, p_off, v_last, mLse, bn, lse_row0, row0, q_len):
@@ -786,10 +564,10 @@ class AttentionForwardSm90:
             if live:
                 inv[v1] = cute.arch.rcp_approx(total)
                 if cutlass.const_expr(self.block_p):
-                    inv[v1] = inv[v1] * _pow2(float(P_CONST_OFFSET) - p_off[v1])
+                    inv[v1] = inv[v1] * pow2(float(P_CONST_OFFSET) - p_off[v1])
                 lse[v1] = (row_max[v1] - 8.0 + cute.math.log2(total, fastmath=True)) * LN2
         for i in cutlass.range_constexpr(cute.size(acc_o)):
-            v1, nb = (i // 2) % 2, i // 4
+            _, v1, nb = acc_coords(i)
             acc_o[i] = cutlass.select_(keep[v1], acc_o[i] * (v_last[nb // 4] * inv[v1]), Float32(0.0))
         out = cute.make_rmem_tensor_like(acc_o, cutlass.BFloat16)
         out.store(acc_o.load().to(cutlass.BFloat16))

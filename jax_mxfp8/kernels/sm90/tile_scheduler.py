@@ -1,0 +1,71 @@
+"""Work-item decode for Hopper (sm_90a) attention kernels: which (head, query tile, sequence) a CTA runs.
+
+For the sm_90a attention kernels (forward; the backward will take the same two schedules): one CTA per
+work tile, a 128-row (CTA_M) query tile of one query head against its KV head, in one of two schedules:
+  DenseTileScheduler   grid (Tp / CTA_M, B * N): padded batches, per-batch lengths lens (2, B) int32
+                       (query lengths, KV lengths); causal runs the last (longest) query tiles first
+  PackedTileScheduler  grid (W, N): packed jagged sequences in one batch row; per sequence
+                       seqs (4, S) int32 = (first query tile, first KV tile, query length, KV length), and a
+                       work list work (2, W) int32 = (sequence, query tile inside it), sequence -1 = no work
+Both give a WorkTile whose tile index, lengths and masks are relative to the sequence and whose qt0 / kt0
+locate the sequence in the operands, so the CTA body is the same code for both. Plain Python (traced
+inline): the caller branches on WorkTile.live (a run-time Boolean for packed, Python True for dense).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+
+class WorkTile(NamedTuple):
+    """One CTA's work (DSL Int32 values unless noted)."""
+
+    m_tile: Int32  # query tile (CTA_M rows) counted from the sequence start
+    bn: Int32  # query head row of the per-head operands: b * N + n (packed: n)
+    bkv: Int32  # its KV head row: b * K + n // (N / K) (GQA/MQA)
+    q_len: Int32  # valid query rows of the sequence
+    kv_len: Int32  # valid keys of the sequence
+    qt0: Int32 | int  # the sequence's first query tile in the operands (0 for a dense batch)
+    kt0: Int32 | int  # the sequence's first KV tile in the operands (0 for a dense batch)
+    live: cutlass.Boolean | bool  # False: a padding item past the end of the packed work list
+
+
+class DenseTileScheduler:
+    """Padded batch: block (x, y) = (query tile, b * N + n); grid x = Tp / CTA_M."""
+
+    def __init__(self, causal: bool):
+        self.causal = causal
+
+    def work_tile(self, lens: cute.Tensor, q_heads: Int32, kv_heads: Int32) -> WorkTile:
+        """lens (2, B) int32: query and KV length per batch; q_heads = B * N, kv_heads = B * K rows."""
+        bx, by, _ = cute.arch.block_idx()
+        gx, _, _ = cute.arch.grid_dim()
+        # Longest rows first under causal masking: the last query tiles have the most KV tiles.
+        m_tile = gx - 1 - bx if self.causal else bx
+        bn = by
+        n_heads = q_heads // lens.shape[1]
+        n_kv = kv_heads // lens.shape[1]
+        b = bn // n_heads
+        bkv = b * n_kv + (bn % n_heads) // (n_heads // n_kv)
+        return WorkTile(m_tile, bn, bkv, lens[0, b], lens[1, b], 0, 0, True)
+
+
+class PackedTileScheduler:
+    """Packed sequences: block (x, y) = (work item, head n); grid x = W (items, longest first)."""
+
+    def work_tile(self, work: cute.Tensor, seqs: cute.Tensor, q_heads: Int32, kv_heads: Int32) -> WorkTile:
+        """work (2, W), seqs (4, S) int32 as in the module docstring; q_heads = N, kv_heads = K rows."""
+        bx, by, _ = cute.arch.block_idx()
+        seq = work[0, bx]
+        live = seq >= 0
+        s = cutlass.max(seq, 0)  # padding items read sequence 0's entries (unused)
+        m_tile = work[1, bx]
+        qt0, kt0 = seqs[0, s], seqs[1, s]
+        q_len, kv_len = seqs[2, s], seqs[3, s]
+        bn = by
+        bkv = by // (q_heads // kv_heads)
+        return WorkTile(m_tile, bn, bkv, q_len, kv_len, qt0, kt0, live)

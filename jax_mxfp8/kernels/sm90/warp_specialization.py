@@ -1,0 +1,68 @@
+"""Warp-specialization set-up for Hopper (sm_90a) kernels: TMA pipelines, named-barrier turns, registers.
+
+For every FA3-style sm_90a kernel with one producer warpgroup (a single warp issues TMA loads into a
+shared-memory ring) and consumer warpgroups (wgmma + CUDA-core math): attention forward and backward, the
+MX GEMM. Provides:
+  make_tma_pipeline    the mbarrier ring between the TMA producer thread and the consumer warps
+  ring_state           the pipeline state of an absolute ring position (for loops that count positions)
+  turn_wait/turn_arrive  two consumer warpgroups taking turns issuing wgmmas (FA3 "pingpong")
+  PRODUCER_REGISTERS, CONSUMER_REGISTERS, check_register_budget: setmaxnreg reallocation
+"""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Int32
+
+WARPGROUP_THREADS = 128
+WARPGROUP_WARPS = 4
+PRODUCER_REGISTERS = 24
+"""setmaxnreg of the producer warpgroup: its one TMA warp needs only addresses and a loop counter."""
+CONSUMER_REGISTERS = 240
+"""setmaxnreg of each consumer warpgroup: accumulators and softmax state (the register file allows
+128 * (24 + 2 * 240) = 64512 <= 65536 for one producer and two consumers)."""
+REGISTER_FILE = 65536  # 32-bit registers per SM (one CTA per SM)
+
+
+def check_register_budget(num_consumers: int) -> None:
+    """Trace-time check that one producer and num_consumers consumer warpgroups fit the register file."""
+    total = WARPGROUP_THREADS * (PRODUCER_REGISTERS + num_consumers * CONSUMER_REGISTERS)
+    assert total <= REGISTER_FILE, f"setmaxnreg budget {total} > {REGISTER_FILE} registers"
+
+
+def make_tma_pipeline(
+    barrier_storage, num_stages: int, consumer_warps: int, tx_count: int
+) -> pipeline.PipelineTmaAsync:
+    """A ring of num_stages shared-memory stages filled by TMA (one producer thread; tx_count bytes per
+    stage) and released by consumer_warps warps (one elected thread per warp arrives on the empty barrier).
+
+    barrier_storage: shared memory for 2 * num_stages mbarriers (Int64). defer_sync: the caller issues
+    cute.arch.mbarrier_init_fence() and a CTA barrier once after creating all its pipelines.
+    """
+    return pipeline.PipelineTmaAsync.create(
+        barrier_storage=barrier_storage,
+        num_stages=num_stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
+        tx_count=tx_count,
+        defer_sync=True,
+    )
+
+
+def ring_state(num_stages: int, pos: Int32) -> pipeline.PipelineState:
+    """Consumer state of absolute ring position pos (count, stage pos % num_stages, phase of its lap), so
+    that a loop can address any position (e.g. K_j at 2j and V_j at 2j + 1) without carrying a state."""
+    return pipeline.PipelineState(num_stages, pos, pos % num_stages, (pos // num_stages) % 2)
+
+
+def turn_wait(c, first_barrier: int = 1, threads: int = 2 * WARPGROUP_THREADS) -> None:
+    """Blocks consumer warpgroup c (0 or 1) until the other one has issued its wgmmas (named barrier
+    first_barrier + c; barrier 0 is the CTA-wide __syncthreads)."""
+    cute.arch.barrier(barrier_id=first_barrier + c, number_of_threads=threads)
+
+
+def turn_arrive(c, first_barrier: int = 1, threads: int = 2 * WARPGROUP_THREADS) -> None:
+    """Consumer warpgroup c has issued its wgmmas: the other one's turn (arrive on its named barrier).
+    The kernel picks who goes first by one extra arrive up front (attention forward: consumer 1's)."""
+    cute.arch.barrier_arrive(barrier_id=first_barrier + 1 - c, number_of_threads=threads)
