@@ -77,6 +77,10 @@ Structure (per CTA: one (batch, query head, 128-row tile); 3 warpgroups, FA3-sty
   With config.overlap the consumer issues S_{j+1} = Q K_{j+1}^T before O += P_j V_j and runs the softmax of
   tile j+1 while that PV wgmma is in flight (FA3's intra-warpgroup overlap). config.pingpong makes the
   two consumers take turns issuing (named barriers 1 and 2).
+Building blocks (shared with the other kernels, import them rather than copy): kernels/sm90/ tile_scheduler
+(dense grid / packed work list -> WorkTile), warp_specialization (TMA pipelines, turns, registers), wgmma
+and wgmma_fragment (FP8 MMAs, accumulator -> A repacking), attention_mask, attention_softmax (online
+softmax step, P offset, acc_O rescale); kernels/common/fp32_math (pow2, exp2_poly, tree_reduce).
 
 Measured on the H200 (docs/perf-notes.md, benchmarks/results/h200_attention_fwd.json): O within
 45.9-52.1 dB of the XLA reference (LSE 97-106 dB), 0.01 dB of its float64 SQNR; 717-811 TFLOP/s
