@@ -70,7 +70,10 @@ import jax_mxfp8 as mx  # noqa: E402
 from jax_mxfp8.kernels import registry  # noqa: E402
 from jax_mxfp8.ops import attention as attn_ops  # noqa: E402
 from jax_mxfp8.ops import varlen_kernel  # noqa: E402
+from jax_mxfp8.primitives import attention_emulation as emulation  # noqa: E402
 from jax_mxfp8.primitives import attention_fwd as afwd  # noqa: E402
+from jax_mxfp8.primitives import attention_operands as operands  # noqa: E402
+from jax_mxfp8.primitives import library  # noqa: E402
 from jax_mxfp8.reference.varlen import aligned_to_padded, to_packed, to_padded  # noqa: E402
 
 FP8_PARAM_KEYS = (
@@ -162,8 +165,8 @@ def make_producer(quant_impl, scale):
     if quant_impl is None:
 
         def producer(q, k, v, lens):
-            sq = [attn_ops._square_sequence_major(x, lens, "up") for x in (q, k, v)]
-            return afwd.prepare_sequence_major(*sq, scale=scale, q_len=lens, kv_len=lens)
+            sq = [attn_ops.square_sequence_major(x, lens, "up") for x in (q, k, v)]
+            return operands.prepare_sequence_major(*sq, scale=scale, q_len=lens, kv_len=lens)
 
         return producer
 
@@ -172,7 +175,7 @@ def make_producer(quant_impl, scale):
         return mx.quantize(x, axis=(-2, -1), block="square", implementation=quant_impl)
 
     def producer(q, k, v, lens):
-        return afwd.prepare(hm(q, lens), hm(k, lens), hm(v, lens), scale=scale, q_len=lens, kv_len=lens)
+        return operands.prepare(hm(q, lens), hm(k, lens), hm(v, lens), scale=scale, q_len=lens, kv_len=lens)
 
     return producer
 
@@ -218,12 +221,12 @@ def build_impls(sh, smoke: bool, kernel_ok: bool):
     if smoke:
         impls["ours_kernel"] = (
             "kernel",
-            lambda ops: afwd.emulate_fwd(ops, causal=c, t=sh["t"])[0].transpose(0, 2, 1, 3),
+            lambda ops: emulation.emulate_fwd(ops, causal=c, t=sh["t"])[0].transpose(0, 2, 1, 3),
             None,
         )
         impls["ours_kernel_pblock"] = (
             "kernel",
-            lambda ops: afwd.emulate_fwd(ops, causal=c, t=sh["t"], p_scale="block")[0].transpose(0, 2, 1, 3),
+            lambda ops: emulation.emulate_fwd(ops, causal=c, t=sh["t"], p_scale="block")[0].transpose(0, 2, 1, 3),
             None,
         )
     else:
@@ -324,7 +327,7 @@ def run_shape(sh, args, smoke, kernel_ok, res):
         packed = tuple(to_packed(x, cu, lens, total) for x in (q, k, v)) + (cu,)
         if not smoke and kernel_ok:
             st = varlen_kernel.VarlenStatic(
-                dense=attn_ops._Static(
+                dense=attn_ops.AttentionStatic(
                     config=mx.AttentionConfig(),
                     scale=1.0 / math.sqrt(h),
                     is_causal=c,
@@ -532,7 +535,7 @@ def main(argv=None) -> int:
 
     dev = jax.devices()[0]
     smoke = args.cpu_smoke
-    kernel_ok, why = afwd.kernel_available()
+    kernel_ok, why = library.kernels_runnable(afwd.ARCHS)
     if not smoke and not kernel_ok:
         print(f"WARNING: attention kernel unavailable: {why}", flush=True)
     device = getattr(dev, "device_kind", str(dev))

@@ -60,7 +60,7 @@ from lm_model import lm_loss, make_optimizer, train_step  # noqa: E402
 import jax_mxfp8 as mx  # noqa: E402
 from jax_mxfp8.metrics import sqnr_db  # noqa: E402
 from jax_mxfp8.parallel import ring_attention  # noqa: E402
-from jax_mxfp8.primitives.quantize import kernel_available  # noqa: E402
+from jax_mxfp8.primitives.library import kernels_runnable  # noqa: E402
 
 # Training under a mesh vs one device. Not bit-equal: a mesh reorders float32 sums (partial GEMM sums +
 # all-reduce under tp, gradient all-reduces under data/fsdp, per-shape reduction trees, GPU atomics in the
@@ -644,7 +644,7 @@ def main(argv=None) -> int:
     for part in ("train", "bench"):  # every shard of a kernel a whole number of MX blocks; batch splits n ways
         sizes[part]["d_model"] = -(-sizes[part]["d_model"] // (32 * n)) * 32 * n
         sizes[part]["batch"] = -(-sizes[part]["batch"] // n) * n
-    kernels, why = kernel_available()
+    kernels, why = kernels_runnable()
     results = {
         "meta": {
             "device_kind": devices[0].device_kind,

@@ -5,7 +5,7 @@
 
 Stages (each jitted on its own; timing as DESIGN.md section 6 via benchmarks/timing.py), bf16 BTNH inputs:
   quantize_seq_major   the three square MX quantizations of the kernel path (the CUDA kernel on the
-                       (B*T, N*H) view of the caller's layout; ops.attention._square_sequence_major)
+                       (B*T, N*H) view of the caller's layout; ops.attention.square_sequence_major)
   quantize_head_major  the former path: bf16 transpose to (B, N, T, H), then the same kernel
   prepare_seq_major    primitives.attention_fwd.prepare_sequence_major, as ops.attention runs it (exponents
                        in XLA, the realign kernel for the FP8 re-encode + transposes + V'^T permutation)
@@ -33,7 +33,10 @@ from timing import timeit  # noqa: E402
 
 import jax_mxfp8 as mx  # noqa: E402
 from jax_mxfp8.ops import attention as attn_ops  # noqa: E402
-from jax_mxfp8.primitives import attention_fwd as kern  # noqa: E402
+from jax_mxfp8.primitives import attention_fwd as afwd  # noqa: E402
+from jax_mxfp8.primitives import attention_operands as operands  # noqa: E402
+from jax_mxfp8.primitives import attention_realign as realign_call  # noqa: E402
+from jax_mxfp8.primitives import library  # noqa: E402
 
 
 def stages(b: int, t: int, n: int, h: int, causal: bool) -> dict:
@@ -43,16 +46,16 @@ def stages(b: int, t: int, n: int, h: int, causal: bool) -> dict:
     scale = h**-0.5
 
     def seq_major(x):
-        return attn_ops._square_sequence_major(x, None, "up")
+        return attn_ops.square_sequence_major(x, None, "up")
 
     def head_major(x):
         return mx.quantize(x.transpose(0, 2, 1, 3), axis=(-2, -1), block="square")
 
     def prep_seq(qa, ka, va):
-        return kern.prepare_sequence_major(qa, ka, va, scale=scale, q_len=None, kv_len=None)
+        return operands.prepare_sequence_major(qa, ka, va, scale=scale, q_len=None, kv_len=None)
 
     def prep_hm(qa, ka, va):
-        return kern.prepare(qa, ka, va, scale=scale, q_len=None, kv_len=None)
+        return operands.prepare(qa, ka, va, scale=scale, q_len=None, kv_len=None)
 
     sq = jax.block_until_ready(jax.jit(lambda *a: tuple(seq_major(x) for x in a))(q, k, v))
     hm = jax.block_until_ready(jax.jit(lambda *a: tuple(head_major(x) for x in a))(q, k, v))
@@ -63,11 +66,11 @@ def stages(b: int, t: int, n: int, h: int, causal: bool) -> dict:
         "quantize_head_major": (lambda *a: tuple(head_major(x) for x in a), (q, k, v)),
         "prepare_seq_major": (prep_seq, sq),
         "prepare_head_major": (prep_hm, hm),
-        "realign_kernel_q": (lambda d, sh: kern._realign_op("rows", "cuda")(d, sh), (sq[0].data, zero_shift)),
-        "realign_kernel_v": (lambda d, sh: kern._realign_op("v", "cuda")(d, sh), (sq[2].data, zero_shift)),
-        "align_q_xla": (lambda a: kern._align_rows(a.data, a.scale), (hm[0],)),
-        "align_v_xla": (lambda a: kern._align_v(a.data, a.scale), (hm[2],)),
-        "kernel": (functools.partial(kern.attention_fwd, causal=causal, t=t), (ops,)),
+        "realign_kernel_q": (lambda d, sh: realign_call.realign(d, sh, "rows", "cuda"), (sq[0].data, zero_shift)),
+        "realign_kernel_v": (lambda d, sh: realign_call.realign(d, sh, "v", "cuda"), (sq[2].data, zero_shift)),
+        "align_q_xla": (lambda a: operands.align_rows(a.data, a.scale), (hm[0],)),
+        "align_v_xla": (lambda a: operands.align_v(a.data, a.scale), (hm[2],)),
+        "kernel": (functools.partial(afwd.attention_fwd, causal=causal, t=t), (ops,)),
         "e2e": (
             lambda q, k, v: mx.dot_product_attention(q, k, v, is_causal=causal, implementation="cuda"),
             (q, k, v),
@@ -83,7 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    ok, why = kern.kernel_available()
+    ok, why = library.kernels_runnable(afwd.ARCHS)
     if not ok:
         print(f"cannot run: {why}")
         return 1

@@ -18,6 +18,7 @@ Usage: python benchmarks/quantize.py [--out DIR] [--quick] [--groups copy,quanti
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jax_mxfp8.formats import quantize as ref_quantize  # noqa: E402
 from jax_mxfp8.kernels import registry  # noqa: E402
+from jax_mxfp8.primitives import library  # noqa: E402
 from jax_mxfp8.primitives import quantize as pq  # noqa: E402
 from jax_mxfp8.primitives import rms_norm_quantize as prq  # noqa: E402
 
@@ -119,7 +121,7 @@ def main(argv=None) -> int:
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ok, why = pq.kernel_available()
+    ok, why = library.kernels_runnable()
     dev = jax.devices()[0]
     print(f"device: {dev.device_kind}, jax {jax.__version__}, kernels: {ok or why}")
 
@@ -171,7 +173,7 @@ def main(argv=None) -> int:
             )
         if ok and "tunings" in groups:  # benchmark-only tunings of the bf16 row+col kernel
             for cfg in registry.TUNING_VARIANTS:
-                op = pq._quantize_op("rowcol", "float8_e4m3fn", "up", "cuda", cfg.tune)
+                op = functools.partial(pq.QUANTIZE_ROWCOL.call, cfg, "cuda")
                 record(f"quantize rowcol t{cfg.tune} {tuning_label(cfg)} [cuda]", op, rowcol_bytes)
         qs = [ref_quantize(x) for x in xs] if "dequantize" in groups else []
         jax.block_until_ready(qs)

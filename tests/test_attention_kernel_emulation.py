@@ -18,7 +18,9 @@ from attention_testutil import fresh_rng
 
 import jax_mxfp8 as mx
 from jax_mxfp8.formats.decode import decode_elements
-from jax_mxfp8.primitives import attention_fwd as kern
+from jax_mxfp8.primitives import attention_emulation as emulation
+from jax_mxfp8.primitives import attention_layout as layout
+from jax_mxfp8.primitives import attention_operands as operands
 
 
 def _mx(x_hm, scale_rounding="up"):
@@ -45,8 +47,9 @@ def emulated(q, k, v, *, causal, q_len=None, kv_len=None, scale=None, config=Non
     qh = _zero_past(q.transpose(0, 2, 1, 3), q_len, 2)
     kh = _zero_past(k.transpose(0, 2, 1, 3), kv_len, 2)
     vh = _zero_past(v.transpose(0, 2, 1, 3), kv_len, 2)
-    ops = kern.prepare(*(_mx(x, config.scale_rounding) for x in (qh, kh, vh)), scale=scale, q_len=q_len, kv_len=kv_len)
-    o, lse = kern.emulate_fwd(
+    mxs = (_mx(x, config.scale_rounding) for x in (qh, kh, vh))
+    ops = operands.prepare(*mxs, scale=scale, q_len=q_len, kv_len=kv_len)
+    o, lse = emulation.emulate_fwd(
         ops, causal=causal, t=q.shape[1], p_scale=config.p_scale, p_rounding=config.scale_rounding
     )
     return o.transpose(0, 2, 1, 3), lse
@@ -116,10 +119,10 @@ def test_prepare_is_exact_where_blocks_share_a_scale():
     x *= np.where(rng.random(x.shape) < 0.5, -1.0, 1.0)
     a = _mx(jnp.asarray(x))
     assert len(np.unique(np.asarray(a.scale))) == 1
-    ops = kern.prepare(a, a, a, scale=1.0, q_len=None, kv_len=None)
+    ops = operands.prepare(a, a, a, scale=1.0, q_len=None, kv_len=None)
     for y in (ops.q, ops.k):
         np.testing.assert_array_equal(np.asarray(y).view(np.uint8), np.asarray(a.data).view(np.uint8))
-    perm = kern.pv_permutation()
+    perm = layout.pv_permutation()
     vt = np.asarray(ops.vt).view(np.uint8).reshape(1, 2, 128, 4, 32)
     want = np.asarray(a.data).view(np.uint8).swapaxes(-1, -2).reshape(1, 2, 128, 4, 32)[..., perm]
     np.testing.assert_array_equal(vt, want)
@@ -133,7 +136,7 @@ def test_prepare_realigns_to_the_row_maximum():
     x = np.ones((1, 1, 32, 64), np.float32)
     x[..., 32:] = (1 + np.arange(32) / 32)[None, None, :, None] / 8
     a = _mx(jnp.asarray(x))
-    ops = kern.prepare(a, a, a, scale=1.0, q_len=None, kv_len=None)
+    ops = operands.prepare(a, a, a, scale=1.0, q_len=None, kv_len=None)
     sc = np.asarray(a.scale).astype(int) - 127
     d = np.asarray(decode_elements(a.data))
     got = np.asarray(decode_elements(ops.q))[..., :32, :]  # rows past T are padding

@@ -20,14 +20,16 @@ from test_attention_kernel_pblock import _sink_inputs
 
 import jax_mxfp8 as mx
 from jax_mxfp8.kernels import registry
-from jax_mxfp8.primitives import attention_fwd as kern
+from jax_mxfp8.primitives import attention_fwd as afwd
+from jax_mxfp8.primitives import attention_operands as operands
+from jax_mxfp8.primitives import library
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(autouse=True)
 def _needs_kernel():
-    ok, why = kern.kernel_available()
+    ok, why = library.kernels_runnable(afwd.ARCHS)
     if not ok:
         pytest.skip(why)
 
@@ -140,23 +142,24 @@ def test_scheduling_variants_are_bit_identical(h, causal):
     rng = fresh_rng()
     q, k, v = _inputs(rng, 2, 640, 768, 4, 2, h)
     qh, kh, vh = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
-    ops = kern.prepare(_mx(qh), _mx(kh), _mx(vh), scale=h**-0.5, q_len=None, kv_len=jnp.asarray([700, 33], jnp.int32))
+    kv_len = jnp.asarray([700, 33], jnp.int32)
+    ops = operands.prepare(_mx(qh), _mx(kh), _mx(vh), scale=h**-0.5, q_len=None, kv_len=kv_len)
     variants = [
         v
         for v in registry.ATTENTION_FWD_VARIANTS
         if (v.head_dim, v.causal, v.packed, v.p_scale) == (h, causal, False, "const")
     ]
-    production = registry.find_attention_fwd(h, causal)
+    production = registry.find(registry.AttentionFwdConfig, head_dim=h, causal=causal, p_scale="const", packed=False)
     tunes = sorted(v.tune for v in variants if v.poly_exp2 == 0 and v.pv_fp32 == production.pv_fp32)
     assert len(tunes) >= 3
-    outs = [jax.jit(lambda o, t=t: kern.attention_fwd(o, causal=causal, t=640, tune=t))(ops) for t in tunes]
+    outs = [jax.jit(lambda o, t=t: afwd.attention_fwd(o, causal=causal, t=640, tune=t))(ops) for t in tunes]
     for other in outs[1:]:
         for a, b in zip(outs[0], other, strict=True):
             assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     # Polynomial exp2 on the FMA pipe changes P~ by <= 7.8e-5 relative: a few E4M3 roundings flip; P V
     # on the wgmma accumulator (pv_fp32=False) sums with fewer bits than float32 (pv_fp32=True)
     for v in (v for v in variants if v.poly_exp2 or v.pv_fp32 != production.pv_fp32):
-        o, lse = jax.jit(lambda o, t=v.tune: kern.attention_fwd(o, causal=causal, t=640, tune=t))(ops)
+        o, lse = jax.jit(lambda o, t=v.tune: afwd.attention_fwd(o, causal=causal, t=640, tune=t))(ops)
         o0, lse0 = (np.asarray(x, np.float64) for x in outs[0])
         assert sqnr_db(o0, np.asarray(o, np.float64)) >= 50.0
         fin = np.isfinite(lse0)
@@ -174,11 +177,11 @@ def test_every_output_element_written(p_scale):
         qh, kh, vh = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
         kh = kh.at[0].set(0)
         vh = vh.at[0].set(0)
-        ops = kern.prepare(_mx(qh), _mx(kh), _mx(vh), scale=128**-0.5, q_len=ql, kv_len=kl)
+        ops = operands.prepare(_mx(qh), _mx(kh), _mx(vh), scale=128**-0.5, q_len=ql, kv_len=kl)
         tp = ops.q.shape[2]
         poison = (jnp.full((2, tp, 4, 128), jnp.nan, jnp.bfloat16), jnp.full((2, 4, tp), jnp.nan, jnp.float32))
         o, lse = jax.jit(
-            lambda ops, out, c=causal, t=tp: kern.attention_fwd(ops, causal=c, t=t, p_scale=p_scale, out=out)
+            lambda ops, out, c=causal, t=tp: afwd.attention_fwd(ops, causal=c, t=t, p_scale=p_scale, out=out)
         )(ops, poison)
         o, lse = np.asarray(o, np.float32).transpose(0, 2, 1, 3), np.asarray(lse)  # (B, N, Tp, H)
         assert not np.isnan(o).any() and not np.isnan(lse).any()

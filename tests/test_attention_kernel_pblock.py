@@ -24,7 +24,7 @@ from test_attention_kernel_emulation import case_id, case_inputs, emulated
 import jax_mxfp8 as mx
 from jax_mxfp8.formats.scales import pow2
 from jax_mxfp8.kernels import registry
-from jax_mxfp8.primitives import attention_fwd as kern
+from jax_mxfp8.primitives import attention_emulation as emulation
 from jax_mxfp8.reference.attention_quant import fake_quant_p
 
 TILE = 128
@@ -71,11 +71,11 @@ def _kernel_style(p: np.ndarray, rounding: str) -> tuple[np.ndarray, np.ndarray]
     pj = jnp.asarray(p)
     with np.errstate(divide="ignore"):
         tile_max = jnp.log2(jnp.max(pj, axis=1))
-    off = kern.p_tile_offset(tile_max, jnp.zeros_like(tile_max), jnp.float32(registry.P_CONST_OFFSET), rounding)
+    off = emulation.p_tile_offset(tile_max, jnp.zeros_like(tile_max), jnp.float32(registry.P_CONST_OFFSET), rounding)
     off = np.asarray(off, np.float64)
     # 2^off from the exponent bits: XLA:CPU's exp2 is not exact on integers (2^13, 2^15), which moves P
     # values off E4M3 rounding ties
-    q = np.asarray(kern.p_to_e4m3(pj * pow2(jnp.asarray(off, jnp.int32))[:, None]), np.float64)
+    q = np.asarray(emulation.p_to_e4m3(pj * pow2(jnp.asarray(off, jnp.int32))[:, None]), np.float64)
     s_rt = 2.0**-off
     return q * s_rt[:, None], s_rt
 

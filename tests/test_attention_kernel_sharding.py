@@ -1,7 +1,7 @@
 """Partitioning and batching of the Hopper attention kernel call, on CPU host devices.
 
 primitives.attention_fwd.attention_fwd wraps the FFI call in custom_partitioning (batch and KV-head
-groups shard, sequences never) and custom_vmap (the mapped axis joins the batch). _impl_override="xla"
+groups shard, sequences never) and custom_vmap (the mapped axis joins the batch). path="emulated"
 runs the kernel's XLA emulation through the same wrappers, so these checks run without a GPU: sharded
 and vmapped calls must equal the plain call, and the partitioned program must not gather the operands.
 """
@@ -19,7 +19,9 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_mxfp8 as mx
-from jax_mxfp8.primitives import attention_fwd as kern
+from jax_mxfp8.primitives import attention_emulation as emulation
+from jax_mxfp8.primitives import attention_fwd as afwd
+from jax_mxfp8.primitives import attention_operands as operands
 
 
 def _ops(rng, b=4, n=4, n_kv=2, t=256, s=256, h=64, kv_len=None):
@@ -27,11 +29,11 @@ def _ops(rng, b=4, n=4, n_kv=2, t=256, s=256, h=64, kv_len=None):
         return mx.quantize(jnp.asarray(rng.standard_normal(shape), jnp.bfloat16), axis=(-2, -1), block="square")
 
     q, k, v = mxa((b, n, t, h)), mxa((b, n_kv, s, h)), mxa((b, n_kv, s, h))
-    return kern.prepare(q, k, v, scale=h**-0.5, q_len=None, kv_len=kv_len)
+    return operands.prepare(q, k, v, scale=h**-0.5, q_len=None, kv_len=kv_len)
 
 
 def _call(ops, causal, t):
-    return kern.attention_fwd(ops, causal=causal, t=t, _impl_override="xla")
+    return afwd.attention_fwd(ops, causal=causal, t=t, path="emulated")
 
 
 def _mesh(shape):
@@ -41,7 +43,7 @@ def _mesh(shape):
 
 def _place(ops, mesh, batch, heads):
     four, three = P(batch, heads, None, None), P(batch, heads, None)
-    specs = kern.AlignedOperands(four, four, four, three, three, three, three, P(None, batch))
+    specs = operands.AlignedOperands(four, four, four, three, three, three, three, P(None, batch))
     return jax.tree.map(lambda x, sp: jax.device_put(x, NamedSharding(mesh, sp)), ops, specs)
 
 
@@ -85,16 +87,16 @@ def test_block_p_scale_sharded_and_vmapped():
         pytest.skip("needs the 8 CPU host devices of tests/conftest.py")
     rng = fresh_rng()
     ops = _ops(rng, kv_len=jnp.asarray([256, 100, 37, 200], jnp.int32))
-    f = jax.jit(lambda ops: kern.attention_fwd(ops, causal=True, t=256, p_scale="block", _impl_override="xla"))
+    f = jax.jit(lambda ops: afwd.attention_fwd(ops, causal=True, t=256, p_scale="block", path="emulated"))
     want = f(ops)
     placed = _place(ops, _mesh((2, 2)), "data", "model")
     _assert_same(f(placed), want)
     assert "all-gather" not in f.lower(placed).compile().as_text()
-    o_e, lse_e = kern.emulate_fwd(ops, causal=True, t=256, p_scale="block")
+    o_e, lse_e = emulation.emulate_fwd(ops, causal=True, t=256, p_scale="block")
     _assert_same(want, (o_e.transpose(0, 2, 1, 3).astype(jnp.bfloat16), lse_e))
     stacked = jax.tree.map(lambda x: jnp.stack([x, x]), ops)
-    got = jax.jit(jax.vmap(lambda ops: kern.attention_fwd(ops, causal=True, t=256, p_scale="block",
-                                                          _impl_override="xla")))(stacked)  # fmt: skip
+    got = jax.jit(jax.vmap(lambda ops: afwd.attention_fwd(ops, causal=True, t=256, p_scale="block",
+                                                          path="emulated")))(stacked)  # fmt: skip
     _assert_same([x[1] for x in got], want)
 
 
@@ -129,7 +131,7 @@ def _seq_major_operands(rng, b=4, n=4, n_kv=2, t=96, s=160, h=64):
 
 
 def _prepare_seq(q, k, v):
-    return kern.prepare_sequence_major(q, k, v, scale=0.125, q_len=None, kv_len=None, _impl_override="xla")
+    return operands.prepare_sequence_major(q, k, v, scale=0.125, q_len=None, kv_len=None, path="emulated")
 
 
 def _assert_ops_equal(got, want):

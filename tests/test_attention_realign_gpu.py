@@ -18,7 +18,8 @@ from attention_testutil import fresh_rng
 
 import jax_mxfp8 as mx
 from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.primitives import attention_fwd as kern
+from jax_mxfp8.primitives import attention_operands as operands
+from jax_mxfp8.primitives import attention_realign as realign_call
 
 pytestmark = pytest.mark.gpu
 _needs_kernel = test_attention_kernel_gpu._needs_kernel  # autouse: skip without the sm_90a kernel
@@ -41,8 +42,8 @@ def test_realign_kernel_matches_emulation(operand, b, length, n, h):
     shift[rng.random(shift.shape) < 0.1] = -127  # flushed blocks
     shift[rng.random(shift.shape) < 0.05] = -126  # the smallest normal factor
     shift = jnp.asarray(shift, jnp.int8)
-    got = jax.jit(kern._realign_op(operand, "cuda"))(data, shift)
-    want = jax.jit(kern._realign_op(operand, "xla"))(data, shift)
+    got = jax.jit(lambda d, s: realign_call.realign(d, s, operand, "cuda"))(data, shift)
+    want = jax.jit(lambda d, s: realign_call.realign(d, s, operand, "emulated"))(data, shift)
     assert got.shape == want.shape and got.dtype == want.dtype
     _assert_bytes_equal(got, want)
 
@@ -68,14 +69,14 @@ def test_producer_on_gpu_matches_prepare():
         return MXArray(data, scale, a.axes, a.block)
 
     q, k, v = zero_past(q, lens[0]), zero_past(k, lens[1]), zero_past(v, lens[1])
-    got = jax.jit(lambda q, k, v: kern.prepare_sequence_major(q, k, v, scale=0.088, q_len=lens[0], kv_len=lens[1]))(
+    got = jax.jit(lambda q, k, v: operands.prepare_sequence_major(q, k, v, scale=0.088, q_len=lens[0], kv_len=lens[1]))(
         q, k, v
     )
 
     def hm(a):
         return MXArray(a.data.transpose(0, 2, 1, 3), a.scale.transpose(0, 2, 1, 3), (-2, -1), "square")
 
-    want = jax.jit(lambda q, k, v: kern.prepare(hm(q), hm(k), hm(v), scale=0.088, q_len=lens[0], kv_len=lens[1]))(
+    want = jax.jit(lambda q, k, v: operands.prepare(hm(q), hm(k), hm(v), scale=0.088, q_len=lens[0], kv_len=lens[1]))(
         q, k, v
     )
     for field in ("q", "k", "vt"):

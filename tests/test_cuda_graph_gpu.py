@@ -20,9 +20,9 @@ SCRIPT = textwrap.dedent(
     """
     import jax, jax.numpy as jnp, numpy as np
     import jax_mxfp8
-    from jax_mxfp8.primitives.quantize import kernel_available
+    from jax_mxfp8.primitives.library import kernels_runnable
     from jax_mxfp8.reference.rms_norm import rms_norm_quantize_fwd
-    ok, why = kernel_available()
+    ok, why = kernels_runnable()
     assert ok, why
 
     @jax.jit

@@ -13,10 +13,10 @@ import pytest
 
 import jax_mxfp8
 from jax_mxfp8 import formats
-from jax_mxfp8.primitives import quantize as pq
+from jax_mxfp8.primitives import library
 from jax_mxfp8.reference.rms_norm import rms_norm_quantize_fwd
 
-_kernels, _ = pq.kernel_available()
+_kernels, _ = library.kernels_runnable()
 
 
 def test_public_signatures_extend_formats():

@@ -19,11 +19,12 @@ from jax_mxfp8.formats import E4M3, E5M2
 from jax_mxfp8.formats import dequantize as ref_dequantize
 from jax_mxfp8.formats import quantize as ref_quantize
 from jax_mxfp8.kernels import registry
+from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives import quantize as pq
 
 pytestmark = pytest.mark.gpu
 
-_ok, _why = pq.kernel_available()
+_ok, _why = library.kernels_runnable()
 if not _ok:
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason=_why)]
 
@@ -260,7 +261,8 @@ def test_tuning_variants_bitexact(tune, shape):
     rng = np.random.default_rng(next(_seed))
     x = random_input(shape, jnp.bfloat16, rng)
     poison(_nbytes(shape), _nbytes(shape), _nbytes(shape))
-    rd, rs, cd, cs = jax.jit(pq._quantize_op("rowcol", "float8_e4m3fn", "up", "cuda", tune))(x)
+    cfg = registry.find(registry.QuantizeConfig, in_dtype="bfloat16", mode="rowcol", tune=tune)
+    rd, rs, cd, cs = jax.jit(lambda v: pq.QUANTIZE_ROWCOL.call(cfg, "cuda", v))(x)
     r, c = ref_quantize(x, axis=-1), ref_quantize(x, axis=-2)
     for got, want, what in ((rd, r.data, "row data"), (rs, r.scale, "row scale"), (cd, c.data, "col data")):
         assert_same(got, want, f"t{tune} {what}")

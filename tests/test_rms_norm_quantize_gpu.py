@@ -25,13 +25,13 @@ import pytest
 import jax_mxfp8
 from jax_mxfp8.formats import quantize as ref_quantize
 from jax_mxfp8.kernels import registry
-from jax_mxfp8.primitives import quantize as pq
+from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives import rms_norm_quantize as prq
 from jax_mxfp8.reference.rms_norm import rms_norm_quantize_fwd
 
 pytestmark = pytest.mark.gpu
 
-_ok, _why = pq.kernel_available()
+_ok, _why = library.kernels_runnable()
 if not _ok:
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason=_why)]
 
@@ -189,7 +189,7 @@ def test_y_bitexact_where_sum_of_squares_is_exact(in_dtype, d):
 
 def test_large_rows_and_limits():
     rng = np.random.default_rng(next(_seed))
-    cfg = registry.find_rms_norm_quantize("bfloat16", "float8_e4m3fn", "up")
+    cfg = registry.find(registry.RMSNormQuantizeConfig, in_dtype="bfloat16", elem_dtype="float8_e4m3fn")
     x = random_rows((4, cfg.max_d), jnp.bfloat16, rng, specials=False)
     w = random_weight(cfg.max_d, rng)
     y, q = kernel_call(x, w)

@@ -257,9 +257,9 @@ def test_ffi_primitives_partition_like_the_reference():
     x = _normal(17, (256, 512))
     xs = put(x, m, "data", "model")
     for name, f in (
-        ("row", lambda x: pq.quantize(x, _impl_override="xla")),
-        ("square", lambda x: pq.quantize(x, block="square", _impl_override="xla")),
-        ("rowcol", lambda x: pq.quantize_rowcol(x, _impl_override="xla")),
+        ("row", lambda x: pq.quantize(x, implementation="emulated")),
+        ("square", lambda x: pq.quantize(x, block="square", implementation="emulated")),
+        ("rowcol", lambda x: pq.quantize_rowcol(x, implementation="emulated")),
     ):
         assert collectives(f, xs) == [], name
         got, want = jax.jit(f)(xs), jax.jit(f)(x)
@@ -270,7 +270,7 @@ def test_ffi_primitives_partition_like_the_reference():
     w = jnp.ones((512,))
 
     def norm(x):
-        return prn.rms_norm_quantize_fwd(x, w, _impl_override="xla")
+        return prn.rms_norm_quantize_fwd(x, w, implementation="emulated")
 
     assert collectives(norm, rows) == []
     for g, want in zip(jax.tree.leaves(jax.jit(norm)(rows)), jax.tree.leaves(jax.jit(norm)(x))):

@@ -21,7 +21,8 @@ from varlen_testutil import dense_kernel_on_padded, packed_inputs
 import jax_mxfp8 as mx
 from jax_mxfp8.ops import attention as dense_ops
 from jax_mxfp8.ops import varlen_kernel
-from jax_mxfp8.primitives import attention_fwd as kern
+from jax_mxfp8.primitives import attention_fwd as afwd
+from jax_mxfp8.primitives import attention_packed as packed
 
 pytestmark = pytest.mark.gpu
 
@@ -82,7 +83,7 @@ def test_packed_kernel_writes_every_row_of_its_tiles():
     c = dict(lq=(300, 0, 129, 64), lk=(200, 10, 0, 500), n=4, n_kv=2, h=128, causal=True)
     q, k, v, cu_q, cu_k = _packed(rng, c)
     st = varlen_kernel.VarlenStatic(
-        dense=dense_ops._Static(
+        dense=dense_ops.AttentionStatic(
             config=mx.AttentionConfig(),
             scale=128**-0.5,
             is_causal=True,
@@ -99,8 +100,8 @@ def test_packed_kernel_writes_every_row_of_its_tiles():
     _, ops, work, lq = varlen_kernel.prepare_packed(st, q, k, v, cu_q, cu_k)
     rows, n = lq.rows, 4
     poison = (jnp.full((1, rows, n, 128), jnp.nan, jnp.bfloat16), jnp.full((1, n, rows), jnp.nan, jnp.float32))
-    o, lse = jax.jit(lambda ops, w, out: kern.attention_fwd_packed(ops, w, causal=True, out=out))(ops, work, poison)
-    o_e, lse_e = kern.emulate_packed_fwd(ops, causal=True)
+    o, lse = jax.jit(lambda ops, w, out: afwd.attention_fwd_packed(ops, w, causal=True, out=out))(ops, work, poison)
+    o_e, lse_e = packed.emulate_packed_fwd(ops, causal=True)
     o = np.asarray(o, np.float32)[0]  # (rows, N, H)
     lse, o_e, lse_e = np.asarray(lse)[0], np.asarray(o_e)[0].transpose(1, 0, 2), np.asarray(lse_e)[0]
     starts, lens = np.asarray(lq.starts), np.asarray(c["lq"])

@@ -9,14 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_attention_kernel_path_cpu import emulated_kernel  # noqa: F401 - the fixture
 from varlen_testutil import dense_kernel_on_padded, packed_inputs
 
 import jax_mxfp8
 from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.ops import attention as dense
 from jax_mxfp8.ops import varlen_kernel
-from jax_mxfp8.primitives import attention_fwd as kern
+from jax_mxfp8.primitives import attention_packed as packed
 from jax_mxfp8.reference.varlen import (
     aligned_rows,
     aligned_starts,
@@ -53,12 +52,11 @@ def _run(case, impl, q, k, v, cu_q, cu_k):
     )
 
 
-@pytest.mark.usefixtures("emulated_kernel")
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_packed_kernel_path_equals_dense_kernel_on_padded_batch(case):
     rng = np.random.default_rng(abs(hash(_id(case))) % 2**32)
     q, k, v, cu_q, cu_k = packed_inputs(rng, case["lq"], case["lk"], case["n"], case["n_kv"], case["h"])
-    got = _run(case, "cuda", q, k, v, cu_q, cu_k)
+    got = _run(case, "emulated", q, k, v, cu_q, cu_k)
     want = dense_kernel_on_padded(case, q, k, v, cu_q, cu_k)
     assert got.dtype == jnp.bfloat16 and got.shape == q.shape
     assert not np.any(np.isnan(np.asarray(got, np.float32)))
@@ -75,14 +73,14 @@ def test_packed_kernel_path_equals_dense_kernel_on_padded_batch(case):
     max_q, max_k = max(case["lq"]), max(case["lk"])
     pad_q, pad_k = -(-max_q // 32) * 32, -(-max_k // 32) * 32
     st = varlen_kernel.VarlenStatic(
-        dense=dense._Static(
+        dense=dense.AttentionStatic(
             config=jax_mxfp8.AttentionConfig(),
             scale=1.0 / np.sqrt(case["h"]),
             is_causal=case["causal"],
             is_mx=(False,) * 3,
             out_dtype=np.dtype(jnp.bfloat16),
             group=case["n"] // case["n_kv"],
-            impl="cuda",
+            impl="emulated",
         ),
         max_q=max_q,
         max_k=max_k,
@@ -91,7 +89,7 @@ def test_packed_kernel_path_equals_dense_kernel_on_padded_batch(case):
     )
     _, (qm, km, vm, o_al, lse_al, *_) = varlen_kernel._kernel_forward(st, q, k, v, cu_q, cu_k)
     lens_q, lens_k = seq_lengths(cu_q, max_q), seq_lengths(cu_k, max_k)
-    (o_d, lse_d), (quants, *_) = dense._fwd(
+    (o_d, lse_d), (quants, *_) = dense.mx_attention_fwd(
         st.dense,
         to_padded(q, cu_q, lens_q, pad_q),
         to_padded(k, cu_k, lens_k, pad_k),
@@ -115,24 +113,23 @@ def test_packed_kernel_path_equals_dense_kernel_on_padded_batch(case):
         np.testing.assert_array_equal(np.asarray(got_mx.scale), np.asarray(want_mx.scale))
 
     ct = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
-    g_packed = jax.vjp(lambda *a: _run(case, "cuda", *a, cu_q, cu_k), q, k, v)[1](ct)
+    g_packed = jax.vjp(lambda *a: _run(case, "emulated", *a, cu_q, cu_k), q, k, v)[1](ct)
     g_dense = jax.vjp(lambda *a: dense_kernel_on_padded(case, *a, cu_q, cu_k), q, k, v)[1](ct)
     for a, b in zip(g_packed, g_dense, strict=True):
         assert sqnr_db(np.asarray(b, np.float64), np.asarray(a, np.float64)) >= 60.0
 
 
-@pytest.mark.usefixtures("emulated_kernel")
 def test_packed_kernel_path_isolates_sequences():
     """Changing one sequence (NaN, a 2^70 larger V that would move a shared V exponent bound) leaves every
     other sequence's output bit-identical; rows in no sequence stay 0."""
     case = dict(lq=(200, 77, 300), lk=(200, 77, 300), n=2, n_kv=1, h=64, causal=False)
     rng = np.random.default_rng(7)
     q, k, v, cu_q, cu_k = packed_inputs(rng, case["lq"], case["lk"], 2, 1, 64)
-    base = np.asarray(_run(case, "cuda", q, k, v, cu_q, cu_k), np.float32)
+    base = np.asarray(_run(case, "emulated", q, k, v, cu_q, cu_k), np.float32)
     s1 = slice(200, 277)
     v2 = v.at[s1].set(v[s1] * jnp.bfloat16(2.0**70))
     k2 = k.at[210].set(jnp.nan)
-    got = np.asarray(_run(case, "cuda", q, k2, v2, cu_q, cu_k), np.float32)
+    got = np.asarray(_run(case, "emulated", q, k2, v2, cu_q, cu_k), np.float32)
     others = np.r_[0:200, 277:577]
     np.testing.assert_array_equal(got[others], base[others])
     assert np.all(np.isnan(got[s1]))  # the NaN key reaches every query of its own sequence
@@ -170,7 +167,7 @@ def test_packed_work_list_covers_every_query_tile_once_longest_first(causal):
     q_len, kv_len = jnp.asarray(lq, jnp.int32), jnp.asarray(lk, jnp.int32)
     qs, ks = aligned_starts(q_len, 128), aligned_starts(kv_len, 128)
     rows = aligned_rows(int(lq.sum()), 9, int(lq.max()), 128)
-    seqs, work = kern.packed_tables(q_len, kv_len, qs, ks, causal=causal, q_rows=rows)
+    seqs, work = packed.packed_tables(q_len, kv_len, qs, ks, causal=causal, q_rows=rows)
     seqs, work = np.asarray(seqs), np.asarray(work)
     np.testing.assert_array_equal(seqs[0] * 128, np.asarray(qs))
     np.testing.assert_array_equal(seqs[2:], np.stack([lq, lk]))

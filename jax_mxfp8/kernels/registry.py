@@ -510,3 +510,18 @@ def find_dequantize(elem_dtype: str, block: str, out_dtype: str) -> DequantizeCo
         if (v.elem_dtype, v.block, v.out_dtype) == (elem_dtype, block, out_dtype):
             return v
     return None
+
+
+# TEMP-SHIM (replaced by the kernel-table branch): generic lookup and per-config archs.
+def find(config_cls, **fields):
+    tune = fields.pop("tune", 0)
+    for v in VARIANTS:
+        if type(v) is not config_cls or getattr(v, "tune", 0) != tune:
+            continue
+        if all(getattr(v, k) == val for k, val in fields.items()):
+            return v
+    return None
+
+
+for _cls in (QuantizeConfig, DequantizeConfig, RMSNormQuantizeConfig, AttentionFwdConfig, AttentionRealignConfig):
+    _cls.archs = property(variant_archs)

@@ -19,35 +19,35 @@ from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
 from jax_mxfp8.ops.quantize import quantize as quantize_op
 from jax_mxfp8.primitives import attention_fwd as attention_kernel
-from jax_mxfp8.primitives import quantize as quantize_primitive
+from jax_mxfp8.primitives import implementation as impl
+from jax_mxfp8.primitives.attention_operands import prepare_sequence_major
 from jax_mxfp8.reference.attention_bwd import attention_bwd
 from jax_mxfp8.reference.attention_config import AttentionConfig, operand_layouts
 from jax_mxfp8.reference.attention_fwd import attention_fwd
 from jax_mxfp8.reference.attention_quant import quantize_operand
 from jax_mxfp8.reference.attention_tiling import Masking
 
-IMPLEMENTATIONS = quantize_primitive.IMPLEMENTATIONS
+IMPLEMENTATIONS = impl.IMPLEMENTATIONS
 MAX_HEAD_DIM = 256
 ALL_MX_OUTPUT_DTYPE = jnp.bfloat16
 """Output dtype when query, key and value are all MXArrays (there is no input dtype to follow)."""
 
 
 def check_implementation(implementation) -> None:
-    """ValueError unless `implementation` is None, "xla" or "cuda"."""
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
+    """ValueError unless `implementation` is one of IMPLEMENTATIONS (None, "xla", "emulated", "cuda")."""
+    impl.check(implementation)
 
 
 def choose_implementation(implementation: str | None, unsupported: str | None = None) -> str:
-    """Resolves `implementation` for one call: "xla" or "cuda" (the Hopper kernel).
+    """Resolves `implementation` for one call: "xla", "emulated" or "cuda" (the Hopper kernel).
 
     None picks the kernel when it can run (library built, default backend a compute-capability 9.x GPU)
-    and covers the arguments (`unsupported` is None), else the XLA reference. "cuda" raises RuntimeError
-    when the kernel cannot run here and ValueError naming the reason when it does not cover the arguments
-    (the same resolution as the quantize kernels, which also preloads the kernel modules).
+    and covers the arguments (`unsupported` is None), else the XLA reference. "emulated" runs the kernel
+    path with the kernel calls' XLA emulation (any machine). "cuda" raises RuntimeError when the kernel
+    cannot run here and ValueError naming the reason when it does not cover the arguments (the one
+    policy of jax_mxfp8.primitives.implementation, which also preloads the kernel modules).
     """
-    use = quantize_primitive._use_kernel(implementation, unsupported, available=attention_kernel.kernel_available)
-    return "cuda" if use else "xla"
+    return impl.resolve(implementation, unsupported, attention_kernel.ARCHS)
 
 
 def kernel_unsupported(config, *, head_dim, is_causal, has_bias, has_mask, out_dtype, mx_inputs) -> str | None:
@@ -64,13 +64,14 @@ def kernel_unsupported(config, *, head_dim, is_causal, has_bias, has_mask, out_d
     for name, x in mx_inputs:
         if x.dtype != jnp.float8_e4m3fn or x.block != "square" or x.axes != (-3, -1):
             return f"{name}: the kernel takes float8_e4m3fn MXArrays with square blocks over (sequence, head_dim)"
-    return attention_kernel.unsupported(
+    _, why = attention_kernel.kernel_variant(
         head_dim=head_dim, causal=is_causal, p_scale=config.p_scale, p_rounding=config.scale_rounding
     )
+    return why
 
 
 @dataclasses.dataclass(frozen=True)
-class _Static:
+class AttentionStatic:
     """Hashable, trace-time facts of one call (the custom_vjp's non-differentiable argument)."""
 
     config: AttentionConfig
@@ -79,7 +80,12 @@ class _Static:
     is_mx: tuple[bool, bool, bool]  # which of query, key, value arrived as MXArray
     out_dtype: np.dtype
     group: int  # G = N // K
-    impl: str = "xla"  # "xla" (reference forward) or "cuda" (the Hopper kernel forward)
+    impl: str = "xla"  # "xla" (reference forward), "cuda" (the Hopper kernel forward) or "emulated" (its XLA body)
+
+    @property
+    def kernel_path(self) -> bool:
+        """Whether the forward runs the kernel path ("cuda", or "emulated" on any machine)."""
+        return self.impl != "xla"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -129,7 +135,7 @@ def _to_5d(x: jax.Array | None, n_kv: int, group: int) -> jax.Array | None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _operand_keys(static: _Static) -> dict[str, str]:
+def operand_keys(static: AttentionStatic) -> dict[str, str]:
     """Maps each GEMM use (q_s, k_s, v_o, v_dp, q_dk, k_dq) to the residual holding its quantized operand."""
     lay = dataclasses.asdict(operand_layouts(static.config))
     keys = {}
@@ -139,12 +145,15 @@ def _operand_keys(static: _Static) -> dict[str, str]:
     return keys
 
 
-def _square_sequence_major(x: jax.Array, lengths: jax.Array | None, scale_rounding: str) -> MXArray:
+def square_sequence_major(
+    x: jax.Array, lengths: jax.Array | None, scale_rounding: str, path: str = "cuda"
+) -> MXArray:
     """(B, L, N, H) -> square-block MXArray in the same layout (blocks over (L, H), axes (-3, -1)); L % 32 == 0.
 
     The 2-D view (B*L, N*H) has exactly the per-head 32x32 blocks when L and H are multiples of 32, so the
     square quantize kernel reads the caller's layout once and no bfloat16 transpose is materialized; the
-    head-major transposes then move FP8 bytes inside the producer pass's fusions.
+    head-major transposes then move FP8 bytes inside the producer pass's fusions. path "emulated" quantizes
+    through the kernel call's emulation; "cuda" lets `quantize` pick the kernel where it runs.
     """
     b, length, n, h = x.shape
     a = quantize_op(
@@ -152,6 +161,7 @@ def _square_sequence_major(x: jax.Array, lengths: jax.Array | None, scale_roundi
         axis=(-2, -1),
         block="square",
         scale_rounding=scale_rounding,
+        implementation="emulated" if path == "emulated" else None,
     )
     return MXArray(a.data.reshape(b, length, n, h), a.scale.reshape(b, length // 32, n, h // 32), (-3, -1), "square")
 
@@ -170,20 +180,20 @@ def _quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
     given = {"q": q, "k": k, "v": v}
     lengths = {"q": q_len, "k": kv_len, "v": kv_len}
     out = {}
-    for key in sorted(set(_operand_keys(static).values())):
+    for key in sorted(set(operand_keys(static).values())):
         name, layout = key.split(":")
         if layout == "user":
             out[key] = given[name]
-        elif static.impl == "cuda" and layout == "square":
+        elif static.kernel_path and layout == "square":
             # the CUDA square quantize kernel: bit-identical to quantize_operand (tests/test_quantize_kernels_gpu.py)
-            out[key] = _square_sequence_major(given[name], lengths[name], static.config.scale_rounding)
+            out[key] = square_sequence_major(given[name], lengths[name], static.config.scale_rounding, static.impl)
         else:
             out[key] = quantize_operand(raw[name](), layout, static.config.scale_rounding)
     return out
 
 
 def _sequence_major(quants, key: str) -> bool:
-    """Whether residual `key` is in the caller's BTNH / BSKH layout (a caller's MXArray, or _square_sequence_major)."""
+    """Whether residual `key` is in the caller's BTNH / BSKH layout (a caller's MXArray, or square_sequence_major)."""
     return key.endswith(":user") or quants[key].axes == (-3, -1)
 
 
@@ -231,17 +241,18 @@ def _kernel_operand(quants, key: str, lengths) -> MXArray:
     return MXArray(data, scale, x.axes, x.block)
 
 
-def _fwd_kernel(static: _Static, quants, q_len, kv_len):
+def _fwd_kernel(static: AttentionStatic, quants, q_len, kv_len):
     """Forward on the Hopper kernel: the producer pass on the sequence-major square MXArrays, then the kernel."""
-    keys = _operand_keys(static)
+    keys = operand_keys(static)
     q = _kernel_operand(quants, keys["q_s"], q_len)
-    ops = attention_kernel.prepare_sequence_major(
+    ops = prepare_sequence_major(
         q,
         _kernel_operand(quants, keys["k_s"], kv_len),
         _kernel_operand(quants, keys["v_o"], kv_len),
         scale=static.scale,
         q_len=q_len,
         kv_len=kv_len,
+        path=static.impl,
     )
     o, lse = attention_kernel.attention_fwd(
         ops,
@@ -249,14 +260,15 @@ def _fwd_kernel(static: _Static, quants, q_len, kv_len):
         t=q.shape[1],
         p_scale=static.config.p_scale,
         p_rounding=static.config.scale_rounding,
+        path=static.impl,
     )
     return o.astype(static.out_dtype), lse  # the kernel writes O in BTNH
 
 
-def _fwd(static: _Static, q, k, v, bias, mask, q_len, kv_len):
+def mx_attention_fwd(static: AttentionStatic, q, k, v, bias, mask, q_len, kv_len):
     quants = _quantize_operands(static, q, k, v, q_len, kv_len)
-    keys = _operand_keys(static)
-    if static.impl == "cuda":
+    keys = operand_keys(static)
+    if static.kernel_path:
         o, lse = _fwd_kernel(static, quants, q_len, kv_len)
         return (o, lse), (quants, o, lse, bias, mask, q_len, kv_len)
     qs = _operand(static, quants, keys["q_s"], q_len, kv_len)
@@ -271,14 +283,14 @@ def _fwd(static: _Static, q, k, v, bias, mask, q_len, kv_len):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _mx_attention(static: _Static, q, k, v, bias, mask, q_len, kv_len):
-    return _fwd(static, q, k, v, bias, mask, q_len, kv_len)[0]
+def _mx_attention(static: AttentionStatic, q, k, v, bias, mask, q_len, kv_len):
+    return mx_attention_fwd(static, q, k, v, bias, mask, q_len, kv_len)[0]
 
 
-def _bwd(static: _Static, res, cts):
+def mx_attention_bwd(static: AttentionStatic, res, cts):
     quants, o, lse, bias, mask, q_len, kv_len = res
     do, dlse = cts
-    keys = _operand_keys(static)
+    keys = operand_keys(static)
 
     deq = {key: _operand(static, quants, key, q_len, kv_len) for key in set(keys.values())}
     opnd = {use: deq[key] for use, key in keys.items()}
@@ -312,7 +324,7 @@ def _bwd(static: _Static, res, cts):
     return dq, dk, dv, dbias, None, None, None
 
 
-_mx_attention.defvjp(_fwd, _bwd)
+_mx_attention.defvjp(mx_attention_fwd, mx_attention_bwd)
 
 # Eager calls would dispatch the tiled scan op by op; one compiled program per static signature is far
 # faster, and inside an outer jit this inner jit is simply inlined.
@@ -421,7 +433,7 @@ def check_head_dim(h: int, name: str = "query") -> None:
         )
 
 
-def _out_dtype(operands) -> np.dtype:
+def output_dtype(operands) -> np.dtype:
     raw = [(name, x.dtype) for name, x in operands if not isinstance(x, MXArray)]
     for name, dt in raw[1:]:
         if dt != raw[0][1]:
@@ -467,7 +479,8 @@ def dot_product_attention(
       query_seq_lengths, key_value_seq_lengths: optional (B,) int arrays; positions past them are padding:
         zeroed before quantization (so padding never changes a valid row's block scale) and masked.
       implementation: None (the Hopper kernel where it runs and covers the arguments, else the XLA
-        reference), "xla" (the reference, runs anywhere) or "cuda" (the kernel, or RuntimeError /
+        reference), "xla" (the reference, runs anywhere), "emulated" (the kernel path with the kernel's
+        arithmetic emulated in XLA: any machine, slow, for tests) or "cuda" (the kernel, or RuntimeError /
         ValueError saying why not). The kernel computes the forward pass; the backward is the XLA
         reference either way. See choose_implementation and kernel_unsupported.
       config: AttentionConfig (default AttentionConfig()).
@@ -495,7 +508,7 @@ def dot_product_attention(
         raise ValueError(f"query sequence length T={t} (axis 1) must be a positive multiple of {BLOCK_SIZE}")
     if s % BLOCK_SIZE or s == 0:
         raise ValueError(f"key sequence length S={s} (axis 1) must be a positive multiple of {BLOCK_SIZE}")
-    out_dtype = _out_dtype([("query", q), ("key", k), ("value", v)])
+    out_dtype = output_dtype([("query", q), ("key", k), ("value", v)])
     full = (b, n, t, s)
     bias = _check_broadcast_4d(bias, "bias", full, is_mask=False)
     mask = _check_broadcast_4d(mask, "mask", full, is_mask=True)
@@ -510,7 +523,7 @@ def dot_product_attention(
         out_dtype=out_dtype,
         mx_inputs=[(nm, x) for nm, x in (("query", q), ("key", k), ("value", v)) if isinstance(x, MXArray)],
     )
-    static = _Static(
+    static = AttentionStatic(
         config=config,
         scale=check_scale(scale, h),
         is_causal=bool(is_causal),

@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 
 from jax_mxfp8.formats import MXArray
-from jax_mxfp8.formats import dequantize as _ref_dequantize
-from jax_mxfp8.formats import quantize as _ref_quantize
-from jax_mxfp8.primitives import quantize as _pq
+from jax_mxfp8.formats import dequantize as ref_dequantize
+from jax_mxfp8.formats import quantize as ref_quantize
+from jax_mxfp8.primitives import quantize as quantize_primitive
 
 
 def quantize(
@@ -37,15 +37,16 @@ def quantize(
         are multiples of 32; row blocks along the last or second-to-last axis, or 32x32 square blocks
         over the last two; round to nearest), and the XLA reference otherwise. "xla" always uses the
         reference. "cuda" always uses the kernel: RuntimeError when the library or a suitable GPU is
-        missing, ValueError when the kernels do not cover the arguments.
+        missing, ValueError when the kernels do not cover the arguments. "emulated" runs the kernel
+        call's XLA emulation through the same partitioning and batching (any machine; for tests).
 
     The kernel and the reference give bit-identical results (tests/test_quantize_kernels_gpu.py).
     """
     if implementation == "xla":
-        return _ref_quantize(
+        return ref_quantize(
             x, axis=axis, block=block, dtype=dtype, scale_rounding=scale_rounding, rounding=rounding, rng=rng
         )
-    return _pq.quantize(
+    return quantize_primitive.quantize(
         x,
         axis=axis,
         block=block,
@@ -64,5 +65,5 @@ def dequantize(a: MXArray, dtype=jnp.float32, *, implementation: str | None = No
     two axes of rank >= 2 arrays, to float32 / bfloat16); bit-identical either way.
     """
     if implementation == "xla":
-        return _ref_dequantize(a, dtype)
-    return _pq.dequantize(a, dtype, implementation=implementation)
+        return ref_dequantize(a, dtype)
+    return quantize_primitive.dequantize(a, dtype, implementation=implementation)

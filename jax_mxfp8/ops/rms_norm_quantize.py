@@ -11,29 +11,30 @@ import numpy as np
 from jax_mxfp8.formats import MXArray, element_format
 from jax_mxfp8.formats.quantize import check_blockable
 from jax_mxfp8.formats.scales import check_scale_rounding
-from jax_mxfp8.primitives import quantize as _pq
-from jax_mxfp8.primitives import rms_norm_quantize as _prq
+from jax_mxfp8.kernels import registry
+from jax_mxfp8.primitives import implementation as impl
+from jax_mxfp8.primitives import rms_norm_quantize as rms_primitive
 from jax_mxfp8.reference.rms_norm import rms_norm_bwd, rms_norm_quantize_fwd
 
 
-def _forward(x, weight, eps, dtype, scale_rounding, impl):
-    if impl == "cuda":
-        return _prq.rms_norm_quantize_fwd(
-            x, weight, eps=eps, dtype=dtype, scale_rounding=scale_rounding, _impl_override="cuda"
+def _forward(x, weight, eps, dtype, scale_rounding, path):
+    if path != "xla":  # "cuda" or "emulated": the kernel call (resolved already)
+        return rms_primitive.rms_norm_quantize_fwd(
+            x, weight, eps=eps, dtype=dtype, scale_rounding=scale_rounding, implementation=path
         )
     return rms_norm_quantize_fwd(x, weight, eps, dtype=dtype, scale_rounding=scale_rounding)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _rms_norm_quantize(x, weight, eps, dtype, scale_rounding, impl):
-    return _forward(x, weight, eps, dtype, scale_rounding, impl)
+def _rms_norm_quantize(x, weight, eps, dtype, scale_rounding, path):
+    return _forward(x, weight, eps, dtype, scale_rounding, path)
 
 
-def _fwd(x, weight, eps, dtype, scale_rounding, impl):
-    return _forward(x, weight, eps, dtype, scale_rounding, impl), (x, weight)
+def _fwd(x, weight, eps, dtype, scale_rounding, path):
+    return _forward(x, weight, eps, dtype, scale_rounding, path), (x, weight)
 
 
-def _bwd(eps, dtype, scale_rounding, impl, res, cts):
+def _bwd(eps, dtype, scale_rounding, path, res, cts):
     x, weight = res
     dy, _ = cts  # the MXArray output is a non-differentiable carrier of y: its gradient reaches y's users
     return rms_norm_bwd(x, weight, eps, dy)
@@ -62,8 +63,9 @@ def rms_norm_quantize(
       implementation: None (default) uses the fused CuTe DSL kernel when the kernel library is built,
         the default backend is an NVIDIA GPU of compute capability 9.x / 10.x and the kernel covers the
         arguments (bfloat16 / float32 x with D <= 32768 / 16384), and the XLA reference otherwise;
-        "xla" always uses the reference; "cuda" always uses the kernel (RuntimeError when the library
-        or a suitable GPU is missing, ValueError when the kernel does not cover the arguments).
+        "xla" always uses the reference; "emulated" runs the kernel call's XLA emulation (any machine);
+        "cuda" always uses the kernel (RuntimeError when the library or a suitable GPU is missing,
+        ValueError when the kernel does not cover the arguments).
 
     Returns:
       (y, y_mx): y = x * rsqrt(mean(x^2) + eps) * weight in x.dtype (computed in float32), and
@@ -73,7 +75,7 @@ def rms_norm_quantize(
       in different orders) differ; its y_mx is always quantize(y) of its own y. Gradients use the
       reference backward for either implementation.
     """
-    _pq._check_implementation(implementation)
+    impl.check(implementation)
     x, weight = jnp.asarray(x), jnp.asarray(weight)
     if not jnp.issubdtype(x.dtype, jnp.floating) or np.dtype(x.dtype).itemsize < 2:
         raise ValueError(f"x has dtype {x.dtype}; rms_norm_quantize takes float32, bfloat16 or float16")
@@ -82,8 +84,8 @@ def rms_norm_quantize(
     check_blockable(x.shape, (x.ndim - 1,), name="x")
     fmt = element_format(dtype)
     check_scale_rounding(scale_rounding)
-    impl = "xla"
+    path = "xla"
     if implementation != "xla":
-        why = _prq.unsupported(x, weight, fmt.dtype, scale_rounding)
-        impl = "cuda" if _pq._use_kernel(implementation, why) else "xla"
-    return _rms_norm_quantize(x, weight, float(eps), np.dtype(dtype), scale_rounding, impl)
+        variant, why = rms_primitive.kernel_variant(x, weight, fmt.dtype, scale_rounding)
+        path = impl.resolve(implementation, why, variant.archs if variant is not None else registry.ARCHS)
+    return _rms_norm_quantize(x, weight, float(eps), np.dtype(dtype), scale_rounding, path)

@@ -18,8 +18,7 @@ import numpy as np
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.ops.attention import (
-    _out_dtype,
-    _Static,
+    AttentionStatic,
     check_config,
     check_head_dim,
     check_implementation,
@@ -27,6 +26,7 @@ from jax_mxfp8.ops.attention import (
     choose_implementation,
     dot_product_attention,
     kernel_unsupported,
+    output_dtype,
 )
 from jax_mxfp8.ops.varlen_kernel import VarlenStatic, packed_kernel_attention
 from jax_mxfp8.reference.attention_config import AttentionConfig
@@ -118,7 +118,8 @@ def varlen_attention(
       scale: softmax scale; default 1 / sqrt(H).
       is_causal: within each sequence, query i attends key j <= i (top-left aligned as in
         dot_product_attention; flash-attn's varlen API aligns bottom-right when lengths differ).
-      implementation: None, "xla" or "cuda", as for dot_product_attention. "cuda" runs the packed Hopper
+      implementation: None, "xla", "emulated" or "cuda", as for dot_product_attention ("emulated": the
+        packed kernel path with the kernel calls emulated in XLA). "cuda" runs the packed Hopper
         kernel path (ops/varlen_kernel.py: FP8 operands in packed order, each sequence starting on a
         128-row tile, no padding to max_seqlen); "xla" gathers the sequences into a padded batch with
         lengths and runs the reference.
@@ -154,19 +155,20 @@ def varlen_attention(
         is_causal=bool(is_causal),
         has_bias=False,
         has_mask=False,
-        out_dtype=_out_dtype(operands),
+        out_dtype=output_dtype(operands),
         mx_inputs=[(nm, x) for nm, x in operands if isinstance(x, MXArray)],
     )
-    if choose_implementation(implementation, why_not) == "cuda":
+    path = choose_implementation(implementation, why_not)
+    if path != "xla":
         st = VarlenStatic(
-            dense=_Static(
+            dense=AttentionStatic(
                 config=config,
                 scale=check_scale(scale, q.shape[-1]),
                 is_causal=bool(is_causal),
                 is_mx=(False, False, False),
-                out_dtype=_out_dtype(operands),
+                out_dtype=output_dtype(operands),
                 group=q.shape[1] // k.shape[1],
-                impl="cuda",
+                impl=path,
             ),
             max_q=max_q,
             max_k=max_k,

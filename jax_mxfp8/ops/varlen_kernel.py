@@ -5,7 +5,7 @@ sequence starting on a 128-row tile, at most 127 zero rows after each; reference
 there in 32x32 blocks (which therefore restart at every sequence start, as the contract's per-sequence
 blocks do), re-encoded by the producer pass with V's exponent spread bounded per sequence, and run by the
 packed kernel variant over a work list of (sequence, query tile) items, longest first
-(primitives/attention_fwd.py packed_tables). Nothing is padded to max_seqlen: the FP8 operands hold
+(primitives/attention_packed.py packed_tables). Nothing is padded to max_seqlen: the FP8 operands hold
 sum_b ceil128(L_b) rows, the scales one per 32-row block of those rows.
 
 Backward: the residuals (aligned MX operands, O, LSE) are gathered into the padded (B, max_seqlen) batch
@@ -26,6 +26,9 @@ from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.ops import attention as dense
 from jax_mxfp8.primitives import attention_fwd as attention_kernel
+from jax_mxfp8.primitives.attention_layout import TILE_M
+from jax_mxfp8.primitives.attention_operands import prepare_sequence_major
+from jax_mxfp8.primitives.attention_packed import packed_tables
 from jax_mxfp8.reference.attention_tiling import round_up
 from jax_mxfp8.reference.varlen import (
     aligned_rows,
@@ -38,7 +41,7 @@ from jax_mxfp8.reference.varlen import (
     to_padded,
 )
 
-TILE = attention_kernel.TILE_M  # sequences start on multiples of the kernel's 128-row tiles
+TILE = TILE_M  # sequences start on multiples of the kernel's 128-row tiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +49,7 @@ class VarlenStatic:
     """Trace-time facts of one packed call: the dense op's facts (config, scale, causal, dtype, group), the
     static maximum lengths and the packed row counts."""
 
-    dense: dense._Static
+    dense: dense.AttentionStatic
     max_q: int
     max_k: int
     total_q: int  # T_total_q
@@ -67,10 +70,10 @@ def _layout(cu: jax.Array, total: int, max_len: int) -> _Layout:
     return _Layout(lengths, aligned_starts(lengths, TILE), aligned_rows(total, lengths.shape[0], max_len, TILE))
 
 
-def _square_aligned(x: jax.Array, cu: jax.Array, lay: _Layout, scale_rounding: str) -> MXArray:
+def _square_aligned(x: jax.Array, cu: jax.Array, lay: _Layout, scale_rounding: str, path: str) -> MXArray:
     """Packed (T_total, N, H) -> (1, rows, N, H) square-block MXArray in the aligned layout."""
-    return dense._square_sequence_major(
-        to_aligned(x, cu, lay.lengths, lay.starts, lay.rows)[None], None, scale_rounding
+    return dense.square_sequence_major(
+        to_aligned(x, cu, lay.lengths, lay.starts, lay.rows)[None], None, scale_rounding, path
     )
 
 
@@ -81,15 +84,15 @@ def prepare_packed(st: VarlenStatic, q, k, v, cu_q, cu_k):
     seqs table), the work list and the query layout.
     """
     lq, lk = _layout(cu_q, st.total_q, st.max_q), _layout(cu_k, st.total_k, st.max_k)
-    rounding = st.dense.config.scale_rounding
-    qm = _square_aligned(q, cu_q, lq, rounding)
-    km, vm = _square_aligned(k, cu_k, lk, rounding), _square_aligned(v, cu_k, lk, rounding)
+    rounding, path = st.dense.config.scale_rounding, st.dense.impl
+    qm = _square_aligned(q, cu_q, lq, rounding, path)
+    km, vm = _square_aligned(k, cu_k, lk, rounding, path), _square_aligned(v, cu_k, lk, rounding, path)
     kv_tiles = jnp.arange(lk.rows // TILE, dtype=jnp.int32) * TILE
     kv_tile_seq = jnp.clip(jnp.searchsorted(lk.starts, kv_tiles, side="right") - 1, 0, None).astype(jnp.int32)
-    ops = attention_kernel.prepare_sequence_major(
-        qm, km, vm, scale=st.dense.scale, q_len=None, kv_len=None, kv_tile_seq=kv_tile_seq
+    ops = prepare_sequence_major(
+        qm, km, vm, scale=st.dense.scale, q_len=None, kv_len=None, kv_tile_seq=kv_tile_seq, path=path
     )
-    seqs, work = attention_kernel.packed_tables(
+    seqs, work = packed_tables(
         lq.lengths, lk.lengths, lq.starts, lk.starts, causal=st.dense.is_causal, q_rows=lq.rows
     )
     return (qm, km, vm), dataclasses.replace(ops, lens=seqs), work, lq
@@ -99,7 +102,12 @@ def _kernel_forward(st: VarlenStatic, q, k, v, cu_q, cu_k):
     (qm, km, vm), ops, work, lq = prepare_packed(st, q, k, v, cu_q, cu_k)
     config = st.dense.config
     o_al, lse_al = attention_kernel.attention_fwd_packed(
-        ops, work, causal=st.dense.is_causal, p_scale=config.p_scale, p_rounding=config.scale_rounding
+        ops,
+        work,
+        causal=st.dense.is_causal,
+        p_scale=config.p_scale,
+        p_rounding=config.scale_rounding,
+        path=st.dense.impl,
     )
     o = aligned_to_packed(o_al[0], cu_q, lq.lengths, lq.starts, st.total_q).astype(st.dense.out_dtype)
     return o, (qm, km, vm, o_al, lse_al, cu_q, cu_k)
@@ -126,12 +134,12 @@ def _bwd(st: VarlenStatic, res, do):
     pq, pk = round_up(st.max_q, BLOCK_SIZE), round_up(st.max_k, BLOCK_SIZE)
     o = aligned_to_padded(o_al[0], lq.starts, lq.lengths, pq).astype(st.dense.out_dtype)  # (B, pq, N, H)
     lse = aligned_to_padded(lse_al[0].T, lq.starts, lq.lengths, pq, fill=-jnp.inf).transpose(0, 2, 1)  # (B, N, pq)
-    keys = dense._operand_keys(st.dense)
+    keys = dense.operand_keys(st.dense)
     padded = {"q": _padded_mx(qm, lq, pq), "k": _padded_mx(km, lk, pk), "v": _padded_mx(vm, lk, pk)}
     quants = {key: padded[key[0]] for key in set(keys.values())}
     res_dense = (quants, o, lse, None, None, lq.lengths, lk.lengths)
     do_p = to_padded(do, cu_q, lq.lengths, pq)
-    dq, dk, dv, *_ = dense._bwd(st.dense, res_dense, (do_p, jnp.zeros_like(lse)))
+    dq, dk, dv, *_ = dense.mx_attention_bwd(st.dense, res_dense, (do_p, jnp.zeros_like(lse)))
     return (
         to_packed(dq, cu_q, lq.lengths, st.total_q),
         to_packed(dk, cu_k, lk.lengths, st.total_k),

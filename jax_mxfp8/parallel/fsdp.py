@@ -38,12 +38,12 @@ def gather_quantized(
       with the sharded high-precision `w` (which still receives the gradient).
     """
     q = quantize(w, axis=axis, dtype=dtype, scale_rounding=scale_rounding)
-    data = lax.with_sharding_constraint(_pack_bytes(q.data), sharding)
+    data = lax.with_sharding_constraint(pack_bytes(q.data), sharding)
     scale = lax.with_sharding_constraint(q.scale, sharding)
-    return MXArray(data=_unpack_bytes(data, q.data.dtype), scale=scale, axes=q.axes, block=q.block)
+    return MXArray(data=unpack_bytes(data, q.data.dtype), scale=scale, axes=q.axes, block=q.block)
 
 
-def _pack_bytes(data: jax.Array) -> jax.Array:
+def pack_bytes(data: jax.Array) -> jax.Array:
     """FP8 (..., n) -> uint32 (..., n / 4) holding the same bytes, when n % 4 == 0.
 
     XLA's CPU backend widens 8-bit floating all-gathers to FP16 (doubling the bytes on the wire, even
@@ -56,7 +56,7 @@ def _pack_bytes(data: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(as_u8.reshape(*data.shape[:-1], data.shape[-1] // 4, 4), jnp.uint32)
 
 
-def _unpack_bytes(packed: jax.Array, dtype) -> jax.Array:
+def unpack_bytes(packed: jax.Array, dtype) -> jax.Array:
     if packed.dtype != jnp.uint32:
         return packed
     as_u8 = lax.bitcast_convert_type(packed, jnp.uint8)  # (..., n / 4, 4)

@@ -41,7 +41,7 @@ from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
 from jax_mxfp8.ops.attention import check_config, check_qkv_shapes, check_scale
-from jax_mxfp8.parallel.fsdp import _pack_bytes, _unpack_bytes
+from jax_mxfp8.parallel.fsdp import pack_bytes, unpack_bytes
 from jax_mxfp8.reference.attention_bwd import attention_bwd
 from jax_mxfp8.reference.attention_config import AttentionConfig, operand_layouts
 from jax_mxfp8.reference.attention_fwd import attention_fwd
@@ -170,7 +170,7 @@ def _rotate(tree, st: _Static):
 
     def one(x):
         if isinstance(x, MXArray):
-            data = _unpack_bytes(send(_pack_bytes(x.data)), x.data.dtype)
+            data = unpack_bytes(send(pack_bytes(x.data)), x.data.dtype)
             return dataclasses.replace(x, data=data, scale=send(x.scale))
         return send(x)
 

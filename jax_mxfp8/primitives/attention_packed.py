@@ -1,0 +1,105 @@
+"""Packed jagged sequences on the Hopper attention kernel (layer 5): the work list and its emulation.
+
+  packed_tables(q_len, kv_len, q_start, kv_start, *, causal, q_rows) -> (seqs (4, S), work (2, W))
+  emulate_packed_fwd(ops, *, causal, p_scale, p_rounding) -> (o (1, N, Tp, H), lse (1, N, Tp))
+
+Every sequence starts on a 128-row tile of the aligned packed layout (ops/varlen_kernel.py); the packed
+kernel variant runs one CTA per (sequence, query tile) work item, longest first.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jax_mxfp8.primitives.attention_emulation import emulate_fwd
+from jax_mxfp8.primitives.attention_layout import TILE_M, TILE_N
+from jax_mxfp8.primitives.attention_operands import AlignedOperands
+
+
+def packed_tables(
+    q_len: jax.Array, kv_len: jax.Array, q_start: jax.Array, kv_start: jax.Array, *, causal: bool, q_rows: int
+) -> tuple[jax.Array, jax.Array]:
+    """The packed kernel's int32 tables for S sequences laid out from rows q_start / kv_start (multiples of 128)
+    in operands of q_rows query rows.
+
+    Returns seqs (4, S) = (first query tile, first KV tile, query length, KV length) and work (2, q_rows/128):
+    one item (sequence, query tile) per query tile holding rows of a sequence, the longest first (a CTA's
+    work is its number of KV tiles; the GPU starts CTAs in grid order, so the long ones do not trail), then
+    (-1, 0) items that do nothing.
+    """
+    q_len, kv_len = q_len.astype(jnp.int32), kv_len.astype(jnp.int32)
+    seqs = jnp.stack([q_start // TILE_M, kv_start // TILE_N, q_len, kv_len]).astype(jnp.int32)
+    tiles = jnp.arange(q_rows // TILE_M, dtype=jnp.int32)
+    b = jnp.clip(jnp.searchsorted(q_start // TILE_M, tiles, side="right").astype(jnp.int32) - 1, 0, q_len.shape[0] - 1)
+    m = tiles - q_start[b] // TILE_M
+    live = (m >= 0) & (m * TILE_M < q_len[b])
+    n_kv = -(-kv_len[b] // TILE_N)
+    if causal:
+        last_row = jnp.minimum((m + 1) * TILE_M, q_len[b]) - 1
+        n_kv = jnp.minimum(n_kv, last_row // TILE_N + 1)
+    cost = jnp.where(live, n_kv, -1)
+    order = jnp.argsort(-cost, stable=True)
+    work = jnp.stack([jnp.where(live, b, -1)[order], jnp.where(live, m, 0)[order]]).astype(jnp.int32)
+    return seqs, work
+
+
+def _sequence_windows(x: jax.Array, first_tile: jax.Array, n_tiles: jax.Array, axis: int) -> jax.Array:
+    """(1, ..., L, ...) aligned operand -> (S, ..., L, ...): sequence s's tiles first_tile[s] .. + n_tiles[s]
+    along `axis` from position 0, zeros after them (so that no other sequence's bytes reach the emulation)."""
+    length = x.shape[axis]
+    pos = jnp.arange(length, dtype=jnp.int32)
+    idx = jnp.clip(first_tile[:, None] * TILE_N + pos[None, :], 0, length - 1)  # (S, L)
+    valid = pos[None, :] < n_tiles[:, None] * TILE_N
+    moved = jnp.moveaxis(x[0], axis - 1, 0)[idx]  # (S, L, ...)
+    moved = jnp.where(valid.reshape(valid.shape + (1,) * (moved.ndim - 2)), moved, jnp.zeros((), x.dtype))
+    return jnp.moveaxis(moved, 1, axis)
+
+
+def emulate_packed_fwd(
+    ops: AlignedOperands, *, causal: bool, p_scale: str = "const", p_rounding: str = "up"
+) -> tuple[jax.Array, jax.Array]:
+    """The packed kernel's arithmetic in XLA: emulate_fwd on each sequence's own tiles (ops.lens = seqs).
+    Returns o (1, N, Tp, H) and lse (1, N, Tp), 0 / -inf on rows in no sequence's query tiles."""
+    seqs = ops.lens
+    qt0, kt0, q_len, kv_len = seqs[0], seqs[1], seqs[2], seqs[3]
+    nq, nk = -(-q_len // TILE_M), -(-kv_len // TILE_N)
+    hg = ops.q.shape[-1] // 32
+    win_q = functools.partial(_sequence_windows, first_tile=qt0, n_tiles=nq)
+    win_k = functools.partial(_sequence_windows, first_tile=kt0, n_tiles=nk)
+    q32 = ops.qs.shape[-1]
+    k32 = ops.ks.shape[-1]
+    # scale factors: per 32 rows (qs, ks) and per (tile, 32 columns) (vs, vi); windows in tile units
+    qs = _sequence_windows(jnp.repeat(ops.qs, 32, axis=-1), qt0, nq, 2)[..., ::32]
+    ks = _sequence_windows(jnp.repeat(ops.ks, 32, axis=-1), kt0, nk, 2)[..., ::32]
+    nt = ops.vs.shape[-1] // hg
+
+    def tile_factors(f):
+        per_key = jnp.repeat(f.reshape(1, f.shape[1], nt, hg), TILE_N, axis=2).reshape(1, f.shape[1], nt * TILE_N * hg)
+        per_key = per_key.reshape(1, f.shape[1], nt * TILE_N, hg)
+        w = _sequence_windows(per_key, kt0, nk, 2)[:, :, ::TILE_N]
+        return jnp.where(w == 0, 1.0, w).reshape(w.shape[0], w.shape[1], -1)
+
+    assert q32 * 32 == ops.q.shape[2] and k32 * 32 == ops.k.shape[2]
+    seq_ops = AlignedOperands(
+        q=win_q(ops.q, axis=2),
+        k=win_k(ops.k, axis=2),
+        vt=win_k(ops.vt, axis=3),
+        qs=qs,
+        ks=ks,
+        vs=tile_factors(ops.vs),
+        vi=tile_factors(ops.vi),
+        lens=jnp.stack([q_len, kv_len]),
+    )
+    o, lse = emulate_fwd(seq_ops, causal=causal, t=ops.q.shape[2], p_scale=p_scale, p_rounding=p_rounding)
+    rows = jnp.arange(ops.q.shape[2], dtype=jnp.int32)
+    tile = rows // TILE_M
+    b = jnp.clip(jnp.searchsorted(qt0, tile, side="right").astype(jnp.int32) - 1, 0, qt0.shape[0] - 1)
+    i = rows - qt0[b] * TILE_M
+    live = (i >= 0) & (i < nq[b] * TILE_M)
+    ic = jnp.clip(i, 0, ops.q.shape[2] - 1)
+    o = jnp.where(live[None, :, None], o[b, :, ic].transpose(1, 0, 2), 0.0)[None]
+    lse = jnp.where(live[None, :], lse[b, :, ic].T, -jnp.inf)[None]
+    return o, lse

@@ -1,0 +1,131 @@
+"""The kernel library (jax_mxfp8/_lib/libjax_mxfp8_kernels.so): loading, FFI registration, device checks.
+
+The library is a plain shared object with an extern "C" ABI (csrc/library.cc): it reports the FFI targets it
+defines and the kernel variants it holds, so registration follows what was built, never a hand-kept list.
+It is loaded once per process with ctypes; every reported target is registered for platform "CUDA".
+
+  load_library() -> ctypes.CDLL | None     load + register once; None (see library_error) if absent/broken
+  library_error() -> str | None           why the library is unavailable
+  library_path() -> Path
+  ffi_targets() -> list[str]              the FFI targets the loaded library defines
+  kernel_names() -> list[(name, major)]   every kernel variant in the library and its arch major
+  gpu_major() -> int | None               compute-capability major of the default backend's first device
+  kernels_runnable(archs) -> (ok, why)    library loaded and the GPU's arch among `archs`
+  preload()                               load every module onto each local GPU (before CUDA-graph capture)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from pathlib import Path
+
+import jax
+
+from jax_mxfp8.kernels import registry
+
+LIB_NAME = "libjax_mxfp8_kernels.so"
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_lib_error: str | None = None
+_targets: tuple[str, ...] = ()
+
+
+def library_path() -> Path:
+    return Path(__file__).resolve().parent.parent / "_lib" / LIB_NAME
+
+
+def _reported_targets(lib: ctypes.CDLL) -> tuple[str, ...]:
+    lib.jax_mxfp8_ffi_target_name.restype = ctypes.c_char_p
+    return tuple(lib.jax_mxfp8_ffi_target_name(i).decode() for i in range(lib.jax_mxfp8_ffi_target_count()))
+
+
+def load_library() -> ctypes.CDLL | None:
+    """Loads the kernel library once and registers the FFI targets it reports for platform "CUDA".
+
+    Returns None (and remembers why, see `library_error`) when the library is not built or fails to load.
+    """
+    global _lib, _lib_error, _targets
+    with _lock:
+        if _lib is not None or _lib_error is not None:
+            return _lib
+        path = library_path()
+        if not path.exists():
+            _lib_error = f"{path} is not built (run: python tools/build_library.py)"
+            return None
+        try:
+            lib = ctypes.CDLL(str(path))
+            targets = _reported_targets(lib)
+            for name in targets:
+                jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="CUDA")
+        except Exception as e:  # noqa: BLE001 - reported through library_error / RuntimeError
+            _lib_error = f"loading {path} failed: {type(e).__name__}: {e}"
+            return None
+        lib.jax_mxfp8_kernel_name.restype = ctypes.c_char_p
+        lib.jax_mxfp8_preload.argtypes = [ctypes.c_int]
+        _lib, _targets = lib, targets
+        return lib
+
+
+def library_error() -> str | None:
+    load_library()
+    return _lib_error
+
+
+def ffi_targets() -> list[str]:
+    """The FFI target names the loaded library defines (empty when it is unavailable)."""
+    load_library()
+    return list(_targets)
+
+
+def kernel_names() -> list[tuple[str, int]]:
+    """(variant name, arch major) of every kernel in the built library."""
+    lib = load_library()
+    if lib is None:
+        return []
+    return [
+        (lib.jax_mxfp8_kernel_name(i).decode(), lib.jax_mxfp8_kernel_arch(i))
+        for i in range(lib.jax_mxfp8_kernel_count())
+    ]
+
+
+def gpu_major() -> int | None:
+    """Compute-capability major of the default backend's first device, or None when it is not a GPU."""
+    try:
+        dev = jax.devices()[0]
+    except RuntimeError:
+        return None
+    if dev.platform != "gpu":
+        return None
+    cc = getattr(dev, "compute_capability", None)
+    try:
+        return int(str(cc).split(".")[0])
+    except ValueError:
+        return None
+
+
+def kernels_runnable(archs: tuple[str, ...] = registry.ARCHS) -> tuple[bool, str]:
+    """(True, "") when kernels built for `archs` can run on the default backend, else (False, why not)."""
+    if load_library() is None:
+        return False, f"the jax_mxfp8 kernel library is unavailable: {_lib_error}"
+    major = gpu_major()
+    if major is None:
+        return False, f"the default JAX backend is {jax.default_backend()!r}, not an NVIDIA GPU"
+    majors = {registry.ARCH_MAJOR[a] for a in archs}
+    if major not in majors:
+        return False, f"the GPU has compute capability {major}.x; these kernels are built for {', '.join(archs)}"
+    return True, ""
+
+
+@functools.cache
+def preload() -> None:
+    """Loads every kernel module onto each local GPU before first use (so CUDA-graph capture never sees a
+    module load)."""
+    lib = load_library()
+    for dev in jax.local_devices():
+        if dev.platform == "gpu":
+            rc = lib.jax_mxfp8_preload(int(dev.local_hardware_id if dev.local_hardware_id is not None else dev.id))
+            if rc != 0:
+                raise RuntimeError(f"jax_mxfp8: loading the kernel modules on {dev} failed (cudaError {rc})")
