@@ -89,24 +89,21 @@ def _quantize_sharding(variant: registry.QuantizeConfig) -> ShardingRule:
     return ShardingRule(operands=(_DATA,), results=results, factor_sizes=_SIZES)
 
 
-QUANTIZE = FfiOp(
-    target="jax_mxfp8_quantize",
-    outputs=_quantize_outputs,
-    emulation=_quantize_emulation,
-    sharding=_quantize_sharding,
-    batch_dims=(0,),
-    result_batch_dims=(0, 0),
-)
+def _quantize_op(target: str, n_results: int) -> FfiOp:
+    return FfiOp(
+        target=target,
+        outputs=_quantize_outputs,
+        emulation=_quantize_emulation,
+        sharding=_quantize_sharding,
+        batch_dims=(0,),
+        result_batch_dims=(0,) * n_results,
+    )
+
+
+QUANTIZE = _quantize_op("jax_mxfp8_quantize", 2)
 """x (..., M, K) -> (data, scale) in the variant's mode ("row", "col", "square")."""
 
-QUANTIZE_ROWCOL = FfiOp(
-    target="jax_mxfp8_quantize_rowcol",
-    outputs=_quantize_outputs,
-    emulation=_quantize_emulation,
-    sharding=_quantize_sharding,
-    batch_dims=(0,),
-    result_batch_dims=(0, 0, 0, 0),
-)
+QUANTIZE_ROWCOL = _quantize_op("jax_mxfp8_quantize_rowcol", 4)
 """x (..., M, K) -> (row data, row scale (..., M, K/32), col data, col scale (..., M/32, K)) in one pass."""
 
 
