@@ -5,8 +5,11 @@ The modules only own parameters and pick a LayerPrecision; everything numeric ha
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jax_mxfp8.flax.policy import LayerPrecision
@@ -58,10 +61,47 @@ def linear(
             ),
         )
     else:
-        y = lax.dot_general(x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16), dn, preferred_element_type=jnp.float32)
+        return bf16_linear(x, kernel, bias, np.dtype(out_dtype))
     if bias is not None:
         y = y + bias.astype(jnp.float32)
     return y.astype(out_dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def bf16_linear(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, out_dtype: np.dtype) -> jax.Array:
+    """x @ kernel + bias with BF16 operands and FP32 accumulation, forward AND backward; (..., D_in) x
+    (D_in, D_out) (+ (D_out,)) -> (..., D_out) in out_dtype, bias added in float32.
+
+    Why a custom_vjp: autodiff of dot_general(bf16, bf16, preferred_element_type=float32) hands the
+    backward a float32 cotangent, and JAX then runs both backward GEMMs with float32 operands (the bf16
+    operand upcast): float32/TF32 GEMMs on a GPU. Here the cotangent is rounded to bfloat16 (a no-op when
+    out_dtype is bfloat16, the usual case: the values are the same as autodiff's, up to summation order),
+    so dx and dkernel are bf16 x bf16 -> f32 GEMMs like the forward. Gradients are rounded as autodiff
+    rounded them (dx to x's dtype, dkernel to bfloat16 and back to the kernel's dtype).
+    """
+    return _bf16_linear_fwd(x, kernel, bias, out_dtype)[0]
+
+
+def _bf16_linear_fwd(x, kernel, bias, out_dtype):
+    xb, kb = x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16)
+    y = lax.dot_general(xb, kb, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(out_dtype), (x, kernel, bias)
+
+
+def _bf16_linear_bwd(out_dtype, res, g):
+    x, kernel, bias = res
+    xb, kb, gb = x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16), g.astype(jnp.bfloat16)
+    lead = tuple(range(g.ndim - 1))
+    dx = lax.dot_general(gb, kb, (((g.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    dk = lax.dot_general(xb, gb, ((lead, lead), ((), ())), preferred_element_type=jnp.float32)
+    db = None if bias is None else jnp.sum(g.astype(jnp.float32), axis=lead).astype(bias.dtype)
+    # dk is rounded to bfloat16 first, as autodiff through kernel.astype(bfloat16) did (and stock Flax does)
+    return dx.astype(x.dtype), dk.astype(jnp.bfloat16).astype(kernel.dtype), db
+
+
+bf16_linear.defvjp(_bf16_linear_fwd, _bf16_linear_bwd)
 
 
 def norm(x: jax.Array, weight: jax.Array, precision: LayerPrecision, eps: float) -> tuple[jax.Array, MXArray | None]:
@@ -103,15 +143,25 @@ def attention(
     """Dense attention, q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H) in q's dtype."""
     if precision.attention == "mxfp8":
         return dot_product_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal, config=config)
-    out = jax.nn.dot_product_attention(
-        q.astype(jnp.bfloat16),
-        k.astype(jnp.bfloat16),
-        v.astype(jnp.bfloat16),
-        bias=bias,
-        mask=mask,
-        is_causal=is_causal,
-    )
-    return out.astype(q.dtype)
+    return bf16_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal).astype(q.dtype)
+
+
+def bf16_attention(q, k, v, *, bias=None, mask=None, is_causal: bool) -> jax.Array:
+    """jax.nn.dot_product_attention on bf16 q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H) bf16.
+
+    On a GPU backend it asks for cuDNN's fused (flash) attention, the BF16 baseline MXFP8 attention is
+    measured against; implementation=None would be XLA's einsum/softmax path, which materialises the
+    float32 (B, N, T, S) logits and runs its backward GEMMs with float32 operands. Arguments cuDNN does
+    not cover (jax.nn checks them while tracing: head dim, dtype, bias/mask patterns) fall back to XLA.
+    """
+    q, k, v = (a.astype(jnp.bfloat16) for a in (q, k, v))
+    call = functools.partial(jax.nn.dot_product_attention, q, k, v, bias=bias, mask=mask, is_causal=is_causal)
+    if jax.default_backend() == "gpu":
+        try:
+            return call(implementation="cudnn")
+        except (NotImplementedError, ValueError, RuntimeError):
+            pass
+    return call()
 
 
 def jagged_attention(

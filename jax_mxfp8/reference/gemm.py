@@ -2,8 +2,23 @@
 
 Every GEMM is computed in a normalised 3-D layout (batch, rows, contracted): each operand is transposed
 to (B, M, K), quantized in row blocks along K (the flattened contracted axes, in the order the
-dimension numbers pair them), dequantized to float32 (exact) and multiplied with float32 accumulation.
+dimension numbers pair them), dequantized and multiplied with float32 accumulation.
 This is the numerics of jax.nn.scaled_dot_general with configs=[mxfp8]*3.
+
+Operand dtype (`operands=`): "bfloat16" (default) or "float32" (the test oracle).
+An MX value v = element * 2^(b-127) has at most 4 significant bits (E4M3; E5M2: 3), so it is exactly
+a bfloat16 (8 significant bits, float32's exponent range) unless |v| < 2^-126 and v is not a multiple
+of 2^-133 (bfloat16's smallest subnormal). Every element of a block is exact when its scale byte
+b >= 3 (E4M3: smallest element step 2^-9) or b >= 10 (E5M2: 2^-16); only blocks whose amax is below
+about 2^-116 (E4M3) / 2^-102 (E5M2) can hold an inexact value, and a value under 2^-126 comes only
+from a quantize input under 2^-126 (2^-126 lies on every such block's grid and rounding is monotone),
+which DESIGN.md section 4 allows to be flushed. The bfloat16 cast rounds those values (error below
+2^-134 at most); FTZ backends (XLA:CPU) flush them, as they flush the float32 path's subnormals too.
+Overflow, NaN and Inf are identical: both types share float32's exponent range. Products of two
+bfloat16 values are exact in float32 (unless below 2^-126, where either GEMM may flush), so both
+paths sum the same products and differ only by the summation order the backend's GEMM picks
+("bfloat16": cuBLAS / YNNPACK bf16 GEMMs at tensor-core speed; "float32": HIGHEST-precision float32
+GEMMs, ~14x slower on an H200).
 """
 
 from __future__ import annotations
@@ -21,6 +36,8 @@ from jax_mxfp8.formats.quantize import check_blockable
 from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 HIGHEST = lax.Precision.HIGHEST
+OPERAND_DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+DEFAULT_OPERANDS = "bfloat16"
 
 # Purposes of the three GEMMs; each gets an independent Hadamard sign pattern and rounding key.
 FWD, DGRAD, WGRAD = 0, 1, 2
@@ -91,13 +108,28 @@ def _hadamard_key(config: MXDotConfig, purpose: int) -> jax.Array:
     return jax.random.fold_in(jax.random.key(config.hadamard_seed), purpose)
 
 
-def quantized_3d(
-    x3: jax.Array, config: MXDotConfig, purpose: int, *, grad: bool = False, rng: jax.Array | None = None
-) -> jax.Array:
-    """Fake-quantizes a (B, M, K) operand along K for one GEMM: optional Hadamard, MX round trip.
+def operand_dtype(operands: str):
+    """The jnp dtype of the GEMM operands for `operands` ("bfloat16" or "float32"); ValueError otherwise."""
+    if operands not in OPERAND_DTYPES:
+        raise ValueError(f"operands={operands!r} is not one of {tuple(OPERAND_DTYPES)}")
+    return OPERAND_DTYPES[operands]
 
-    Returns float32 values exactly equal to the MX operand the GEMM multiplies, (B, M, K') with K'
-    rounded up to a multiple of 32 (and of the Hadamard block) by zero padding.
+
+def quantized_3d(
+    x3: jax.Array,
+    config: MXDotConfig,
+    purpose: int,
+    *,
+    grad: bool = False,
+    rng: jax.Array | None = None,
+    operands: str = DEFAULT_OPERANDS,
+) -> jax.Array:
+    """Fake-quantizes a (B, M, K) operand (any float dtype) along K for one GEMM: optional Hadamard, MX
+    round trip.
+
+    Returns the MX operand the GEMM multiplies as `operands` dtype values, (B, M, K') with K' rounded up
+    to a multiple of 32 (and of the Hadamard block) by zero padding: exact in float32; exact in bfloat16
+    except values below 2^-126 (module docstring).
     """
     x3 = x3.astype(jnp.float32)
     multiple = BLOCK_SIZE if config.hadamard_seed is None else max(BLOCK_SIZE, config.hadamard_block)
@@ -117,47 +149,70 @@ def quantized_3d(
         rounding="stochastic" if stochastic else "nearest",
         rng=jax.random.fold_in(rng, purpose) if stochastic else None,
     )
-    return dequantize(q, jnp.float32)
+    return dequantize(q, operand_dtype(operands))
 
 
 def matmul_3d(a3: jax.Array, b3: jax.Array) -> jax.Array:
-    """(B, M, K) x (B, N, K) -> (B, M, N) with float32 accumulation."""
-    return jnp.einsum("bmk,bnk->bmn", a3, b3, precision=HIGHEST, preferred_element_type=jnp.float32)
+    """(B, M, K) x (B, N, K) -> (B, M, N) float32, float32 accumulation; operands both bfloat16 or float32.
+
+    float32 operands run at HIGHEST precision (no reduced-precision passes); bfloat16 products are exact.
+    """
+    if a3.dtype != b3.dtype:
+        raise ValueError(f"matmul_3d takes operands of one dtype, got {a3.dtype} and {b3.dtype}")
+    precision = HIGHEST if a3.dtype == jnp.float32 else None
+    return jnp.einsum("bmk,bnk->bmn", a3, b3, precision=precision, preferred_element_type=jnp.float32)
 
 
-def prequantized_3d(a: MXArray, layout: OperandLayout) -> jax.Array:
-    """A caller's pre-quantized operand, as exact float32 values in the (B, M, K) layout."""
-    return layout.to_3d(dequantize(a, jnp.float32))
+def prequantized_3d(a: MXArray, layout: OperandLayout, *, operands: str = DEFAULT_OPERANDS) -> jax.Array:
+    """A caller's pre-quantized operand as `operands` dtype values (see quantized_3d) in the (B, M, K) layout."""
+    return layout.to_3d(dequantize(a, operand_dtype(operands)))
 
 
 def mx_dot_forward(
-    lhs3: jax.Array, rhs3: jax.Array, config: MXDotConfig, *, lhs_q3: jax.Array | None, rhs_q3: jax.Array | None
+    lhs3: jax.Array,
+    rhs3: jax.Array,
+    config: MXDotConfig,
+    *,
+    lhs_q3: jax.Array | None,
+    rhs_q3: jax.Array | None,
+    operands: str = DEFAULT_OPERANDS,
 ) -> jax.Array:
-    """C3 = Q(lhs3 along K) @ Q(rhs3 along K)^T in float32, (B, M, N). *_q3 replace quantization."""
-    a = lhs_q3 if lhs_q3 is not None else quantized_3d(lhs3, config, FWD)
-    b = rhs_q3 if rhs_q3 is not None else quantized_3d(rhs3, config, FWD)
-    return matmul_3d(a, b)
+    """C3 = Q(lhs3 along K) @ Q(rhs3 along K)^T in float32, (B, M, N), from lhs3 (B, M, K), rhs3 (B, N, K).
+
+    *_q3 (from prequantized_3d, same `operands`) replace quantization; `operands`: see the module docstring.
+    """
+    dt = operand_dtype(operands)
+    a = lhs_q3 if lhs_q3 is not None else quantized_3d(lhs3, config, FWD, operands=operands)
+    b = rhs_q3 if rhs_q3 is not None else quantized_3d(rhs3, config, FWD, operands=operands)
+    return matmul_3d(a.astype(dt), b.astype(dt))
 
 
 def mx_dot_backward(
-    lhs3: jax.Array, rhs3: jax.Array, g3: jax.Array, config: MXDotConfig, rng: jax.Array | None
+    lhs3: jax.Array,
+    rhs3: jax.Array,
+    g3: jax.Array,
+    config: MXDotConfig,
+    rng: jax.Array | None,
+    *,
+    operands: str = DEFAULT_OPERANDS,
 ) -> tuple[jax.Array, jax.Array]:
     """Gradients (dA3 (B, M, K), dB3 (B, N, K)) in float32 for C3 = A3 @ B3^T with incoming G3 (B, M, N).
 
-    dA = Q(G along N) @ Q(B along N); dB = Q(G along M)^T @ Q(A along M) (MX), or plain BF16 operands
-    with FP32 accumulation for dB when config.weight_grad == "bf16". M and N need not be multiples of 32:
-    a partial last block takes its scale from its valid elements only.
+    dA = Q(G along N) @ Q(B along N); dB = Q(G along M)^T @ Q(A along M) (MX, `operands` dtype), or
+    plain BF16 operands with FP32 accumulation for dB when config.weight_grad == "bf16" (under either
+    `operands`). M and N need not be multiples of 32: a partial last block takes its scale from its
+    valid elements only.
     """
     gt = jnp.swapaxes(g3, 1, 2)  # (B, N, M)
     d_lhs = matmul_3d(
-        quantized_3d(g3, config, DGRAD, grad=True, rng=rng),
-        quantized_3d(jnp.swapaxes(rhs3, 1, 2), config, DGRAD),
+        quantized_3d(g3, config, DGRAD, grad=True, rng=rng, operands=operands),
+        quantized_3d(jnp.swapaxes(rhs3, 1, 2), config, DGRAD, operands=operands),
     )
     if config.weight_grad == "bf16":
         d_rhs = matmul_3d(gt.astype(jnp.bfloat16), jnp.swapaxes(lhs3, 1, 2).astype(jnp.bfloat16))
     else:
         d_rhs = matmul_3d(
-            quantized_3d(gt, config, WGRAD, grad=True, rng=rng),
-            quantized_3d(jnp.swapaxes(lhs3, 1, 2), config, WGRAD),
+            quantized_3d(gt, config, WGRAD, grad=True, rng=rng, operands=operands),
+            quantized_3d(jnp.swapaxes(lhs3, 1, 2), config, WGRAD, operands=operands),
         )
     return d_lhs, d_rhs

@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""GEMM TFLOP/s: mx_dot_general (XLA reference, exact BF16 operands) vs BF16 and FP8 per-tensor baselines.
+
+One process, side by side, bf16 inputs x (M, K) ~ N(0,1), w (K, N) ~ N(0,1), y = x @ w (bf16 out):
+  bf16            lax.dot_general on bf16 (f32 accumulation inside the GEMM, bf16 out)
+  xla_fp8         lax.dot_general on float8_e4m3fn operands (per-tensor scales amax/448, cast BEFORE timing,
+                  not counted), preferred_element_type=bf16, output times sx*sw
+  xla_fp8_from_bf16  the same with the amax + scale + cast inside the timed function
+  torch_bf16      torch.matmul on bf16 CUDA tensors (only where torch with CUDA imports)
+  torch_fp8       torch._scaled_mm, e4m3 per-tensor scales, bf16 out, operands pre-cast (torch with CUDA only)
+  ours            jax_mxfp8.mx_dot_general(x, w, dn) (implementation=None: the XLA reference, bfloat16
+                  operands, quantization of both operands included)
+  ours_f32ref     the same reference with operands="float32" (float32 HIGHEST GEMMs: the old path, for the record)
+Forward+backward ("fwdbwd"): jax.value_and_grad of sum(f(x, w) * ct) w.r.t. x and w with a random bf16
+cotangent ct (not a plain sum: XLA folds constant cotangents; value_and_grad, not grad: under jax.grad the
+forward GEMM's result is unused and XLA removes it, leaving 2 of the 3 GEMMs). Only bf16, ours and
+ours_f32ref have one.
+
+FLOPs 2*M*N*K forward, 3x that forward+backward. Timing (DESIGN.md section 6, benchmarks/timing.py):
+enqueue --calls calls, block once, divide; median of --batches batches (torch: the same with
+torch.cuda.synchronize). Numerics: SQNR (dB) against the float64 product of the bf16 inputs on a
+sub-block (first --sqnr-rows rows x first --sqnr-rows output columns, full K: row/column quantization
+blocks make it the same values as the full product there); for fwdbwd also dx and dw on sub-blocks.
+Issue target (W2 2/6): ours forward >= 0.85x bf16 forward.
+
+Usage: python benchmarks/gemm.py [--out FILE.json] [--smoke] [--only bf16,ours,...] [--budget-s S]
+  --smoke   small shapes, 2 calls x 2 batches: proves the script on CPU (numbers mean nothing)
+The JSON (default benchmarks/results/h200_gemm.json) is rewritten after every shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from timing import timeit  # noqa: E402  (benchmarks/timing.py; the script's folder is on sys.path)
+
+import jax_mxfp8 as mx  # noqa: E402
+from jax_mxfp8.metrics import sqnr_db  # noqa: E402
+from jax_mxfp8.reference import gemm  # noqa: E402
+from jax_mxfp8.reference.gemm_config import MXDotConfig  # noqa: E402
+
+DN = (((1,), (0,)), ((), ()))
+E4M3_MAX = 448.0
+TARGET = ("ours", "bf16", 0.85)  # forward: ours >= 0.85x bf16
+FULL_SHAPES = [(8192, 8192, 8192), (16384, 4096, 14336), (16384, 14336, 4096)]  # (M, K, N)
+SMOKE_SHAPES = [(128, 256, 192), (256, 128, 64)]
+IMPLS = ("bf16", "xla_fp8", "xla_fp8_from_bf16", "torch_bf16", "torch_fp8", "ours", "ours_f32ref")
+HAS_FWDBWD = ("bf16", "ours", "ours_f32ref")
+
+
+def per_tensor_fp8(x):
+    """(float8_e4m3fn of x / s, s) with s = amax(|x|) / 448 (float32 scalar)."""
+    s = jnp.maximum(jnp.max(jnp.abs(x)).astype(jnp.float32), 1e-30) / E4M3_MAX
+    return (x.astype(jnp.float32) / s).astype(jnp.float8_e4m3fn), s
+
+
+def fp8_dot(x8, w8, sx, sw):
+    return lax.dot_general(x8, w8, DN, preferred_element_type=jnp.bfloat16) * (sx * sw).astype(jnp.bfloat16)
+
+
+def fp8_dot_from_bf16(x, w):
+    (x8, sx), (w8, sw) = per_tensor_fp8(x), per_tensor_fp8(w)
+    return fp8_dot(x8, w8, sx, sw)
+
+
+def reference_dot(operands: str):
+    """mx_dot_general's XLA reference for 2-D x @ w with the GEMM operand dtype forced (custom_vjp like ops/)."""
+    config = MXDotConfig()
+
+    def fwd(x, w):
+        y = gemm.mx_dot_forward(x[None], w.T[None], config, lhs_q3=None, rhs_q3=None, operands=operands)
+        return y[0].astype(x.dtype), (x, w)
+
+    def bwd(res, g):
+        x, w = res
+        dx, dw = gemm.mx_dot_backward(x[None], w.T[None], g[None], config, None, operands=operands)
+        return dx[0].astype(x.dtype), dw[0].T.astype(w.dtype)
+
+    f = jax.custom_vjp(lambda x, w: fwd(x, w)[0])
+    f.defvjp(fwd, bwd)
+    return f
+
+
+JAX_FWD = {
+    "bf16": lambda x, w: lax.dot_general(x, w, DN),
+    "ours": lambda x, w: mx.mx_dot_general(x, w, DN),
+    "ours_f32ref": reference_dot("float32"),
+}
+
+
+def fwdbwd(f):
+    """value_and_grad of sum(f(x, w) * ct) w.r.t. (x, w), summed in float32."""
+    return jax.value_and_grad(lambda x, w, ct: jnp.sum(f(x, w) * ct, dtype=jnp.float32), argnums=(0, 1))
+
+
+def import_torch():
+    """(torch, None) when torch with a CUDA device imports, else (None, why not)."""
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001
+        return None, f"torch not importable: {e!r}"
+    if not torch.cuda.is_available():
+        return None, "torch has no CUDA device"
+    return torch, None
+
+
+def time_torch(torch, fn, calls, batches):
+    times = []
+    fn()
+    torch.cuda.synchronize()
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times)
+
+
+def sqnr_sub(ref64, got) -> float:
+    return round(float(sqnr_db(ref64, np.asarray(got, np.float64))), 2)
+
+
+def run_shape(m, k, n, args, res, torch):
+    calls, batches, r = args.calls, args.batches, args.sqnr_rows
+    kx, kw, kc = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(kx, (m, k), jnp.float32).astype(jnp.bfloat16)
+    w = jax.random.normal(kw, (k, n), jnp.float32).astype(jnp.bfloat16)
+    ct = jax.random.normal(kc, (m, n), jnp.float32).astype(jnp.bfloat16)
+    rr, rc, rk = min(r, m), min(r, n), min(r, k)
+    f64 = functools.partial(np.asarray, dtype=np.float64)  # of device slices: no full-size host copies
+    ref_y = f64(x[:rr]) @ f64(w[:, :rc])
+    ref_dx = f64(ct[:rr]) @ f64(w[:rk]).T  # dx[:rr, :rk]
+    ref_dw = f64(x[:, :rk]).T @ f64(ct[:, :rc])  # dw[:rk, :rc]
+    flops = 2.0 * m * n * k
+    res.update(flops_fwd=flops, flops_fwdbwd=3 * flops)
+    impls = res.setdefault("impls", {})
+    wanted = [i for i in IMPLS if not args.only or i in args.only.split(",")]
+    for name in wanted:
+        out = impls.setdefault(name, {})
+        try:
+            if name.startswith("torch"):
+                if torch is None:
+                    out["skipped"] = args.torch_reason
+                    continue
+                xt = torch.from_numpy(np.asarray(x.astype(jnp.float32))).cuda().to(torch.bfloat16)
+                wt = torch.from_numpy(np.asarray(w.astype(jnp.float32))).cuda().to(torch.bfloat16)
+                if name == "torch_bf16":
+                    fn = functools.partial(torch.matmul, xt, wt)
+                else:
+                    sx = (xt.abs().max().float() / E4M3_MAX).reshape(())
+                    sw = (wt.abs().max().float() / E4M3_MAX).reshape(())
+                    x8 = (xt.float() / sx).to(torch.float8_e4m3fn)
+                    w8 = (wt.float() / sw).to(torch.float8_e4m3fn).t().contiguous().t()  # column-major (K, N)
+                    fn = functools.partial(torch._scaled_mm, x8, w8, scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
+                y = fn()
+                out["fwd_s"] = time_torch(torch, fn, calls, batches)
+                out["sqnr_fwd_db"] = sqnr_sub(ref_y, y[:rr, :rc].float().cpu().numpy())
+                del xt, wt, y, fn
+            elif name.startswith("xla_fp8"):
+                (x8, sx), (w8, sw) = per_tensor_fp8(x), per_tensor_fp8(w)
+                if name == "xla_fp8":
+                    f, fargs = jax.jit(fp8_dot), (x8, w8, sx, sw)
+                else:
+                    f, fargs = jax.jit(fp8_dot_from_bf16), (x, w)
+                y = f(*fargs)
+                out["fwd_s"] = timeit(f, fargs, calls, batches)
+                out["sqnr_fwd_db"] = sqnr_sub(ref_y, y[:rr, :rc])
+            else:
+                f = jax.jit(JAX_FWD[name])
+                y = f(x, w)
+                out["fwd_s"] = timeit(f, (x, w), calls, batches)
+                out["sqnr_fwd_db"] = sqnr_sub(ref_y, y[:rr, :rc])
+                if name in HAS_FWDBWD:
+                    g = jax.jit(fwdbwd(JAX_FWD[name]))
+                    _, (dx, dw) = g(x, w, ct)
+                    out["fwdbwd_s"] = timeit(g, (x, w, ct), calls, batches)
+                    out["sqnr_dx_db"] = sqnr_sub(ref_dx, dx[:rr, :rk])
+                    out["sqnr_dw_db"] = sqnr_sub(ref_dw, dw[:rk, :rc])
+                    out["finite"] = bool(jnp.isfinite(y).all() & jnp.isfinite(dx).all() & jnp.isfinite(dw).all())
+                    del g, dx, dw
+            out["fwd_tflops"] = round(flops / out["fwd_s"] / 1e12, 3)
+            if "fwdbwd_s" in out:
+                out["fwdbwd_tflops"] = round(3 * flops / out["fwdbwd_s"] / 1e12, 3)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            out["error"] = repr(e)[:800]
+        print(f"  {name:18s} {json.dumps(out)}", flush=True)
+    base = impls.get("bf16", {})
+    for out in impls.values():
+        for key in ("fwd", "fwdbwd"):
+            if f"{key}_s" in out and f"{key}_s" in base:
+                out[f"{key}_vs_bf16"] = round(base[f"{key}_s"] / out[f"{key}_s"], 3)
+    if "ours" in impls and "ours_f32ref" in impls and "fwd_s" in impls["ours"] and "fwd_s" in impls["ours_f32ref"]:
+        res["ours_fwd_speedup_vs_f32ref"] = round(impls["ours_f32ref"]["fwd_s"] / impls["ours"]["fwd_s"], 2)
+    ratio = impls.get(TARGET[0], {}).get("fwd_vs_bf16")
+    res["target"] = f"{TARGET[0]} fwd >= {TARGET[2]}x {TARGET[1]} fwd"
+    res["target_pass"] = None if ratio is None else bool(ratio >= TARGET[2])
+
+
+def fmt(v, spec):
+    return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+
+def print_table(results):
+    print(
+        "\n| shape (M x K x N) | impl | fwd ms | fwd TFLOP/s | vs bf16 | fwd+bwd ms | fwd+bwd TFLOP/s | vs bf16 | "
+        "SQNR fwd / dx / dw (dB) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for res in results:
+        for name, o in res.get("impls", {}).items():
+            if "skipped" in o or "error" in o:
+                print(f"| {res['name']} | {name} | {o.get('skipped') or 'ERROR ' + o['error'][:60]} |" + " |" * 6)
+                continue
+            sq = " / ".join(fmt(o.get(f"sqnr_{t}_db"), ".1f") for t in ("fwd", "dx", "dw"))
+            print(
+                f"| {res['name']} | {name} | {fmt(o.get('fwd_s', 0) * 1e3, '.3f')} | {fmt(o.get('fwd_tflops'), '.4g')} "
+                f"| {fmt(o.get('fwd_vs_bf16'), '.3f')} | "
+                f"{fmt(o['fwdbwd_s'] * 1e3, '.3f') if 'fwdbwd_s' in o else '-'} | {fmt(o.get('fwdbwd_tflops'), '.4g')} "
+                f"| {fmt(o.get('fwdbwd_vs_bf16'), '.3f')} | {sq} |"
+            )
+        if "target_pass" in res:
+            print(f"| {res['name']} | target: {res['target']} | {res['target_pass']} |" + " |" * 6)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "h200_gemm.json"))
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--calls", type=int, default=None, help="calls per batch (default 30; smoke 2)")
+    ap.add_argument("--batches", type=int, default=None, help="batches (default 3; smoke 2)")
+    ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(IMPLS)}")
+    ap.add_argument("--sqnr-rows", type=int, default=256)
+    ap.add_argument("--budget-s", type=float, default=200.0, help="skip shapes not started after this many seconds")
+    args = ap.parse_args(argv)
+    args.calls = args.calls or (2 if args.smoke else 30)
+    args.batches = args.batches or (2 if args.smoke else 3)
+    t_start = time.perf_counter()
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    torch, args.torch_reason = import_torch()
+    dev = jax.devices()[0]
+    device = getattr(dev, "device_kind", str(dev))
+    print(
+        f"device: {device}, backend {jax.default_backend()}, jax {jax.__version__}, torch: {args.torch_reason or 'yes'}"
+    )
+    meta = dict(
+        device=device,
+        backend=jax.default_backend(),
+        jax=jax.__version__,
+        torch=None if torch is None else torch.__version__,
+        torch_skipped=args.torch_reason,
+        python=platform.python_version(),
+        command=shlex.join([os.path.basename(sys.executable), *sys.argv]),
+        cwd=os.getcwd(),
+        timestamp=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        mode="smoke" if args.smoke else "full",
+        calls=args.calls,
+        batches=args.batches,
+        timing=f"enqueue {args.calls} calls, block once, divide; median of {args.batches} batches",
+        flops="2*M*N*K forward; 3x that forward+backward (value_and_grad: all three GEMMs run)",
+        inputs="x (M, K), w (K, N) bf16 N(0,1); cotangent ct (M, N) bf16 N(0,1)",
+        sqnr=f"vs float64 product of the bf16 inputs on the first {args.sqnr_rows} rows/cols (full contraction)",
+        impls=__doc__.split("\n\n")[1],
+    )
+    if args.smoke:
+        meta["note"] = "SMOKE RUN: tiny shapes, timings mean nothing"
+    results = []
+    for m, k, n in SMOKE_SHAPES if args.smoke else FULL_SHAPES:
+        res = dict(name=f"{m}x{k}x{n}", m=m, k=k, n=n)
+        results.append(res)
+        elapsed = time.perf_counter() - t_start
+        if elapsed > args.budget_s:
+            res["skipped"] = f"time budget: {elapsed:.0f} s elapsed > --budget-s {args.budget_s:.0f}"
+            print(f"{res['name']}: skipped", flush=True)
+            continue
+        print(f"{res['name']}  [{elapsed:.0f} s]", flush=True)
+        try:
+            run_shape(m, k, n, args, res, torch)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            res["error"] = repr(e)[:800]
+        meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+        out_path.write_text(json.dumps(dict(meta=meta, shapes=results), indent=1) + "\n")
+    print_table(results)
+    print(f"wrote {out_path} ({meta.get('elapsed_s')} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
