@@ -223,6 +223,25 @@ def test_output_dtype_follows_lax_dot_general():
 
 
 @pytest.mark.parametrize(
+    "dn",
+    [
+        (((5,), (0,)), ((), ())),  # used to wrap around to axis 1 (5 % 2)
+        (((-1,), (0,)), ((), ())),
+        (((1,), (-2,)), ((), ())),
+        (((1,), (2,)), ((), ())),
+        (((1,), (0,)), ((3,), (0,))),
+        (((1.0,), (0,)), ((), ())),
+    ],
+)
+def test_out_of_range_dimension_numbers_raise_like_lax(dn):
+    a, b = np.ones((4, 64), np.float32), np.ones((64, 8), np.float32)
+    with pytest.raises(TypeError):  # lax.dot_general accepts only 0 <= axis < rank (jax 0.10 and 0.11)
+        jax.lax.dot_general(a, b, dn)
+    with pytest.raises(ValueError, match="dimension_numbers"):
+        jax_mxfp8.mx_dot_general(a, b, dn)
+
+
+@pytest.mark.parametrize(
     "kwargs,match",
     [
         (dict(lhs=np.ones((4, 48), np.float32), rhs=np.ones((48, 4), np.float32)), "multiple of the MX block"),
