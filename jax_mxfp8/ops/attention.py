@@ -17,6 +17,7 @@ import numpy as np
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
+from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.ops.quantize import quantize as quantize_op
 from jax_mxfp8.primitives import attention_fwd as attention_kernel
 from jax_mxfp8.primitives import quantize as quantize_primitive
@@ -312,7 +313,10 @@ def _bwd(static: _Static, res, cts):
     return dq, dk, dv, dbias, None, None, None
 
 
-_mx_attention.defvjp(_fwd, _bwd)
+# grad of grad would be silently zero (quantized residuals): raise instead (ops/no_second_order.py)
+_mx_attention.defvjp(
+    guard_fwd(_fwd, "dot_product_attention", argnums=(1, 2, 3, 4)), guard_bwd(_bwd, "dot_product_attention")
+)
 
 # Eager calls would dispatch the tiled scan op by op; one compiled program per static signature is far
 # faster, and inside an outer jit this inner jit is simply inlined.

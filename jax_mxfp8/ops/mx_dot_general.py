@@ -11,6 +11,7 @@ import numpy as np
 
 from jax_mxfp8.formats import MXArray, dequantize
 from jax_mxfp8.ops.cotangents import zero_cotangent
+from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.reference.gemm import (
     OperandLayout,
     mx_dot_backward,
@@ -69,7 +70,8 @@ def _mx_dot_bwd(dimension_numbers, out_dtype, config, res, g):
     return d_lhs, d_rhs, zero_cotangent(lhs_q), zero_cotangent(rhs_q), zero_cotangent(rng)
 
 
-_mx_dot.defvjp(_mx_dot_fwd, _mx_dot_bwd)
+# grad of grad would be silently zero (quantized operands): raise instead (ops/no_second_order.py)
+_mx_dot.defvjp(guard_fwd(_mx_dot_fwd, "mx_dot_general", argnums=(0, 1)), guard_bwd(_mx_dot_bwd, "mx_dot_general"))
 
 
 def mx_dot_general(
