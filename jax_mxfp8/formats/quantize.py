@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Sequence
 
 import jax
@@ -28,8 +29,9 @@ def block_axes(ndim: int, axis: int | Sequence[int], block: str) -> tuple[int, .
     Raises:
       ValueError: naming `block` or `axis` when they are invalid for an array of rank `ndim`.
     """
-    if block not in BLOCK_KINDS:
+    if not isinstance(block, str) or block not in BLOCK_KINDS:
         raise ValueError(f"block={block!r} is not one of {BLOCK_KINDS}")
+    axis = _axis_ints(axis)
     if block == "row":
         if not isinstance(axis, (int, np.integer)):
             if len(axis) != 1:
@@ -54,6 +56,20 @@ def block_axes(ndim: int, axis: int | Sequence[int], block: str) -> tuple[int, .
     return pos
 
 
+def _axis_ints(axis):
+    """axis as an int or a tuple of ints; ValueError naming `axis` for anything else (floats, None, str)."""
+    if isinstance(axis, (bool, np.bool_)):
+        raise ValueError(f"axis={axis!r} must be an int or a sequence of ints")
+    if isinstance(axis, (int, np.integer)):
+        return int(axis)
+    if isinstance(axis, (str, bytes)) or not hasattr(axis, "__len__"):
+        raise ValueError(f"axis={axis!r} must be an int or a sequence of ints")
+    try:
+        return tuple(operator.index(a) for a in axis)
+    except TypeError as e:
+        raise ValueError(f"axis={axis!r} must be an int or a sequence of ints") from e
+
+
 def check_blockable(shape: Sequence[int], axes: Sequence[int], name: str = "x") -> None:
     """Raises ValueError naming the axis when a blocked axis is not a positive multiple of 32."""
     for a in axes:
@@ -74,6 +90,16 @@ def _split_shape(shape: Sequence[int], axes: Sequence[int]) -> tuple[tuple[int, 
         else:
             split.append(d)
     return tuple(split), tuple(inner)
+
+
+def _check_key(rng) -> None:
+    """ValueError naming rng unless it is a typed PRNG key or a legacy uint32 key array."""
+    dt = getattr(rng, "dtype", None)
+    if dt is not None and jax.dtypes.issubdtype(dt, jax.dtypes.prng_key) and np.shape(rng) == ():
+        return
+    if dt is not None and np.dtype(dt) == np.uint32 and np.ndim(rng) == 1:
+        return
+    raise ValueError(f"rng={rng!r} must be one PRNG key (jax.random.key(...)), for rounding='stochastic'")
 
 
 def _check_input(x) -> jax.Array:
@@ -120,6 +146,8 @@ def quantize(
         raise ValueError(f"rounding={rounding!r} is not one of {ROUNDINGS}")
     if rounding == "stochastic" and rng is None:
         raise ValueError("rounding='stochastic' needs a PRNG key: pass rng=jax.random.key(...)")
+    if rng is not None:
+        _check_key(rng)
     if rounding == "nearest" and rng is not None:
         raise ValueError("rng was given but rounding='nearest'; pass rounding='stochastic' to use it")
     axes = block_axes(x.ndim, axis, block)
