@@ -10,6 +10,7 @@ import mx_oracle
 import numpy as np
 import pytest
 from flax import nnx
+from seeding import test_seed
 
 import jax_mxfp8
 from jax_mxfp8.metrics import sqnr_db
@@ -48,7 +49,7 @@ DN_2D = (((1,), (0,)), ((), ()))
 )
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_matches_jax_nn_scaled_dot_general_fwd_and_bwd(lhs_shape, rhs_shape, dn, dtype):
-    a, b = _normal(hash((lhs_shape, str(dtype))) % 1000, lhs_shape, rhs_shape, dtype=dtype)
+    a, b = _normal(test_seed(), lhs_shape, rhs_shape, dtype=dtype)
     ours = functools.partial(jax_mxfp8.mx_dot_general, dimension_numbers=dn, preferred_element_type=jnp.float32)
     ref = functools.partial(
         jax.nn.scaled_dot_general, dimension_numbers=dn, preferred_element_type=jnp.float32, configs=MXFP8_CONFIGS
@@ -199,13 +200,45 @@ def test_drop_in_for_nnx_linear_and_vmap():
     xs = _normal(11, (3, 8, 64))[0]
     w = layer.kernel[...]
     batched = jax.vmap(lambda x: jax_mxfp8.mx_dot_general(x, w, DN_2D))(xs)
-    np.testing.assert_array_equal(batched[1], jax_mxfp8.mx_dot_general(xs[1], w, DN_2D))
+    single = jax_mxfp8.mx_dot_general(xs[1], w, DN_2D)
+    # The contract: the MX operands are bit-identical under vmap ...
+    qb, q1 = jax.vmap(lambda x: jax_mxfp8.quantize(x, axis=-1))(xs), jax_mxfp8.quantize(xs[1], axis=-1)
+    np.testing.assert_array_equal(np.asarray(qb.data[1]).view(np.uint8), np.asarray(q1.data).view(np.uint8))
+    np.testing.assert_array_equal(qb.scale[1], q1.scale)
+    # ... and the products are summed in float32, in an order XLA may pick per shape (a vmapped dot is
+    # another shape): both sums lie within gamma_K * sum|a_k b_k| of the exact sum, so they differ by <= twice that.
+    a_hat = np.asarray(jax_mxfp8.dequantize(q1), np.float64)
+    b_hat = np.asarray(jax_mxfp8.dequantize(jax_mxfp8.quantize(w, axis=0)), np.float64)
+    k = a_hat.shape[-1]
+    bound = 2 * k * 2.0**-24 * (np.abs(a_hat) @ np.abs(b_hat))
+    diff = np.abs(np.asarray(batched[1], np.float64) - np.asarray(single, np.float64))
+    assert np.all(diff <= bound), float((diff - bound).max())
+    np.testing.assert_allclose(np.asarray(single, np.float64), a_hat @ b_hat, rtol=0, atol=float(bound.max()))
 
 
 def test_output_dtype_follows_lax_dot_general():
     a, b = _normal(12, (32, 64), (64, 32), dtype=jnp.bfloat16)
     assert jax_mxfp8.mx_dot_general(a, b, DN_2D).dtype == jnp.bfloat16
     assert jax_mxfp8.mx_dot_general(a, b, DN_2D, preferred_element_type=jnp.float32).dtype == jnp.float32
+
+
+@pytest.mark.parametrize(
+    "dn",
+    [
+        (((5,), (0,)), ((), ())),  # used to wrap around to axis 1 (5 % 2)
+        (((-1,), (0,)), ((), ())),
+        (((1,), (-2,)), ((), ())),
+        (((1,), (2,)), ((), ())),
+        (((1,), (0,)), ((3,), (0,))),
+        (((1.0,), (0,)), ((), ())),
+    ],
+)
+def test_out_of_range_dimension_numbers_raise_like_lax(dn):
+    a, b = np.ones((4, 64), np.float32), np.ones((64, 8), np.float32)
+    with pytest.raises(TypeError):  # lax.dot_general accepts only 0 <= axis < rank (jax 0.10 and 0.11)
+        jax.lax.dot_general(a, b, dn)
+    with pytest.raises(ValueError, match="dimension_numbers"):
+        jax_mxfp8.mx_dot_general(a, b, dn)
 
 
 @pytest.mark.parametrize(

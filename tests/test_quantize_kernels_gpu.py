@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from seeding import test_seed
 
 from jax_mxfp8.formats import E4M3, E5M2
 from jax_mxfp8.formats import dequantize as ref_dequantize
@@ -29,7 +30,6 @@ if not _ok:
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason=_why)]
 
 SENTINEL = 0x5A
-_seed = iter(itertools.count(1234))
 
 
 def _u8(a) -> np.ndarray:
@@ -104,7 +104,7 @@ SHAPES = [(32, 32), (96, 160), (256, 1024), (2, 64, 352), (1024, 4128), (160, 30
 @pytest.mark.parametrize("in_dtype,elem,rounding", QUANT_CASES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_rowcol_bitexact(in_dtype, elem, rounding, shape):
-    rng = np.random.default_rng(next(_seed))
+    rng = np.random.default_rng(test_seed())
     x = random_input(shape, jnp.dtype(in_dtype), rng)
     poison(_nbytes(shape), _nbytes(shape), _nbytes(shape))
     row, col = jax.jit(lambda v: pq.quantize_rowcol(v, dtype=elem, scale_rounding=rounding, implementation="cuda"))(x)
@@ -121,7 +121,7 @@ def test_rowcol_bitexact(in_dtype, elem, rounding, shape):
 @pytest.mark.parametrize("in_dtype,elem,rounding", QUANT_CASES)
 @pytest.mark.parametrize("block,axis", [("row", -1), ("row", -2), ("square", (-2, -1))])
 def test_single_bitexact(in_dtype, elem, rounding, block, axis):
-    rng = np.random.default_rng(next(_seed))
+    rng = np.random.default_rng(test_seed())
     shape = (3, 128, 608)
     x = random_input(shape, jnp.dtype(in_dtype), rng)
     poison(_nbytes(shape), _nbytes(shape))
@@ -137,7 +137,7 @@ def test_single_bitexact(in_dtype, elem, rounding, block, axis):
 @pytest.mark.parametrize("out_dtype", registry.IN_DTYPES)
 @pytest.mark.parametrize("block,axis", [("row", -1), ("row", -2), ("square", (-2, -1))])
 def test_dequantize_bitexact(elem, out_dtype, block, axis):
-    rng = np.random.default_rng(next(_seed))
+    rng = np.random.default_rng(test_seed())
     shape = (2, 96, 544)
     x = random_input(shape, jnp.float32, rng)
     q = ref_quantize(x, axis=axis, block=block, dtype=elem)
@@ -158,7 +158,7 @@ def test_dequantize_bitexact(elem, out_dtype, block, axis):
 
 
 def test_repeat_determinism():
-    rng = np.random.default_rng(next(_seed))
+    rng = np.random.default_rng(test_seed())
     x = random_input((512, 2048), jnp.bfloat16, rng)
     f = jax.jit(lambda v: pq.quantize_rowcol(v, implementation="cuda"))
     a = jax.tree.map(np.asarray, f(x))
@@ -169,7 +169,7 @@ def test_repeat_determinism():
 
 
 def test_vmap_and_leading_axes():
-    rng = np.random.default_rng(next(_seed))
+    rng = np.random.default_rng(test_seed())
     x = random_input((4, 64, 256), jnp.bfloat16, rng)
     got = jax.jit(jax.vmap(lambda v: pq.quantize_rowcol(v, implementation="cuda")))(x)
     want = (ref_quantize(x, axis=-1), ref_quantize(x, axis=-2))
@@ -179,7 +179,7 @@ def test_vmap_and_leading_axes():
 
 
 def test_implementation_none_picks_kernel_and_matches():
-    rng = np.random.default_rng(next(_seed))
+    rng = np.random.default_rng(test_seed())
     x = random_input((64, 128), jnp.bfloat16, rng)
     hlo = jax.jit(lambda v: pq.quantize(v)).lower(x).as_text()
     assert "jax_mxfp8_quantize" in hlo
@@ -258,7 +258,7 @@ def test_e5m2_constants_match_kernel_assumption():
 @pytest.mark.parametrize("shape", [(96, 160), (256, 1024), (64, 4128), (1056, 4224)])
 def test_tuning_variants_bitexact(tune, shape):
     """The benchmark-only tunings of the bf16 row+col kernel must be exactly as correct as production."""
-    rng = np.random.default_rng(next(_seed))
+    rng = np.random.default_rng(test_seed())
     x = random_input(shape, jnp.bfloat16, rng)
     poison(_nbytes(shape), _nbytes(shape), _nbytes(shape))
     cfg = registry.find(registry.QuantizeConfig, in_dtype="bfloat16", mode="rowcol", tune=tune)

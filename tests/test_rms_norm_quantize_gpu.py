@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from seeding import test_seed
 
 import jax_mxfp8
 from jax_mxfp8.formats import quantize as ref_quantize
@@ -36,7 +37,6 @@ if not _ok:
     pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason=_why)]
 
 SENTINEL = 0x5A
-_seed = iter(itertools.count(777))
 
 
 def _bits(a) -> np.ndarray:
@@ -113,7 +113,7 @@ SHAPES = [(8, 32), (64, 96), (40, 1024), (2, 16, 4128), (33, 8192)]
 @pytest.mark.parametrize("in_dtype,elem,rounding", CASES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_mx_equals_quantize_of_kernel_y_and_y_close(in_dtype, elem, rounding, shape):
-    rng = np.random.default_rng(next(_seed))
+    rng = np.random.default_rng(test_seed())
     dt = jnp.dtype(in_dtype)
     x = random_rows(shape, dt, rng)
     w = random_weight(shape[-1], rng)
@@ -166,7 +166,7 @@ def _mean_candidates(x, w, eps, out_dtype):
 def test_y_bitexact_where_sum_of_squares_is_exact(in_dtype, d):
     """Small-integer x: every partial sum of x^2 is an exact float32 integer in any order, so the kernel
     and XLA agree on the mean; y must then be bit-identical (division, eps, rsqrt, multiplies, rounding)."""
-    rng = np.random.default_rng(next(_seed))
+    rng = np.random.default_rng(test_seed())
     dt = jnp.dtype(in_dtype)
     x = jnp.asarray(rng.integers(-8, 9, size=(64, d)), dt)
     w = jnp.asarray(rng.standard_normal(d), jnp.bfloat16).astype(jnp.float32)  # any float32 weight
@@ -188,7 +188,7 @@ def test_y_bitexact_where_sum_of_squares_is_exact(in_dtype, d):
 
 
 def test_large_rows_and_limits():
-    rng = np.random.default_rng(next(_seed))
+    rng = np.random.default_rng(test_seed())
     cfg = registry.find(registry.RMSNormQuantizeConfig, in_dtype="bfloat16", elem_dtype="float8_e4m3fn")
     x = random_rows((4, cfg.max_d), jnp.bfloat16, rng, specials=False)
     w = random_weight(cfg.max_d, rng)
@@ -203,7 +203,7 @@ def test_large_rows_and_limits():
 
 
 def test_vmap_rank1_and_weight_dtypes():
-    rng = np.random.default_rng(next(_seed))
+    rng = np.random.default_rng(test_seed())
     x = random_rows((3, 64, 256), jnp.bfloat16, rng, specials=False)
     w = random_weight(256, rng, jnp.bfloat16)
     y, q = jax.jit(jax.vmap(lambda a: prq.rms_norm_quantize_fwd(a, w, implementation="cuda")))(x)
@@ -220,7 +220,7 @@ def test_vmap_rank1_and_weight_dtypes():
 
 
 def test_public_rms_norm_quantize_uses_kernel_and_differentiates():
-    rng = np.random.default_rng(next(_seed))
+    rng = np.random.default_rng(test_seed())
     x = random_rows((128, 512), jnp.bfloat16, rng, specials=False)
     w = random_weight(512, rng)
     hlo = jax.jit(lambda a, b: jax_mxfp8.rms_norm_quantize(a, b)).lower(x, w).as_text()
@@ -239,7 +239,7 @@ def test_public_rms_norm_quantize_uses_kernel_and_differentiates():
 
 
 def test_public_quantize_dequantize_implementation():
-    rng = np.random.default_rng(next(_seed))
+    rng = np.random.default_rng(test_seed())
     x = jnp.asarray(rng.standard_normal((256, 512)), jnp.bfloat16)
     for kw in (dict(), dict(axis=-2), dict(block="square", axis=(-2, -1)), dict(dtype=jnp.float8_e5m2)):
         qc = jax_mxfp8.quantize(x, implementation="cuda", **kw)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from seeding import test_rng
 from varlen_testutil import dense_kernel_on_padded, packed_inputs
 
 import jax_mxfp8
@@ -54,7 +55,7 @@ def _run(case, impl, q, k, v, cu_q, cu_k):
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_packed_kernel_path_equals_dense_kernel_on_padded_batch(case):
-    rng = np.random.default_rng(abs(hash(_id(case))) % 2**32)
+    rng = test_rng()
     q, k, v, cu_q, cu_k = packed_inputs(rng, case["lq"], case["lk"], case["n"], case["n_kv"], case["h"])
     got = _run(case, "emulated", q, k, v, cu_q, cu_k)
     want = dense_kernel_on_padded(case, q, k, v, cu_q, cu_k)

@@ -15,6 +15,7 @@ from jax import lax
 from jax_mxfp8.flax.policy import LayerPrecision
 from jax_mxfp8.formats import MXArray
 from jax_mxfp8.ops.attention import dot_product_attention
+from jax_mxfp8.ops.checks import check_rank
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
 from jax_mxfp8.ops.rms_norm_quantize import rms_norm_quantize
 from jax_mxfp8.ops.varlen_attention import varlen_attention
@@ -43,6 +44,7 @@ def linear(
     quantize the kernel shard by shard and all-gather the MXFP8 bytes to this sharding instead of the
     high-precision kernel (see jax_mxfp8.parallel.gather_quantized).
     """
+    check_rank(x, 1, "x")
     out_dtype = dtype or x.dtype
     dn = (((x.ndim - 1,), (0,)), ((), ()))
     if precision.gemm == "mxfp8":

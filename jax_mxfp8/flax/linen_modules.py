@@ -9,6 +9,7 @@ from flax import linen as nn
 from jax_mxfp8.flax import functional as F
 from jax_mxfp8.flax.policy import MXFP8, LayerPrecision, PrecisionPolicy
 from jax_mxfp8.formats import MXArray
+from jax_mxfp8.ops.checks import check_features, check_rank
 
 
 class MXDense(nn.Module):
@@ -28,6 +29,8 @@ class MXDense(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, *, x_quantized: MXArray | None = None) -> jax.Array:
+        check_features(self.features, "features")
+        check_rank(x, 1, "x")
         kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype)
         bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
         stochastic = self.precision.gemm == "mxfp8" and self.precision.grad_rounding == "stochastic"

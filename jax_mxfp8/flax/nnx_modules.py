@@ -11,6 +11,7 @@ from flax import nnx
 from jax_mxfp8.flax import functional as F
 from jax_mxfp8.flax.policy import MXFP8, LayerPrecision, PrecisionPolicy
 from jax_mxfp8.formats import MXArray
+from jax_mxfp8.ops.checks import check_features, check_rank
 
 DEFAULT_POLICY = PrecisionPolicy()
 default_kernel_init = nnx.initializers.lecun_normal()
@@ -46,6 +47,9 @@ class MXLinear(nnx.Module):
         hadamard_seed: int = 0,
         rngs: nnx.Rngs,
     ):
+        mxfp8 = precision.gemm == "mxfp8"
+        in_features = check_features(in_features, "in_features", multiple_of_block=mxfp8)
+        out_features = check_features(out_features, "out_features")
         self.in_features, self.out_features = in_features, out_features
         self.precision, self.dtype, self.hadamard_seed = precision, dtype, hadamard_seed
         self.kernel = nnx.Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
@@ -54,6 +58,7 @@ class MXLinear(nnx.Module):
         self.quant_rngs = rngs.fork() if precision.grad_rounding == "stochastic" and precision.gemm == "mxfp8" else None
 
     def __call__(self, x: jax.Array, *, x_quantized: MXArray | None = None) -> jax.Array:
+        check_rank(x, 1, "x")
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x has {x.shape[-1]} features on its last axis; this layer takes {self.in_features}")
         rng = None

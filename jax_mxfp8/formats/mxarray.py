@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_mxfp8.formats.elements import BLOCK_SIZE
+from jax_mxfp8.formats.elements import BLOCK_SIZE, SCALE_DTYPE, element_format
 
 BLOCK_KINDS = ("row", "square")
 
 
-@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class MXArray:
     """A block-scaled FP8 array.
@@ -30,12 +30,22 @@ class MXArray:
     through jit, vmap (batch axis 0), tree_map, device_put and shard-preserving ops. It is a
     non-differentiable carrier (quantize has a zero gradient); for a differentiable round trip use
     `fake_quantize(x)`, whose gradient is straight-through.
+
+    Construction validates every field (ValueError naming it): `block`, `axes` (negative, distinct, one
+    for "row" and two for "square", within data's rank), the element dtype, a uint8 scale and the scale's
+    shape. Pytree unflattening (what jit, vmap, tree_map and custom_vjp do with placeholder or float0
+    leaves) does not re-validate.
     """
 
     data: jax.Array
     scale: jax.Array
     axes: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
     block: str = dataclasses.field(metadata=dict(static=True))
+
+    def __post_init__(self):
+        axes = check_axes_and_block(self.axes, self.block)
+        object.__setattr__(self, "axes", axes)
+        check_leaves(self.data, self.scale, axes)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -69,3 +79,74 @@ class MXArray:
 def scale_shape(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
     """Shape of the scale array for `shape` blocked along `axes` (non-negative)."""
     return tuple(d // BLOCK_SIZE if i in axes else d for i, d in enumerate(shape))
+
+
+def check_axes_and_block(axes, block) -> tuple[int, ...]:
+    """The static fields' checks: returns `axes` as a tuple of Python ints; ValueError naming the field."""
+    if not isinstance(block, str) or block not in BLOCK_KINDS:
+        raise ValueError(f"MXArray block={block!r} is not one of {BLOCK_KINDS}")
+    try:
+        axes = tuple(operator.index(a) for a in axes)
+    except TypeError as e:
+        raise ValueError(f"MXArray axes={axes!r} must be a tuple of negative ints, e.g. (-1,)") from e
+    want = 1 if block == "row" else 2
+    if len(axes) != want:
+        raise ValueError(f"MXArray axes={axes!r}: block={block!r} takes exactly {want} axis(es)")
+    if any(a >= 0 for a in axes):
+        raise ValueError(f"MXArray axes={axes!r} must be negative indices (e.g. (-1,) for the last axis)")
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"MXArray axes={axes!r} names the same axis twice")
+    return axes
+
+
+def _is_array_like(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def check_leaves(data, scale, axes: tuple[int, ...]) -> None:
+    """Checks data / scale against each other and `axes` (ValueError naming the field). Leaves that are not
+    arrays (placeholders) and float0 leaves (zero cotangents) are not checked."""
+    if _is_array_like(data):
+        ndim = len(data.shape)
+        if any(a < -ndim for a in axes):
+            raise ValueError(f"MXArray axes={axes} are out of range for data of shape {tuple(data.shape)}")
+        if data.dtype != jax.dtypes.float0:
+            try:
+                element_format(data.dtype)
+            except ValueError as e:
+                raise ValueError(f"MXArray data has dtype {data.dtype}; it must be float8_e4m3fn or float8_e5m2") from e
+        for a in axes:
+            if data.shape[a] % BLOCK_SIZE:
+                raise ValueError(
+                    f"MXArray data has shape {tuple(data.shape)}: blocked axis {a} is not a multiple of {BLOCK_SIZE}"
+                )
+    if _is_array_like(scale) and scale.dtype not in (np.dtype(SCALE_DTYPE), jax.dtypes.float0):
+        raise ValueError(f"MXArray scale has dtype {scale.dtype}; scales are uint8 E8M0 exponent bytes")
+    if _is_array_like(data) and _is_array_like(scale):
+        ndim = len(data.shape)
+        want = scale_shape(tuple(data.shape), tuple(a % ndim for a in axes))
+        if tuple(scale.shape) != want:
+            raise ValueError(
+                f"MXArray scale has shape {tuple(scale.shape)}; data of shape {tuple(data.shape)} blocked along "
+                f"axes {axes} needs scale shape {want} (each blocked axis divided by {BLOCK_SIZE})"
+            )
+
+
+def _flatten_with_keys(a: MXArray):
+    keys = jax.tree_util.GetAttrKey
+    return ((keys("data"), a.data), (keys("scale"), a.scale)), (a.axes, a.block)
+
+
+def _flatten(a: MXArray):
+    return (a.data, a.scale), (a.axes, a.block)
+
+
+def _unflatten(aux, children) -> MXArray:
+    # No validation: transformations unflatten with placeholders, tracers of other shapes and float0 leaves.
+    a = object.__new__(MXArray)
+    for name, value in zip(("data", "scale", "axes", "block"), (*children, *aux), strict=True):
+        object.__setattr__(a, name, value)
+    return a
+
+
+jax.tree_util.register_pytree_with_keys(MXArray, _flatten_with_keys, _unflatten, _flatten)

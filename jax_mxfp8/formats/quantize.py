@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Sequence
 
 import jax
@@ -12,6 +13,7 @@ import numpy as np
 from jax_mxfp8.formats.decode import decode_elements
 from jax_mxfp8.formats.elements import BLOCK_SIZE, SCALE_BIAS, SCALE_NAN, element_format
 from jax_mxfp8.formats.mxarray import BLOCK_KINDS, MXArray
+from jax_mxfp8.formats.saturation import check_output_dtype, saturate_product, saturate_wide_input
 from jax_mxfp8.formats.scales import check_scale_rounding, decode_scale, mul_pow2, scale_bits
 from jax_mxfp8.formats.stochastic import stochastic_round
 
@@ -27,8 +29,9 @@ def block_axes(ndim: int, axis: int | Sequence[int], block: str) -> tuple[int, .
     Raises:
       ValueError: naming `block` or `axis` when they are invalid for an array of rank `ndim`.
     """
-    if block not in BLOCK_KINDS:
+    if not isinstance(block, str) or block not in BLOCK_KINDS:
         raise ValueError(f"block={block!r} is not one of {BLOCK_KINDS}")
+    axis = _axis_ints(axis)
     if block == "row":
         if not isinstance(axis, (int, np.integer)):
             if len(axis) != 1:
@@ -53,6 +56,20 @@ def block_axes(ndim: int, axis: int | Sequence[int], block: str) -> tuple[int, .
     return pos
 
 
+def _axis_ints(axis):
+    """axis as an int or a tuple of ints; ValueError naming `axis` for anything else (floats, None, str)."""
+    if isinstance(axis, (bool, np.bool_)):
+        raise ValueError(f"axis={axis!r} must be an int or a sequence of ints")
+    if isinstance(axis, (int, np.integer)):
+        return int(axis)
+    if isinstance(axis, (str, bytes)) or not hasattr(axis, "__len__"):
+        raise ValueError(f"axis={axis!r} must be an int or a sequence of ints")
+    try:
+        return tuple(operator.index(a) for a in axis)
+    except TypeError as e:
+        raise ValueError(f"axis={axis!r} must be an int or a sequence of ints") from e
+
+
 def check_blockable(shape: Sequence[int], axes: Sequence[int], name: str = "x") -> None:
     """Raises ValueError naming the axis when a blocked axis is not a positive multiple of 32."""
     for a in axes:
@@ -75,8 +92,18 @@ def _split_shape(shape: Sequence[int], axes: Sequence[int]) -> tuple[tuple[int, 
     return tuple(split), tuple(inner)
 
 
+def _check_key(rng) -> None:
+    """ValueError naming rng unless it is a typed PRNG key or a legacy uint32 key array."""
+    dt = getattr(rng, "dtype", None)
+    if dt is not None and jax.dtypes.issubdtype(dt, jax.dtypes.prng_key) and np.shape(rng) == ():
+        return
+    if dt is not None and np.dtype(dt) == np.uint32 and np.ndim(rng) == 1:
+        return
+    raise ValueError(f"rng={rng!r} must be one PRNG key (jax.random.key(...)), for rounding='stochastic'")
+
+
 def _check_input(x) -> jax.Array:
-    x = jnp.asarray(x)
+    x = jnp.asarray(saturate_wide_input(x))
     if not jnp.issubdtype(x.dtype, jnp.floating) or np.dtype(x.dtype).itemsize < 2:
         raise ValueError(f"x has dtype {x.dtype}; quantize takes float32, bfloat16 or float16 input")
     return x
@@ -119,6 +146,8 @@ def quantize(
         raise ValueError(f"rounding={rounding!r} is not one of {ROUNDINGS}")
     if rounding == "stochastic" and rng is None:
         raise ValueError("rounding='stochastic' needs a PRNG key: pass rng=jax.random.key(...)")
+    if rng is not None:
+        _check_key(rng)
     if rounding == "nearest" and rng is not None:
         raise ValueError("rng was given but rounding='nearest'; pass rounding='stochastic' to use it")
     axes = block_axes(x.ndim, axis, block)
@@ -138,14 +167,22 @@ def quantize(
 
 
 def dequantize(a: MXArray, dtype=jnp.float32) -> jax.Array:
-    """Returns element * 2**(scale - 127) in `dtype` (default float32); NaN where the scale is 0xFF."""
+    """Returns element * 2**(scale - 127) in `dtype` (default float32); NaN where the scale is 0xFF.
+
+    `dtype` is a float type of >= 16 bits (ValueError otherwise). Finite values beyond its range (or
+    float32's) saturate to +-its max: a finite MX value never dequantizes to inf (formats/saturation.py).
+    """
     if not isinstance(a, MXArray):
         raise ValueError(f"a must be an MXArray, got {type(a).__name__}")
+    dtype = check_output_dtype(dtype)
     axes = a.positive_axes()
     split, inner = _split_shape(a.shape, axes)
     scale = jnp.expand_dims(a.scale, [i for i in inner])  # broadcast over each block's 32 (x32) elements
     scale = scale.reshape([1 if i in inner else d for i, d in enumerate(split)])
-    out = decode_scale(scale, decode_elements(a.data).reshape(split))  # not astype: see formats/decode.py
+    elements = decode_elements(a.data).reshape(split)  # not astype: see formats/decode.py
+    out = decode_scale(scale, elements)
+    # finite stays finite: products beyond the output range saturate (formats/saturation.py)
+    out = saturate_product(out, elements, dtype, may_hold_inf=element_format(a.dtype).name == "e5m2")
     return out.reshape(a.shape).astype(dtype)
 
 

@@ -17,6 +17,8 @@ import numpy as np
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
+from jax_mxfp8.ops.checks import check_nonnegative_lengths
+from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.ops.quantize import quantize as quantize_op
 from jax_mxfp8.primitives import attention_fwd as attention_kernel
 from jax_mxfp8.primitives import implementation as impl
@@ -324,7 +326,11 @@ def mx_attention_bwd(static: AttentionStatic, res, cts):
     return dq, dk, dv, dbias, None, None, None
 
 
-_mx_attention.defvjp(mx_attention_fwd, mx_attention_bwd)
+# grad of grad would be silently zero (quantized residuals): raise instead (ops/no_second_order.py)
+_mx_attention.defvjp(
+    guard_fwd(mx_attention_fwd, "dot_product_attention", argnums=(1, 2, 3, 4)),
+    guard_bwd(mx_attention_bwd, "dot_product_attention"),
+)
 
 # Eager calls would dispatch the tiled scan op by op; one compiled program per static signature is far
 # faster, and inside an outer jit this inner jit is simply inlined.
@@ -380,6 +386,7 @@ def _check_lengths(x, name: str, batch: int):
     x = jnp.asarray(x)
     if x.shape != (batch,) or not jnp.issubdtype(x.dtype, jnp.integer):
         raise ValueError(f"{name} must be an integer array of shape ({batch},); got {x.dtype}{tuple(x.shape)}")
+    check_nonnegative_lengths(x, name)
     return x.astype(jnp.int32)
 
 
@@ -400,7 +407,7 @@ def check_scale(scale, head_dim: int) -> float:
         return 1.0 / math.sqrt(head_dim)
     try:
         value = float(scale)
-    except (TypeError, jax.errors.ConcretizationTypeError) as e:
+    except (TypeError, ValueError, jax.errors.ConcretizationTypeError) as e:
         raise ValueError(f"scale={scale!r} must be a concrete Python number (it is static)") from e
     if not math.isfinite(value):
         raise ValueError(f"scale={scale!r} must be finite")
@@ -415,6 +422,8 @@ def check_qkv_shapes(q, k, v) -> tuple[int, int, int, int, int, int]:
     b, t, n, h = q.shape
     _, s, n_kv, _ = k.shape
     check_head_dim(h, "query")
+    if n == 0 or n_kv == 0:
+        raise ValueError(f"query ({n}) and key ({n_kv}) must have at least one head (axis 2)")
     if k.shape[0] != b or k.shape[3] != h:
         raise ValueError(f"key of shape {k.shape} does not match query of shape {q.shape} (batch and head_dim)")
     if v.shape != k.shape:

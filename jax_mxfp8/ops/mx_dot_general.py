@@ -11,6 +11,7 @@ import numpy as np
 
 from jax_mxfp8.formats import MXArray, dequantize
 from jax_mxfp8.ops.cotangents import zero_cotangent
+from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.reference.gemm import (
     OperandLayout,
     mx_dot_backward,
@@ -63,13 +64,17 @@ def _mx_dot_bwd(dimension_numbers, out_dtype, config, res, g):
         int(np.prod(d, dtype=np.int64))
         for d in (lhs_l.dims(lhs_l.batch), lhs_l.dims(lhs_l.free), rhs_l.dims(rhs_l.free))
     )
-    d_lhs3, d_rhs3 = mx_dot_backward(lhs_l.to_3d(lhs), rhs_l.to_3d(rhs), g.reshape(b, m, n), config, rng)
-    d_lhs = lhs_l.from_3d(d_lhs3).astype(lhs.dtype)
-    d_rhs = rhs_l.from_3d(d_rhs3).astype(rhs.dtype)
+    if 0 in (b, m, n):  # an empty product: zero gradients of the operands' shapes, as lax gives
+        d_lhs, d_rhs = jnp.zeros(lhs.shape, lhs.dtype), jnp.zeros(rhs.shape, rhs.dtype)
+    else:
+        d_lhs3, d_rhs3 = mx_dot_backward(lhs_l.to_3d(lhs), rhs_l.to_3d(rhs), g.reshape(b, m, n), config, rng)
+        d_lhs = lhs_l.from_3d(d_lhs3).astype(lhs.dtype)
+        d_rhs = rhs_l.from_3d(d_rhs3).astype(rhs.dtype)
     return d_lhs, d_rhs, zero_cotangent(lhs_q), zero_cotangent(rhs_q), zero_cotangent(rng)
 
 
-_mx_dot.defvjp(_mx_dot_fwd, _mx_dot_bwd)
+# grad of grad would be silently zero (quantized operands): raise instead (ops/no_second_order.py)
+_mx_dot.defvjp(guard_fwd(_mx_dot_fwd, "mx_dot_general", argnums=(0, 1)), guard_bwd(_mx_dot_bwd, "mx_dot_general"))
 
 
 def mx_dot_general(
@@ -135,6 +140,9 @@ def mx_dot_general(
         raise ValueError("hadamard_seed cannot be combined with pre-quantized operands (they are not rotated)")
     if config.grad_rounding == "stochastic" and rng is None:
         raise ValueError("grad_rounding='stochastic' needs rng=jax.random.key(...)")
-    out_dtype = np.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))
+    try:
+        out_dtype = np.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))
+    except TypeError as e:
+        raise ValueError(f"preferred_element_type={preferred_element_type!r} is not a dtype") from e
     dn = ((lhs_l.contract, rhs_l.contract), (lhs_l.batch, rhs_l.batch))
     return _mx_dot(lhs, rhs, lhs_quantized, rhs_quantized, rng, dn, out_dtype, config)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax_mxfp8.formats import MXArray
 from jax_mxfp8.formats import dequantize as ref_dequantize
 from jax_mxfp8.formats import quantize as ref_quantize
+from jax_mxfp8.formats.saturation import check_output_dtype, saturate_wide_input
 from jax_mxfp8.primitives import quantize as quantize_primitive
 
 
@@ -41,7 +42,9 @@ def quantize(
         call's XLA emulation through the same partitioning and batching (any machine; for tests).
 
     The kernel and the reference give bit-identical results (tests/test_quantize_kernels_gpu.py).
+    float64 input has its finite values saturated to float32's range first (formats/saturation.py).
     """
+    x = saturate_wide_input(x)
     if implementation == "xla":
         return ref_quantize(
             x, axis=axis, block=block, dtype=dtype, scale_rounding=scale_rounding, rounding=rounding, rng=rng
@@ -62,8 +65,11 @@ def dequantize(a: MXArray, dtype=jnp.float32, *, implementation: str | None = No
     """Returns element * 2**(scale - 127) in `dtype` (default float32); NaN where the scale is 0xFF.
 
     `implementation` as for `quantize` (the kernels cover row / column / square blocks over the last
-    two axes of rank >= 2 arrays, to float32 / bfloat16); bit-identical either way.
+    two axes of rank >= 2 arrays, to float32 / bfloat16); bit-identical either way, except that the
+    reference saturates finite values beyond the output range (formats/saturation.py) and the kernels,
+    for now, do not.
     """
+    dtype = check_output_dtype(dtype)
     if implementation == "xla":
         return ref_dequantize(a, dtype)
     return quantize_primitive.dequantize(a, dtype, implementation=implementation)

@@ -12,6 +12,7 @@ from jax_mxfp8.formats import MXArray, element_format
 from jax_mxfp8.formats.quantize import check_blockable
 from jax_mxfp8.formats.scales import check_scale_rounding
 from jax_mxfp8.kernels import registry
+from jax_mxfp8.ops.checks import check_eps, check_rank
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives import rms_norm_quantize as rms_primitive
 from jax_mxfp8.reference.rms_norm import rms_norm_bwd, rms_norm_quantize_fwd
@@ -57,7 +58,7 @@ def rms_norm_quantize(
     Args:
       x: (..., D) float array; D a multiple of 32.
       weight: (D,) scale.
-      eps: added to the mean square.
+      eps: added to the mean square; a positive finite number (ValueError otherwise).
       dtype: MX element dtype of the quantized output.
       scale_rounding: "up" (default) or "floor".
       implementation: None (default) uses the fused CuTe DSL kernel when the kernel library is built,
@@ -76,7 +77,9 @@ def rms_norm_quantize(
       reference backward for either implementation.
     """
     impl.check(implementation)
+    eps = check_eps(eps)
     x, weight = jnp.asarray(x), jnp.asarray(weight)
+    check_rank(x, 1, "x")
     if not jnp.issubdtype(x.dtype, jnp.floating) or np.dtype(x.dtype).itemsize < 2:
         raise ValueError(f"x has dtype {x.dtype}; rms_norm_quantize takes float32, bfloat16 or float16")
     if x.ndim < 1 or weight.shape != (x.shape[-1],):

@@ -143,6 +143,8 @@ def varlen_attention(
     _check_concrete_lengths(cu_seqlens_k, max_k, k.shape[0], "cu_seqlens_k", "max_seqlen_k")
 
     config = check_config(config, is_causal)
+    if q.shape[1] == 0 or k.shape[1] == 0:
+        raise ValueError(f"q ({q.shape[1]}) and k ({k.shape[1]}) must have at least one head (axis 1)")
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"q has {q.shape[1]} heads, not a multiple of k's {k.shape[1]} heads")
     operands = [("q", q), ("k", k), ("v", v)]
@@ -158,6 +160,9 @@ def varlen_attention(
         out_dtype=output_dtype(operands),
         mx_inputs=[(nm, x) for nm, x in operands if isinstance(x, MXArray)],
     )
+    if q.shape[0] == 0 or k.shape[0] == 0:  # no query rows, or no key in any sequence: O = 0 (documented)
+        check_scale(scale, q.shape[-1])
+        return jnp.zeros(q.shape, output_dtype(operands))
     path = choose_implementation(implementation, why_not)
     if path != "xla":
         st = VarlenStatic(

@@ -24,6 +24,7 @@ GEMMs, ~14x slower on an H200).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Sequence
 
 import jax
@@ -79,13 +80,16 @@ def operand_layouts(
     """
     try:
         (lc, rc), (lb, rb) = dimension_numbers
-        lc, rc, lb, rb = (tuple(int(a) for a in t) for t in (lc, rc, lb, rb))
+        lc, rc, lb, rb = (tuple(operator.index(a) for a in t) for t in (lc, rc, lb, rb))
     except (TypeError, ValueError) as e:
         raise ValueError(f"dimension_numbers={dimension_numbers!r} is not ((lc, rc), (lb, rb))") from e
     lhs_shape, rhs_shape = tuple(lhs_shape), tuple(rhs_shape)
-    lc, rc, lb, rb = (
-        tuple(a % len(s) for a in t) for t, s in ((lc, lhs_shape), (rc, rhs_shape), (lb, lhs_shape), (rb, rhs_shape))
-    )
+    for name, t, s in (("lhs", lc + lb, lhs_shape), ("rhs", rc + rb, rhs_shape)):
+        if any(not 0 <= a < len(s) for a in t):  # as lax.dot_general: no negative or wrapped axes
+            raise ValueError(
+                f"dimension_numbers={dimension_numbers!r}: {name} axes {t} must be in [0, {len(s)}) for {name} "
+                f"of shape {s} (non-negative, as in lax.dot_general)"
+            )
     if len(lc) != len(rc) or len(lb) != len(rb) or not lc:
         raise ValueError(f"dimension_numbers={dimension_numbers!r}: need one or more paired contracting axes")
     for name, c, b in (("lhs", lc, lb), ("rhs", rc, rb)):
