@@ -38,7 +38,8 @@ def compile_arch(arch: str, out: Path, names: list[str] | None) -> None:
     """Worker: compiles the variants for one arch (runs in a fresh process with CUTE_DSL_ARCH set)."""
     import cutlass.cute as cute
 
-    from jax_mxfp8.kernels.sm90 import attention_fwd, attention_realign, quantize, rms_norm_quantize
+    from jax_mxfp8.kernels.common import quantize, rms_norm_quantize
+    from jax_mxfp8.kernels.sm90 import attention_fwd, attention_realign
 
     def make_kernel(config):
         if isinstance(config, registry.AttentionFwdConfig):
