@@ -146,7 +146,7 @@ def test_scheduling_variants_are_bit_identical(h, causal):
         for v in registry.ATTENTION_FWD_VARIANTS
         if (v.head_dim, v.causal, v.packed, v.p_scale) == (h, causal, False, "const")
     ]
-    production = registry.find_attention_fwd(h, causal)
+    production = registry.find(registry.AttentionFwdConfig, head_dim=h, causal=causal)
     tunes = sorted(v.tune for v in variants if v.poly_exp2 == 0 and v.pv_fp32 == production.pv_fp32)
     assert len(tunes) >= 3
     outs = [jax.jit(lambda o, t=t: kern.attention_fwd(o, causal=causal, t=640, tune=t))(ops) for t in tunes]

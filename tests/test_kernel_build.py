@@ -114,14 +114,14 @@ def test_kernel_table_matches_registry(library):
         (lib.jax_mxfp8_kernel_name(i).decode(), lib.jax_mxfp8_kernel_arch(i))
         for i in range(lib.jax_mxfp8_kernel_count())
     }
-    want = {(v.name, registry.ARCH_MAJOR[a]) for v in registry.VARIANTS for a in registry.variant_archs(v)}
+    want = {(v.name, registry.ARCH_MAJOR[a]) for v in registry.VARIANTS for a in v.archs}
     assert names == want
 
 
 def test_embedded_cubins_target_sm90a_and_sm100a(library, tmp_path):
     data = library.read_bytes()
     cubins = _cubins(data)
-    per_arch = {a: sum(a in registry.variant_archs(v) for v in registry.VARIANTS) for a in registry.ARCHS}
+    per_arch = {a: sum(a in v.archs for v in registry.VARIANTS) for a in registry.ARCHS}
     assert len(cubins) == sum(per_arch.values())
     cuobjdump = shutil.which("cuobjdump")
     if cuobjdump is None and importlib.util.find_spec("nvidia") is not None:

@@ -189,7 +189,9 @@ def test_y_bitexact_where_sum_of_squares_is_exact(in_dtype, d):
 
 def test_large_rows_and_limits():
     rng = np.random.default_rng(next(_seed))
-    cfg = registry.find_rms_norm_quantize("bfloat16", "float8_e4m3fn", "up")
+    cfg = registry.find(
+        registry.RMSNormQuantizeConfig, in_dtype="bfloat16", elem_dtype="float8_e4m3fn", scale_rounding="up"
+    )
     x = random_rows((4, cfg.max_d), jnp.bfloat16, rng, specials=False)
     w = random_weight(cfg.max_d, rng)
     y, q = kernel_call(x, w)

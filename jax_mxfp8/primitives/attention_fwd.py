@@ -345,9 +345,14 @@ def p_options(p_scale: str, p_rounding: str) -> tuple[str, str]:
 def unsupported(*, head_dim: int, causal: bool, p_scale: str = "const", p_rounding: str = "up") -> str | None:
     """Why the kernel cannot run these arguments, or None."""
     p_scale, p_rounding = p_options(p_scale, p_rounding)
-    if registry.find_attention_fwd(head_dim, causal) is None:
+    if registry.find(registry.AttentionFwdConfig, head_dim=head_dim, causal=causal) is None:
         return f"no attention kernel for head_dim={head_dim} (the kernel covers 64 and 128)"
-    if registry.find_attention_fwd(head_dim, causal, p_scale, p_rounding) is None:
+    if (
+        registry.find(
+            registry.AttentionFwdConfig, head_dim=head_dim, causal=causal, p_scale=p_scale, p_rounding=p_rounding
+        )
+        is None
+    ):
         return (
             f"no attention kernel for p_scale={p_scale!r} with scale_rounding={p_rounding!r}: the kernel's one P "
             "scale per (row, 128-key tile) reproduces the 'up' block rule, not the 'floor' rule's saturation of "

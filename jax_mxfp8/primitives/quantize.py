@@ -199,8 +199,12 @@ def _unsupported_quantize(x, axes_neg, block, dtype, scale_rounding, rounding) -
     if x.shape[-1] % 32 or x.shape[-2] % 32:
         return f"the kernels need the last two dimensions to be multiples of 32, got shape {x.shape}"
     if (
-        registry.find_quantize(
-            np.dtype(x.dtype).name, _MODE_OF[(block, axes_neg)], np.dtype(dtype).name, scale_rounding
+        registry.find(
+            registry.QuantizeConfig,
+            in_dtype=np.dtype(x.dtype).name,
+            mode=_MODE_OF[(block, axes_neg)],
+            elem_dtype=np.dtype(dtype).name,
+            scale_rounding=scale_rounding,
         )
         is None
     ):
@@ -476,7 +480,9 @@ def dequantize(
     if a.ndim < 2 or block is None:
         why = f"the kernels dequantize blocks along the last axis, the second-to-last, or both; got {a!r}"
     elif (
-        out_name not in registry.IN_DTYPES or registry.find_dequantize(np.dtype(a.dtype).name, block, out_name) is None
+        out_name not in registry.IN_DTYPES
+        or registry.find(registry.DequantizeConfig, elem_dtype=np.dtype(a.dtype).name, block=block, out_dtype=out_name)
+        is None
     ):
         why = f"no dequantize kernel for {np.dtype(a.dtype).name} -> {out_name}"
     elif a.shape[-1] % 32 or a.shape[-2] % 32:

@@ -53,7 +53,9 @@ def unsupported(x, weight, dtype, scale_rounding) -> str | None:
         return f"weight must have shape ({x.shape[-1] if x.ndim else '?'},), got {weight.shape}"
     if not jnp.issubdtype(weight.dtype, jnp.floating):
         return f"weight must be a float array, got {weight.dtype}"
-    cfg = registry.find_rms_norm_quantize(name, np.dtype(dtype).name, scale_rounding)
+    cfg = registry.find(
+        registry.RMSNormQuantizeConfig, in_dtype=name, elem_dtype=np.dtype(dtype).name, scale_rounding=scale_rounding
+    )
     if cfg is None:
         return "no registered rms_norm_quantize kernel variant for these arguments"
     d = x.shape[-1]

@@ -550,12 +550,3 @@ class MXDequantize:
         o_addr = mO.iterator.toint() + (row * k64 + col) * self.out_bytes
         for v in range(len(out) // 4):
             ptx.st_global(o_addr + 16 * v, out[4 * v : 4 * v + 4])
-
-
-def make_kernel(config):
-    """The kernel object for a registry config."""
-    if isinstance(config, QuantizeConfig):
-        return MXQuantize(config)
-    if isinstance(config, DequantizeConfig):
-        return MXDequantize(config)
-    raise TypeError(f"no kernel for {config!r}")

@@ -201,7 +201,3 @@ class RMSNormQuantize:
                 q = [ptx.quantize4_f32(out, [f] * 4, c.elem_dtype)]
             ptx.st_global(q_addr + Int64(col), q, pred=ok)
             ptx.st_global_u8(s_addr + Int64(col // 32), b, pred=ok & leader)
-
-
-def make_kernel(config: RMSNormQuantizeConfig) -> RMSNormQuantize:
-    return RMSNormQuantize(config)
