@@ -1,6 +1,6 @@
 """MX quantize / dequantize kernels (CuTe DSL), compiled ahead of time for sm_90a and sm_100a.
 
-Supported features (see kernels/registry.py for the variant list):
+Supported features (see kernels/registry/ for the variant list):
   MXQuantize:   2-D (M, K) row-major bfloat16 or float32 input, M and K multiples of 32, any size up to
                 2**31 - 1 per dimension (64-bit addressing). One pass over the input produces
                   "rowcol": row-wise MXArray (blocks of 32 along K; data (M, K), scale (M, K/32)) AND

@@ -18,6 +18,8 @@ ARCHS = ("sm_90a", "sm_100a")
 """Every arch the library is built for. Blackwell (sm_100a) cubins are built and inspected, not run."""
 
 ARCH_MAJOR = {"sm_90a": 9, "sm_100a": 10}
+ARCH_PACKAGE = {"sm_90a": "sm90", "sm_100a": "sm100"}
+"""The package under jax_mxfp8/kernels/ that names each arch's kernels."""
 
 IN_DTYPES = ("bfloat16", "float32")
 ELEM_DTYPES = ("float8_e4m3fn", "float8_e5m2")
@@ -35,6 +37,12 @@ P_SCALE_CODE = {"const": 0, "block": 1}
 
 SHORT = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 """Short dtype names used in variant names."""
+
+
+def every_arch(function: str, module: str = "quantize") -> dict[str, str]:
+    """`kernels` of a config built on every arch in ARCHS by `function` of kernels/<arch>/<module>.py (which
+    names an arch-neutral kernels/common/ class today, and a Blackwell-specific one where it comes to differ)."""
+    return {arch: f"jax_mxfp8.kernels.{ARCH_PACKAGE[arch]}.{module}:{function}" for arch in ARCHS}
 
 
 class KernelConfig:

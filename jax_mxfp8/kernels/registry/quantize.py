@@ -26,6 +26,7 @@ from jax_mxfp8.kernels.registry.base import (
     SCALE_ROUNDINGS,
     SHORT,
     KernelConfig,
+    every_arch,
 )
 
 
@@ -69,10 +70,7 @@ class QuantizeConfig(KernelConfig):
     """
 
     op = "quantize"
-    kernels = {
-        "sm_90a": "jax_mxfp8.kernels.sm90.quantize:quantize_kernel",
-        "sm_100a": "jax_mxfp8.kernels.sm100.quantize:quantize_kernel",
-    }
+    kernels = every_arch("quantize_kernel")
     key_fields = ("in_dtype", "mode", "elem_dtype", "scale_rounding")
     codes = {"in_dtype": DTYPE_CODE, "mode": MODE_CODE, "elem_dtype": DTYPE_CODE, "scale_rounding": ROUNDING_CODE}
 
@@ -139,10 +137,7 @@ class DequantizeConfig(KernelConfig):
     """
 
     op = "dequantize"
-    kernels = {
-        "sm_90a": "jax_mxfp8.kernels.sm90.quantize:dequantize_kernel",
-        "sm_100a": "jax_mxfp8.kernels.sm100.quantize:dequantize_kernel",
-    }
+    kernels = every_arch("dequantize_kernel")
     key_fields = ("elem_dtype", "block", "out_dtype")
     codes = {"elem_dtype": DTYPE_CODE, "block": MODE_CODE, "out_dtype": DTYPE_CODE}
 

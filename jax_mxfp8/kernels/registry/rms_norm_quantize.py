@@ -20,6 +20,7 @@ from jax_mxfp8.kernels.registry.base import (
     SCALE_ROUNDINGS,
     SHORT,
     KernelConfig,
+    every_arch,
 )
 
 
@@ -38,10 +39,7 @@ class RMSNormQuantizeConfig(KernelConfig):
     """
 
     op = "rms_norm_quantize"
-    kernels = {
-        "sm_90a": "jax_mxfp8.kernels.sm90.quantize:rms_norm_quantize_kernel",
-        "sm_100a": "jax_mxfp8.kernels.sm100.quantize:rms_norm_quantize_kernel",
-    }
+    kernels = every_arch("rms_norm_quantize_kernel")
     key_fields = ("in_dtype", "elem_dtype", "scale_rounding")
     codes = {"in_dtype": DTYPE_CODE, "elem_dtype": DTYPE_CODE, "scale_rounding": ROUNDING_CODE}
 
