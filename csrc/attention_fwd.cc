@@ -2,7 +2,10 @@
 //
 //   jax_mxfp8_attention_fwd         (q, k, vt, qs, ks, vs, vi, lens) -> (o, lse)
 //   jax_mxfp8_attention_fwd_packed  (q, k, vt, qs, ks, vs, vi, seqs, work) -> (o, lse)   packed sequences, B = 1
-//     attrs of both: causal, p_scale (0 const, 1 block), p_rounding (0 up, 1 floor; 0 for const), tune
+//     attribute of both (and of the _into test hooks): kernel (string) = the registry variant name, e.g.
+//     "attention_fwd_h128_causal", "attention_fwd_h64_pblock_packed", "attention_fwd_h128_t2". The variant
+//     fixes causal masking, the P scale and its rounding, and the tuning; the handler checks its head_dim
+//     against the buffers' H and its packed flag against the target.
 //
 // Operands come from the producer pass (jax_mxfp8/primitives/attention_fwd.py, `prepare`):
 //   q  (B, N, Tp, H) f8e4m3fn     k (B, K, Sp, H) f8e4m3fn     vt (B, K, H, Sp) f8e4m3fn
@@ -12,25 +15,21 @@
 // Tp and Sp are multiples of 128, H is 64 or 128 and N a multiple of K. Every failure is returned as an
 // ffi::Error; the handler only enqueues work on XLA's stream (CUDA-graph compatible).
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "common.h"
 
 namespace jmx {
 namespace {
 
-ffi::Error Dims(const ffi::AnyBuffer& b, const char* what, size_t rank, int64_t* out) {
-  auto d = b.dimensions();
-  if (d.size() != rank) {
-    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: attention_fwd ") + what + " must have rank " +
-                                       std::to_string(rank) + ", got " + std::to_string(d.size()));
-  }
-  for (size_t i = 0; i < rank; ++i) out[i] = d[i];
-  return ffi::Error::Success();
-}
+constexpr std::string_view kOp = "attention_fwd";
 
-ffi::Error Want(bool ok, const std::string& msg) {
-  return ok ? ffi::Error::Success() : ffi::Error::InvalidArgument("jax_mxfp8: attention_fwd: " + msg);
+// common.h's checks, bound to this op's name for the error messages
+ffi::Error Dims(const ffi::AnyBuffer& b, const char* what, size_t rank, int64_t* out) {
+  return jmx::Dims(b, kOp, what, rank, out);
 }
+ffi::Error Want(bool ok, const std::string& msg) { return jmx::Want(ok, kOp, msg); }
 
 // Shapes shared by the dense and packed calls (the packed call has B = 1).
 struct FwdShape {
@@ -81,47 +80,46 @@ ffi::Error CheckOperands(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const
   return ffi::Error::Success();
 }
 
-// The kernel-selecting attributes of both targets.
-struct FwdVariant {
-  int32_t causal, p_scale, p_rounding, tune;
-};
-
-ffi::Error CheckVariant(const FwdVariant& v) {
-  JMX_RETURN_IF_ERROR(Want(v.p_scale == 0 || v.p_scale == 1, "p_scale must be 0 (const) or 1 (block)"));
-  return Want(v.p_rounding == 0 || (v.p_scale == 1 && v.p_rounding == 1),
-              "p_rounding must be 0 (up) or, with p_scale 1 (block), 1 (floor)");
+// The variant named by the `kernel` attribute, checked against the target (packed or not) and the buffers'
+// head_dim.
+ffi::Error FindVariant(int32_t device, std::string_view kernel, int64_t packed, const FwdShape& shape,
+                       const KernelEntry** entry) {
+  JMX_RETURN_IF_ERROR(FindKernel(device, kOp, kernel, entry));
+  const int64_t h = Param(*entry, "head_dim");
+  JMX_RETURN_IF_ERROR(Want(h == shape.h, "kernel '" + std::string((*entry)->name) + "' has head_dim " +
+                                             std::to_string(h) + ", the buffers have H = " + std::to_string(shape.h)));
+  return Want(Param(*entry, "packed") == packed,
+              "kernel '" + std::string((*entry)->name) +
+                  (packed ? "' is not a packed-sequence variant (use jax_mxfp8_attention_fwd)"
+                          : "' is a packed-sequence variant (use jax_mxfp8_attention_fwd_packed)"));
 }
 
 // The launch's tensor list: the seven operands, then the int32 tables, then o and lse.
-ffi::Error LaunchFwd(cudaStream_t stream, int32_t device, const FwdShape& shape, const Tensor2D* ops,
-                     const Tensor2D* tables, int n_tables, int packed, const FwdVariant& v) {
+ffi::Error LaunchFwd(cudaStream_t stream, int32_t device, const KernelEntry* entry, const Tensor2D* ops,
+                     const Tensor2D* tables, int n_tables) {
   Tensor2D t[11];
   for (int i = 0; i < 7; ++i) t[i] = ops[i];
   for (int i = 0; i < n_tables; ++i) t[7 + i] = tables[i];
   t[7 + n_tables] = ops[7];
   t[8 + n_tables] = ops[8];
-  const KernelEntry* entry = nullptr;
-  // table key c = 2 * p_scale + p_rounding (registry.AttentionFwdConfig.p_code), d = packed
-  JMX_RETURN_IF_ERROR(FindKernel(device, kOpAttentionFwd, static_cast<int>(shape.h), v.causal ? 1 : 0,
-                                 2 * v.p_scale + v.p_rounding, packed, v.tune, &entry));
   return Launch(entry, device, t, 9 + n_tables, stream);
 }
 
 ffi::Error AttentionFwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer vt,
                             ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs, ffi::AnyBuffer vi,
                             ffi::AnyBuffer lens, ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
-                            int32_t causal, int32_t p_scale, int32_t p_rounding, int32_t tune) {
-  const FwdVariant variant{causal, p_scale, p_rounding, tune};
+                            std::string_view kernel) {
   FwdShape shape;
   Tensor2D t[9];
   JMX_RETURN_IF_ERROR(CheckOperands(q, k, vt, qs, ks, vs, vi, o, lse, &shape, t));
-  JMX_RETURN_IF_ERROR(CheckVariant(variant));
+  const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(FindVariant(device, kernel, 0, shape, &entry));
   JMX_RETURN_IF_ERROR(Want(lens.element_type() == ffi::DataType::S32, "lens must be s32"));
   if (shape.b == 0 || shape.n == 0 || shape.tp == 0) return ffi::Error::Success();
   Tensor2D lens2d;
   JMX_RETURN_IF_ERROR(As2D(lens, "lens", &lens2d));
   JMX_RETURN_IF_ERROR(Want(lens2d.rows == 2 && lens2d.cols == shape.b, "lens must be (2, B)"));
-  return LaunchFwd(stream, device, shape, t, &lens2d, 1, 0, variant);
+  return LaunchFwd(stream, device, entry, t, &lens2d, 1);
 }
 
 // Packed sequences: B = 1; seqs (4, S) s32 = (first query tile, first KV tile, query length, KV length) of
@@ -129,13 +127,13 @@ ffi::Error AttentionFwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
 ffi::Error AttentionFwdPackedImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                   ffi::AnyBuffer vt, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
                                   ffi::AnyBuffer vi, ffi::AnyBuffer seqs, ffi::AnyBuffer work,
-                                  ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse, int32_t causal,
-                                  int32_t p_scale, int32_t p_rounding, int32_t tune) {
-  const FwdVariant variant{causal, p_scale, p_rounding, tune};
+                                  ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
+                                  std::string_view kernel) {
   FwdShape shape;
   Tensor2D t[9];
   JMX_RETURN_IF_ERROR(CheckOperands(q, k, vt, qs, ks, vs, vi, o, lse, &shape, t));
-  JMX_RETURN_IF_ERROR(CheckVariant(variant));
+  const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(FindVariant(device, kernel, 1, shape, &entry));
   JMX_RETURN_IF_ERROR(Want(shape.b == 1, "packed operands have one batch row"));
   JMX_RETURN_IF_ERROR(Want(seqs.element_type() == ffi::DataType::S32 && work.element_type() == ffi::DataType::S32,
                            "seqs and work must be s32"));
@@ -145,7 +143,7 @@ ffi::Error AttentionFwdPackedImpl(cudaStream_t stream, int32_t device, ffi::AnyB
   JMX_RETURN_IF_ERROR(Want(tables[0].rows == 4 && tables[0].cols > 0, "seqs must be (4, S) with S >= 1"));
   JMX_RETURN_IF_ERROR(Want(tables[1].rows == 2, "work must be (2, W)"));
   if (shape.n == 0 || shape.tp == 0 || tables[1].cols == 0) return ffi::Error::Success();
-  return LaunchFwd(stream, device, shape, t, tables, 2, 1, variant);
+  return LaunchFwd(stream, device, entry, t, tables, 2);
 }
 
 // Test hooks: the same launches with o and lse passed in as well (XLA aliases them to the results), so a
@@ -153,19 +151,17 @@ ffi::Error AttentionFwdPackedImpl(cudaStream_t stream, int32_t device, ffi::AnyB
 ffi::Error AttentionFwdIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                 ffi::AnyBuffer vt, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
                                 ffi::AnyBuffer vi, ffi::AnyBuffer lens, ffi::AnyBuffer, ffi::AnyBuffer,
-                                ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse, int32_t causal,
-                                int32_t p_scale, int32_t p_rounding, int32_t tune) {
-  return AttentionFwdImpl(stream, device, q, k, vt, qs, ks, vs, vi, lens, o, lse, causal, p_scale, p_rounding, tune);
+                                ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
+                                std::string_view kernel) {
+  return AttentionFwdImpl(stream, device, q, k, vt, qs, ks, vs, vi, lens, o, lse, kernel);
 }
 
 ffi::Error AttentionFwdPackedIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                       ffi::AnyBuffer vt, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
                                       ffi::AnyBuffer vi, ffi::AnyBuffer seqs, ffi::AnyBuffer work, ffi::AnyBuffer,
                                       ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> o,
-                                      ffi::Result<ffi::AnyBuffer> lse, int32_t causal, int32_t p_scale,
-                                      int32_t p_rounding, int32_t tune) {
-  return AttentionFwdPackedImpl(stream, device, q, k, vt, qs, ks, vs, vi, seqs, work, o, lse, causal, p_scale,
-                                p_rounding, tune);
+                                      ffi::Result<ffi::AnyBuffer> lse, std::string_view kernel) {
+  return AttentionFwdPackedImpl(stream, device, q, k, vt, qs, ks, vs, vi, seqs, work, o, lse, kernel);
 }
 
 }  // namespace
@@ -190,52 +186,44 @@ auto BindOperands() {
       .Arg<ffi::AnyBuffer>()
       .Arg<ffi::AnyBuffer>();
 }
+
+// The results (o, lse) and the attribute (the variant name) of every target, after its extra operands.
+template <typename Binding>
+auto BindResultsAndKernel(Binding binding) {
+  return std::move(binding)
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attr<std::string_view>("kernel");
+}
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd, jmx::AttentionFwdImpl,
-                              BindOperands()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int32_t>("causal")
-                                  .Attr<int32_t>("p_scale")
-                                  .Attr<int32_t>("p_rounding")
-                                  .Attr<int32_t>("tune"),
+                              BindResultsAndKernel(BindOperands()),
                               {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_fwd);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd_into, jmx::AttentionFwdIntoImpl,
-                              BindOperands()
-                                  .Arg<ffi::AnyBuffer>()  // o (aliased to the first result)
-                                  .Arg<ffi::AnyBuffer>()  // lse (aliased to the second result)
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int32_t>("causal")
-                                  .Attr<int32_t>("p_scale")
-                                  .Attr<int32_t>("p_rounding")
-                                  .Attr<int32_t>("tune"),
+                              BindResultsAndKernel(BindOperands()
+                                                       .Arg<ffi::AnyBuffer>()  // o (aliased to the first result)
+                                                       .Arg<ffi::AnyBuffer>()  // lse (aliased to the second result)
+                                                   ),
                               {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_fwd_into);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd_packed, jmx::AttentionFwdPackedImpl,
-                              BindOperands()
-                                  .Arg<ffi::AnyBuffer>()  // work (BindOperands' last is seqs)
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int32_t>("causal")
-                                  .Attr<int32_t>("p_scale")
-                                  .Attr<int32_t>("p_rounding")
-                                  .Attr<int32_t>("tune"),
+                              BindResultsAndKernel(BindOperands()
+                                                       .Arg<ffi::AnyBuffer>()  // work (BindOperands' last is seqs)
+                                                   ),
                               {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_fwd_packed);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd_packed_into, jmx::AttentionFwdPackedIntoImpl,
-                              BindOperands()
-                                  .Arg<ffi::AnyBuffer>()  // work
-                                  .Arg<ffi::AnyBuffer>()  // o (aliased to the first result)
-                                  .Arg<ffi::AnyBuffer>()  // lse (aliased to the second result)
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int32_t>("causal")
-                                  .Attr<int32_t>("p_scale")
-                                  .Attr<int32_t>("p_rounding")
-                                  .Attr<int32_t>("tune"),
+                              BindResultsAndKernel(BindOperands()
+                                                       .Arg<ffi::AnyBuffer>()  // work
+                                                       .Arg<ffi::AnyBuffer>()  // o (aliased to the first result)
+                                                       .Arg<ffi::AnyBuffer>()  // lse (aliased to the second result)
+                                                   ),
                               {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_fwd_packed_into);
 
 #pragma GCC visibility pop

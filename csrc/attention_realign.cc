@@ -1,6 +1,8 @@
 // XLA FFI handler for the attention producer's re-encode + transpose (jax_mxfp8/kernels/sm90/attention_realign.py).
 //
-//   jax_mxfp8_attention_realign  (data, shift) -> out   attrs: head_dim, operand (0 = Q/K rows, 1 = V^T)
+//   jax_mxfp8_attention_realign  (data, shift) -> out
+//     attribute: kernel (string) = the registry variant name, "attention_realign_{rows,v}_h{64,128}" (the
+//     variant fixes the operand, Q/K rows or V^T, and the head_dim the handler checks the shapes with)
 //
 // The primitive passes 2-D views (jax_mxfp8/primitives/attention_fwd.py, `realign`):
 //   data  (B, L*N*H) f8e4m3fn   the sequence-major (B, L, N, H) square-block MX elements
@@ -9,20 +11,21 @@
 // with L a multiple of 32, Lp = L rounded up to 128 and H = head_dim (64 or 128). Every failure is returned
 // as an ffi::Error; the handler only enqueues work on XLA's stream (CUDA-graph compatible).
 #include <string>
+#include <string_view>
 
 #include "common.h"
 
 namespace jmx {
 namespace {
 
-ffi::Error Want(bool ok, const std::string& msg) {
-  return ok ? ffi::Error::Success() : ffi::Error::InvalidArgument("jax_mxfp8: attention_realign: " + msg);
-}
+// common.h's check, bound to this op's name for the error messages
+ffi::Error Want(bool ok, const std::string& msg) { return jmx::Want(ok, "attention_realign", msg); }
 
 ffi::Error AttentionRealignImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer data, ffi::AnyBuffer shift,
-                                ffi::Result<ffi::AnyBuffer> out, int32_t head_dim, int32_t operand) {
-  JMX_RETURN_IF_ERROR(Want(head_dim == 64 || head_dim == 128, "head_dim must be 64 or 128"));
-  JMX_RETURN_IF_ERROR(Want(operand == 0 || operand == 1, "operand must be 0 (rows) or 1 (v)"));
+                                ffi::Result<ffi::AnyBuffer> out, std::string_view kernel) {
+  const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(FindKernel(device, "attention_realign", kernel, &entry));
+  const int64_t head_dim = Param(entry, "head_dim");  // both operands' layouts follow from it (see above)
   JMX_RETURN_IF_ERROR(Want(data.element_type() == ffi::DataType::F8E4M3FN &&
                                out->element_type() == ffi::DataType::F8E4M3FN,
                            "data and out must be f8e4m3fn"));
@@ -40,8 +43,6 @@ ffi::Error AttentionRealignImpl(cudaStream_t stream, int32_t device, ffi::AnyBuf
   JMX_RETURN_IF_ERROR(Want(t[1].rows == b && t[1].cols == t[0].cols / 1024, "shift must be (B, L/32*N*H/32)"));
   JMX_RETURN_IF_ERROR(Want(t[2].cols == lp * h, "out must be (B*N, Lp*H), Lp = L rounded up to 128"));
   JMX_RETURN_IF_ERROR(Want(b <= 65535 && n <= 65535, "grid too large (B and N must be <= 65535)"));
-  const KernelEntry* entry = nullptr;
-  JMX_RETURN_IF_ERROR(FindKernel(device, kOpAttentionRealign, head_dim, operand, 0, 0, 0, &entry));
   return Launch(entry, device, t, 3, stream);
 }
 
@@ -59,8 +60,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_realign, jmx::AttentionRealign
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int32_t>("head_dim")
-                                  .Attr<int32_t>("operand"),
+                                  .Attr<std::string_view>("kernel"),
                               {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_realign);
 
 #pragma GCC visibility pop

@@ -1,7 +1,9 @@
-// Implementation of csrc/common.h: module loading, variant lookup, launches and buffer checks.
+// Implementation of csrc/common.h: module loading, variant lookup, launches, buffer checks and the FFI
+// target list.
 #include "common.h"
 
 #include <sstream>
+#include <vector>
 
 namespace jmx {
 
@@ -72,24 +74,42 @@ ffi::Error DeviceMajor(int device, int* major) {
   return ffi::Error::Success();
 }
 
-ffi::Error FindKernel(int device, int op, int a, int b, int c, int d, int tune, const KernelEntry** entry) {
+ffi::Error FindKernel(int device, std::string_view op, std::string_view name, const KernelEntry** entry) {
   int major = 0;
   if (auto err = DeviceMajor(device, &major); err.failure()) return err;
+  const KernelEntry* other_arch = nullptr;
   for (int i = 0; i < kKernelTableSize; ++i) {
     const KernelEntry& e = kKernelTable[i];
-    if (e.arch_major == major && e.op == op && e.a == a && e.b == b && e.c == c && e.d == d && e.tune == tune) {
-      cudaError_t err = e.load(device);
-      if (err != cudaSuccess) {
-        return ffi::Error::Internal(CudaMessage((std::string("jax_mxfp8: loading kernel ") + e.name).c_str(), err));
-      }
+    if (name != e.name) continue;
+    if (op != e.op) {  // a name is one variant, hence one op, on every arch
+      std::ostringstream os;
+      os << "jax_mxfp8: kernel '" << name << "' is a " << e.op << " kernel, not " << op
+         << " (compute capability " << major << ".x)";
+      return ffi::Error::InvalidArgument(os.str());
+    }
+    if (e.arch_major == major) {
       *entry = &e;
       return ffi::Error::Success();
     }
+    other_arch = &e;
   }
   std::ostringstream os;
-  os << "jax_mxfp8: no kernel compiled for compute capability " << major << ".x with op=" << op << " codes=(" << a
-     << "," << b << "," << c << "," << d << ") tune=" << tune << "; the library covers sm_90a and sm_100a (use implementation='xla')";
-  return ffi::Error(ffi::ErrorCode::kUnimplemented, os.str());
+  if (other_arch != nullptr) {
+    os << "jax_mxfp8: " << op << " kernel '" << name << "' is not compiled for compute capability " << major
+       << ".x (built for " << other_arch->arch_major << ".x; the library covers sm_90a and sm_100a, use "
+       << "implementation='xla')";
+    return ffi::Error(ffi::ErrorCode::kUnimplemented, os.str());
+  }
+  os << "jax_mxfp8: no " << op << " kernel named '" << name << "' in this library (compute capability " << major
+     << ".x); the attribute `kernel` takes a jax_mxfp8.kernels.registry variant name";
+  return ffi::Error::InvalidArgument(os.str());
+}
+
+int64_t Param(const KernelEntry* entry, std::string_view name) {
+  for (int i = 0; i < entry->n_params; ++i) {
+    if (name == entry->params[i].name) return entry->params[i].value;
+  }
+  return kNoParam;
 }
 
 ffi::Error Launch(const KernelEntry* entry, int device, const Tensor2D* tensors, int n, cudaStream_t stream,
@@ -98,6 +118,9 @@ ffi::Error Launch(const KernelEntry* entry, int device, const Tensor2D* tensors,
   if (cudaGetDevice(&current) != cudaSuccess || current != device) {
     cudaError_t err = cudaSetDevice(device);
     if (err != cudaSuccess) return ffi::Error::Internal(CudaMessage("jax_mxfp8: cudaSetDevice", err));
+  }
+  if (cudaError_t load_err = entry->load(device); load_err != cudaSuccess) {
+    return ffi::Error::Internal(CudaMessage((std::string("jax_mxfp8: loading kernel ") + entry->name).c_str(), load_err));
   }
   (void)TakeDslError();
   cudaError_t err = entry->launch(tensors, n, scalars, n_scalars, stream);
@@ -109,27 +132,49 @@ ffi::Error Launch(const KernelEntry* entry, int device, const Tensor2D* tensors,
   return ffi::Error::Success();
 }
 
-ffi::Error ElemCode(ffi::DataType dtype, const char* what, int* code) {
-  if (dtype == ffi::DataType::F8E4M3FN) {
-    *code = kE4M3;
-  } else if (dtype == ffi::DataType::F8E5M2) {
-    *code = kE5M2;
-  } else {
-    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " has dtype " + DTypeName(dtype) +
-                                       ", expected f8e4m3fn or f8e5m2");
+namespace {
+// DTypeCode of a buffer dtype, -1 for dtypes no kernel takes.
+int64_t CodeOf(ffi::DataType dtype) {
+  switch (dtype) {
+    case ffi::DataType::BF16:
+      return kBF16;
+    case ffi::DataType::F32:
+      return kF32;
+    case ffi::DataType::F8E4M3FN:
+      return kE4M3;
+    case ffi::DataType::F8E5M2:
+      return kE5M2;
+    default:
+      return -1;
   }
-  return ffi::Error::Success();
 }
 
-ffi::Error InCode(ffi::DataType dtype, const char* what, int* code) {
-  if (dtype == ffi::DataType::BF16) {
-    *code = kBF16;
-  } else if (dtype == ffi::DataType::F32) {
-    *code = kF32;
-  } else {
-    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " has dtype " + DTypeName(dtype) +
-                                       ", expected bf16 or f32");
+const char* CodeName(int64_t code) {
+  static const char* const kNames[] = {"bf16", "f32", "f8e4m3fn", "f8e5m2"};
+  return (code >= 0 && code < 4) ? kNames[code] : "(none)";
+}
+}  // namespace
+
+ffi::Error ExpectDType(const KernelEntry* entry, const char* param, ffi::DataType got, const char* what) {
+  const int64_t want = Param(entry, param);
+  if (CodeOf(got) == want && want != kNoParam) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " has dtype " + DTypeName(got) +
+                                     ", but kernel '" + entry->name + "' takes " + CodeName(want) + " (its " +
+                                     param + ")");
+}
+
+ffi::Error Want(bool ok, std::string_view op, const std::string& msg) {
+  if (ok) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument("jax_mxfp8: " + std::string(op) + ": " + msg);
+}
+
+ffi::Error Dims(const ffi::AnyBuffer& buffer, std::string_view op, const char* what, size_t rank, int64_t* out) {
+  auto d = buffer.dimensions();
+  if (d.size() != rank) {
+    return Want(false, op,
+                std::string(what) + " must have rank " + std::to_string(rank) + ", got " + std::to_string(d.size()));
   }
+  for (size_t i = 0; i < rank; ++i) out[i] = d[i];
   return ffi::Error::Success();
 }
 
@@ -182,5 +227,19 @@ ffi::Error Expect(const Tensor2D& t, ffi::DataType got, ffi::DataType want, int6
   }
   return ffi::Error::Success();
 }
+
+namespace {
+// Function-local so that registration from other files' static initializers never sees it unconstructed.
+std::vector<const char*>& FfiTargets() {
+  static std::vector<const char*> targets;
+  return targets;
+}
+}  // namespace
+
+void RegisterFfiTarget(const char* name) { FfiTargets().push_back(name); }
+
+int FfiTargetCount() { return static_cast<int>(FfiTargets().size()); }
+
+const char* FfiTargetName(int i) { return (i >= 0 && i < FfiTargetCount()) ? FfiTargets()[i] : nullptr; }
 
 }  // namespace jmx

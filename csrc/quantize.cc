@@ -1,17 +1,20 @@
-// XLA FFI handlers for the MX quantize / dequantize kernels (jax_mxfp8/kernels/sm90/quantize.py).
+// XLA FFI handlers for the MX quantize / dequantize kernels (jax_mxfp8/kernels/common/quantize.py).
 //
-//   jax_mxfp8_quantize_rowcol  x -> (row_data, row_scale, col_data, col_scale)   attrs: scale_rounding,
-//                              tune (0 = production; > 0 = registry.TUNING_VARIANTS, for benchmarks)
-//   jax_mxfp8_quantize         x -> (data, scale)     attrs: mode (1 row, 2 col, 3 square), scale_rounding
-//   jax_mxfp8_dequantize       (data, scale) -> out   attrs: block (1 row, 2 col, 3 square)
+//   jax_mxfp8_quantize_rowcol  x -> (row_data, row_scale, col_data, col_scale)   a "rowcol" quantize variant
+//   jax_mxfp8_quantize         x -> (data, scale)                                a "row", "col" or "square" one
+//   jax_mxfp8_dequantize       (data, scale) -> out                              a dequantize variant
+//   attribute of all three: kernel (string) = the registry variant name (config.name), e.g.
+//   "quantize_rowcol_bf16_e4m3_up", "quantize_row_f32_e5m2_floor_t1", "dequantize_col_e4m3_bf16".
 //
-// Arrays of rank >= 2 are viewed as 2-D with the leading axes flattened into rows (exact for all block
-// kinds because both dimensions are multiples of 32). FP8 buffers come in as AnyBuffer (the jaxlib 0.10
-// FFI headers have no typed F8 buffers) and are checked at run time. The element format is taken from
-// the FP8 output (quantize) or input (dequantize) dtype. Every failure is returned as an ffi::Error.
-// Handlers only enqueue work on XLA's stream (no allocation, no synchronisation): they are marked
-// command-buffer (CUDA graph) compatible.
+// The variant decides everything the old integer attributes did (mode / block and so the scale shapes,
+// scale rounding, tuning); the handlers check every buffer against its named parameters (in_dtype,
+// mode, elem_dtype, block, out_dtype). Arrays of rank >= 2 are viewed as 2-D with the leading axes
+// flattened into rows (exact for all block kinds because both dimensions are multiples of 32). FP8 buffers
+// come in as AnyBuffer (the jaxlib 0.10 FFI headers have no typed F8 buffers) and are checked at run time.
+// Every failure is returned as an ffi::Error. Handlers only enqueue work on XLA's stream (no allocation,
+// no synchronisation): they are marked command-buffer (CUDA graph) compatible.
 #include <string>
+#include <string_view>
 
 #include "common.h"
 
@@ -33,18 +36,29 @@ void ScaleShape(int mode, int64_t rows, int64_t cols, int64_t* srows, int64_t* s
   *scols = (mode == kRow || mode == kSquare) ? cols / 32 : cols;
 }
 
+const char* ModeName(int64_t mode) {
+  static const char* const kNames[] = {"rowcol", "row", "col", "square"};
+  return (mode >= 0 && mode < 4) ? kNames[mode] : "(none)";
+}
+
 ffi::Error QuantizeRowColImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                               ffi::Result<ffi::AnyBuffer> row_data, ffi::Result<ffi::AnyBuffer> row_scale,
                               ffi::Result<ffi::AnyBuffer> col_data, ffi::Result<ffi::AnyBuffer> col_scale,
-                              int32_t scale_rounding, int32_t tune) {
+                              std::string_view kernel) {
+  const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(FindKernel(device, "quantize", kernel, &entry));
+  const int64_t mode = Param(entry, "mode");
+  if (mode != kRowCol) {
+    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: kernel '") + entry->name + "' has mode " +
+                                       ModeName(mode) +
+                                       "; jax_mxfp8_quantize_rowcol runs rowcol variants (use jax_mxfp8_quantize)");
+  }
   Tensor2D t[5];
-  int in_code = 0, elem = 0, elem_col = 0;
-  JMX_RETURN_IF_ERROR(InCode(x.element_type(), "x", &in_code));
+  JMX_RETURN_IF_ERROR(ExpectDType(entry, "in_dtype", x.element_type(), "x"));
   JMX_RETURN_IF_ERROR(As2D(x, "x", &t[0]));
   JMX_RETURN_IF_ERROR(CheckBlockable(t[0], "x"));
-  JMX_RETURN_IF_ERROR(ElemCode(row_data->element_type(), "row data", &elem));
-  JMX_RETURN_IF_ERROR(ElemCode(col_data->element_type(), "column data", &elem_col));
-  if (elem != elem_col) return ffi::Error::InvalidArgument("jax_mxfp8: row and column data dtypes differ");
+  JMX_RETURN_IF_ERROR(ExpectDType(entry, "elem_dtype", row_data->element_type(), "row data"));
+  JMX_RETURN_IF_ERROR(ExpectDType(entry, "elem_dtype", col_data->element_type(), "column data"));
   const int64_t m = t[0].rows, k = t[0].cols;
   JMX_RETURN_IF_ERROR(As2D(row_data, "row data", &t[1]));
   JMX_RETURN_IF_ERROR(Expect(t[1], row_data->element_type(), row_data->element_type(), m, k, "row data"));
@@ -55,58 +69,54 @@ ffi::Error QuantizeRowColImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffe
   JMX_RETURN_IF_ERROR(As2D(col_scale, "column scale", &t[4]));
   JMX_RETURN_IF_ERROR(Expect(t[4], col_scale->element_type(), ffi::DataType::U8, m / 32, k, "column scale"));
   if (m == 0 || k == 0) return ffi::Error::Success();
-  const KernelEntry* entry = nullptr;
-  JMX_RETURN_IF_ERROR(FindKernel(device, kOpQuantize, in_code, kRowCol, elem, scale_rounding, tune, &entry));
   return Launch(entry, device, t, 5, stream);
 }
 
 ffi::Error QuantizeImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> data,
-                        ffi::Result<ffi::AnyBuffer> scale, int32_t mode, int32_t scale_rounding) {
+                        ffi::Result<ffi::AnyBuffer> scale, std::string_view kernel) {
+  const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(FindKernel(device, "quantize", kernel, &entry));
+  const int64_t mode = Param(entry, "mode");  // decides the scale shape
   if (mode != kRow && mode != kCol && mode != kSquare) {
-    return ffi::Error::InvalidArgument("jax_mxfp8: quantize mode must be 1 (row), 2 (col) or 3 (square), got " +
-                                       std::to_string(mode));
+    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: kernel '") + entry->name + "' has mode " +
+                                       ModeName(mode) +
+                                       "; jax_mxfp8_quantize runs row, col or square variants (rowcol ones: "
+                                       "jax_mxfp8_quantize_rowcol)");
   }
   Tensor2D t[3];
-  int in_code = 0, elem = 0;
-  JMX_RETURN_IF_ERROR(InCode(x.element_type(), "x", &in_code));
+  JMX_RETURN_IF_ERROR(ExpectDType(entry, "in_dtype", x.element_type(), "x"));
   JMX_RETURN_IF_ERROR(As2D(x, "x", &t[0]));
   JMX_RETURN_IF_ERROR(CheckBlockable(t[0], "x"));
-  JMX_RETURN_IF_ERROR(ElemCode(data->element_type(), "data", &elem));
+  JMX_RETURN_IF_ERROR(ExpectDType(entry, "elem_dtype", data->element_type(), "data"));
   const int64_t m = t[0].rows, k = t[0].cols;
   int64_t sm = 0, sk = 0;
-  ScaleShape(mode, m, k, &sm, &sk);
+  ScaleShape(static_cast<int>(mode), m, k, &sm, &sk);
   JMX_RETURN_IF_ERROR(As2D(data, "data", &t[1]));
   JMX_RETURN_IF_ERROR(Expect(t[1], data->element_type(), data->element_type(), m, k, "data"));
   JMX_RETURN_IF_ERROR(As2D(scale, "scale", &t[2]));
   JMX_RETURN_IF_ERROR(Expect(t[2], scale->element_type(), ffi::DataType::U8, sm, sk, "scale"));
   if (m == 0 || k == 0) return ffi::Error::Success();
-  const KernelEntry* entry = nullptr;
-  JMX_RETURN_IF_ERROR(FindKernel(device, kOpQuantize, in_code, mode, elem, scale_rounding, 0, &entry));
   return Launch(entry, device, t, 3, stream);
 }
 
 ffi::Error DequantizeImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer data, ffi::AnyBuffer scale,
-                          ffi::Result<ffi::AnyBuffer> out, int32_t block) {
-  if (block != kRow && block != kCol && block != kSquare) {
-    return ffi::Error::InvalidArgument("jax_mxfp8: dequantize block must be 1 (row), 2 (col) or 3 (square), got " +
-                                       std::to_string(block));
-  }
+                          ffi::Result<ffi::AnyBuffer> out, std::string_view kernel) {
+  const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(FindKernel(device, "dequantize", kernel, &entry));
+  const int64_t block = Param(entry, "block");  // decides the scale shape (the registry has no rowcol here)
   Tensor2D t[3];
-  int elem = 0, out_code = 0;
-  JMX_RETURN_IF_ERROR(ElemCode(data.element_type(), "data", &elem));
-  JMX_RETURN_IF_ERROR(InCode(out->element_type(), "output", &out_code));
+  JMX_RETURN_IF_ERROR(ExpectDType(entry, "elem_dtype", data.element_type(), "data"));
+  JMX_RETURN_IF_ERROR(ExpectDType(entry, "out_dtype", out->element_type(), "output"));
   JMX_RETURN_IF_ERROR(As2D(data, "data", &t[0]));
   JMX_RETURN_IF_ERROR(CheckBlockable(t[0], "data"));
   const int64_t m = t[0].rows, k = t[0].cols;
   int64_t sm = 0, sk = 0;
-  ScaleShape(block, m, k, &sm, &sk);
+  ScaleShape(static_cast<int>(block), m, k, &sm, &sk);
   JMX_RETURN_IF_ERROR(As2D(scale, "scale", &t[1]));
   JMX_RETURN_IF_ERROR(Expect(t[1], scale.element_type(), ffi::DataType::U8, sm, sk, "scale"));
   JMX_RETURN_IF_ERROR(As2D(out, "output", &t[2]));
   JMX_RETURN_IF_ERROR(Expect(t[2], out->element_type(), out->element_type(), m, k, "output"));
   if (m == 0 || k == 0) return ffi::Error::Success();
-  const KernelEntry* entry = nullptr;
-  JMX_RETURN_IF_ERROR(FindKernel(device, kOpDequantize, elem, block, out_code, 0, 0, &entry));
   return Launch(entry, device, t, 3, stream);
 }
 
@@ -115,8 +125,8 @@ ffi::Error DequantizeImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer da
 
 namespace ffi = xla::ffi;
 
-// Everything below is the library's public C ABI: compiled with default visibility (the rest of the
-// library is -fvisibility=hidden) and listed by csrc/exports.map.
+// The FFI handler symbols are part of the library's public C ABI: compiled with default visibility (the
+// rest of the library is -fvisibility=hidden) and matched by csrc/exports.map (jax_mxfp8_*).
 #pragma GCC visibility push(default)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_quantize_rowcol, jmx::QuantizeRowColImpl,
@@ -128,9 +138,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_quantize_rowcol, jmx::QuantizeRowColImpl
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int32_t>("scale_rounding")
-                                  .Attr<int32_t>("tune"),
+                                  .Attr<std::string_view>("kernel"),
                               {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_quantize_rowcol);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_quantize, jmx::QuantizeImpl,
                               ffi::Ffi::Bind()
@@ -139,9 +149,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_quantize, jmx::QuantizeImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int32_t>("mode")
-                                  .Attr<int32_t>("scale_rounding"),
+                                  .Attr<std::string_view>("kernel"),
                               {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_quantize);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_dequantize, jmx::DequantizeImpl,
                               ffi::Ffi::Bind()
@@ -150,28 +160,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_dequantize, jmx::DequantizeImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int32_t>("block"),
+                                  .Attr<std::string_view>("kernel"),
                               {ffi::Traits::kCmdBufferCompatible});
-
-// Introspection for tests and the Python loader (plain C ABI, no Python).
-extern "C" int jax_mxfp8_kernel_count() { return jmx::kKernelTableSize; }
-extern "C" const char* jax_mxfp8_kernel_name(int i) {
-  return (i >= 0 && i < jmx::kKernelTableSize) ? jmx::kKernelTable[i].name : nullptr;
-}
-extern "C" int jax_mxfp8_kernel_arch(int i) {
-  return (i >= 0 && i < jmx::kKernelTableSize) ? jmx::kKernelTable[i].arch_major : -1;
-}
-// Loads every variant built for `device`'s architecture (call before CUDA-graph capture). Returns a
-// cudaError_t code (0 on success); a device of another architecture loads nothing and returns 0.
-extern "C" int jax_mxfp8_preload(int device) {
-  int major = 0;
-  if (jmx::DeviceMajor(device, &major).failure()) return static_cast<int>(cudaErrorInvalidDevice);
-  for (int i = 0; i < jmx::kKernelTableSize; ++i) {
-    if (jmx::kKernelTable[i].arch_major != major) continue;
-    cudaError_t err = jmx::kKernelTable[i].load(device);
-    if (err != cudaSuccess) return static_cast<int>(err);
-  }
-  return 0;
-}
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_dequantize);
 
 #pragma GCC visibility pop

@@ -1,6 +1,8 @@
-// XLA FFI handler for the fused RMSNorm + MX quantize kernel (jax_mxfp8/kernels/sm90/rms_norm_quantize.py).
+// XLA FFI handler for the fused RMSNorm + MX quantize kernel (jax_mxfp8/kernels/common/rms_norm_quantize.py).
 //
-//   jax_mxfp8_rms_norm_quantize  (x, weight) -> (y, data, scale)   attrs: eps (f32), scale_rounding, tune
+//   jax_mxfp8_rms_norm_quantize  (x, weight) -> (y, data, scale)
+//     attrs: eps (f32); kernel (string) = the registry variant name, e.g. "rms_norm_quantize_bf16_e4m3_up"
+//     (the variant fixes x's dtype, the element format and the scale rounding; the handler checks them)
 //
 // x: rank >= 2 (the primitive reshapes rank-1 input), bf16 or f32, viewed as (M, D) with leading axes
 // flattened; D a multiple of 32 and at most the variant's limit (KernelEntry::max_cols). weight: f32 of
@@ -8,6 +10,7 @@
 // scale: (M, D / 32) u8 (leading axes flattened). Every failure is returned as an ffi::Error; the
 // handler only enqueues work on XLA's stream (CUDA-graph compatible).
 #include <string>
+#include <string_view>
 
 #include "common.h"
 
@@ -16,10 +19,11 @@ namespace {
 
 ffi::Error RmsNormQuantizeImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer weight,
                                ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> data,
-                               ffi::Result<ffi::AnyBuffer> scale, float eps, int32_t scale_rounding, int32_t tune) {
+                               ffi::Result<ffi::AnyBuffer> scale, float eps, std::string_view kernel) {
+  const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(FindKernel(device, "rms_norm_quantize", kernel, &entry));
   Tensor2D t[5];
-  int in_code = 0, elem = 0;
-  JMX_RETURN_IF_ERROR(InCode(x.element_type(), "x", &in_code));
+  JMX_RETURN_IF_ERROR(ExpectDType(entry, "in_dtype", x.element_type(), "x"));
   JMX_RETURN_IF_ERROR(As2D(x, "x", &t[0]));
   const int64_t m = t[0].rows, d = t[0].cols;
   if (d % 32 != 0) {
@@ -41,14 +45,12 @@ ffi::Error RmsNormQuantizeImpl(cudaStream_t stream, int32_t device, ffi::AnyBuff
   t[1] = Tensor2D{weight.untyped_data(), 1, static_cast<int32_t>(d)};
   JMX_RETURN_IF_ERROR(As2D(y, "y", &t[2]));
   JMX_RETURN_IF_ERROR(Expect(t[2], y->element_type(), x.element_type(), m, d, "y"));
-  JMX_RETURN_IF_ERROR(ElemCode(data->element_type(), "data", &elem));
+  JMX_RETURN_IF_ERROR(ExpectDType(entry, "elem_dtype", data->element_type(), "data"));
   JMX_RETURN_IF_ERROR(As2D(data, "data", &t[3]));
   JMX_RETURN_IF_ERROR(Expect(t[3], data->element_type(), data->element_type(), m, d, "data"));
   JMX_RETURN_IF_ERROR(As2D(scale, "scale", &t[4]));
   JMX_RETURN_IF_ERROR(Expect(t[4], scale->element_type(), ffi::DataType::U8, m, d / 32, "scale"));
   if (m == 0 || d == 0) return ffi::Error::Success();
-  const KernelEntry* entry = nullptr;
-  JMX_RETURN_IF_ERROR(FindKernel(device, kOpRmsNormQuantize, in_code, 0, elem, scale_rounding, tune, &entry));
   if (entry->max_cols > 0 && d > entry->max_cols) {
     return ffi::Error::InvalidArgument("jax_mxfp8: rms_norm_quantize kernel " + std::string(entry->name) +
                                        " supports D <= " + std::to_string(entry->max_cols) + ", got " +
@@ -75,8 +77,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_rms_norm_quantize, jmx::RmsNormQuantizeI
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<float>("eps")
-                                  .Attr<int32_t>("scale_rounding")
-                                  .Attr<int32_t>("tune"),
+                                  .Attr<std::string_view>("kernel"),
                               {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_rms_norm_quantize);
 
 #pragma GCC visibility pop

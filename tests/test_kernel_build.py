@@ -1,4 +1,5 @@
-"""CPU checks of the built kernel library: exported symbols, embedded cubin targets, FFI registration.
+"""CPU checks of the kernel registry and the built kernel library: exported symbols, the kernel table and
+the FFI target list it reports, embedded cubin targets, FFI registration.
 
 Uses jax_mxfp8/_lib/libjax_mxfp8_kernels.so when present. When it is absent the test builds it with
 tools/build_library.py if the build toolchain is importable (nvidia-cutlass-dsl, nvidia-cuda-runtime,
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -20,24 +22,24 @@ from pathlib import Path
 import pytest
 
 from jax_mxfp8.kernels import registry
+from jax_mxfp8.kernels.registry.base import ARCH_PACKAGE
 
 ROOT = Path(__file__).resolve().parent.parent
 LIB = ROOT / "jax_mxfp8" / "_lib" / "libjax_mxfp8_kernels.so"
-EXPORTED = {
-    "jax_mxfp8_quantize_rowcol",
-    "jax_mxfp8_quantize",
-    "jax_mxfp8_dequantize",
-    "jax_mxfp8_rms_norm_quantize",
-    "jax_mxfp8_attention_fwd",
-    "jax_mxfp8_attention_fwd_into",
-    "jax_mxfp8_attention_fwd_packed",
-    "jax_mxfp8_attention_fwd_packed_into",
-    "jax_mxfp8_attention_realign",
+CSRC = ROOT / "csrc"
+HANDLERS = {
+    m for src in CSRC.glob("*.cc") for m in re.findall(r"XLA_FFI_DEFINE_HANDLER_SYMBOL\(\s*(\w+)", src.read_text())
+}
+"""Every FFI handler symbol the sources define (the C ABI of csrc/library.cc reports the same list)."""
+C_ABI = {
     "jax_mxfp8_kernel_count",
     "jax_mxfp8_kernel_name",
     "jax_mxfp8_kernel_arch",
     "jax_mxfp8_preload",
+    "jax_mxfp8_ffi_target_count",
+    "jax_mxfp8_ffi_target_name",
 }
+EXPORTED = HANDLERS | C_ABI
 EM_CUDA = 190
 
 
@@ -97,8 +99,61 @@ def _nm_exports(lib: Path) -> set[str]:
     return {line.split()[-1] for line in out.splitlines() if line.strip()}
 
 
+def _ffi_targets(lib: ctypes.CDLL) -> list[str]:
+    lib.jax_mxfp8_ffi_target_name.restype = ctypes.c_char_p
+    lib.jax_mxfp8_ffi_target_name.argtypes = [ctypes.c_int]
+    names = [lib.jax_mxfp8_ffi_target_name(i) for i in range(lib.jax_mxfp8_ffi_target_count())]
+    assert lib.jax_mxfp8_ffi_target_name(len(names)) is None
+    return [n.decode() for n in names]
+
+
+def test_registry_configs():
+    """Each config class owns its archs, kernel factories ("module:function" under kernels/<arch dir>/ or
+    kernels/common/, checked without importing the DSL) and named key; names and keys are unique."""
+    assert HANDLERS, "no XLA_FFI_DEFINE_HANDLER_SYMBOL found in csrc/"
+    for cls in registry.CONFIG_CLASSES:
+        assert cls.archs and set(cls.archs) <= set(registry.ARCHS), cls
+        for arch, factory in cls.kernels.items():
+            module, _, function = factory.partition(":")
+            assert module.startswith(f"jax_mxfp8.kernels.{ARCH_PACKAGE[arch]}.") and function, factory
+            path = ROOT / (module.replace(".", "/") + ".py")
+            assert re.search(rf"^(def {function}\b|.* as {function}$)", path.read_text(), re.M), factory
+    names = [v.name for v in registry.VARIANTS]
+    assert len(set(names)) == len(names)
+    keys = [(type(v), tuple(v.key.items())) for v in registry.VARIANTS]
+    assert len(set(keys)) == len(keys)
+    for v in registry.VARIANTS:
+        assert type(v) in registry.CONFIG_CLASSES and all(x >= 0 for x in v.key.values()), v
+        assert set(v.key) == {*v.key_fields, "tune"}
+        assert registry.find(type(v), **{f: getattr(v, f) for f in (*v.key_fields, "tune")}) is v
+    assert registry.AttentionFwdConfig.archs == registry.AttentionRealignConfig.archs == ("sm_90a",)
+
+
+def test_find_defaults_to_production():
+    q = registry.find(registry.QuantizeConfig, in_dtype="float32", mode="row")
+    assert q is not None and q.name == "quantize_row_f32_e4m3_up" and q.tune == 0
+    assert registry.find(registry.QuantizeConfig, tune=1).name == "quantize_rowcol_bf16_e4m3_up_t1"
+    a = registry.find(registry.AttentionFwdConfig, head_dim=64, causal=True)
+    assert a.name == "attention_fwd_h64_causal" and not a.packed and a.p_scale == "const"
+    assert registry.find(registry.AttentionFwdConfig, head_dim=64, p_scale="block", p_rounding="floor") is None
+    assert registry.find(registry.DequantizeConfig, elem_dtype="float8_e5m2", block="rowcol") is None
+    with pytest.raises(TypeError):
+        registry.find(registry.DequantizeConfig, mode="row")
+
+
 def test_only_handler_symbols_exported(library):
     assert _nm_exports(library) == EXPORTED
+
+
+def test_ffi_target_list_is_the_handlers(library):
+    """The loader registers what the library reports: exactly the handlers csrc/ defines, each exported."""
+    lib = ctypes.CDLL(str(library))
+    targets = _ffi_targets(lib)
+    assert len(targets) == len(set(targets))
+    assert set(targets) == HANDLERS
+    exported = _nm_exports(library)
+    for name in targets:
+        assert name in exported and getattr(lib, name) is not None
 
 
 def test_no_static_libstdcxx_and_static_cudart(library):
@@ -114,14 +169,14 @@ def test_kernel_table_matches_registry(library):
         (lib.jax_mxfp8_kernel_name(i).decode(), lib.jax_mxfp8_kernel_arch(i))
         for i in range(lib.jax_mxfp8_kernel_count())
     }
-    want = {(v.name, registry.ARCH_MAJOR[a]) for v in registry.VARIANTS for a in registry.variant_archs(v)}
+    want = {(v.name, registry.ARCH_MAJOR[a]) for v in registry.VARIANTS for a in v.archs}
     assert names == want
 
 
 def test_embedded_cubins_target_sm90a_and_sm100a(library, tmp_path):
     data = library.read_bytes()
     cubins = _cubins(data)
-    per_arch = {a: sum(a in registry.variant_archs(v) for v in registry.VARIANTS) for a in registry.ARCHS}
+    per_arch = {a: sum(a in v.archs for v in registry.VARIANTS) for a in registry.ARCHS}
     assert len(cubins) == sum(per_arch.values())
     cuobjdump = shutil.which("cuobjdump")
     if cuobjdump is None and importlib.util.find_spec("nvidia") is not None:
@@ -145,6 +200,6 @@ def test_registers_with_jax_ffi(library):
     import jax
 
     lib = ctypes.CDLL(str(library))
-    for name in sorted(n for n in EXPORTED if not n.startswith(("jax_mxfp8_kernel_", "jax_mxfp8_preload"))):
+    for name in _ffi_targets(lib):
         # registration checks the handler's FFI API version against this jaxlib's
         jax.ffi.register_ffi_target(f"test_{name}", jax.ffi.pycapsule(getattr(lib, name)), platform="CUDA")

@@ -204,7 +204,7 @@ def test_unsupported_arguments_raise_for_cuda():
             lambda x: jax.ffi.ffi_call(
                 "jax_mxfp8_quantize",
                 (jax.ShapeDtypeStruct(x.shape, jnp.float8_e4m3fn), jax.ShapeDtypeStruct((64, 3), jnp.uint8)),
-            )(x, mode=np.int32(1), scale_rounding=np.int32(0)),
+            )(x, kernel="quantize_row_bf16_e4m3_up"),
             "scale is 64 x 3",
         ),
         # FP8 output of a non-FP8 dtype
@@ -212,23 +212,39 @@ def test_unsupported_arguments_raise_for_cuda():
             lambda x: jax.ffi.ffi_call(
                 "jax_mxfp8_quantize",
                 (jax.ShapeDtypeStruct(x.shape, jnp.int8), jax.ShapeDtypeStruct((64, 2), jnp.uint8)),
-            )(x, mode=np.int32(1), scale_rounding=np.int32(0)),
-            "expected f8e4m3fn or f8e5m2",
+            )(x, kernel="quantize_row_bf16_e4m3_up"),
+            "takes f8e4m3fn",
         ),
-        # bad mode attribute
+        # unknown variant name
         (
             lambda x: jax.ffi.ffi_call(
                 "jax_mxfp8_quantize",
                 (jax.ShapeDtypeStruct(x.shape, jnp.float8_e4m3fn), jax.ShapeDtypeStruct((64, 2), jnp.uint8)),
-            )(x, mode=np.int32(7), scale_rounding=np.int32(0)),
-            "mode must be",
+            )(x, kernel="quantize_bogus"),
+            "no quantize kernel named 'quantize_bogus'",
+        ),
+        # a rowcol variant on the single-orientation target
+        (
+            lambda x: jax.ffi.ffi_call(
+                "jax_mxfp8_quantize",
+                (jax.ShapeDtypeStruct(x.shape, jnp.float8_e4m3fn), jax.ShapeDtypeStruct((64, 2), jnp.uint8)),
+            )(x, kernel="quantize_rowcol_bf16_e4m3_up"),
+            "has mode rowcol",
+        ),
+        # another op's variant
+        (
+            lambda x: jax.ffi.ffi_call(
+                "jax_mxfp8_quantize",
+                (jax.ShapeDtypeStruct(x.shape, jnp.float8_e4m3fn), jax.ShapeDtypeStruct((64, 2), jnp.uint8)),
+            )(x, kernel="dequantize_row_e4m3_bf16"),
+            "is a dequantize kernel, not quantize",
         ),
         # dimensions that are not multiples of 32
         (
             lambda x: jax.ffi.ffi_call(
                 "jax_mxfp8_quantize",
                 (jax.ShapeDtypeStruct((64, 48), jnp.float8_e4m3fn), jax.ShapeDtypeStruct((64, 1), jnp.uint8)),
-            )(x[:, :48], mode=np.int32(1), scale_rounding=np.int32(0)),
+            )(x[:, :48], kernel="quantize_row_bf16_e4m3_up"),
             "multiples of 32",
         ),
         # float16 input
@@ -236,8 +252,8 @@ def test_unsupported_arguments_raise_for_cuda():
             lambda x: jax.ffi.ffi_call(
                 "jax_mxfp8_quantize",
                 (jax.ShapeDtypeStruct(x.shape, jnp.float8_e4m3fn), jax.ShapeDtypeStruct((64, 2), jnp.uint8)),
-            )(x.astype(jnp.float16), mode=np.int32(1), scale_rounding=np.int32(0)),
-            "expected bf16 or f32",
+            )(x.astype(jnp.float16), kernel="quantize_row_bf16_e4m3_up"),
+            "takes bf16",
         ),
     ],
 )

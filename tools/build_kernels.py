@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Compiles every CuTe DSL kernel variant in jax_mxfp8/kernels/registry.py ahead of time (no GPU needed).
+"""Compiles every CuTe DSL kernel variant in jax_mxfp8/kernels/registry/ ahead of time (no GPU needed).
 
-For each arch in registry.ARCHS and each variant: `cute.compile(..., options="--gpu-arch <arch>")`, then
+For each arch in registry.ARCHS and each variant compiled for it (`config.archs`), the kernel object that
+the config names for that arch (`config.make_kernel(arch)`): `cute.compile(..., options="--gpu-arch <arch>")`, then
 `export_to_c` writes <out>/<arch>/<symbol>.h and .o (the .o embeds the cubin; the cubin and PTX are also
 kept under <out>/<arch>/dump/<variant>/). Each arch runs in its own process because the DSL reads
 CUTE_DSL_ARCH at import. Finally it writes the two files the C++ build needs: <out>/kernels_table.inc,
 the self-contained table that csrc/kernels_table.cc includes (the exported headers inlined, plus one
 launch adapter per (variant, arch) with a uniform signature, generated from the headers' tensor
-structs), and <out>/libjmx_kernels.a with every kernel object.
+structs, and one row per (variant, arch) generated from the config alone: name, arch major, op and the
+named integer parameters `config.key`), and <out>/libjmx_kernels.a with every kernel object.
 
 Usage: python tools/build_kernels.py [--out build/kernels] [--arch sm_90a --arch sm_100a] [--jobs 2]
 Needs: nvidia-cutlass-dsl[cu13]==4.8.1 (and jax, for the numerics constants in jax_mxfp8.formats).
@@ -35,19 +37,10 @@ def symbol(config, arch: str) -> str:
 
 
 def compile_arch(arch: str, out: Path, names: list[str] | None) -> None:
-    """Worker: compiles the variants for one arch (runs in a fresh process with CUTE_DSL_ARCH set)."""
+    """Worker: compiles the variants for one arch (runs in a fresh process with CUTE_DSL_ARCH set).
+
+    Each config names the kernel class that builds it on `arch` (registry `KernelConfig.kernels`)."""
     import cutlass.cute as cute
-
-    from jax_mxfp8.kernels.sm90 import attention_fwd, attention_realign, quantize, rms_norm_quantize
-
-    def make_kernel(config):
-        if isinstance(config, registry.AttentionFwdConfig):
-            return attention_fwd.make_kernel(config)
-        if isinstance(config, registry.AttentionRealignConfig):
-            return attention_realign.make_kernel(config)
-        if isinstance(config, registry.RMSNormQuantizeConfig):
-            return rms_norm_quantize.make_kernel(config)
-        return quantize.make_kernel(config)
 
     adir = out / arch
     adir.mkdir(parents=True, exist_ok=True)
@@ -55,11 +48,11 @@ def compile_arch(arch: str, out: Path, names: list[str] | None) -> None:
     for config in registry.VARIANTS:
         if names and config.name not in names:
             continue
-        if arch not in registry.variant_archs(config):
+        if arch not in config.archs:
             continue
         sym = symbol(config, arch)
         t0 = time.time()
-        kern = make_kernel(config)
+        kern = config.make_kernel(arch)
         dump = adir / "dump" / config.name  # kept cubin + PTX, for inspection (cuobjdump -sass)
         dump.mkdir(parents=True, exist_ok=True)
         compiled = cute.compile(
@@ -127,8 +120,21 @@ static cudaError_t launch_{sym}(const jmx::Tensor2D* t, int n, const float* f, i
 """
 
 
+def _table_row(config: registry.KernelConfig, arch: str, sym: str) -> tuple[str, str]:
+    """One kernel table row (csrc/common.h, KernelEntry), from the config alone: its named parameters
+    (`config.key` as {name, value} pairs, a separate array) and the row (name, arch major, op, params,
+    max_cols, launch and load adapters)."""
+    params = ", ".join(f'{{"{k}", {v}}}' for k, v in config.key.items())
+    decl = f"static const jmx::KernelParam kParams_{sym}[] = {{{params}}};"
+    row = (
+        f'    {{"{config.name}", {registry.ARCH_MAJOR[arch]}, "{config.op}", kParams_{sym}, {len(config.key)}, '
+        f"{config.max_cols}, &launch_{sym}, &load_{sym}}},"
+    )
+    return decl, row
+
+
 def write_table(out: Path, archs: list[str]) -> Path:
-    includes, adapters, rows = [], [], []
+    includes, adapters, params, rows, syms = [], [], [], [], []
     for arch in archs:
         meta = json.loads((out / arch / "meta.json").read_text())
         for config in registry.VARIANTS:
@@ -139,52 +145,30 @@ def write_table(out: Path, archs: list[str]) -> Path:
             # inline the exported header so that the table is one self-contained file (Bazel, CMake)
             includes.append(f"// ---- from {arch}/{sym}.h\n" + header.replace("#pragma once", ""))
             adapters.append(_adapter(sym, header))
-            if config.op == "quantize":
-                codes = (
-                    f"jmx::kOpQuantize, {registry.DTYPE_CODE[config.in_dtype]}, "
-                    f"{registry.MODE_CODE[config.mode]}, {registry.DTYPE_CODE[config.elem_dtype]}, "
-                    f"{registry.ROUNDING_CODE[config.scale_rounding]}, {config.tune}"
-                )
-            elif config.op == "rms_norm_quantize":
-                codes = (
-                    f"jmx::kOpRmsNormQuantize, {registry.DTYPE_CODE[config.in_dtype]}, 0, "
-                    f"{registry.DTYPE_CODE[config.elem_dtype]}, {registry.ROUNDING_CODE[config.scale_rounding]}, "
-                    f"{config.tune}"
-                )
-            elif config.op == "attention_fwd":
-                codes = (
-                    f"jmx::kOpAttentionFwd, {config.head_dim}, {int(config.causal)}, {config.p_code}, "
-                    f"{int(config.packed)}, {config.tune}"
-                )
-            elif config.op == "attention_realign":
-                codes = f"jmx::kOpAttentionRealign, {config.head_dim}, {int(config.operand == 'v')}, 0, 0, 0"
-            else:
-                codes = (
-                    f"jmx::kOpDequantize, {registry.DTYPE_CODE[config.elem_dtype]}, "
-                    f"{registry.MODE_CODE[config.block]}, {registry.DTYPE_CODE[config.out_dtype]}, 0, 0"
-                )
-            max_cols = getattr(config, "max_d", 0)
-            rows.append(
-                f'  {{"{config.name}", {registry.ARCH_MAJOR[arch]}, {codes}, {max_cols}, &launch_{sym}, &load_{sym}}},'
-            )
+            syms.append((arch, sym))
+            decl, row = _table_row(config, arch, sym)
+            params.append(decl)
+            rows.append(row)
     text = (
-        "// Generated by tools/build_kernels.py from jax_mxfp8/kernels/registry.py. Do not edit.\n"
+        "// Generated by tools/build_kernels.py from jax_mxfp8/kernels/registry/. Do not edit.\n"
         "// Included once, by csrc/kernels_table.cc, after csrc/common.h.\n"
         "#define CUTE_DSL_CUDA_ERROR_CHECK(err) jmx::RecordDslError(err)\n"
         + "\n".join(includes)
         + "\n"
         + "".join(adapters)
-        + "\nnamespace jmx {\nconst KernelEntry kKernelTable[] = {\n"
+        + "\n"
+        + "\n".join(params)
+        + "\n\nnamespace jmx {\nconst KernelEntry kKernelTable[] = {\n"
         + "\n".join(rows)
         + "\n};\nconst int kKernelTableSize = sizeof(kKernelTable) / sizeof(kKernelTable[0]);\n}  // namespace jmx\n"
     )
     path = out / "kernels_table.inc"
     path.write_text(text)
     # every kernel object in one static archive, next to the table
-    objs = [str(out / arch / f"{symbol(c, arch)}.o") for arch in archs for c in registry.VARIANTS]
+    objs = [str(out / arch / f"{sym}.o") for arch, sym in syms]
     archive = out / "libjmx_kernels.a"
     archive.unlink(missing_ok=True)
-    subprocess.run(["ar", "rcs", str(archive), *[o for o in objs if Path(o).exists()]], check=True)
+    subprocess.run(["ar", "rcs", str(archive), *objs], check=True)
     return path
 
 

@@ -1,1 +1,2 @@
-"""Hopper (sm_90a) CuTe DSL kernels; the memory-bound ones are compiled for sm_100a as well."""
+"""Hopper (sm_90a) CuTe DSL kernels: the wgmma attention kernel and its producer, plus the names of the
+arch-neutral kernels (kernels/common/) that build the other configs on sm_90a (`quantize`)."""

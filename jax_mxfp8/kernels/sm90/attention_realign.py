@@ -1,6 +1,6 @@
 """The attention producer's re-encode + transpose (CuTe DSL), compiled ahead of time for sm_90a.
 
-Supported features (kernels/registry.py, AttentionRealignConfig): head_dim 64 or 128; FP8 E4M3 bytes.
+Supported features (kernels/registry/, AttentionRealignConfig): head_dim 64 or 128; FP8 E4M3 bytes.
   operand "rows" (Q, K):  data  (B, L, N, H) sequence-major (the caller's BTNH layout, square-block MX
                                 elements), viewed (B, L*N*H)
                           shift (B, L/32, N, H/32) int8 per 32x32 block, viewed (B, L/32*N*H/32)

@@ -1,6 +1,6 @@
 """Fused RMSNorm + MX quantize (CuTe DSL), compiled ahead of time for sm_90a and sm_100a.
 
-Supported features (kernels/registry.py, RMSNormQuantizeConfig):
+Supported features (kernels/registry/, RMSNormQuantizeConfig):
   x: 2-D (M, D) row-major bfloat16 or float32 (leading axes flattened into M by the handler), D a
   multiple of 32 and at most max_threads * chunks * V (V = 16 / sizeof(x): 32768 for bf16, 16384 for
   f32 with the defaults); weight: float32 (D,) (viewed as (1, D)); eps: float32 kernel argument.
@@ -201,7 +201,3 @@ class RMSNormQuantize:
                 q = [ptx.quantize4_f32(out, [f] * 4, c.elem_dtype)]
             ptx.st_global(q_addr + Int64(col), q, pred=ok)
             ptx.st_global_u8(s_addr + Int64(col // 32), b, pred=ok & leader)
-
-
-def make_kernel(config: RMSNormQuantizeConfig) -> RMSNormQuantize:
-    return RMSNormQuantize(config)

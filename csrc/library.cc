@@ -1,0 +1,39 @@
+// The library's C ABI besides the FFI handlers: kernel-table introspection, module preloading and the list
+// of FFI targets the library defines. Plain C (no Python), loaded with ctypes by jax_mxfp8's loader and by
+// tests/test_kernel_build.py. Every symbol here is jax_mxfp8_* (csrc/exports.map exports only those).
+#include "common.h"
+
+#pragma GCC visibility push(default)
+
+// Rows of the kernel table: one per (registry variant, arch).
+extern "C" int jax_mxfp8_kernel_count() { return jmx::kKernelTableSize; }
+// The registry variant name of row i (the FFI attribute `kernel`), or NULL out of range.
+extern "C" const char* jax_mxfp8_kernel_name(int i) {
+  return (i >= 0 && i < jmx::kKernelTableSize) ? jmx::kKernelTable[i].name : nullptr;
+}
+// The compute-capability major row i is built for (9 = sm_90a, 10 = sm_100a), or -1 out of range.
+extern "C" int jax_mxfp8_kernel_arch(int i) {
+  return (i >= 0 && i < jmx::kKernelTableSize) ? jmx::kKernelTable[i].arch_major : -1;
+}
+
+// Loads every variant built for `device`'s architecture (call before CUDA-graph capture: a module load
+// inside a captured launch would not be recorded). Returns a cudaError_t code (0 on success); a device
+// of another architecture loads nothing and returns 0.
+extern "C" int jax_mxfp8_preload(int device) {
+  int major = 0;
+  if (jmx::DeviceMajor(device, &major).failure()) return static_cast<int>(cudaErrorInvalidDevice);
+  for (int i = 0; i < jmx::kKernelTableSize; ++i) {
+    if (jmx::kKernelTable[i].arch_major != major) continue;
+    cudaError_t err = jmx::kKernelTable[i].load(device);
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
+  return 0;
+}
+
+// The XLA FFI targets this library defines (each also an exported handler symbol of the same name), so
+// that the Python loader registers exactly what the built library has instead of a hand-kept list.
+extern "C" int jax_mxfp8_ffi_target_count() { return jmx::FfiTargetCount(); }
+// The name of target i, or NULL out of range.
+extern "C" const char* jax_mxfp8_ffi_target_name(int i) { return jmx::FfiTargetName(i); }
+
+#pragma GCC visibility pop

@@ -1,0 +1,126 @@
+"""The ahead-of-time kernel variants: one frozen config per compiled kernel.
+
+Pure Python (no CuTe DSL import), so the primitives layer, the build tool and the tests all read the
+same list. `tools/build_kernels.py` compiles every variant in `VARIANTS` for every arch in its config's
+`archs`, with the kernel class its config names for that arch (`KernelConfig.kernels`), and writes one
+table row per (variant, arch): name, arch, op and the named integer parameters `config.key`. The FFI
+handlers in csrc/ run the variant whose name the caller passes (FFI attribute `kernel` = `config.name`)
+and check the buffers against its parameters, so adding a variant here is the only change needed to ship it.
+
+One module per op family: `quantize` (quantize, dequantize), `rms_norm_quantize`, `attention` (forward and
+realign); `base` holds the config interface and the shared value sets and codes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+from jax_mxfp8.kernels.registry.attention import (
+    ATTENTION_FWD_VARIANTS,
+    ATTENTION_REALIGN_VARIANTS,
+    LOG2_E4M3_MAX,
+    P_CONST_OFFSET,
+    P_OFFSET_MAX,
+    AttentionFwdConfig,
+    AttentionRealignConfig,
+    pv_permutation,
+)
+from jax_mxfp8.kernels.registry.base import (
+    ARCH_MAJOR,
+    ARCHS,
+    DEQUANTIZE_BLOCKS,
+    DTYPE_CODE,
+    ELEM_DTYPES,
+    IN_DTYPES,
+    MODE_CODE,
+    P_SCALE_CODE,
+    P_SCALES,
+    QUANTIZE_MODES,
+    ROUNDING_CODE,
+    SCALE_ROUNDINGS,
+    KernelConfig,
+)
+from jax_mxfp8.kernels.registry.quantize import (
+    DEQUANTIZE_VARIANTS,
+    QUANTIZE_VARIANTS,
+    TUNING_VARIANTS,
+    DequantizeConfig,
+    QuantizeConfig,
+)
+from jax_mxfp8.kernels.registry.rms_norm_quantize import RMS_NORM_QUANTIZE_VARIANTS, RMSNormQuantizeConfig
+
+__all__ = [
+    "ARCHS",
+    "ARCH_MAJOR",
+    "ATTENTION_FWD_VARIANTS",
+    "ATTENTION_REALIGN_VARIANTS",
+    "CONFIG_CLASSES",
+    "DEQUANTIZE_BLOCKS",
+    "DEQUANTIZE_VARIANTS",
+    "DTYPE_CODE",
+    "ELEM_DTYPES",
+    "IN_DTYPES",
+    "LOG2_E4M3_MAX",
+    "MODE_CODE",
+    "P_CONST_OFFSET",
+    "P_OFFSET_MAX",
+    "P_SCALES",
+    "P_SCALE_CODE",
+    "QUANTIZE_MODES",
+    "QUANTIZE_VARIANTS",
+    "RMS_NORM_QUANTIZE_VARIANTS",
+    "ROUNDING_CODE",
+    "SCALE_ROUNDINGS",
+    "TUNING_VARIANTS",
+    "VARIANTS",
+    "AttentionFwdConfig",
+    "AttentionRealignConfig",
+    "DequantizeConfig",
+    "KernelConfig",
+    "QuantizeConfig",
+    "RMSNormQuantizeConfig",
+    "find",
+    "pv_permutation",
+]
+
+VARIANTS: tuple[KernelConfig, ...] = (
+    QUANTIZE_VARIANTS
+    + TUNING_VARIANTS
+    + DEQUANTIZE_VARIANTS
+    + RMS_NORM_QUANTIZE_VARIANTS
+    + ATTENTION_FWD_VARIANTS
+    + ATTENTION_REALIGN_VARIANTS
+)
+"""Every compiled variant, in table order."""
+
+CONFIG_CLASSES: tuple[type[KernelConfig], ...] = (
+    QuantizeConfig,
+    DequantizeConfig,
+    RMSNormQuantizeConfig,
+    AttentionFwdConfig,
+    AttentionRealignConfig,
+)
+
+C = TypeVar("C", bound=KernelConfig)
+
+
+def find(config_cls: type[C], **fields: Any) -> C | None:
+    """The registered variant of `config_cls` with these field values, or None when no kernel covers them.
+
+    Key fields (`config_cls.key_fields`) that are not given take their constructor default, as when building a
+    config, and `tune` defaults to 0: the production variant. Other fields (tuning knobs) may be given as well
+    and must then match. E.g. `find(AttentionFwdConfig, head_dim=128, causal=True)` is the production dense
+    "const" P-scale kernel, `find(QuantizeConfig, tune=1)` the first benchmark tuning of the bf16 row+col kernel.
+    """
+    known = {f.name for f in dataclasses.fields(config_cls)} | {"tune"}  # type: ignore[arg-type]
+    unknown = set(fields) - known
+    if unknown:
+        raise TypeError(f"{config_cls.__name__} has no fields {sorted(unknown)}")
+    want = {**config_cls.key_defaults(), **fields}
+    matches = [
+        v for v in VARIANTS if type(v) is config_cls and all(getattr(v, name) == value for name, value in want.items())
+    ]
+    if len(matches) > 1:  # a registry bug: two variants with one key (tests/test_kernel_build.py guards it)
+        raise LookupError(f"{len(matches)} {config_cls.__name__} variants match {want}: {[v.name for v in matches]}")
+    return matches[0] if matches else None

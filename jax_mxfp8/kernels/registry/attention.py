@@ -1,0 +1,201 @@
+"""Hopper attention variants: the forward kernel (kernels/sm90/attention_fwd.py) and its producer's realign
+kernel (kernels/sm90/attention_realign.py), both sm_90a only (wgmma), plus the numerics constants they share with
+the primitives layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+from jax_mxfp8.kernels.registry.base import (
+    P_SCALE_CODE,
+    P_SCALES,
+    ROUNDING_CODE,
+    SCALE_ROUNDINGS,
+    KernelConfig,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionFwdConfig(KernelConfig):
+    """MXFP8 attention forward (kernels/sm90/attention_fwd.py): one variant per head_dim x causal.
+
+    Attributes:
+      head_dim: 64 or 128.
+      causal: top-left causal masking (query i sees keys j <= i).
+      kv_stage: K/V tiles in flight in shared memory (K and V take one stage each).
+      overlap: issue the next tile's Q K^T wgmma before the current tile's P V and run its softmax while
+        P V is in flight (FA3's intra-warpgroup overlap). False: strictly sequential per warpgroup.
+      pingpong: with overlap, the two consumer warpgroups take turns issuing their wgmmas (named barriers),
+        so that one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores (FA3).
+      p_scale: the contract's AttentionConfig.p_scale. "const": P~ stored as E4M3(256 P~). "block": one
+        power-of-two scale per (query row, 128-key tile), the one the contract's block rule gives for the
+        row-tile's amax (docs/numerics.md "Hopper attention kernel").
+      p_rounding: with p_scale="block", the scale rule: "up" (AttentionConfig.scale_rounding default) or
+        "floor" (implemented, not registered: see ATTENTION_FWD_VARIANTS). Must be "up" (unused) for "const".
+      pv_fp32: each KV tile's O += P V runs on a fresh wgmma accumulator, added to acc_O by float32 FADDs,
+        instead of chaining every tile's wgmma onto acc_O: Hopper's FP8 wgmma accumulates with fewer bits
+        than float32 (DeepSeek-V3 measured ~14), which loses long sums of small addends next to a large one
+        (an attention sink; docs/numerics.md). Costs 64 FADDs (H128) and H/2 registers per thread and tile.
+      poly_exp2: of every 16 softmax exponentials, how many are computed by a degree-3 polynomial on the
+        FMA pipe instead of MUFU.EX2 (FA4's trick: MUFU runs 16 per clock per SM, as many exps per tile as
+        the FP8 wgmmas take clocks); 0 = all on MUFU. Relative error <= 7.8e-5 (E4M3 keeps 2^-4).
+      packed: packed jagged sequences (varlen): one batch row holds every sequence, each starting on a
+        128-row tile, and the grid runs a work list of (sequence, query tile) items instead of the padded
+        (B, Tp) grid.
+      tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
+    """
+
+    op = "attention_fwd"
+    kernels = {"sm_90a": "jax_mxfp8.kernels.sm90.attention_fwd:make_kernel"}  # wgmma: Hopper only
+    key_fields = ("head_dim", "causal", "p_scale", "p_rounding", "packed")
+    codes = {"p_scale": P_SCALE_CODE, "p_rounding": ROUNDING_CODE}
+
+    head_dim: int = 128
+    causal: bool = False
+    kv_stage: int = 4
+    overlap: bool = False
+    pingpong: bool = False
+    p_scale: str = "const"
+    p_rounding: str = "up"
+    pv_fp32: bool = True
+    poly_exp2: int = 0
+    packed: bool = False
+    tune: int = 0
+
+    def __post_init__(self):
+        if self.head_dim not in (64, 128):
+            raise ValueError(f"head_dim={self.head_dim} not in (64, 128)")
+        if not 2 <= self.kv_stage <= 12 or self.kv_stage % 2:
+            raise ValueError(f"kv_stage={self.kv_stage} must be even in [2, 12]")
+        if self.pingpong and not self.overlap:
+            raise ValueError("pingpong needs overlap")
+        if not 0 <= self.poly_exp2 <= 16:
+            raise ValueError(f"poly_exp2={self.poly_exp2} not in [0, 16]")
+        if self.p_scale not in P_SCALES:
+            raise ValueError(f"p_scale={self.p_scale!r} not in {P_SCALES}")
+        if self.p_rounding not in SCALE_ROUNDINGS:
+            raise ValueError(f"p_rounding={self.p_rounding!r} not in {SCALE_ROUNDINGS}")
+        if self.p_scale == "const" and self.p_rounding != "up":
+            raise ValueError("p_rounding only applies to p_scale='block' (leave it 'up' for 'const')")
+
+    @property
+    def name(self) -> str:
+        base = f"attention_fwd_h{self.head_dim}{'_causal' if self.causal else ''}"
+        if self.p_scale == "block":
+            base += "_pblock" if self.p_rounding == "up" else f"_pblock_{self.p_rounding}"
+        if self.packed:
+            base += "_packed"
+        if self.pv_fp32 != (self.head_dim == 64):  # not the production accumulation (see _pv_fp32)
+            base += "_pvfp32" if self.pv_fp32 else "_pvchain"
+        return f"{base}_t{self.tune}" if self.tune else base
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionRealignConfig(KernelConfig):
+    """The attention producer's re-encode + transpose (kernels/sm90/attention_realign.py).
+
+    Attributes:
+      head_dim: 64 or 128.
+      operand: "rows" (Q, K: sequence-major (B, L, N, H) -> head-major (B, N, Lp, H)) or "v" (V ->
+        V'^T (B, K, H, Lp) with the keys of every 32 in pv_permutation order).
+    """
+
+    op = "attention_realign"
+    kernels = {"sm_90a": "jax_mxfp8.kernels.sm90.attention_realign:make_kernel"}  # the Hopper kernel's producer
+    key_fields = ("head_dim", "operand")
+    codes = {"operand": {"rows": 0, "v": 1}}
+
+    head_dim: int = 128
+    operand: str = "rows"
+
+    def __post_init__(self):
+        if self.head_dim not in (64, 128):
+            raise ValueError(f"head_dim={self.head_dim} not in (64, 128)")
+        if self.operand not in ("rows", "v"):
+            raise ValueError(f"operand={self.operand!r} not in ('rows', 'v')")
+
+    @property
+    def name(self) -> str:
+        return f"attention_realign_{self.operand}_h{self.head_dim}"
+
+
+# Production (tune 0): intra-warpgroup overlap (measured 0.79 vs 0.89 ms serial at B4 T4k N16 H128 on the H200,
+# docs/perf-notes.md). Tunings built for benchmarks/attention.py: 1 = serial (no overlap), 2 = overlap +
+# pingpong between the consumer warpgroups, 3 = pingpong with twice the K/V stages, 4 and 5 = polynomial exp2,
+# 6 = the other P V accumulation (pv_fp32).
+def _pv_fp32(head_dim: int) -> bool:
+    """Production P V accumulation: float32 on the CUDA cores at H64; chained on the wgmma accumulator at
+    H128, where the extra 64 registers per thread spill (98 STL/LDL in the consumer; docs/perf-notes.md)."""
+    return head_dim == 64
+
+
+_ATTENTION_FWD_CONST: tuple[AttentionFwdConfig, ...] = (
+    tuple(
+        AttentionFwdConfig(
+            head_dim=h,
+            causal=c,
+            kv_stage=stages * mult,
+            overlap=ov,
+            pingpong=pp,
+            pv_fp32=_pv_fp32(h),
+            tune=tune,
+        )
+        for h, c in itertools.product((64, 128), (False, True))
+        for stages in (8 if h == 64 else 4,)
+        for tune, ov, pp, mult in ((0, True, False, 1), (1, False, False, 1), (2, True, True, 1), (3, True, True, 2))
+        if stages * mult <= 12
+    )
+    + tuple(  # 4, 5: production + 2 / 4 of every 16 softmax exps on the FMA pipe (benchmark only)
+        AttentionFwdConfig(
+            head_dim=h, causal=c, kv_stage=8 if h == 64 else 4, overlap=True, pv_fp32=_pv_fp32(h), poly_exp2=k, tune=t
+        )
+        for h, c in itertools.product((64, 128), (False, True))
+        for t, k in ((4, 2), (5, 4))
+    )
+    + tuple(  # 6: production with the other P V accumulation (benchmark only)
+        AttentionFwdConfig(
+            head_dim=h, causal=c, kv_stage=8 if h == 64 else 4, overlap=True, pv_fp32=not _pv_fp32(h), tune=6
+        )
+        for h, c in itertools.product((64, 128), (False, True))
+    )
+)
+# p_scale="block": the production scheduling of each (head_dim, causal) only (the tunings reorder when work
+# is issued, not the arithmetic), P scale rule "up" only. The kernel implements "floor" too, but one scale
+# per row-tile cannot reproduce that rule's saturation of P elements (a 32-key block whose amax has a
+# mantissa >= 1.75 clips it to 448 * 2^(floor(log2 amax) - 8)): 36.8-40.5 dB from the reference, below the
+# 40 dB gate (docs/numerics.md), so "floor" takes the XLA path.
+# Packed sequences (varlen_attention): the production scheduling with either P scale.
+ATTENTION_FWD_VARIANTS: tuple[AttentionFwdConfig, ...] = _ATTENTION_FWD_CONST + tuple(
+    dataclasses.replace(v, p_scale=p_scale, packed=packed)
+    for v in _ATTENTION_FWD_CONST
+    if v.tune == 0
+    for p_scale, packed in (("block", False), ("const", True), ("block", True))
+)
+ATTENTION_REALIGN_VARIANTS: tuple[AttentionRealignConfig, ...] = tuple(
+    AttentionRealignConfig(head_dim=h, operand=o) for h, o in itertools.product((64, 128), ("rows", "v"))
+)
+
+
+P_CONST_OFFSET = 8
+"""The attention kernel's P units: p_scale="const" stores E4M3(P~ * 2^8); l is always kept in 2^-8 units."""
+P_OFFSET_MAX = 24
+"""p_scale="block": the largest per-(row, tile) P offset (P~ stored as E4M3(P~ * 2^offset)). acc_O is kept in
+the current tile's P units, so its bound grows with 2^offset: 2^24 keeps it below 2^24 * S * 448 * 2^V_SPREAD
+(< 2^128 for S < 2^31); tiles whose max lies below 2^-15 of the row's max get this offset instead of their
+own (their elements below 2^-30 of the row max become E4M3 subnormals; docs/numerics.md)."""
+LOG2_E4M3_MAX = math.log2(448.0)
+"""log2 of E4M3's largest value: the "up" rule's scale for a tile whose max is 2^-d is 2^ceil(-d - log2 448)."""
+
+
+def pv_permutation() -> tuple[int, ...]:
+    """The attention kernel's key order for O += P V: k-slot a = 16h + 4q + i of the 8-bit wgmma A fragment
+    holds key 16h + 8(i // 2) + 2q + (i % 2) of its 32-key chunk (the S accumulator's order, so P needs no
+    shuffles). The producer pass stores V'^T with its keys in this order (kernels/sm90/attention_fwd.py)."""
+    perm = []
+    for a in range(32):
+        h, q, i = a // 16, (a % 16) // 4, a % 4
+        perm.append(16 * h + 8 * (i // 2) + 2 * q + (i % 2))
+    return tuple(perm)
