@@ -171,58 +171,25 @@ namespace ffi = xla::ffi;
 
 #pragma GCC visibility push(default)
 
-namespace {
-// Stream, device and the eight operands (q, k, vt, qs, ks, vs, vi, lens or seqs), shared by all targets.
-auto BindOperands() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()
-      .Ctx<ffi::DeviceOrdinal>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>();
-}
-
-// The results (o, lse) and the attribute (the variant name) of every target, after its extra operands.
-template <typename Binding>
-auto BindResultsAndKernel(Binding binding) {
-  return std::move(binding)
-      .template Ret<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>()
-      .template Attr<std::string_view>("kernel");
-}
-}  // namespace
-
+// Operands of every target: q, k, vt, qs, ks, vs, vi, lens (dense) or seqs + work (packed); the _into test
+// hooks take o and lse as two more operands, aliased to the results. Attribute: the variant name.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd, jmx::AttentionFwdImpl,
-                              BindResultsAndKernel(BindOperands()),
+                              (jmx::BindBuffers<8, 2>().Attr<std::string_view>("kernel")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_fwd);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd_into, jmx::AttentionFwdIntoImpl,
-                              BindResultsAndKernel(BindOperands()
-                                                       .Arg<ffi::AnyBuffer>()  // o (aliased to the first result)
-                                                       .Arg<ffi::AnyBuffer>()  // lse (aliased to the second result)
-                                                   ),
+                              (jmx::BindBuffers<10, 2>().Attr<std::string_view>("kernel")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_fwd_into);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd_packed, jmx::AttentionFwdPackedImpl,
-                              BindResultsAndKernel(BindOperands()
-                                                       .Arg<ffi::AnyBuffer>()  // work (BindOperands' last is seqs)
-                                                   ),
+                              (jmx::BindBuffers<9, 2>().Attr<std::string_view>("kernel")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_fwd_packed);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_fwd_packed_into, jmx::AttentionFwdPackedIntoImpl,
-                              BindResultsAndKernel(BindOperands()
-                                                       .Arg<ffi::AnyBuffer>()  // work
-                                                       .Arg<ffi::AnyBuffer>()  // o (aliased to the first result)
-                                                       .Arg<ffi::AnyBuffer>()  // lse (aliased to the second result)
-                                                   ),
+                              (jmx::BindBuffers<11, 2>().Attr<std::string_view>("kernel")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_fwd_packed_into);
 

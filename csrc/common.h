@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <string_view>
 
 #include "xla/ffi/api/ffi.h"
@@ -123,6 +124,28 @@ const char* FfiTargetName(int i);
 
 #define JMX_REGISTER_FFI_TARGET(symbol) \
   [[maybe_unused]] static const bool jmx_ffi_target_registered_##symbol = (::jmx::RegisterFfiTarget(#symbol), true)
+
+// The binding every handler starts from: XLA's stream and device ordinal, then kArgs AnyBuffer operands and
+// kRets AnyBuffer results (FP8 buffers are AnyBuffer: jaxlib 0.10's FFI headers have no typed F8 buffers).
+// Handlers append their attributes, e.g. BindBuffers<1, 2>().Attr<std::string_view>("kernel").
+template <size_t kArgs, size_t kRets, typename Binding>
+auto AppendBuffers(Binding&& binding) {
+  static_assert(kRets > 0, "every kernel call has a result");
+  // Binding is move-only with a private move constructor: every branch returns a fresh binding.
+  if constexpr (kArgs > 0) {
+    return AppendBuffers<kArgs - 1, kRets>(std::move(binding).template Arg<ffi::AnyBuffer>());
+  } else if constexpr (kRets > 1) {
+    return AppendBuffers<0, kRets - 1>(std::move(binding).template Ret<ffi::AnyBuffer>());
+  } else {
+    return std::move(binding).template Ret<ffi::AnyBuffer>();
+  }
+}
+
+template <size_t kArgs, size_t kRets>
+auto BindBuffers() {
+  return AppendBuffers<kArgs, kRets>(
+      ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::DeviceOrdinal>());
+}
 
 // Returns from the enclosing function when `expr` (an ffi::Error) is a failure.
 #define JMX_RETURN_IF_ERROR(expr)         \

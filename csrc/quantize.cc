@@ -130,37 +130,20 @@ namespace ffi = xla::ffi;
 #pragma GCC visibility push(default)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_quantize_rowcol, jmx::QuantizeRowColImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<std::string_view>("kernel"),
+                              (jmx::BindBuffers<1, 4>()
+                                  .Attr<std::string_view>("kernel")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_quantize_rowcol);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_quantize, jmx::QuantizeImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<std::string_view>("kernel"),
+                              (jmx::BindBuffers<1, 2>()
+                                  .Attr<std::string_view>("kernel")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_quantize);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_dequantize, jmx::DequantizeImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<std::string_view>("kernel"),
+                              (jmx::BindBuffers<2, 1>()
+                                  .Attr<std::string_view>("kernel")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_dequantize);
 

@@ -68,16 +68,9 @@ namespace ffi = xla::ffi;
 #pragma GCC visibility push(default)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_rms_norm_quantize, jmx::RmsNormQuantizeImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
+                              (jmx::BindBuffers<2, 3>()
                                   .Attr<float>("eps")
-                                  .Attr<std::string_view>("kernel"),
+                                  .Attr<std::string_view>("kernel")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_rms_norm_quantize);
 
