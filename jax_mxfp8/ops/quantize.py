@@ -8,11 +8,11 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_mxfp8.formats import MXArray
 from jax_mxfp8.formats import dequantize as ref_dequantize
 from jax_mxfp8.formats import quantize as ref_quantize
-from jax_mxfp8.formats.saturation import check_output_dtype, saturate_wide_input
 from jax_mxfp8.primitives import quantize as quantize_primitive
 
 
@@ -42,9 +42,7 @@ def quantize(
         call's XLA emulation through the same partitioning and batching (any machine; for tests).
 
     The kernel and the reference give bit-identical results (tests/test_quantize_kernels_gpu.py).
-    float64 input has its finite values saturated to float32's range first (formats/saturation.py).
     """
-    x = saturate_wide_input(x)
     if implementation == "xla":
         return ref_quantize(
             x, axis=axis, block=block, dtype=dtype, scale_rounding=scale_rounding, rounding=rounding, rng=rng
@@ -65,11 +63,16 @@ def dequantize(a: MXArray, dtype=jnp.float32, *, implementation: str | None = No
     """Returns element * 2**(scale - 127) in `dtype` (default float32); NaN where the scale is 0xFF.
 
     `implementation` as for `quantize` (the kernels cover row / column / square blocks over the last
-    two axes of rank >= 2 arrays, to float32 / bfloat16); bit-identical either way, except that the
-    reference saturates finite values beyond the output range (formats/saturation.py) and the kernels,
-    for now, do not.
+    two axes of rank >= 2 arrays, to float32 / bfloat16); bit-identical either way. A finite MX value beyond
+    the output dtype's range (possible near float32's maximum under scale_rounding="up") becomes +-inf, in
+    the reference and the kernels alike (docs/numerics.md).
     """
-    dtype = check_output_dtype(dtype)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise ValueError(f"dtype={dtype!r} is not a dtype") from e
+    if not jnp.issubdtype(dt, jnp.floating) or np.dtype(dt).itemsize < 2:
+        raise ValueError(f"dtype={dtype!r}: dequantize outputs float32 (default), bfloat16 or float16")
     if implementation == "xla":
         return ref_dequantize(a, dtype)
     return quantize_primitive.dequantize(a, dtype, implementation=implementation)

@@ -13,8 +13,8 @@ A declaration names everything a kernel call needs and nothing else:
               splits the results. An op whose operands cannot fold (batch_dims=None, or a batched operand
               without a batch axis) maps the op over the axis (`unbatched="map"`) or vmaps the emulation
               (`unbatched="emulation"`).
-  attrs       (static) -> FFI attributes; default {"kernel": static.variant.name}: the registry variant the
-              handler launches (named keys, csrc/common.h FindKernel)
+  attrs       (static) -> FFI attributes; default {"kernel": the registry variant's name} (the static config
+              itself or its `variant` field): the variant the handler launches (csrc/common.h FindKernel)
   cuda        optional (decl, static, *args) -> results, for handlers that take other views of the buffers
               than the op's layout; default: one `jax.ffi.ffi_call` of `target` with `outputs` and `attrs`
 
@@ -126,8 +126,13 @@ def _axes_size(mesh, names) -> int:
     return math.prod(mesh.shape[a] for a in (names if isinstance(names, tuple) else (names,)))
 
 
+def kernel_name(static) -> str:
+    """The registry variant name of a call's static config: the config itself, or its `variant` field."""
+    return getattr(static, "variant", static).name
+
+
 def _default_attrs(static) -> dict:
-    return {"kernel": static.variant.name}
+    return {"kernel": kernel_name(static)}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
