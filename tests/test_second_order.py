@@ -82,7 +82,7 @@ def test_first_order_gradients_are_bit_identical():
         np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
 
     raw_attn = _unguarded(attn_mod._mx_attention, attn_mod.mx_attention_fwd, attn_mod.mx_attention_bwd, (0,))
-    static = attn_mod._Static(
+    static = attn_mod.AttentionStatic(
         config=mx.AttentionConfig(),
         scale=0.125,
         is_causal=True,

@@ -72,7 +72,7 @@ def dequantize(a: MXArray, dtype=jnp.float32, *, implementation: str | None = No
     except TypeError as e:
         raise ValueError(f"dtype={dtype!r} is not a dtype") from e
     if not jnp.issubdtype(dt, jnp.floating) or np.dtype(dt).itemsize < 2:
-        raise ValueError(f"dtype={dtype!r}: dequantize outputs float32 (default), bfloat16 or float16")
+        raise ValueError(f"dtype={dt.name}: dequantize outputs float32 (default), bfloat16 or float16")
     if implementation == "xla":
         return ref_dequantize(a, dtype)
     return quantize_primitive.dequantize(a, dtype, implementation=implementation)
