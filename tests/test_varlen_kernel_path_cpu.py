@@ -58,7 +58,7 @@ def test_packed_kernel_path_equals_dense_kernel_on_padded_batch(case):
     rng = test_rng()
     q, k, v, cu_q, cu_k = packed_inputs(rng, case["lq"], case["lk"], case["n"], case["n_kv"], case["h"])
     got = _run(case, "emulated", q, k, v, cu_q, cu_k)
-    want = dense_kernel_on_padded(case, q, k, v, cu_q, cu_k)
+    want = dense_kernel_on_padded(case, q, k, v, cu_q, cu_k, "emulated")
     assert got.dtype == jnp.bfloat16 and got.shape == q.shape
     assert not np.any(np.isnan(np.asarray(got, np.float32)))
     # The emulation runs emulate_fwd on per-sequence windows of another shape than the padded batch's, and
@@ -115,7 +115,7 @@ def test_packed_kernel_path_equals_dense_kernel_on_padded_batch(case):
 
     ct = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
     g_packed = jax.vjp(lambda *a: _run(case, "emulated", *a, cu_q, cu_k), q, k, v)[1](ct)
-    g_dense = jax.vjp(lambda *a: dense_kernel_on_padded(case, *a, cu_q, cu_k), q, k, v)[1](ct)
+    g_dense = jax.vjp(lambda *a: dense_kernel_on_padded(case, *a, cu_q, cu_k, "emulated"), q, k, v)[1](ct)
     for a, b in zip(g_packed, g_dense, strict=True):
         assert sqnr_db(np.asarray(b, np.float64), np.asarray(a, np.float64)) >= 60.0
 

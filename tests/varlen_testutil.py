@@ -21,9 +21,9 @@ def packed_inputs(rng, lengths_q, lengths_k, n, n_kv, h, slack=5):
     return q, k, v, cu_q, cu_k
 
 
-def dense_kernel_on_padded(case, q, k, v, cu_q, cu_k):
-    """dot_product_attention(implementation="cuda") on the padded batch with lengths, back to packed rows:
-    the route varlen_attention took before the packed kernel."""
+def dense_kernel_on_padded(case, q, k, v, cu_q, cu_k, implementation="cuda"):
+    """dot_product_attention's kernel path (implementation "cuda", or "emulated" on a CPU) on the padded batch
+    with lengths, back to packed rows: the route varlen_attention took before the packed kernel."""
     max_q, max_k = max(case["lq"]), max(case["lk"])
     lq, lk = seq_lengths(cu_q, max_q), seq_lengths(cu_k, max_k)
     pad_q, pad_k = -(-max_q // 32) * 32, -(-max_k // 32) * 32
@@ -34,7 +34,7 @@ def dense_kernel_on_padded(case, q, k, v, cu_q, cu_k):
         is_causal=case["causal"],
         query_seq_lengths=lq,
         key_value_seq_lengths=lk,
-        implementation="cuda",
+        implementation=implementation,
         config=jax_mxfp8.AttentionConfig(p_scale=case.get("p_scale", "const")),
     )
     return to_packed(out, cu_q, lq, q.shape[0])
