@@ -69,8 +69,6 @@ def emulate_packed_fwd(
     hg = ops.q.shape[-1] // 32
     win_q = functools.partial(_sequence_windows, first_tile=qt0, n_tiles=nq)
     win_k = functools.partial(_sequence_windows, first_tile=kt0, n_tiles=nk)
-    q32 = ops.qs.shape[-1]
-    k32 = ops.ks.shape[-1]
     # scale factors: per 32 rows (qs, ks) and per (tile, 32 columns) (vs, vi); windows in tile units
     qs = _sequence_windows(jnp.repeat(ops.qs, 32, axis=-1), qt0, nq, 2)[..., ::32]
     ks = _sequence_windows(jnp.repeat(ops.ks, 32, axis=-1), kt0, nk, 2)[..., ::32]
@@ -82,7 +80,6 @@ def emulate_packed_fwd(
         w = _sequence_windows(per_key, kt0, nk, 2)[:, :, ::TILE_N]
         return jnp.where(w == 0, 1.0, w).reshape(w.shape[0], w.shape[1], -1)
 
-    assert q32 * 32 == ops.q.shape[2] and k32 * 32 == ops.k.shape[2]
     seq_ops = AlignedOperands(
         q=win_q(ops.q, axis=2),
         k=win_k(ops.k, axis=2),

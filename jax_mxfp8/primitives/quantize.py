@@ -129,8 +129,9 @@ DEQUANTIZE = FfiOp(
 
 
 # ------------------------------------------------------------------------------------ kernel coverage
-def _quantize_variant(x, axes_neg, block, dtype, scale_rounding, rounding) -> tuple[object, str | None]:
-    """(registry variant, None) when a kernel covers the arguments, else (None, why not)."""
+def _quantize_variant(x, axes_neg, block, dtype, scale_rounding, rounding, mode=None) -> tuple[object, str | None]:
+    """(registry variant, None) when a kernel covers the arguments, else (None, why not). mode: "rowcol" for
+    the one-pass row+col kernel (its coverage is that of the row blocks), else from (block, axes_neg)."""
     if np.dtype(x.dtype).name not in registry.IN_DTYPES:
         return None, f"the kernels take float32 / bfloat16 input, got {x.dtype}"
     if rounding != "nearest":
@@ -142,7 +143,7 @@ def _quantize_variant(x, axes_neg, block, dtype, scale_rounding, rounding) -> tu
         return None, f"{why}; got block={block!r}, axes={axes_neg}"
     if x.shape[-1] % 32 or x.shape[-2] % 32:
         return None, f"the kernels need the last two dimensions to be multiples of 32, got shape {x.shape}"
-    return _find_quantize(x.dtype, _MODE_OF[(block, axes_neg)], dtype, scale_rounding)
+    return _find_quantize(x.dtype, mode or _MODE_OF[(block, axes_neg)], dtype, scale_rounding)
 
 
 def _find_quantize(in_dtype, mode, dtype, scale_rounding):
@@ -213,9 +214,7 @@ def quantize_rowcol(
     if x.ndim < 2:
         raise ValueError(f"quantize_rowcol needs an array of rank >= 2, got shape {x.shape}")
     check_blockable(x.shape, (x.ndim - 2, x.ndim - 1))
-    variant, why = _quantize_variant(x, (-1,), "row", fmt.dtype, scale_rounding, "nearest")
-    if variant is not None:
-        variant, why = _find_quantize(x.dtype, "rowcol", fmt.dtype, scale_rounding)
+    variant, why = _quantize_variant(x, (-1,), "row", fmt.dtype, scale_rounding, "nearest", mode="rowcol")
     path = _path(implementation, variant, why)
     if path == "xla":
         kw = dict(dtype=dtype, scale_rounding=scale_rounding)
