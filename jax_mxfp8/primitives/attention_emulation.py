@@ -23,6 +23,7 @@ from jax_mxfp8.formats.scales import pow2
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives.attention_layout import TILE_N
 from jax_mxfp8.primitives.attention_operands import AlignedOperands
+from jax_mxfp8.reference.attention_tiling import rounded
 
 
 def p_options(p_scale: str, p_rounding: str) -> tuple[str, str]:
@@ -107,12 +108,16 @@ def emulate_fwd(
         bad = cols[None] >= kv_len[:, None, None]
         if causal:
             bad = bad | (cols > rows)[None]
-        s = jnp.where(bad[:, None, None], -jnp.inf, s)
+        # the kernel rounds each logit once (mul.rn) and both the max and the exponent read that value;
+        # `rounded` keeps XLA from contracting the multiply into the exponent's subtraction
+        s = jnp.where(bad[:, None, None], -jnp.inf, rounded(s))
         tile_max = jnp.max(s, axis=-1)
         m_new = jnp.maximum(m, tile_max)
         m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         off = p_tile_offset(tile_max, m_use, off_prev, p_rounding) if block else off_prev
-        p = jnp.exp2(s - (m_use - off)[..., None])  # P~ in this tile's P units (2^off)
+        # P~ in this tile's P units (2^off): (S - m) <= 0 exactly, 0 at the max, then the integer offset, so
+        # P~ * 2^off <= 2^off whatever the logits' magnitude (S - (m - off) would round m - off)
+        p = jnp.exp2((s - m_use[..., None]) + off[..., None])
         alpha = jnp.exp2(m - m_use)
         if block:
             # l in fixed 2^-8 units; acc_O moves into this tile's P units (exact powers of two)

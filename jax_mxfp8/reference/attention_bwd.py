@@ -96,7 +96,10 @@ def attention_bwd(
     def step(dq_acc, x):
         k_t, v_t, kdq_t, j, mask_t, bias_t = x
         s = tile_logits(q_s, k_t, j, masking, mask_t, bias_t, scale=scale)
-        p = jnp.exp(s - lse_use[..., None])
+        # P <= 1 as softmax probabilities are: S never exceeds the forward's LSE when the forward recomputed
+        # these exact logits, but an LSE from the kernel forward (realigned operands) can sit below S by far
+        # more than 1 where |S| is huge, and exp would overflow to inf (then NaN gradients); NaN stays NaN
+        p = jnp.exp(jnp.minimum(s - lse_use[..., None], 0.0))
         # dV = P^T dO contracts the query axis: block-scaled P is blocked along T here.
         pq = fake_quant_p(p, -2, config.p_scale, config.scale_rounding)
         dv_t = mm("bkgts,bkgth->bksh", pq, do_q)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_mxfp8.formats.decode import decode_elements
+from jax_mxfp8.formats.elements import E4M3
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize, quantize
 from jax_mxfp8.reference.attention_config import HEAD, SEQ, SQUARE
@@ -43,7 +44,10 @@ def fake_quant_p(p: jax.Array, axis: int, p_scale: str, scale_rounding: str) -> 
     "block": row blocks of 32 along `axis` (the GEMM's contracting axis), scale from the block amax.
     """
     if p_scale == "const":
-        y = (p.astype(jnp.float32) * jnp.float32(2.0**P_CONST_LOG2)).astype(jnp.float8_e4m3fn)
+        # satfinite (as the kernel's cvt.rn.satfinite): a P above 1 (the backward's exp(S - LSE) where S
+        # exceeds the forward's LSE by rounding) stays finite instead of casting to NaN; NaN stays NaN
+        y = jnp.minimum(p.astype(jnp.float32) * jnp.float32(2.0**P_CONST_LOG2), jnp.float32(E4M3.max))
+        y = y.astype(jnp.float8_e4m3fn)
         return decode_elements(y) * jnp.float32(2.0**-P_CONST_LOG2)
     a = quantize(p.astype(jnp.float32), axis=axis, block="row", scale_rounding=scale_rounding)
     return dequantize(a, jnp.float32)

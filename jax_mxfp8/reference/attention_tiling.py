@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 
@@ -91,6 +92,24 @@ def tiled(x: jax.Array | None, kv_tile: int) -> jax.Array | None:
     return to_tiles(x, -1, kv_tile)
 
 
+_NEG_MAX = float(-np.finfo(np.float32).max)
+
+
+def rounded(x: jax.Array) -> jax.Array:
+    """x, rounded to float32 once for every consumer: max(x, -float32 max), which is x for any x > -inf.
+
+    XLA fuses the logits' scale multiply (and bias add) into each of its consumers and LLVM may contract
+    it with the consumer's subtraction into a fused multiply-add there (seen on XLA:CPU): exp(S - m) then
+    sees S unrounded while m is the max of the rounded S, so for |S| beyond ~2^24 P~ overshoots 1 by up to
+    e^(ulp(S) / 2) or vanishes (a row of zeros with LSE -inf). No multiply-add contracts through a max, so
+    the running max and the exponent read the same float32 S: the max element gives exp(0) = 1 exactly and
+    every other P~ is <= 1 (float32 subtraction is monotone). (An overflowed -inf logit becomes
+    -float32 max, which exponentiates to 0 all the same; XLA removes optimization barriers and no-op
+    reduce_precisions before fusion on CPU, so neither would do.)
+    """
+    return jnp.maximum(x, jnp.float32(_NEG_MAX))
+
+
 def tile_logits(
     q: jax.Array,
     k_t: jax.Array,
@@ -109,10 +128,10 @@ def tile_logits(
         along S (see `tiled`), else None (then masking.mask / masking.bias are used whole).
     """
     t_len, kt = q.shape[-2], k_t.shape[-2]
-    s = mm("bkgth,bksh->bkgts", q, k_t) * jnp.float32(scale)
+    s = rounded(mm("bkgth,bksh->bkgts", q, k_t) * jnp.float32(scale))
     bias = bias_t if bias_t is not None else masking.bias
     if bias is not None:
-        s = s + bias.astype(jnp.float32)
+        s = rounded(s + bias.astype(jnp.float32))
     rows = jnp.arange(t_len, dtype=jnp.int32)[:, None]
     cols = j * kt + jnp.arange(kt, dtype=jnp.int32)[None, :]
     valid = None

@@ -7,6 +7,7 @@ off the MUFU pipe (attention backward, GEMM epilogues, Blackwell kernels):
   pow2          2^k for an integer-valued float32 k, from the exponent field (exact, no MUFU.EX2)
   exp2_poly     2^x on the FMA pipe (FA4's trick to offload MUFU), relative error <= 7.8e-5
   tree_reduce   balanced-tree reduction of a Python list of DSL values (short dependency chains)
+  softmax_exponent  (acc * c - m) + off with every step rounded (no FMA): the exp2 argument of a softmax
   MIN_NORMAL, ROUND_MAGIC, POLY_EXP2: the constants behind them
 """
 
@@ -17,6 +18,7 @@ from typing import TypeVar
 
 import cutlass.cute as cute
 from cutlass import Float32, Int32
+from cutlass.cute.arch import inline_ptx
 
 T = TypeVar("T")
 
@@ -59,3 +61,19 @@ def pow2(k: Float32) -> Float32:
     """2^k for an integer-valued Float32 k in [-126, 127], built from its exponent bits (F2I, IADD, SHL;
     exact, no MUFU). Outside that range the bits wrap: callers bound k."""
     return ((Int32(k) + 127) << 23).bitcast(Float32)
+
+
+def softmax_exponent(acc: Float32, factor: Float32, m: Float32, offset: Float32) -> Float32:
+    """(round(acc * factor) - m) + offset, three IEEE float32 operations (mul.rn, sub.rn, add.rn: no FMA).
+
+    m must be the running max of round(acc * factor) over the row (the same rounded products): then the
+    difference is exactly 0 at the max and <= 0 elsewhere (rounding is monotone) whatever the logits'
+    magnitude, and the result is <= offset. A fused fma(acc, factor, offset - m) sees the unrounded
+    product instead: for |m| beyond ~2^23 its argument overshoots offset by up to ulp(m) / 2 (P~ > 1) or
+    falls far below it (every P~ of the row 0, the row reads as fully masked); see docs/numerics.md.
+    """
+    return inline_ptx(
+        "{\n.reg .f32 t;\nmul.rn.f32 t, {$r0}, {$r1};\nsub.rn.f32 t, t, {$r2};\nadd.rn.f32 {$w0}, t, {$r3};\n}",
+        write_only_types=[Float32],
+        read_only_args=[acc, factor, m, offset],
+    )

@@ -30,7 +30,9 @@ Outputs:
 
 Numerics, per 32x32 sub-tile of S the exact scale product is 2^(eQ+eK), so
 S = (qs * ks[g]) * (Q' K'^T) with g = the key's 32-group. P~ = exp2(S*log2e - m) is computed as
-ex2(acc * c_g - (m - 8)) = 256 P~ (the contract's constant P scale 2^-8 folded into the max offset) and
+ex2((t - m) + 8) = 256 P~ with t = acc * c_g rounded once (mul.rn; the max m is over the same t, so t - m
+is 0 at the max and <= 0 elsewhere for any logit magnitude; fp32_math.softmax_exponent), the contract's
+constant P scale 2^-8 as the offset, and
 rounded to E4M3 (cvt.rn.satfinite), l sums the float32 values before rounding. PV runs on V' of the tile
 in units of 2^eV[tile, hg]; acc_O is kept in the current tile's units: the per-tile online-softmax rescale
 becomes alpha_row * 2^(eV[j-1,hg] - eV[j,hg]) (exact powers of two). Epilogue: O = acc * 2^eV[last] / l.
@@ -46,7 +48,7 @@ p_scale "block" (config.p_scale): the contract scales P~ per 32-key block along 
 contracting axis, which wgmma cannot do; the kernel re-encodes instead, as for Q and K: ONE power-of-two
 scale s_rt = 2^-off per (query row, KV tile), the one the contract's rule gives for the row-tile's amax
 2^-d, d = m - tile_max ("up": off = floor(d + log2 448); "floor": off = 8 + ceil(d)), capped at
-P_OFFSET_MAX = 24 (acc_O bound). P = ex2(acc * c_g - (m - off)) = P~ * 2^off, cvt.rn.satfinite to E4M3
+P_OFFSET_MAX = 24 (acc_O bound). P = ex2((t - m) + off) = P~ * 2^off, cvt.rn.satfinite to E4M3
 (satfinite: where float rounding of d picks the finer scale, the max lands just above 448 and becomes
 448 * s_rt, the contract's value). Why that is the contract's numerics: every 32-key block's contract
 scale s_b <= s_rt; an element x >= 2^-6 * s_rt is E4M3-normal at both scales, so both round it to 3

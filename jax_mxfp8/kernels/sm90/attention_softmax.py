@@ -16,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from jax_mxfp8.kernels.common.fp32_math import MIN_NORMAL, exp2_poly, pow2, tree_reduce
+from jax_mxfp8.kernels.common.fp32_math import MIN_NORMAL, exp2_poly, pow2, softmax_exponent, tree_reduce
 from jax_mxfp8.kernels.registry import LOG2_E4M3_MAX, P_CONST_OFFSET, P_OFFSET_MAX, AttentionFwdConfig
 from jax_mxfp8.kernels.sm90.attention_mask import AttentionMask
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
@@ -89,15 +89,15 @@ class OnlineSoftmax:
                 m_use = Float32(0.0)
             alpha[v1] = cute.math.exp2(m_old - m_use, fastmath=True)
             if cutlass.const_expr(self.block_p):
-                offset = self.p_offset(m_use, tile_max, p_off[v1])
-                neg_offset = offset - m_use  # P~ * 2^offset = 2^(t - m + offset)
+                offset = self.p_offset(m_use, tile_max, p_off[v1])  # P~ * 2^offset = 2^(t - m + offset)
             else:
-                neg_offset = 8.0 - m_use  # 256 P~ = 2^(t - m + 8)
+                offset = Float32(P_CONST_OFFSET)  # 256 P~ = 2^(t - m + 8)
             ps = []
             for nb in cutlass.range_constexpr(tile_n // 8):
                 for v0 in cutlass.range_constexpr(2):
                     i = v0 + 2 * v1 + 4 * nb
-                    x = cute.math.fma(acc_s[i], kg[nb // 4], neg_offset)
+                    # t = acc * c_g rounded once, as the max saw it: (t - m) + offset <= offset exactly
+                    x = softmax_exponent(acc_s[i], kg[nb // 4], m_use, offset)
                     # config.poly_exp2 of every 16 exponentials on the FMA pipe, the rest on MUFU.EX2
                     if cutlass.const_expr((2 * nb + v0) % 16 < self.config.poly_exp2):
                         p = exp2_poly(x)
