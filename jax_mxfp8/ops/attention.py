@@ -18,6 +18,7 @@ from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
 from jax_mxfp8.ops.checks import check_nonnegative_lengths
+from jax_mxfp8.ops.cotangents import remat_safe
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.ops.quantize import quantize as quantize_op
 from jax_mxfp8.primitives import attention_fwd as attention_kernel
@@ -327,9 +328,12 @@ def mx_attention_bwd(static: AttentionStatic, res, cts):
 
 
 # grad of grad would be silently zero (quantized residuals): raise instead (ops/no_second_order.py)
+# FP8 residuals (the quantized operands) travel as bits: jax.checkpoint would NaN E4M3's top binade
 _mx_attention.defvjp(
-    guard_fwd(mx_attention_fwd, "dot_product_attention", argnums=(1, 2, 3, 4)),
-    guard_bwd(mx_attention_bwd, "dot_product_attention"),
+    *remat_safe(
+        guard_fwd(mx_attention_fwd, "dot_product_attention", argnums=(1, 2, 3, 4)),
+        guard_bwd(mx_attention_bwd, "dot_product_attention"),
+    )
 )
 
 # Eager calls would dispatch the tiled scan op by op; one compiled program per static signature is far

@@ -54,11 +54,14 @@ def _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, confi
         rhs_q3=None if rhs_q is None else prequantized_3d(rhs_q, rhs_l),
     )
     out_shape = lhs_l.dims(lhs_l.batch) + lhs_l.dims(lhs_l.free) + rhs_l.dims(rhs_l.free)
-    return out3.reshape(out_shape).astype(out_dtype), (lhs, rhs, lhs_q, rhs_q, rng)
+    # No MXArray in the residuals: the backward re-quantizes lhs / rhs, and an FP8 residual would be
+    # corrupted under jax.checkpoint (remat inserts reduce_precision(x, finfo(x.dtype)) on every
+    # floating residual, which turns E4M3FN's top binade, 256..448, into NaN: ops/cotangents.py)
+    return out3.reshape(out_shape).astype(out_dtype), (lhs, rhs, rng)
 
 
 def _mx_dot_bwd(dimension_numbers, out_dtype, config, res, g):
-    lhs, rhs, lhs_q, rhs_q, rng = res
+    lhs, rhs, rng = res
     lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
     b, m, n = (
         int(np.prod(d, dtype=np.int64))
@@ -70,7 +73,7 @@ def _mx_dot_bwd(dimension_numbers, out_dtype, config, res, g):
         d_lhs3, d_rhs3 = mx_dot_backward(lhs_l.to_3d(lhs), rhs_l.to_3d(rhs), g.reshape(b, m, n), config, rng)
         d_lhs = lhs_l.from_3d(d_lhs3).astype(lhs.dtype)
         d_rhs = rhs_l.from_3d(d_rhs3).astype(rhs.dtype)
-    return d_lhs, d_rhs, zero_cotangent(lhs_q), zero_cotangent(rhs_q), zero_cotangent(rng)
+    return d_lhs, d_rhs, None, None, zero_cotangent(rng)  # None: zero cotangents for the MXArrays
 
 
 # grad of grad would be silently zero (quantized operands): raise instead (ops/no_second_order.py)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.ops import attention as dense
+from jax_mxfp8.ops.cotangents import remat_safe
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.primitives import attention_fwd as attention_kernel
 from jax_mxfp8.primitives.attention_layout import TILE_M
@@ -150,6 +151,8 @@ def _bwd(st: VarlenStatic, res, do):
     )
 
 
-packed_kernel_attention.defvjp(
-    guard_fwd(_kernel_forward, "varlen_attention", argnums=(1, 2, 3)), guard_bwd(_bwd, "varlen_attention")
+packed_kernel_attention.defvjp(  # FP8 residuals as bits (ops/cotangents.py: remat)
+    *remat_safe(
+        guard_fwd(_kernel_forward, "varlen_attention", argnums=(1, 2, 3)), guard_bwd(_bwd, "varlen_attention")
+    )
 )

@@ -41,6 +41,7 @@ from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
 from jax_mxfp8.ops.attention import check_config, check_qkv_shapes, check_scale
+from jax_mxfp8.ops.cotangents import remat_safe
 from jax_mxfp8.parallel.fsdp import pack_bytes, unpack_bytes
 from jax_mxfp8.reference.attention_bwd import attention_bwd
 from jax_mxfp8.reference.attention_config import AttentionConfig, operand_layouts
@@ -338,7 +339,7 @@ def _ring_bwd(st: _Static, res, cts):
     return dq, dk, dv
 
 
-_ring.defvjp(_ring_fwd, _ring_bwd)
+_ring.defvjp(*remat_safe(_ring_fwd, _ring_bwd))  # FP8 residuals as bits (ops/cotangents.py: remat)
 
 
 @dataclasses.dataclass(frozen=True)
