@@ -14,6 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
 
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
@@ -31,7 +32,7 @@ from jax_mxfp8.ops.attention import (
 from jax_mxfp8.ops.varlen_kernel import VarlenStatic, packed_kernel_attention
 from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.attention_tiling import round_up
-from jax_mxfp8.reference.varlen import seq_lengths, to_packed, to_padded
+from jax_mxfp8.reference.varlen import sanitize_offsets, seq_lengths, to_packed, to_padded
 
 
 def _check_packed(x, name: str):
@@ -76,6 +77,22 @@ def _check_concrete_lengths(cu, max_len: int, total: int, name_cu: str, name_max
         raise ValueError(f"{name_max}={max_len} is smaller than the longest sequence ({int(lengths.max())})")
 
 
+def check_offsets_traced(cu: jax.Array, max_len: int, total: int, name_cu: str, name_max: str) -> None:
+    """The checked mode (check_offsets=True): the concrete checks as jax.experimental.checkify checks, so
+    they also run on traced offsets; the caller wraps the computation in checkify.checkify."""
+    lengths = cu[1:] - cu[:-1]
+    checkify.check(
+        (cu[0] >= 0) & jnp.all(lengths >= 0) & (cu[-1] <= total),
+        f"{name_cu}={{}} must be non-decreasing offsets within [0, {total}]",
+        cu,
+    )
+    checkify.check(
+        jnp.max(lengths) <= max_len,
+        f"{name_max}={max_len} is smaller than the longest sequence ({{}})",
+        jnp.max(lengths),
+    )
+
+
 def _padded(x, cu, lengths, padded_len: int):
     if isinstance(x, MXArray):
         return MXArray(
@@ -100,6 +117,7 @@ def varlen_attention(
     is_causal: bool = False,
     implementation: str | None = None,
     config: AttentionConfig | None = None,
+    check_offsets: bool = False,
 ) -> jax.Array:
     """MXFP8 attention over packed jagged sequences.
 
@@ -112,7 +130,12 @@ def varlen_attention(
     Args:
       q: (T_total_q, N, H) float32/bfloat16/float16, or an MXArray blocked along H only (row, axis -1).
       k, v: (T_total_k, K, H), N a multiple of K; H a multiple of 32 up to 256.
-      cu_seqlens_q, cu_seqlens_k: (B + 1,) int32 non-decreasing offsets (cu[0] is usually 0).
+      cu_seqlens_q, cu_seqlens_k: (B + 1,) int32 non-decreasing offsets within [0, T_total] (cu[0] is
+        usually 0). Concrete offsets are checked (ValueError). Traced offsets (under jit) cannot be: they
+        are clamped to [0, T_total] and made non-decreasing (reference/varlen.py sanitize_offsets: an
+        offset past T_total ends its sequence there, a negative one starts it at row 0, one below its
+        predecessor is raised to it), so rows outside the packed arrays never act as keys or queries and
+        sequences never overlap; valid offsets are unchanged. check_offsets=True checks them instead.
       max_seqlen_q, max_seqlen_k: static Python ints >= every sequence length (checked when the offsets
         are concrete; under jit a longer sequence is truncated to them).
       scale: softmax scale; default 1 / sqrt(H).
@@ -124,6 +147,10 @@ def varlen_attention(
         128-row tile, no padding to max_seqlen); "xla" gathers the sequences into a padded batch with
         lengths and runs the reference.
       config: AttentionConfig (default AttentionConfig()).
+      check_offsets: the checked mode for traced offsets: the checks of concrete offsets become
+        jax.experimental.checkify checks (non-decreasing, within [0, T_total], no sequence longer than
+        max_seqlen). Wrap the computation: `err, out = checkify.checkify(jax.jit(f))(...)`, then
+        `err.throw()`; without checkify.checkify around it, jit refuses to lower the checks.
 
     Returns:
       (T_total_q, N, H) in the inputs' dtype; packed rows outside every sequence are 0.
@@ -141,6 +168,11 @@ def varlen_attention(
     max_q, max_k = _check_max(max_seqlen_q, "max_seqlen_q"), _check_max(max_seqlen_k, "max_seqlen_k")
     _check_concrete_lengths(cu_seqlens_q, max_q, q.shape[0], "cu_seqlens_q", "max_seqlen_q")
     _check_concrete_lengths(cu_seqlens_k, max_k, k.shape[0], "cu_seqlens_k", "max_seqlen_k")
+    if check_offsets:
+        check_offsets_traced(cu_q, max_q, q.shape[0], "cu_seqlens_q", "max_seqlen_q")
+        check_offsets_traced(cu_k, max_k, k.shape[0], "cu_seqlens_k", "max_seqlen_k")
+    # what traced offsets get (the docstring): rows outside [0, T_total) never act, sequences never overlap
+    cu_q, cu_k = sanitize_offsets(cu_q, q.shape[0]), sanitize_offsets(cu_k, k.shape[0])
 
     config = check_config(config, is_causal)
     if q.shape[1] == 0 or k.shape[1] == 0:

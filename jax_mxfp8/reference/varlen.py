@@ -9,6 +9,19 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
+
+
+def sanitize_offsets(cu_seqlens: jax.Array, total: int) -> jax.Array:
+    """(B + 1,) offsets clamped to [0, total] and made non-decreasing (a running maximum), int32.
+
+    What traced offsets get (they cannot be checked at trace time): valid offsets are unchanged; an offset
+    beyond T_total ends its sequence at T_total, a negative one starts it at row 0, and an offset below
+    its predecessor is raised to it (that sequence is empty, the next one starts where the previous ended).
+    So no row outside [0, total) is ever read as a key or query, sequences never overlap and their
+    lengths sum to at most `total` (which the kernel path's aligned layout relies on).
+    """
+    return lax.cummax(jnp.clip(cu_seqlens.astype(jnp.int32), 0, total), axis=0)
 
 
 def seq_lengths(cu_seqlens: jax.Array, max_len: int) -> jax.Array:
