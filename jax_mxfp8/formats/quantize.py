@@ -91,6 +91,34 @@ def _split_shape(shape: Sequence[int], axes: Sequence[int]) -> tuple[tuple[int, 
     return tuple(split), tuple(inner)
 
 
+def _explicit(x: jax.Array):
+    """x's NamedSharding when its mesh has Explicit axes (jax.make_mesh's default), else None."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    axis_types = getattr(getattr(sharding, "mesh", None), "axis_types", ())
+    return sharding if any(t == jax.sharding.AxisType.Explicit for t in axis_types) else None
+
+
+def _split_blocks(x: jax.Array, split: tuple[int, ...], axes: Sequence[int]) -> jax.Array:
+    """x.reshape(split) (every blocked axis n -> (n // 32, 32)). On an Explicit-axis mesh the output
+    sharding must be named: the outer part keeps the axis's sharding, the 32 block elements are local."""
+    sharding = _explicit(x)
+    if sharding is None:
+        return x.reshape(split)
+    spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
+    out = []
+    for i, s in enumerate(spec):
+        out += [s, None] if i in axes else [s]
+    return jnp.reshape(x, split, out_sharding=sharding.update(spec=jax.sharding.PartitionSpec(*out)))
+
+
+def _merge_blocks(y: jax.Array, shape: Sequence[int], like: jax.Array) -> jax.Array:
+    """Inverse of _split_blocks (or dropping the size-1 block axes of a scale): `like`'s sharding."""
+    sharding = _explicit(like)
+    if sharding is None:
+        return y.reshape(shape)
+    return jnp.reshape(y, tuple(shape), out_sharding=sharding)
+
+
 def _check_key(rng) -> None:
     """ValueError naming rng unless it is a typed PRNG key or a legacy uint32 key array."""
     dt = getattr(rng, "dtype", None)
@@ -153,15 +181,15 @@ def quantize(
     check_blockable(x.shape, axes)
 
     split, inner = _split_shape(x.shape, axes)
-    xb = x.astype(jnp.float32).reshape(split)
+    xb = _split_blocks(x.astype(jnp.float32), split, axes)
     finite = jnp.all(jnp.isfinite(xb), axis=inner, keepdims=True)
     amax = jnp.max(jnp.abs(jnp.where(finite, xb, 0.0)), axis=inner, keepdims=True)
     b = jnp.where(finite, scale_bits(amax, fmt, scale_rounding), SCALE_NAN)
     y = jnp.clip(mul_pow2(xb, SCALE_BIAS - jnp.minimum(b, 254)), -fmt.max, fmt.max)
     if rounding == "stochastic":
         y = stochastic_round(y, fmt, rng)
-    data = jnp.where(finite, y, jnp.nan).astype(fmt.dtype).reshape(x.shape)
-    scale = b.astype(jnp.uint8).reshape([d for i, d in enumerate(split) if i not in inner])
+    data = _merge_blocks(jnp.where(finite, y, jnp.nan).astype(fmt.dtype), x.shape, x)
+    scale = _merge_blocks(b.astype(jnp.uint8), [d for i, d in enumerate(split) if i not in inner], x)
     return MXArray(data=data, scale=scale, axes=tuple(a - x.ndim for a in axes), block=block)
 
 
@@ -171,10 +199,10 @@ def dequantize(a: MXArray, dtype=jnp.float32) -> jax.Array:
         raise ValueError(f"a must be an MXArray, got {type(a).__name__}")
     axes = a.positive_axes()
     split, inner = _split_shape(a.shape, axes)
-    scale = jnp.expand_dims(a.scale, [i for i in inner])  # broadcast over each block's 32 (x32) elements
-    scale = scale.reshape([1 if i in inner else d for i, d in enumerate(split)])
-    out = decode_scale(scale, decode_elements(a.data).reshape(split))  # not astype: see formats/decode.py
-    return out.reshape(a.shape).astype(dtype)
+    # broadcast over each block's 32 (x32) elements
+    scale = _split_blocks(a.scale, tuple(1 if i in inner else d for i, d in enumerate(split)), axes)
+    out = decode_scale(scale, _split_blocks(decode_elements(a.data), split, axes))  # not astype: formats/decode.py
+    return _merge_blocks(out, a.shape, a.data).astype(dtype)
 
 
 def fake_quantize(x: jax.Array, **kwargs) -> jax.Array:

@@ -12,13 +12,8 @@ import numpy as np
 from jax_mxfp8.formats import MXArray, dequantize
 from jax_mxfp8.ops.cotangents import zero_cotangent
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
-from jax_mxfp8.reference.gemm import (
-    OperandLayout,
-    mx_dot_backward,
-    mx_dot_forward,
-    operand_layouts,
-    prequantized_3d,
-)
+from jax_mxfp8.reference import gemm_dims
+from jax_mxfp8.reference.gemm import OperandLayout, operand_layouts
 from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 IMPLEMENTATIONS = (None, "xla")
@@ -46,18 +41,12 @@ def _mx_dot(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config):
 
 def _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config):
     lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
-    out3 = mx_dot_forward(
-        lhs_l.to_3d(lhs),
-        rhs_l.to_3d(rhs),
-        config,
-        lhs_q3=None if lhs_q is None else prequantized_3d(lhs_q, lhs_l),
-        rhs_q3=None if rhs_q is None else prequantized_3d(rhs_q, rhs_l),
-    )
-    out_shape = lhs_l.dims(lhs_l.batch) + lhs_l.dims(lhs_l.free) + rhs_l.dims(rhs_l.free)
+    # in the operands' own layout (reference/gemm_dims.py): no flattening of sharded free dimensions
+    out = gemm_dims.forward(lhs, rhs, lhs_l, rhs_l, config, lhs_q=lhs_q, rhs_q=rhs_q)
     # No MXArray in the residuals: the backward re-quantizes lhs / rhs, and an FP8 residual would be
     # corrupted under jax.checkpoint (remat inserts reduce_precision(x, finfo(x.dtype)) on every
     # floating residual, which turns E4M3FN's top binade, 256..448, into NaN: ops/cotangents.py)
-    return out3.reshape(out_shape).astype(out_dtype), (lhs, rhs, rng)
+    return out.astype(out_dtype), (lhs, rhs, rng)
 
 
 def _mx_dot_bwd(dimension_numbers, out_dtype, config, res, g):
@@ -70,9 +59,8 @@ def _mx_dot_bwd(dimension_numbers, out_dtype, config, res, g):
     if 0 in (b, m, n):  # an empty product: zero gradients of the operands' shapes, as lax gives
         d_lhs, d_rhs = jnp.zeros(lhs.shape, lhs.dtype), jnp.zeros(rhs.shape, rhs.dtype)
     else:
-        d_lhs3, d_rhs3 = mx_dot_backward(lhs_l.to_3d(lhs), rhs_l.to_3d(rhs), g.reshape(b, m, n), config, rng)
-        d_lhs = lhs_l.from_3d(d_lhs3).astype(lhs.dtype)
-        d_rhs = rhs_l.from_3d(d_rhs3).astype(rhs.dtype)
+        d_lhs, d_rhs = gemm_dims.backward(lhs, rhs, g, lhs_l, rhs_l, config, rng)
+        d_lhs, d_rhs = d_lhs.astype(lhs.dtype), d_rhs.astype(rhs.dtype)
     return d_lhs, d_rhs, None, None, zero_cotangent(rng)  # None: zero cotangents for the MXArrays
 
 

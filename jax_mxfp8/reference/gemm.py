@@ -141,7 +141,7 @@ def quantized_3d(
         # Only the backward GEMMs contract over M or N, which need not be multiples of 32 (a batch of 8
         # tokens, say). Zero padding makes the last block partial: its scale comes from its valid
         # elements only, and the padded products are exact zeros.
-        x3 = jnp.pad(x3, ((0, 0), (0, 0), (0, -x3.shape[-1] % multiple)))
+        x3 = jnp.pad(x3, [(0, 0)] * (x3.ndim - 1) + [(0, -x3.shape[-1] % multiple)])  # any rank (gemm_dims)
     if config.hadamard_seed is not None:
         x3 = random_hadamard(x3, _hadamard_key(config, purpose), axis=-1, block_size=config.hadamard_block)
     stochastic = grad and config.grad_rounding == "stochastic"
