@@ -19,7 +19,7 @@ from jax_mxfp8.ops.checks import check_rank
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
 from jax_mxfp8.ops.rms_norm_quantize import rms_norm_quantize
 from jax_mxfp8.ops.varlen_attention import varlen_attention
-from jax_mxfp8.parallel.fsdp import gather_quantized
+from jax_mxfp8.parallel.fsdp import fsdp_mx_dot, fsdp_supported, gather_quantized
 from jax_mxfp8.reference.rms_norm import rms_norm
 
 
@@ -47,7 +47,19 @@ def linear(
     check_rank(x, 1, "x")
     out_dtype = dtype or x.dtype
     dn = (((x.ndim - 1,), (0,)), ((), ()))
-    if precision.gemm == "mxfp8":
+    config = precision.dot_config(hadamard_seed)
+    sr = precision.grad_rounding == "stochastic"
+    if precision.gemm == "mxfp8" and gather_sharding is not None and not sr and fsdp_supported(kernel.shape, config):
+        # FSDP: MXFP8 gathers for the forward and the dgrad GEMM (no float32 weight all-gather at all)
+        y = fsdp_mx_dot(
+            x,
+            kernel,
+            gather_sharding,
+            config=config,
+            x_quantized=x_quantized,
+            preferred_element_type=jnp.float32,
+        )
+    elif precision.gemm == "mxfp8":
         y = mx_dot_general(
             x,
             kernel,

@@ -1,19 +1,34 @@
 """FSDP with pre-all-gather shard quantization: gather MXFP8 weights (1 byte + 1/32 byte per element)
-instead of BF16/FP32 ones.
+instead of BF16/FP32 ones, in the forward AND the backward.
 
 Each device quantizes its own shard of the weight along the GEMM's contracting axis (block boundaries
 coincide with shard boundaries when every shard holds a multiple of 32 rows), then the FP8 bytes and the
 E8M0 scales are all-gathered. The result is bit-identical to quantizing the whole weight on one device,
 because row blocks never span two shards.
+
+`fsdp_mx_dot` (used by the Flax layers' gather_sharding) does it for both GEMMs that read the weight: the
+forward gathers W quantized along its contracting axis K, the backward gathers a second MXFP8 copy
+quantized along the dgrad GEMM's contracting axis N (dX = Q(G along N) @ Q(W along N)): blocks along N lie
+inside every shard of an FSDP split along K, so each device quantizes its shard and only bytes move; the
+result is the operand the dgrad would have quantized from the gathered float32 weight, bit for bit. The
+weight gradient needs no gathered weight (dW = Q(G along M)^T Q(X along M)).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from jax_mxfp8.formats import MXArray, quantize
+from jax_mxfp8.formats import BLOCK_SIZE, MXArray, quantize
+from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
+from jax_mxfp8.reference import gemm_dims
+from jax_mxfp8.reference.gemm import operand_layouts
+from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 
 def gather_quantized(
@@ -61,3 +76,69 @@ def unpack_bytes(packed: jax.Array, dtype) -> jax.Array:
         return packed
     as_u8 = lax.bitcast_convert_type(packed, jnp.uint8)  # (..., n / 4, 4)
     return lax.bitcast_convert_type(as_u8.reshape(*packed.shape[:-1], packed.shape[-1] * 4), dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class _FsdpStatic:
+    sharding: jax.sharding.Sharding
+    config: MXDotConfig
+    out_dtype: np.dtype
+
+
+def fsdp_supported(w_shape: tuple[int, ...], config: MXDotConfig) -> bool:
+    """Whether fsdp_mx_dot covers a (D_in, D_out) weight with this config (else gather in the forward only,
+    through mx_dot_general(rhs_quantized=gather_quantized(...)))."""
+    return len(w_shape) == 2 and w_shape[1] % BLOCK_SIZE == 0 and gemm_dims.keeps_dims(config)
+
+
+def fsdp_mx_dot(
+    x: jax.Array,
+    w: jax.Array,
+    sharding: jax.sharding.Sharding,
+    *,
+    config: MXDotConfig | None = None,
+    x_quantized: MXArray | None = None,
+    preferred_element_type=jnp.float32,
+) -> jax.Array:
+    """x @ w over x's last axis with MXFP8 GEMMs, w (D_in, D_out) FSDP-sharded: the forward and the dgrad
+    each all-gather an MXFP8 copy of w (along D_in, along D_out) to `sharding`; no float weight moves.
+
+    x: (..., D_in) float; x_quantized: optional MXArray of x along its last axis (rms_norm_quantize).
+    Same numerics as mx_dot_general(x, w, ((x.ndim - 1,), (0,)), ...) with `config` (whose grad_rounding
+    must be "nearest" and hadamard_seed None: fsdp_supported). Returns (..., D_out) in
+    preferred_element_type.
+    """
+    config = config or MXDotConfig()
+    if not fsdp_supported(w.shape, config):
+        raise ValueError(f"fsdp_mx_dot covers (D_in, D_out % 32 == 0) weights with nearest rounding; got {w.shape}")
+    st = _FsdpStatic(sharding, config, np.dtype(preferred_element_type))
+    return _fsdp_dot(st, x, w, x_quantized)
+
+
+def _layouts(x, w):
+    return operand_layouts(x.shape, w.shape, (((x.ndim - 1,), (0,)), ((), ())))
+
+
+def _gather(st: _FsdpStatic, w: jax.Array, axis: int) -> MXArray:
+    return gather_quantized(w, st.sharding, axis=axis, dtype=st.config.dtype, scale_rounding=st.config.scale_rounding)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fsdp_dot(st: _FsdpStatic, x, w, x_q):
+    return _fsdp_fwd(st, x, w, x_q)[0]
+
+
+def _fsdp_fwd(st: _FsdpStatic, x, w, x_q):
+    lhs_l, rhs_l = _layouts(x, w)
+    out = gemm_dims.forward(x, w, lhs_l, rhs_l, st.config, lhs_q=x_q, rhs_q=_gather(st, w, 0))
+    return out.astype(st.out_dtype), (x, w)  # w stays sharded; the backward gathers MXFP8 again
+
+
+def _fsdp_bwd(st: _FsdpStatic, res, g):
+    x, w = res
+    lhs_l, rhs_l = _layouts(x, w)
+    dx, dw = gemm_dims.backward(x, w, g, lhs_l, rhs_l, st.config, None, rhs_dgrad_q=_gather(st, w, 1))
+    return dx.astype(x.dtype), dw.astype(w.dtype), None
+
+
+_fsdp_dot.defvjp(guard_fwd(_fsdp_fwd, "fsdp_mx_dot", argnums=(1, 2)), guard_bwd(_fsdp_bwd, "fsdp_mx_dot"))
