@@ -37,6 +37,7 @@ from jax_mxfp8.reference.gemm import (
     HIGHEST,
     WGRAD,
     OperandLayout,
+    matmul_3d,
     mx_dot_backward,
     mx_dot_forward,
     operand_dtype,
@@ -83,6 +84,11 @@ def _matmul(a: jax.Array, b: jax.Array, n_contract: int, n_batch: int, out_shard
     ca = tuple(range(a.ndim - n_contract, a.ndim))
     cb = tuple(range(b.ndim - n_contract, b.ndim))
     batch = tuple(range(n_batch))
+    if n_contract == 1 and n_batch <= 1 and a.ndim == b.ndim == n_batch + 2 and out_sharding is None:
+        # a plain (B, M, K) x (B, N, K) GEMM: exactly reference/gemm.matmul_3d (same backend GEMM, same bits)
+        if n_batch == 0:
+            return matmul_3d(a[None], b[None])[0]
+        return matmul_3d(a, b)
     if a.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
         # XLA:CPU runs bf16 x bf16 -> f32 only for plain (B, M, K) GEMMs (YNNPACK); its generic dot thunk
         # refuses it. MX values are exact in float32 too, so the products and sums are the same.
