@@ -152,7 +152,5 @@ def _bwd(st: VarlenStatic, res, do):
 
 
 packed_kernel_attention.defvjp(  # FP8 residuals as bits (ops/cotangents.py: remat)
-    *remat_safe(
-        guard_fwd(_kernel_forward, "varlen_attention", argnums=(1, 2, 3)), guard_bwd(_bwd, "varlen_attention")
-    )
+    *remat_safe(guard_fwd(_kernel_forward, "varlen_attention", argnums=(1, 2, 3)), guard_bwd(_bwd, "varlen_attention"))
 )
