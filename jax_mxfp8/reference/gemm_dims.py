@@ -89,9 +89,10 @@ def _matmul(a: jax.Array, b: jax.Array, n_contract: int, n_batch: int, out_shard
         if n_batch == 0:
             return matmul_3d(a[None], b[None])[0]
         return matmul_3d(a, b)
-    if a.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
-        # XLA:CPU runs bf16 x bf16 -> f32 only for plain (B, M, K) GEMMs (YNNPACK); its generic dot thunk
-        # refuses it. MX values are exact in float32 too, so the products and sums are the same.
+    if a.dtype == jnp.bfloat16 and n_contract > 1 and jax.default_backend() == "cpu":
+        # XLA:CPU's generic dot thunk refuses bf16 x bf16 -> f32 for the weight gradient's contraction over
+        # several free axes (single-axis contractions go to YNNPACK). MX values are exact in float32 too,
+        # so the products are the same (the sums are float32 either way).
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
     precision = HIGHEST if a.dtype == jnp.float32 else None
     return lax.dot_general(
