@@ -20,6 +20,7 @@ from jax_mxfp8.formats.quantize import dequantize
 from jax_mxfp8.ops.checks import check_nonnegative_lengths
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.ops.quantize import quantize as quantize_op
+from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.primitives import attention_fwd as attention_kernel
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives.attention_operands import prepare_sequence_major
@@ -40,7 +41,9 @@ def check_implementation(implementation) -> None:
     impl.check(implementation)
 
 
-def choose_implementation(implementation: str | None, unsupported: str | None = None) -> str:
+def choose_implementation(
+    implementation: str | None, unsupported: str | None = None, op: str = "dot_product_attention"
+) -> str:
     """Resolves `implementation` for one call: "xla", "emulated" or "cuda" (the Hopper kernel).
 
     None picks the kernel when it can run (library built, default backend a compute-capability 9.x GPU)
@@ -49,7 +52,7 @@ def choose_implementation(implementation: str | None, unsupported: str | None = 
     cannot run here and ValueError naming the reason when it does not cover the arguments (the one
     policy of jax_mxfp8.primitives.implementation, which also preloads the kernel modules).
     """
-    return impl.resolve(implementation, unsupported, attention_kernel.ARCHS)
+    return impl.resolve(implementation, unsupported, attention_kernel.ARCHS, op=op)
 
 
 def kernel_unsupported(config, *, head_dim, is_causal, has_bias, has_mask, out_dtype, mx_inputs) -> str | None:
@@ -455,6 +458,7 @@ def output_dtype(operands) -> np.dtype:
 # ---------------------------------------------------------------------------------------------------------
 
 
+@named_op("dot_product_attention")
 def dot_product_attention(
     query: jax.Array | MXArray,
     key: jax.Array | MXArray,

@@ -12,6 +12,7 @@ import numpy as np
 from jax_mxfp8.formats import MXArray, dequantize
 from jax_mxfp8.ops.cotangents import zero_cotangent
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
+from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.reference.gemm import (
     OperandLayout,
     mx_dot_backward,
@@ -77,6 +78,7 @@ def _mx_dot_bwd(dimension_numbers, out_dtype, config, res, g):
 _mx_dot.defvjp(guard_fwd(_mx_dot_fwd, "mx_dot_general", argnums=(0, 1)), guard_bwd(_mx_dot_bwd, "mx_dot_general"))
 
 
+@named_op("mx_dot_general")
 def mx_dot_general(
     lhs: jax.Array | MXArray,
     rhs: jax.Array | MXArray,

@@ -6,9 +6,11 @@ It is loaded once per process with ctypes; every reported target is registered f
 
   load_library() -> ctypes.CDLL | None     load + register once; None (see library_error) if absent/broken
   library_error() -> str | None           why the library is unavailable
+  binding() -> str                        how its FFI targets were found ("ctypes")
   library_path() -> Path
   ffi_targets() -> list[str]              the FFI targets the loaded library defines
   kernel_names() -> list[(name, major)]   every kernel variant in the library and its arch major
+  gpu_present() -> bool                   the default backend is an NVIDIA GPU (any arch)
   gpu_major() -> int | None               compute-capability major of the default backend's first device
   kernels_runnable(archs) -> (ok, why)    library loaded and the GPU's arch among `archs`
   preload()                               load every module onto each local GPU (before CUDA-graph capture)
@@ -74,6 +76,11 @@ def library_error() -> str | None:
     return _lib_error
 
 
+def binding() -> str:
+    """How the loaded library's FFI targets were found: "ctypes" (by-name symbol lookups)."""
+    return "ctypes"
+
+
 def ffi_targets() -> list[str]:
     """The FFI target names the loaded library defines (empty when it is unavailable)."""
     load_library()
@@ -89,6 +96,15 @@ def kernel_names() -> list[tuple[str, int]]:
         (lib.jax_mxfp8_kernel_name(i).decode(), lib.jax_mxfp8_kernel_arch(i))
         for i in range(lib.jax_mxfp8_kernel_count())
     ]
+
+
+def gpu_present() -> bool:
+    """Whether the default backend's first device is an NVIDIA GPU (it has a compute capability)."""
+    try:
+        dev = jax.devices()[0]
+    except RuntimeError:
+        return False
+    return dev.platform == "gpu" and getattr(dev, "compute_capability", None) is not None
 
 
 def gpu_major() -> int | None:
