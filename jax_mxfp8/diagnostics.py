@@ -43,7 +43,9 @@ class LibraryStatus:
     path: str
     loaded: bool
     error: str | None
-    binding: str  # how the FFI targets were found: "ctypes" (or "" when not loaded)
+    binding: str  # how the FFI targets were found: "pybind11 extension" or "ctypes" ("" when not loaded)
+    binding_note: str  # why the extension was not used ("" when it was)
+    build_info: tuple[tuple[str, str], ...]
     targets: tuple[str, ...]
     kernels_per_arch: tuple[tuple[str, int], ...]  # (arch, number of kernel variants built for it)
 
@@ -84,6 +86,8 @@ def library_status() -> LibraryStatus:
         loaded=lib is not None,
         error=library.library_error(),
         binding=library.binding() if lib is not None else "",
+        binding_note=library.extension_note() if lib is not None else "",
+        build_info=tuple(library.build_info().items()),
         targets=tuple(library.ffi_targets()),
         kernels_per_arch=tuple(sorted(counts.items())),
     )
@@ -192,7 +196,11 @@ def report() -> str:
     lines += ["", "kernel library", f"  path               {st.path}"]
     if st.loaded:
         per_arch = ", ".join(f"{n} for {arch}" for arch, n in st.kernels_per_arch) or "none"
-        lines.append(f"  status             loaded ({st.binding}): {len(st.targets)} FFI targets, kernels: {per_arch}")
+        lines.append(f"  status             loaded: {len(st.targets)} FFI targets, kernels: {per_arch}")
+        note = f" ({st.binding_note})" if st.binding_note else ""
+        lines.append(f"  binding            {st.binding}{note}")
+        if st.build_info:
+            lines.append("  built with         " + ", ".join(f"{k} {v}" for k, v in st.build_info))
     else:
         lines.append(f"  status             NOT loaded: {st.error}")
         lines.append(f"  fix                {impl.FIX_LIBRARY}")

@@ -55,7 +55,8 @@ def test_report_on_this_machine():
     if library.load_library() is None:
         assert f"NOT loaded: {library.library_error()}" in text and impl.FIX_LIBRARY in text
     else:
-        assert f"loaded (ctypes): {len(library.ffi_targets())} FFI targets" in text
+        assert f"loaded: {len(library.ffi_targets())} FFI targets" in text
+        assert f"binding            {library.binding()}" in text
         assert "for sm_90a" in text
     if jax.default_backend() == "cpu":
         assert "default backend: cpu" in text and "no NVIDIA GPU" in text

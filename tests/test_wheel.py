@@ -70,8 +70,9 @@ def test_wheel_contents(wheel: Path):
         assert "Root-Is-Purelib: false" in wheel_meta
         tag = wheel.name.removesuffix(".whl").split("-", 2)[2]
         assert f"Tag: {tag}" in wheel_meta and tag.endswith("linux_x86_64")
-        has_ext = any(n.startswith("jax_mxfp8/_lib/_jax_mxfp8_ext") for n in names)
-        assert tag.startswith("py3-none-") != has_ext
+        exts = [n for n in names if n.startswith("jax_mxfp8/_lib/_jax_mxfp8_ext")]
+        assert tag.startswith("py3-none-") != bool(exts)
+        assert len(exts) <= 1  # one Python version per wheel
         # metadata follows pyproject
         metadata = zf.read(f"{dist_info}/METADATA").decode()
         assert f"Name: {meta['name']}\n" in metadata and f"Version: {meta['version']}\n" in metadata
@@ -101,7 +102,7 @@ _PROBE = """
 import json, jax_mxfp8
 from jax_mxfp8.primitives import library
 print(json.dumps({"file": jax_mxfp8.__file__, "lib": str(library.library_path()), "error": library.library_error(),
-                  "targets": library.ffi_targets(), "kernels": library.kernel_names()}))
+                  "targets": library.ffi_targets(), "kernels": library.kernel_names(), "binding": library.binding()}))
 """
 
 
@@ -134,3 +135,34 @@ def test_wheel_installs_and_loads(wheel: Path, tmp_path: Path):
     kernels = [[lib.jax_mxfp8_kernel_name(i).decode(), lib.jax_mxfp8_kernel_arch(i)] for i in range(n_kernels)]
     assert got["targets"] == targets and len(targets) > 0
     assert got["kernels"] == kernels and {a for _, a in kernels} >= {9}
+    with zipfile.ZipFile(wheel) as zf:
+        has_ext = any(n.startswith("jax_mxfp8/_lib/_jax_mxfp8_ext") for n in zf.namelist())
+    assert got["binding"] == ("pybind11 extension" if has_ext else "ctypes")
+
+
+def test_wheel_per_python_version(tmp_path: Path):
+    """--no-extension: py3-none; --python-version X.Y: the cpXY extension alone, or a clear error."""
+    tool = str(ROOT / "tools" / "build_wheel.py")
+    subprocess.run([sys.executable, tool, "--no-build", "--no-extension", "--out", str(tmp_path)], check=True)
+    (plain,) = tmp_path.glob("*.whl")
+    assert plain.name.endswith("-py3-none-linux_x86_64.whl")
+    with zipfile.ZipFile(plain) as zf:
+        assert not any("_jax_mxfp8_ext" in n for n in zf.namelist())
+    for version in ("3.11", "3.12"):
+        ext = _tool().extension_path(python_version=version)
+        out = tmp_path / version
+        run = subprocess.run(
+            [sys.executable, tool, "--no-build", "--python-version", version, "--out", str(out)],
+            capture_output=True,
+            text=True,
+        )
+        if not ext.exists():
+            assert run.returncode != 0 and "is not built" in run.stderr
+            continue
+        assert run.returncode == 0, run.stderr
+        (whl,) = out.glob("*.whl")
+        tag = "cp" + version.replace(".", "")
+        assert whl.name.endswith(f"-{tag}-{tag}-linux_x86_64.whl")
+        with zipfile.ZipFile(whl) as zf:
+            exts = [n for n in zf.namelist() if "_jax_mxfp8_ext" in n]
+        assert exts == [f"jax_mxfp8/_lib/{ext.name}"] and f"cpython-{tag[2:]}" in ext.name

@@ -10,8 +10,10 @@ the wheel (`pip install dist/jax_mxfp8-*.whl`) needs no CUTLASS DSL, no CUDA too
 the library links cudart statically and the kernels are compiled ahead of time for sm_90a and sm_100a.
 
 Tags: `py3-none-linux_x86_64` without the extension (the library serves every Python >= 3.11); with it,
-`cp3X-cp3X-linux_x86_64` for the interpreter the extension was built for (one wheel per Python version;
-run this script once per interpreter). `pip install -e .` stays the CPU / development path.
+`cp3X-cp3X-linux_x86_64` for the Python version it was built for (one wheel per version:
+`--python-version 3.12` packages the 3.12 extension, which `tools/build_library.py --ext-python
+python3.12` builds; default: this interpreter's version). `pip install -e .` stays the CPU / development
+path.
 
 Steps: (1) when jax_mxfp8/_lib has no library, or with --rebuild, run tools/build_library.py with this
 interpreter (which must then be the build venv's, tools/requirements-build.txt); --no-build fails
@@ -19,6 +21,7 @@ instead; (2) write the wheel with the standard library alone (zipfile + RECORD h
 `build` package needed, no network).
 
 Usage: python tools/build_wheel.py [--out dist] [--rebuild | --no-build] [--jobs 2]
+                                   [--python-version 3.X | --no-extension]
 """
 
 from __future__ import annotations
@@ -50,9 +53,17 @@ def project_metadata(pyproject: Path = ROOT / "pyproject.toml") -> dict:
     return tomllib.loads(pyproject.read_text())["project"]
 
 
-def extension_path(lib_dir: Path = LIB_DIR, soabi: str | None = None) -> Path:
-    """Where the pybind11 extension for this interpreter (or `soabi`'s) lives, built or not."""
-    suffix = f".{soabi}.so" if soabi else sysconfig.get_config_var("EXT_SUFFIX")
+def this_python() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def extension_path(lib_dir: Path = LIB_DIR, python_version: str | None = None) -> Path:
+    """Where the pybind11 extension for CPython `python_version` (default: this one) lives, built or not."""
+    if python_version in (None, this_python()):
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    else:
+        major, minor = python_version.split(".")
+        suffix = f".cpython-{major}{minor}-{platform.machine().lower()}-linux-gnu.so"
     return lib_dir / f"{EXT_STEM}{suffix}"
 
 
@@ -63,11 +74,12 @@ def platform_tag() -> str:
     return f"linux_{machine}"
 
 
-def wheel_tag(has_extension: bool) -> str:
-    """py3-none-<plat> for the Python-free library alone; cp3X-cp3X-<plat> when the extension is inside."""
-    if not has_extension:
+def wheel_tag(python_version: str | None) -> str:
+    """py3-none-<plat> for the Python-free library alone (None); cp3X-cp3X-<plat> with the extension for
+    CPython `python_version` inside."""
+    if python_version is None:
         return f"py3-none-{platform_tag()}"
-    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    py = "cp" + python_version.replace(".", "")
     return f"{py}-{py}-{platform_tag()}"
 
 
@@ -92,9 +104,9 @@ def metadata_text(meta: dict, readme: Path = ROOT / "README.md") -> str:
     return text
 
 
-def package_files(lib_dir: Path = LIB_DIR, include_extension: bool = True) -> list[tuple[str, Path]]:
+def package_files(lib_dir: Path = LIB_DIR, python_version: str | None = None) -> list[tuple[str, Path]]:
     """(path in the wheel, path on disk) of every file the wheel carries: the package's .py files, the
-    kernel library and (when built for this interpreter) the pybind11 extension."""
+    kernel library and, with `python_version`, the pybind11 extension built for it (it must exist)."""
     pkg = ROOT / PACKAGE
     files = [
         (p.relative_to(ROOT).as_posix(), p)
@@ -105,8 +117,12 @@ def package_files(lib_dir: Path = LIB_DIR, include_extension: bool = True) -> li
     if not lib.exists():
         raise SystemExit(f"build_wheel: {lib} is not built (run tools/build_library.py, or drop --no-build)")
     files.append((f"{PACKAGE}/_lib/{LIB_NAME}", lib))
-    ext = extension_path(lib_dir)
-    if include_extension and ext.exists():
+    if python_version is not None:
+        ext = extension_path(lib_dir, python_version)
+        if not ext.exists():
+            raise SystemExit(
+                f"build_wheel: {ext} is not built (tools/build_library.py --ext-python python{python_version})"
+            )
         files.append((f"{PACKAGE}/_lib/{ext.name}", ext))
     return files
 
@@ -154,6 +170,9 @@ def main(argv=None) -> int:
     group.add_argument("--rebuild", action="store_true", help="run tools/build_library.py even if built")
     group.add_argument("--no-build", action="store_true", help="only package the library already built")
     ap.add_argument("--jobs", type=int, default=2, help="passed to tools/build_library.py")
+    ext = ap.add_mutually_exclusive_group()
+    ext.add_argument("--python-version", help="CPython X.Y whose pybind11 extension goes in (default: this one's)")
+    ext.add_argument("--no-extension", action="store_true", help="the library alone: a py3-none wheel")
     ap.add_argument("--lib-dir", default=str(LIB_DIR), help=argparse.SUPPRESS)  # tests: another built library
     args = ap.parse_args(argv)
     lib_dir = Path(args.lib_dir).resolve()
@@ -164,9 +183,12 @@ def main(argv=None) -> int:
         rc = subprocess.call(cmd)
         if rc:
             return rc
-    files = package_files(lib_dir)
-    has_ext = any(arc.endswith(".so") and EXT_STEM in arc for arc, _ in files)
-    whl = write_wheel(Path(args.out).resolve(), files, project_metadata(), wheel_tag(has_ext))
+    python_version = None if args.no_extension else (args.python_version or this_python())
+    if python_version is not None and args.python_version is None and not extension_path(lib_dir).exists():
+        print(f"build_wheel: no pybind11 extension for Python {python_version}: packaging the library alone")
+        python_version = None
+    files = package_files(lib_dir, python_version)
+    whl = write_wheel(Path(args.out).resolve(), files, project_metadata(), wheel_tag(python_version))
     print(f"built {whl} ({whl.stat().st_size / 1e6:.1f} MB; {len(files)} files)")
     print(f"install: pip install {whl}")
     return 0
