@@ -72,6 +72,13 @@ def test_recommender_smoke(tmp_path):
         assert 0.0 <= h["eval"][name]["auc"] <= 1.0 and np.isfinite(h["eval"][name]["ne"])
 
 
+def test_recommender_preset_is_the_seed_shape():
+    args = train_recommender.parse_args(["--preset", "h200"])
+    assert (args.users_per_batch, args.min_len, args.max_len) == (64, 512, 16384)
+    assert args.d_model // args.heads == 128
+    assert train_recommender.parse_args(["--preset", "h200", "--steps", "3"]).steps == 3
+
+
 def test_recommender_metrics_against_hand_computed_values():
     labels = np.array([1, 0, 1, 0, 1], np.float32)
     scores = np.array([0.9, 0.1, 0.4, 0.4, 0.8])

@@ -20,7 +20,9 @@ from jax_mxfp8.ops.mx_dot_general import mx_dot_general
 from jax_mxfp8.ops.rms_norm_quantize import rms_norm_quantize
 from jax_mxfp8.ops.varlen_attention import varlen_attention
 from jax_mxfp8.parallel.fsdp import gather_quantized
+from jax_mxfp8.reference.attention_tiling import round_up
 from jax_mxfp8.reference.rms_norm import rms_norm
+from jax_mxfp8.reference.varlen import seq_lengths, to_packed, to_padded
 
 
 def linear(
@@ -148,7 +150,9 @@ def attention(
     return bf16_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal).astype(q.dtype)
 
 
-def bf16_attention(q, k, v, *, bias=None, mask=None, is_causal: bool) -> jax.Array:
+def bf16_attention(
+    q, k, v, *, bias=None, mask=None, is_causal: bool, query_seq_lengths=None, key_value_seq_lengths=None
+) -> jax.Array:
     """jax.nn.dot_product_attention on bf16 q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H) bf16.
 
     On a GPU backend it asks for cuDNN's fused (flash) attention, the BF16 baseline MXFP8 attention is
@@ -157,7 +161,17 @@ def bf16_attention(q, k, v, *, bias=None, mask=None, is_causal: bool) -> jax.Arr
     not cover (jax.nn checks them while tracing: head dim, dtype, bias/mask patterns) fall back to XLA.
     """
     q, k, v = (a.astype(jnp.bfloat16) for a in (q, k, v))
-    call = functools.partial(jax.nn.dot_product_attention, q, k, v, bias=bias, mask=mask, is_causal=is_causal)
+    call = functools.partial(
+        jax.nn.dot_product_attention,
+        q,
+        k,
+        v,
+        bias=bias,
+        mask=mask,
+        is_causal=is_causal,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+    )
     if jax.default_backend() == "gpu":
         try:
             return call(implementation="cudnn")
@@ -179,8 +193,11 @@ def jagged_attention(
 ) -> jax.Array:
     """Attention within packed sequences: q (T_total, N, H), k/v (T_total, K, H) -> (T_total, N, H).
 
-    The BF16 path masks a (T_total x T_total) score matrix by sequence id: fine for examples and tests,
-    quadratic in T_total; the MXFP8 path (varlen_attention) never forms it.
+    The MXFP8 path is varlen_attention (packed rows, no padding). The BF16 path gathers the sequences into
+    a padded batch (B, round_up(max_seqlen, 32), ...) and runs jax.nn.dot_product_attention with
+    query_seq_lengths / key_value_seq_lengths (cuDNN's fused attention on a GPU, see bf16_attention):
+    the strong BF16 baseline, whose cost grows with B * max_seqlen^2, not T_total^2. Sequences longer than
+    max_seqlen are truncated to it on both paths; rows outside every sequence are 0.
     """
     if precision.attention == "mxfp8":
         return varlen_attention(
@@ -194,14 +211,11 @@ def jagged_attention(
             is_causal=is_causal,
             config=config,
         )
-    total = q.shape[0]
-    rows = jnp.arange(total)
-    seq = jnp.searchsorted(cu_seqlens, rows, side="right")
-    valid = rows < cu_seqlens[-1]
-    mask = (seq[:, None] == seq[None, :]) & valid[:, None] & valid[None, :]
-    if is_causal:
-        mask &= rows[:, None] >= rows[None, :]
-    out = jax.nn.dot_product_attention(
-        q[None].astype(jnp.bfloat16), k[None].astype(jnp.bfloat16), v[None].astype(jnp.bfloat16), mask=mask[None, None]
-    )[0]
-    return jnp.where(valid[:, None, None], out, 0).astype(q.dtype)
+    cu = jnp.asarray(cu_seqlens, jnp.int32)
+    lengths = seq_lengths(cu, max_seqlen)
+    padded_len = round_up(max_seqlen, 32)
+    qp, kp, vp = (to_padded(a, cu, lengths, padded_len) for a in (q, k, v))
+    out = bf16_attention(
+        qp, kp, vp, is_causal=is_causal, query_seq_lengths=lengths, key_value_seq_lengths=lengths
+    )  # (B, L, N, H); rows past a sequence's length are dropped by to_packed
+    return to_packed(out, cu, lengths, q.shape[0]).astype(q.dtype)
