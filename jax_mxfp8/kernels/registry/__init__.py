@@ -8,7 +8,7 @@ handlers in csrc/ run the variant whose name the caller passes (FFI attribute `k
 and check the buffers against its parameters, so adding a variant here is the only change needed to ship it.
 
 One module per op family: `quantize` (quantize, dequantize), `rms_norm_quantize`, `attention` (forward and
-realign); `base` holds the config interface and the shared value sets and codes.
+realign), `gemm` (the Hopper MX GEMM); `base` holds the config interface and the shared value sets and codes.
 """
 
 from __future__ import annotations
@@ -41,6 +41,14 @@ from jax_mxfp8.kernels.registry.base import (
     SCALE_ROUNDINGS,
     KernelConfig,
 )
+from jax_mxfp8.kernels.registry.gemm import (
+    GEMM_ALIGN,
+    GEMM_K_TILE,
+    GEMM_OUT_DTYPES,
+    MX_GEMM_TUNINGS,
+    MX_GEMM_VARIANTS,
+    MXGemmConfig,
+)
 from jax_mxfp8.kernels.registry.quantize import (
     DEQUANTIZE_VARIANTS,
     QUANTIZE_VARIANTS,
@@ -60,9 +68,14 @@ __all__ = [
     "DEQUANTIZE_VARIANTS",
     "DTYPE_CODE",
     "ELEM_DTYPES",
+    "GEMM_ALIGN",
+    "GEMM_K_TILE",
+    "GEMM_OUT_DTYPES",
     "IN_DTYPES",
     "LOG2_E4M3_MAX",
     "MODE_CODE",
+    "MX_GEMM_TUNINGS",
+    "MX_GEMM_VARIANTS",
     "P_CONST_OFFSET",
     "P_OFFSET_MAX",
     "P_SCALES",
@@ -78,6 +91,7 @@ __all__ = [
     "AttentionRealignConfig",
     "DequantizeConfig",
     "KernelConfig",
+    "MXGemmConfig",
     "QuantizeConfig",
     "RMSNormQuantizeConfig",
     "find",
@@ -91,6 +105,8 @@ VARIANTS: tuple[KernelConfig, ...] = (
     + RMS_NORM_QUANTIZE_VARIANTS
     + ATTENTION_FWD_VARIANTS
     + ATTENTION_REALIGN_VARIANTS
+    + MX_GEMM_VARIANTS
+    + MX_GEMM_TUNINGS
 )
 """Every compiled variant, in table order."""
 
@@ -100,6 +116,7 @@ CONFIG_CLASSES: tuple[type[KernelConfig], ...] = (
     RMSNormQuantizeConfig,
     AttentionFwdConfig,
     AttentionRealignConfig,
+    MXGemmConfig,
 )
 
 C = TypeVar("C", bound=KernelConfig)
