@@ -1,0 +1,57 @@
+"""Independent float64 NumPy model of align128 (GEMM_INTERFACE.md) and the error study's helpers.
+
+Never imports jax_mxfp8: block exponents are maxed with explicit loops over the 128-runs, elements are
+scaled with np.ldexp in float64 and rounded by mx_oracle's table search (ties to the even code), and the
+float32 scale is built with np.ldexp (gradual underflow: 2^-127 is NumPy's subnormal float32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mx_oracle import Fmt, decode, rne_codes
+
+RUN = 128
+
+
+def align128_oracle(codes: np.ndarray, scale: np.ndarray, fmt: Fmt) -> tuple[np.ndarray, np.ndarray]:
+    """codes (..., R, K) uint8 FP8 codes, scale (..., R, K/32) uint8 (blocks along the last axis) ->
+    (aligned codes (..., R, Kp) uint8, float32 scale (..., Kp/128, R))."""
+    codes = np.asarray(codes, np.uint8)
+    *lead, r, k = codes.shape
+    nb = k // 32
+    kp = -(-k // RUN) * RUN
+    nt = kp // RUN
+    b = np.asarray(scale, np.int64)
+    out = np.zeros((*lead, r, kp), np.uint8)
+    sc = np.zeros((*lead, nt, r), np.float32)
+    vals = decode(codes, fmt)  # float64, NaN for NaN codes
+    for t in range(nt):
+        blocks = range(4 * t, min(4 * t + 4, nb))  # the blocks that exist
+        e = np.max(np.stack([b[..., j] for j in blocks], axis=-1), axis=-1)  # (..., R)
+        with np.errstate(under="ignore"):
+            sc[..., t, :] = np.where(e == 255, np.float32(np.nan), np.ldexp(np.float32(1.0), (np.minimum(e, 254) - 127).astype(int)))
+        for j in blocks:
+            v = vals[..., 32 * j : 32 * j + 32]
+            y = np.ldexp(np.where(np.isnan(v), 0.0, v), (b[..., j] - e)[..., None].astype(int))  # exact
+            c = rne_codes(y, fmt)
+            out[..., 32 * j : 32 * j + 32] = np.where(np.isnan(v), codes[..., 32 * j : 32 * j + 32], c)
+    return out, sc
+
+
+def dequant_aligned(codes: np.ndarray, scale: np.ndarray, fmt: Fmt) -> np.ndarray:
+    """float64 values of aligned (codes (..., R, Kp), scale (..., Kp/128, R))."""
+    vals = decode(np.asarray(codes, np.uint8), fmt)
+    s = np.repeat(np.swapaxes(np.asarray(scale, np.float64), -1, -2), RUN, axis=-1)
+    return vals * s
+
+
+def dequant_mx(codes: np.ndarray, scale: np.ndarray, fmt: Fmt) -> np.ndarray:
+    """float64 values of contract MX (codes (..., R, K), E8M0 scale (..., R, K/32)); NaN for scale 0xFF."""
+    vals = decode(np.asarray(codes, np.uint8), fmt)
+    b = np.repeat(np.asarray(scale, np.int64), 32, axis=-1)
+    return np.where(b == 255, np.nan, vals * np.exp2((b - 127).astype(np.float64)))
+
+
+def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
+    err = np.sum((got - ref) ** 2)
+    return float("inf") if err == 0 else float(10 * np.log10(np.sum(ref**2) / err))
