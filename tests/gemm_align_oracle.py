@@ -29,7 +29,8 @@ def align128_oracle(codes: np.ndarray, scale: np.ndarray, fmt: Fmt) -> tuple[np.
         blocks = range(4 * t, min(4 * t + 4, nb))  # the blocks that exist
         e = np.max(np.stack([b[..., j] for j in blocks], axis=-1), axis=-1)  # (..., R)
         with np.errstate(under="ignore"):
-            sc[..., t, :] = np.where(e == 255, np.float32(np.nan), np.ldexp(np.float32(1.0), (np.minimum(e, 254) - 127).astype(int)))
+            pw = np.ldexp(np.float32(1.0), (np.minimum(e, 254) - 127).astype(int))
+            sc[..., t, :] = np.where(e == 255, np.float32(np.nan), pw)
         for j in blocks:
             v = vals[..., 32 * j : 32 * j + 32]
             y = np.ldexp(np.where(np.isnan(v), 0.0, v), (b[..., j] - e)[..., None].astype(int))  # exact
