@@ -56,3 +56,27 @@ def dequant_mx(codes: np.ndarray, scale: np.ndarray, fmt: Fmt) -> np.ndarray:
 def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
     err = np.sum((got - ref) ** 2)
     return float("inf") if err == 0 else float(10 * np.log10(np.sum(ref**2) / err))
+
+
+def mixed_input(shape, rng: np.random.Generator, spread: int = 40, specials: int = 8) -> np.ndarray:
+    """float32 N(0,1) times 2^e per (row, 32-column block), e in [-spread, spread], plus `specials` zero, NaN,
+    -Inf and huge (2^60) / tiny (2^-60) blocks; no float32 subnormals (inputs may be flushed there)."""
+    *lead, r, k = shape
+    x = rng.standard_normal(shape).astype(np.float32)
+    e = rng.integers(-spread, spread + 1, size=(*lead, r, k // 32, 1))
+    x = (x.reshape(*lead, r, k // 32, 32) * np.exp2(e)).reshape(shape)
+    flat = x.reshape(-1, k)
+    for _ in range(specials):
+        i, c = rng.integers(0, flat.shape[0]), 32 * rng.integers(0, k // 32)
+        kind = rng.integers(0, 5)
+        if kind == 0:
+            flat[i, c : c + 32] = 0.0
+        elif kind == 1:
+            flat[i, c + rng.integers(0, 32)] = np.nan
+        elif kind == 2:
+            flat[i, c + rng.integers(0, 32)] = -np.inf
+        elif kind == 3:
+            flat[i, c : c + 32] *= np.float32(2.0**60)
+        else:
+            flat[i, c : c + 32] *= np.float32(2.0**-60)
+    return np.where(np.abs(x) < 2.0**-126, 0.0, x).astype(np.float32)

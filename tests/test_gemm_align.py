@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from gemm_align_oracle import align128_oracle, dequant_aligned, dequant_mx, sqnr_db
+from gemm_align_oracle import align128_oracle, dequant_aligned, dequant_mx, mixed_input, sqnr_db
 from mx_oracle import fmt_of
 from seeding import test_seed
 
@@ -20,29 +20,6 @@ from jax_mxfp8.formats import quantize
 from jax_mxfp8.reference.gemm_align import align128, error_bound
 
 ELEMS = (jnp.float8_e4m3fn, jnp.float8_e5m2)
-
-
-def mixed_input(shape, rng: np.random.Generator) -> np.ndarray:
-    """N(0,1) times 2^e per 32-column block, e in [-40, 40], plus zero, NaN, Inf and huge/tiny blocks."""
-    *lead, r, k = shape
-    x = rng.standard_normal(shape).astype(np.float32)
-    e = rng.integers(-40, 41, size=(*lead, r, k // 32, 1))
-    x = (x.reshape(*lead, r, k // 32, 32) * np.exp2(e)).reshape(shape)
-    flat = x.reshape(-1, k)
-    for _ in range(8):
-        i, c = rng.integers(0, flat.shape[0]), 32 * rng.integers(0, k // 32)
-        kind = rng.integers(0, 5)
-        if kind == 0:
-            flat[i, c : c + 32] = 0.0
-        elif kind == 1:
-            flat[i, c + rng.integers(0, 32)] = np.nan
-        elif kind == 2:
-            flat[i, c + rng.integers(0, 32)] = -np.inf
-        elif kind == 3:
-            flat[i, c : c + 32] *= np.float32(2.0**60)
-        else:
-            flat[i, c : c + 32] *= np.float32(2.0**-60)
-    return np.where(np.abs(x) < 2.0**-126, 0.0, x).astype(np.float32)
 
 
 def _codes(a) -> np.ndarray:
