@@ -7,8 +7,9 @@ table row per (variant, arch): name, arch, op and the named integer parameters `
 handlers in csrc/ run the variant whose name the caller passes (FFI attribute `kernel` = `config.name`)
 and check the buffers against its parameters, so adding a variant here is the only change needed to ship it.
 
-One module per op family: `quantize` (quantize, dequantize), `rms_norm_quantize`, `attention` (forward and
-realign), `gemm` (the Hopper MX GEMM); `base` holds the config interface and the shared value sets and codes.
+One module per op family: `quantize` (quantize, dequantize), `rms_norm_quantize`, `gemm_operands` (quantize +
+align128 for the Hopper MX GEMM), `gemm` (the Hopper MX GEMM), `attention` (forward and realign); `base` holds
+the config interface and the shared value sets and codes.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from jax_mxfp8.kernels.registry.gemm import (
     MX_GEMM_VARIANTS,
     MXGemmConfig,
 )
+from jax_mxfp8.kernels.registry.gemm_operands import GEMM_OPERANDS_TUNINGS, GEMM_OPERANDS_VARIANTS, GemmOperandsConfig
 from jax_mxfp8.kernels.registry.quantize import (
     DEQUANTIZE_VARIANTS,
     QUANTIZE_VARIANTS,
@@ -71,6 +73,8 @@ __all__ = [
     "GEMM_ALIGN",
     "GEMM_K_TILE",
     "GEMM_OUT_DTYPES",
+    "GEMM_OPERANDS_TUNINGS",
+    "GEMM_OPERANDS_VARIANTS",
     "IN_DTYPES",
     "LOG2_E4M3_MAX",
     "MODE_CODE",
@@ -90,6 +94,7 @@ __all__ = [
     "AttentionFwdConfig",
     "AttentionRealignConfig",
     "DequantizeConfig",
+    "GemmOperandsConfig",
     "KernelConfig",
     "MXGemmConfig",
     "QuantizeConfig",
@@ -103,6 +108,8 @@ VARIANTS: tuple[KernelConfig, ...] = (
     + TUNING_VARIANTS
     + DEQUANTIZE_VARIANTS
     + RMS_NORM_QUANTIZE_VARIANTS
+    + GEMM_OPERANDS_VARIANTS
+    + GEMM_OPERANDS_TUNINGS
     + ATTENTION_FWD_VARIANTS
     + ATTENTION_REALIGN_VARIANTS
     + MX_GEMM_VARIANTS
@@ -114,6 +121,7 @@ CONFIG_CLASSES: tuple[type[KernelConfig], ...] = (
     QuantizeConfig,
     DequantizeConfig,
     RMSNormQuantizeConfig,
+    GemmOperandsConfig,
     AttentionFwdConfig,
     AttentionRealignConfig,
     MXGemmConfig,
