@@ -56,7 +56,7 @@ class OpDecision:
 
     op: str
     call: str  # the typical call, e.g. "quantize(bfloat16[4096,4096], axis=-1)"
-    path: str  # "cuda" (the kernel), "xla" (the reference)
+    path: str  # "cuda" (the kernel), "xla" (the reference), "cudnn" (mx_dot_general on Blackwell)
     reason: str
 
 
@@ -177,8 +177,8 @@ def op_decisions() -> list[OpDecision]:
                 out.append(OpDecision(op, call, "error", f"{type(e).__name__}: {e}"))
                 continue
         mine = [d for d in decisions if d.op == op]
-        if not mine:  # the op never asks: it has no kernel
-            out.append(OpDecision(op, call, "xla", "no CUDA kernel for this op yet: the XLA reference always"))
+        if not mine:  # the op never asked the kernel policy
+            out.append(OpDecision(op, call, "xla", "no implementation decision recorded: the XLA reference"))
             continue
         d = mine[0]
         reason = d.reason or "the CuTe DSL kernel covers the call and runs on this GPU"

@@ -10,9 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mxfp8.formats import MXArray, dequantize
+from jax_mxfp8.ops import mx_dot_kernel
 from jax_mxfp8.ops.cotangents import zero_cotangent
+from jax_mxfp8.ops.mx_dot_blackwell import cudnn_dot_general, cudnn_unsupported
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.ops.scope import named_op
+from jax_mxfp8.primitives import implementation as impl
+from jax_mxfp8.primitives import library
 from jax_mxfp8.reference.gemm import (
     OperandLayout,
     mx_dot_backward,
@@ -22,7 +26,30 @@ from jax_mxfp8.reference.gemm import (
 )
 from jax_mxfp8.reference.gemm_config import MXDotConfig
 
-IMPLEMENTATIONS = (None, "xla")
+IMPLEMENTATIONS = impl.IMPLEMENTATIONS
+
+
+def choose_path(implementation: str | None, kernel_why_not: str | None, cudnn_why_not: str | None) -> str:
+    """The path one call takes: "xla", "emulated", "cuda" (the Hopper MX GEMM kernel) or "cudnn".
+
+    On a compute-capability 10.x GPU (Blackwell), None and "cuda" take jax.nn.scaled_dot_general (cuDNN's
+    block-scaled GEMM, ops/mx_dot_blackwell.py) when it covers the call; None falls back to the XLA
+    reference otherwise, "cuda" raises ValueError with the reason. Elsewhere the one policy of
+    jax_mxfp8.primitives.implementation applies to the Hopper kernel (`kernel_why_not` = why it does not
+    cover the call).
+    """
+    impl.check(implementation)
+    if implementation in (None, "cuda") and library.gpu_major() == 10:
+        if cudnn_why_not is None:
+            impl.note("mx_dot_general", implementation, "cudnn", "Blackwell: jax.nn.scaled_dot_general (cuDNN)")
+            return "cudnn"
+        if implementation == "cuda":
+            raise ValueError(
+                f"implementation='cuda' on a Blackwell GPU runs jax.nn.scaled_dot_general: {cudnn_why_not}"
+            )
+        impl.note("mx_dot_general", implementation, "xla", f"Blackwell: cuDNN does not cover the call: {cudnn_why_not}")
+        return "xla"
+    return impl.resolve(implementation, kernel_why_not, mx_dot_kernel.ARCHS, op="mx_dot_general")
 
 
 def _check_prequantized(name: str, q: MXArray | None, layout: OperandLayout, shape) -> None:
@@ -39,13 +66,18 @@ def _check_prequantized(name: str, q: MXArray | None, layout: OperandLayout, sha
         )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _mx_dot(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config):
-    out, _ = _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _mx_dot(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config, kernel):
+    if kernel is not None:  # the primal alone: only the forward orientations, no residuals
+        return kernel.forward(lhs, rhs, lhs_q, rhs_q, out_dtype, residuals=False)[0]
+    out, _ = _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config, kernel)
     return out
 
 
-def _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config):
+def _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config, kernel):
+    if kernel is not None:
+        out, res = kernel.forward(lhs, rhs, lhs_q, rhs_q, out_dtype, residuals=True)
+        return out, (res, lhs_q, rhs_q, rng)
     lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
     out3 = mx_dot_forward(
         lhs_l.to_3d(lhs),
@@ -55,11 +87,15 @@ def _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, confi
         rhs_q3=None if rhs_q is None else prequantized_3d(rhs_q, rhs_l),
     )
     out_shape = lhs_l.dims(lhs_l.batch) + lhs_l.dims(lhs_l.free) + rhs_l.dims(rhs_l.free)
-    return out3.reshape(out_shape).astype(out_dtype), (lhs, rhs, lhs_q, rhs_q, rng)
+    return out3.reshape(out_shape).astype(out_dtype), ((lhs, rhs), lhs_q, rhs_q, rng)
 
 
-def _mx_dot_bwd(dimension_numbers, out_dtype, config, res, g):
-    lhs, rhs, lhs_q, rhs_q, rng = res
+def _mx_dot_bwd(dimension_numbers, out_dtype, config, kernel, res, g):
+    operands, lhs_q, rhs_q, rng = res
+    zeros = zero_cotangent(lhs_q), zero_cotangent(rhs_q), zero_cotangent(rng)
+    if kernel is not None:
+        return kernel.backward(operands, g) + zeros
+    lhs, rhs = operands
     lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
     b, m, n = (
         int(np.prod(d, dtype=np.int64))
@@ -71,7 +107,7 @@ def _mx_dot_bwd(dimension_numbers, out_dtype, config, res, g):
         d_lhs3, d_rhs3 = mx_dot_backward(lhs_l.to_3d(lhs), rhs_l.to_3d(rhs), g.reshape(b, m, n), config, rng)
         d_lhs = lhs_l.from_3d(d_lhs3).astype(lhs.dtype)
         d_rhs = rhs_l.from_3d(d_rhs3).astype(rhs.dtype)
-    return d_lhs, d_rhs, zero_cotangent(lhs_q), zero_cotangent(rhs_q), zero_cotangent(rng)
+    return (d_lhs, d_rhs) + zeros
 
 
 # grad of grad would be silently zero (quantized operands): raise instead (ops/no_second_order.py)
@@ -115,14 +151,15 @@ def mx_dot_general(
       lhs_quantized, rhs_quantized: optional MXArray forms of lhs / rhs (e.g. from rms_norm_quantize):
         the forward GEMM uses them instead of quantizing again, while the gradient still flows to the
         high-precision lhs / rhs.
-      implementation: None or "xla" (the XLA reference; FFI kernels arrive with the kernel library).
+      implementation: None (default: the fastest path that covers the call), "xla" (the XLA reference),
+        "emulated" (the kernel path with its FFI calls emulated in XLA, any machine) or "cuda" (the Hopper
+        MX GEMM kernel, ops/mx_dot_kernel.py; on Blackwell jax.nn.scaled_dot_general). See choose_path.
       out_sharding: accepted for lax.dot_general compatibility; must be None.
 
     Returns:
       Array of lax.dot_general's output shape: batch dims, lhs free dims, rhs free dims.
     """
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
+    impl.check(implementation)
     if out_sharding is not None:
         raise ValueError("out_sharding is not supported by mx_dot_general; shard the inputs instead")
     del precision
@@ -147,4 +184,22 @@ def mx_dot_general(
     except TypeError as e:
         raise ValueError(f"preferred_element_type={preferred_element_type!r} is not a dtype") from e
     dn = ((lhs_l.contract, rhs_l.contract), (lhs_l.batch, rhs_l.batch))
-    return _mx_dot(lhs, rhs, lhs_quantized, rhs_quantized, rng, dn, out_dtype, config)
+    path = _path(implementation, lhs_l, rhs_l, config, lhs_quantized, rhs_quantized)
+    if path == "cudnn":
+        return cudnn_dot_general(lhs, rhs, dn, out_dtype)
+    kernel = None
+    if path in ("cuda", "emulated"):
+        views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
+        kernel = mx_dot_kernel.KernelDot(*views, np.dtype(lhs.dtype), np.dtype(rhs.dtype), config, path)
+    return _mx_dot(lhs, rhs, lhs_quantized, rhs_quantized, rng, dn, out_dtype, config, kernel)
+
+
+def _path(implementation, lhs_l, rhs_l, config, lhs_q, rhs_q) -> str:
+    if implementation == "xla":
+        return "xla"
+    g, m, k = (int(np.prod(lhs_l.dims(a), dtype=np.int64)) for a in (lhs_l.batch, lhs_l.free, lhs_l.contract))
+    n = int(np.prod(rhs_l.dims(rhs_l.free), dtype=np.int64))
+    views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
+    kernel_why_not = mx_dot_kernel.kernel_unsupported(*views, config, lhs_q=lhs_q, rhs_q=rhs_q)
+    cudnn_why_not = cudnn_unsupported(config, sizes=(g, m, n, k), prequantized=lhs_q is not None or rhs_q is not None)
+    return choose_path(implementation, kernel_why_not, cudnn_why_not)

@@ -70,6 +70,12 @@ def record():
         _recorders.remove(decisions)
 
 
+def note(op: str, implementation: str | None, path: str, reason: str) -> None:
+    """Records a decision an op made outside `resolve` (e.g. cuDNN on Blackwell) for `record()`."""
+    for decisions in _recorders:
+        decisions.append(Decision(op, implementation, path, reason))
+
+
 def _fallback_warning(op: str, archs: tuple[str, ...], unsupported: str | None) -> tuple[str, str] | None:
     """(cause key, message) for a GPU call with implementation=None that runs the reference, or None."""
     if not library.gpu_present():

@@ -25,9 +25,12 @@ CONSUMER_REGISTERS = 240
 REGISTER_FILE = 65536  # 32-bit registers per SM (one CTA per SM)
 
 
-def check_register_budget(num_consumers: int) -> None:
-    """Trace-time check that one producer and num_consumers consumer warpgroups fit the register file."""
-    total = WARPGROUP_THREADS * (PRODUCER_REGISTERS + num_consumers * CONSUMER_REGISTERS)
+def check_register_budget(
+    num_consumers: int, producer: int = PRODUCER_REGISTERS, consumer: int = CONSUMER_REGISTERS
+) -> None:
+    """Trace-time check that one producer warpgroup (`producer` registers per thread) and num_consumers
+    consumer warpgroups (`consumer` each) fit the register file."""
+    total = WARPGROUP_THREADS * (producer + num_consumers * consumer)
     assert total <= REGISTER_FILE, f"setmaxnreg budget {total} > {REGISTER_FILE} registers"
 
 
