@@ -2,8 +2,9 @@
 jax_mxfp8 loads the kernel library inside the wheel and lists its FFI targets and kernels (no GPU needed).
 
 Skips when jax_mxfp8/_lib holds no built library (tools/build_library.py builds it; CI does).
-The install test makes a venv with --system-site-packages (for the jax already installed here) and
-`pip install --no-deps --no-index` the wheel: no network.
+The install test makes a clean venv, points it at the site-packages this interpreter imports jax from (a
+.pth file: works when this interpreter is itself a venv, where --system-site-packages would not see its
+packages) and `pip install --no-deps --no-index` the wheel: no network.
 """
 
 from __future__ import annotations
@@ -106,12 +107,25 @@ print(json.dumps({"file": jax_mxfp8.__file__, "lib": str(library.library_path())
 """
 
 
+def _outer_site_dirs() -> list[str]:
+    """The site-packages directories of this interpreter (where jax and its dependencies are)."""
+    import jax
+
+    dirs = [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir()]
+    jax_dir = str(Path(jax.__file__).resolve().parent.parent)
+    return dirs if jax_dir in dirs else [*dirs, jax_dir]
+
+
 def test_wheel_installs_and_loads(wheel: Path, tmp_path: Path):
-    """A clean venv (jax from the system site-packages), the wheel alone: the library inside it loads."""
+    """A clean venv (jax from this interpreter's site-packages), the wheel alone: the library inside loads."""
     venv = tmp_path / "venv"
     env = _clean_env()
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, env=env)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
     python = venv / "bin" / "python"
+    site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    # appended after the venv's own site-packages, so the installed wheel wins; .pth files in these
+    # folders (an editable install's finder) are not processed
+    (site / "_outer_site.pth").write_text("".join(d + "\n" for d in _outer_site_dirs()))
     subprocess.run(
         [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--disable-pip-version-check", wheel],
         check=True,
@@ -121,7 +135,6 @@ def test_wheel_installs_and_loads(wheel: Path, tmp_path: Path):
         [python, "-c", _PROBE], check=True, env=env, cwd=tmp_path, capture_output=True, text=True
     ).stdout
     got = json.loads(out.strip().splitlines()[-1])
-    site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     assert Path(got["file"]).is_relative_to(site), got["file"]  # the installed copy, not the source tree
     assert Path(got["lib"]).is_relative_to(site) and got["error"] is None, got
     # the same targets and kernel table as the library in the source tree (read with ctypes, no jax)
