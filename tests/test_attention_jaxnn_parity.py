@@ -7,8 +7,9 @@ difference.
 
 Tolerance: jax's own tests compare cuDNN to XLA at atol/rtol 0.01-0.02. MXFP8 quantizes Q, K, V, P (and
 dO, dS in the backward) to E4M3 (3 mantissa bits), so elementwise tolerances that tight do not apply; each
-array is compared by its relative error ||ours - ref|| / ||ref|| (MEASURED below, bound about 2x the
-largest seen over these cases).
+array is compared by its relative error ||ours - ref|| / ||ref|| (MAX_REL below). jax's test matrix is
+thinned (dtype x groups x vmap combinations that repeat a covered path are left out); the cases marked
+slow run in CI too.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import pytest
 import jax_mxfp8 as mx
 
 B, T, S, N, H = 2, 128, 128, 4, 32
-MAX_REL = {"out": 0.08, "dq": 0.15, "dk": 0.15, "dv": 0.08, "dbias": 0.15}
-"""Relative-error bounds; the largest measured over these cases: MEASURED."""
+MAX_REL = {"out": 0.08, "dq": 0.11, "dk": 0.11, "dv": 0.09, "dbias": 0.09}
+"""Relative-error bounds, ~1.5x the largest measured over all these cases (jax 0.10.2, CPU): out 0.054,
+dq 0.072, dk 0.070, dv 0.057, dbias 0.055 (smallest: out 0.039, dq 0.053). A wrong mask, window or bias
+gives errors of order 1."""
 
 
 def _rel(ours, ref) -> float:
@@ -63,9 +66,6 @@ def _fwd_bwd(fn, args, do, n_grads):
         pytest.param(jnp.bfloat16, 1, False, marks=pytest.mark.slow),
         (jnp.float16, 2, True),
         pytest.param(jnp.bfloat16, 4, True, marks=pytest.mark.slow),
-        pytest.param(jnp.float16, 1, False, marks=pytest.mark.slow),
-        pytest.param(jnp.bfloat16, 2, False, marks=pytest.mark.slow),
-        pytest.param(jnp.float16, 4, False, marks=pytest.mark.slow),
     ],
 )
 def test_gqa_and_vmap(dtype, groups, use_vmap):
@@ -135,7 +135,7 @@ def test_mask_modes(mode):
 # -------------------------------------------------------------- testDotProductAttentionBiasGradient cases
 @pytest.mark.parametrize(
     "batch,use_vmap",
-    [(1, False), pytest.param(1, True, marks=pytest.mark.slow), pytest.param(16, False, marks=pytest.mark.slow)],
+    [(1, False), pytest.param(16, True, marks=pytest.mark.slow)],
 )
 def test_bias_gradient(batch, use_vmap):
     ks = jax.random.split(jax.random.key(0), 2)
@@ -161,8 +161,8 @@ def test_bias_gradient(batch, use_vmap):
     [
         ((3, 2), False),
         ((16, 0), True),
-        pytest.param(5, False, marks=pytest.mark.slow),
-        pytest.param((0, 7), False, marks=pytest.mark.slow),
+        (5, False),
+        ((0, 7), False),
     ],
 )
 def test_local_window_size(window, is_causal):
