@@ -33,6 +33,8 @@ class MXGemmConfig(KernelConfig):
       stages: shared-memory ring depth (A, B, sa, sb of one 128-K tile per stage).
       overlap: two temporary accumulators, so that the wgmmas of K tile kt + 1 run while the CUDA cores
         promote K tile kt (False: each K tile waits for its wgmmas, then promotes).
+      cluster_m: CTAs per cluster along M (1 or 2); with 2, the pair shares each B tile: each CTA loads
+        half of it by TMA multicast into both (halves B's L2 -> SM traffic).
       group_m: rasterization: consecutive work tiles walk group_m M tiles before the next N tile (L2 reuse).
       max_ctas: persistent grid size bound (the H200's 132 SMs: one CTA per SM).
       tune: 0 for the production variant of its key; > 0 for tunings built only for benchmarks.
@@ -51,6 +53,7 @@ class MXGemmConfig(KernelConfig):
     tile_n: int = 128
     stages: int = 6
     overlap: bool = False
+    cluster_m: int = 1
     group_m: int = 8
     max_ctas: int = 132
     tune: int = 0
@@ -67,6 +70,8 @@ class MXGemmConfig(KernelConfig):
             raise ValueError(f"tile_n={self.tile_n} not in (128, 192)")
         if not 2 <= self.stages <= 8:
             raise ValueError(f"stages={self.stages} not in [2, 8]")
+        if self.cluster_m not in (1, 2):
+            raise ValueError(f"cluster_m={self.cluster_m} not in (1, 2)")
         if self.group_m < 1 or self.max_ctas < 1:
             raise ValueError("group_m and max_ctas must be >= 1")
         if self.smem_bytes > 227 * 1024:
@@ -97,5 +102,8 @@ MX_GEMM_TUNINGS: tuple[MXGemmConfig, ...] = (
     MXGemmConfig(tile_n=128, stages=6, overlap=True, tune=1),
     MXGemmConfig(tile_n=192, stages=5, overlap=False, tune=2),
     MXGemmConfig(tile_n=128, stages=6, overlap=False, group_m=16, tune=3),
+    MXGemmConfig(tile_n=128, stages=6, overlap=False, cluster_m=2, tune=4),
+    MXGemmConfig(tile_n=192, stages=5, overlap=False, cluster_m=2, tune=5),
+    MXGemmConfig(tile_n=128, stages=6, overlap=True, cluster_m=2, tune=6),
 )
 """Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py)."""

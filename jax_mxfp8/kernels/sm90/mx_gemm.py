@@ -42,6 +42,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
@@ -79,7 +80,8 @@ class MXGemmSm90:
         self.threads = ws.WARPGROUP_THREADS * (1 + NUM_CONSUMERS)
         # bytes one stage receives: A, B (1 byte per element), sa, sb (float32)
         self.tx_bytes = self.tm * BK + self.tn * BK + 4 * (self.tm + self.tn)
-        self.sched = GemmTileScheduler(self.tm, self.tn, config.group_m, config.max_ctas)
+        self.cm = config.cluster_m
+        self.sched = GemmTileScheduler(self.tm, self.tn, config.group_m, config.max_ctas, self.cm)
         ws.check_register_budget(NUM_CONSUMERS, PRODUCER_REGISTERS, CONSUMER_REGISTERS)
 
     # ------------------------------------------------------------------------------------------------
@@ -149,7 +151,13 @@ class MXGemmSm90:
         g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
         one = lambda layout: cute.slice_(layout, (None, None, 0))  # noqa: E731
         tma_a, ta = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, a, one(a_smem), (self.tm, BK))
-        tma_b, tb = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, b, one(b_smem), (self.tn, BK))
+        if cutlass.const_expr(self.cm > 1):  # each CTA of the pair loads half of B into both
+            mcast = cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
+            tma_b, tb = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                mcast, b, one(b_smem), (self.tn, BK), num_multicast=self.cm
+            )
+        else:
+            tma_b, tb = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, b, one(b_smem), (self.tn, BK))
         tma_sa, tsa = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, sa, one(sa_smem), (self.tm, 1))
         tma_sb, tsb = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, sb, one(sb_smem), (self.tn, 1))
 
@@ -169,6 +177,7 @@ class MXGemmSm90:
         ).launch(
             grid=[self.sched.grid(total), 1, 1],
             block=[self.threads, 1, 1],
+            cluster=[self.cm, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
         )  # fmt: skip
@@ -210,63 +219,81 @@ class MXGemmSm90:
         storage = smem.allocate(self.shared_storage)
         # every consumer warp releases every stage (both warpgroups read the same B tile)
         pipe = ws.make_tma_pipeline(
-            storage.mbar.data_ptr(), self.stages, ws.WARPGROUP_WARPS * NUM_CONSUMERS, self.tx_bytes
+            storage.mbar.data_ptr(), self.stages, ws.WARPGROUP_WARPS * NUM_CONSUMERS, self.tx_bytes, self.cm
         )
         sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
         sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
         sSA = storage.sSA.get_tensor(sa_smem)
         sSB = storage.sSB.get_tensor(sb_smem)
 
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        rank = Int32(0)
+        if cutlass.const_expr(self.cm > 1):
+            # every CTA's barriers must be initialized before its peer's multicast can arrive on them
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            pipeline.pipeline_init_arrive(cluster_shape_mn=(self.cm, 1), is_relaxed=True)
+            pipeline.pipeline_init_wait(cluster_shape_mn=(self.cm, 1))
+        else:
+            cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()
 
         if wg == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp == 0:
                 self._produce(tma_a, mA, sA, tma_b, mB, sB, tma_sa, mSA, sSA, tma_sb, mSB, sSB, pipe,
-                              m_tiles, n_tiles, total, k_tiles)  # fmt: skip
+                              m_tiles, n_tiles, total, k_tiles, rank)  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
             self._consume(sA, sB, sSA, sSB, pipe, mBias, mC, m_tiles, n_tiles, total, k_tiles,
-                          tidx - ws.WARPGROUP_THREADS)  # fmt: skip
+                          tidx - ws.WARPGROUP_THREADS, rank)  # fmt: skip
 
     @cute.jit
     def _produce(self, tma_a, mA, sA, tma_b, mB, sB, tma_sa, mSA, sSA, tma_sb, mSB, sSB, pipe,
-                 m_tiles, n_tiles, total, k_tiles):  # fmt: skip
-        """Producer warp: A, B, sa, sb of every K tile of this CTA's work tiles, in consumption order."""
+                 m_tiles, n_tiles, total, k_tiles, rank):  # fmt: skip
+        """Producer warp: A, B, sa, sb of every K tile of this CTA's work tiles, in consumption order (with
+        cluster_m = 2: this CTA's half of B, multicast into both CTAs of the pair)."""
 
-        def part(atom, s_tensor, g_tensor, tile):
+        def part(atom, s_tensor, g_tensor, tile, cta=0, ctas=1):
             return cute.nvgpu.cpasync.tma_partition(
                 atom,
-                0,
-                cute.make_layout(1),
+                cta,
+                cute.make_layout(ctas),
                 cute.group_modes(s_tensor, 0, 2),
                 cute.group_modes(cute.flat_divide(g_tensor, tile), 0, 2),
             )
 
         tAsA, tAgA = part(tma_a, sA, mA, (self.tm, BK))
-        tBsB, tBgB = part(tma_b, sB, mB, (self.tn, BK))
+        tBsB, tBgB = part(tma_b, sB, mB, (self.tn, BK), rank, self.cm)
+        b_mask = None
+        if cutlass.const_expr(self.cm > 1):
+            cta_layout = cute.make_layout((self.cm, 1, 1))
+            b_mask = cute.make_layout_image_mask(cta_layout, cta_layout.get_flat_coord(rank), mode=0)
         tSsA, tSgA = part(tma_sa, sSA, mSA, (self.tm, 1))
         tSsB, tSgB = part(tma_sb, sSB, mSB, (self.tn, 1))
         prod = pipe.make_producer()
-        bx, _, _ = cute.arch.block_idx()
-        gx, _, _ = cute.arch.grid_dim()
-        for t in cutlass.range(bx, total, gx, unroll=1):
-            w = self.sched.work_tile(t, m_tiles, n_tiles)
+        first, step = self._cluster_range()
+        for t in cutlass.range(first, total, step, unroll=1):
+            w = self.sched.work_tile(t, m_tiles, n_tiles, rank)
             for kt in cutlass.range(k_tiles, unroll=1):
                 h = prod.acquire_and_advance()
                 cute.copy(tma_a, tAgA[(None, w.m_tile, kt, w.g)], tAsA[(None, h.index)], tma_bar_ptr=h.barrier)
-                cute.copy(tma_b, tBgB[(None, w.n_tile, kt, w.g)], tBsB[(None, h.index)], tma_bar_ptr=h.barrier)
+                cute.copy(tma_b, tBgB[(None, w.n_tile, kt, w.g)], tBsB[(None, h.index)], tma_bar_ptr=h.barrier,
+                          mcast_mask=b_mask)  # fmt: skip
                 cute.copy(tma_sa, tSgA[(None, w.m_tile, kt, w.g)], tSsA[(None, h.index)], tma_bar_ptr=h.barrier)
                 cute.copy(tma_sb, tSgB[(None, w.n_tile, kt, w.g)], tSsB[(None, h.index)], tma_bar_ptr=h.barrier)
         prod.tail()
+
+    def _cluster_range(self) -> tuple[Int32, Int32]:
+        """(this cluster's first work item, the number of clusters): the persistent loop's start and step."""
+        bx, _, _ = cute.arch.block_idx()
+        gx, _, _ = cute.arch.grid_dim()
+        return bx // self.cm, gx // self.cm
 
     def _make_mma(self) -> cute.TiledMma:
         """Both consumer warpgroups' m64 n{tile_n} k32 FP8 wgmma, A and B K-major in shared memory."""
         return wgmma.make_fp8_ss_mma((WG_M, self.tn), self.a_dtype, self.b_dtype, (NUM_CONSUMERS, 1, 1))
 
     @cute.jit
-    def _consume(self, sA, sB, sSA, sSB, pipe, mBias, mC, m_tiles, n_tiles, total, k_tiles, tid):
+    def _consume(self, sA, sB, sSA, sSB, pipe, mBias, mC, m_tiles, n_tiles, total, k_tiles, tid, rank):
         """Consumer thread tid in [0, 256): rows 64 (tid // 128) + 16 warp + lane // 4 (+ 8) of each work
         tile; per K tile: wgmma into a temporary accumulator, promotion into the main one; then the epilogue."""
         mma = self._make_mma()
@@ -283,11 +310,10 @@ class MXGemmSm90:
         lane = tid % 32
         row = (tid // ws.WARPGROUP_THREADS) * WG_M + ((tid % ws.WARPGROUP_THREADS) // 32) * 16 + lane // 4
         col = 2 * (lane % 4)  # this thread's columns: col + v0 + 8 nb
-        bx, _, _ = cute.arch.block_idx()
-        gx, _, _ = cute.arch.grid_dim()
-        for t in cutlass.range(bx, total, gx, unroll=1):
-            w = self.sched.work_tile(t, m_tiles, n_tiles)
-            base = ((t - bx) // gx) * k_tiles  # ring position of this work tile's first K tile
+        first, step = self._cluster_range()
+        for t in cutlass.range(first, total, step, unroll=1):
+            w = self.sched.work_tile(t, m_tiles, n_tiles, rank)
+            base = ((t - first) // step) * k_tiles  # ring position of this work tile's first K tile
             main.fill(0.0)
             if cutlass.const_expr(not self.config.overlap):
                 for kt in cutlass.range(k_tiles, unroll=1):
