@@ -29,8 +29,11 @@ Structure (persistent, warp-specialized; 3 warpgroups, 384 threads, one CTA per 
   WG1/2  consumers (CONSUMER_REGISTERS): one tiled MMA over both (atom layout (2, 1, 1)), 64 rows each,
          m64 n{tile_n} k32 wgmmas from shared memory, promotion, epilogue (registers -> global, vector
          stores on full tiles, masked scalar stores on edge tiles).
-  config.overlap: two temporary accumulators; K tile kt + 1's wgmmas are issued before K tile kt is
-  promoted (wait_group(1)), so the tensor core is fed while the CUDA cores promote.
+  config.pingpong: the consumers take turns issuing each K tile's wgmmas (named barriers 1 and 2,
+  warp_specialization.turn_wait / turn_arrive; consumer 0 first): issued together, the tensor core
+  interleaves both warpgroups' wgmmas, both finish at once and both promote while it idles; in turns,
+  one promotes while the other's wgmmas run. (A variant with two temporary accumulators per warpgroup,
+  issuing K tile kt + 1 before promoting kt, made ptxas serialize every wgmma: docs/perf-notes.md.)
   Scheduling: kernels/sm90/tile_scheduler.py GemmTileScheduler (grid min(tiles, max_ctas), bands of
   group_m M tiles). The producer runs ahead into the next work tile while the consumers finish one.
 Building blocks: kernels/sm90/wgmma (tiled FP8 MMA, K-block issue loop), warp_specialization (TMA ring,
@@ -302,53 +305,45 @@ class MXGemmSm90:
         tCrB = mma.make_fragment_B(thr.partition_B(sB))
         acc_shape = thr.partition_shape_C((self.tm, self.tn))
         main = cute.make_rmem_tensor(acc_shape, Float32)
-        tmp0 = cute.make_rmem_tensor(acc_shape, Float32)
-        tmp1 = cute.make_rmem_tensor(acc_shape, Float32) if self.config.overlap else tmp0
+        tmp = cute.make_rmem_tensor(acc_shape, Float32)
         assert cute.size(main) == self.tn // 2
         gC_all = cute.local_tile(mC, (self.tm, self.tn), (None, None, None))
 
+        c = tid // ws.WARPGROUP_THREADS  # consumer warpgroup 0 or 1
         lane = tid % 32
-        row = (tid // ws.WARPGROUP_THREADS) * WG_M + ((tid % ws.WARPGROUP_THREADS) // 32) * 16 + lane // 4
+        row = c * WG_M + ((tid % ws.WARPGROUP_THREADS) // 32) * 16 + lane // 4
         col = 2 * (lane % 4)  # this thread's columns: col + v0 + 8 nb
+        if cutlass.const_expr(self.config.pingpong):
+            if c == 1:  # consumer 0 issues first
+                ws.turn_arrive(1)
         first, step = self._cluster_range()
         for t in cutlass.range(first, total, step, unroll=1):
             w = self.sched.work_tile(t, m_tiles, n_tiles, rank)
             base = ((t - first) // step) * k_tiles  # ring position of this work tile's first K tile
             main.fill(0.0)
-            if cutlass.const_expr(not self.config.overlap):
-                for kt in cutlass.range(k_tiles, unroll=1):
-                    self._issue(pipe, tmp0, tCrA, tCrB, base + kt)
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    self._promote(pipe, main, tmp0, sSA, sSB, base + kt, row, col)
-            else:
-                # K tiles in pairs: even ones in tmp0, odd ones in tmp1; the next is issued before promoting
-                self._issue(pipe, tmp0, tCrA, tCrB, base)
-                for kk in cutlass.range(0, k_tiles, 2, unroll=1):
-                    if kk + 1 < k_tiles:
-                        self._issue(pipe, tmp1, tCrA, tCrB, base + kk + 1)
-                        cute.nvgpu.warpgroup.wait_group(1)
-                    else:
-                        cute.nvgpu.warpgroup.wait_group(0)
-                    self._promote(pipe, main, tmp0, sSA, sSB, base + kk, row, col)
-                    if kk + 1 < k_tiles:
-                        if kk + 2 < k_tiles:
-                            self._issue(pipe, tmp0, tCrA, tCrB, base + kk + 2)
-                            cute.nvgpu.warpgroup.wait_group(1)
-                        else:
-                            cute.nvgpu.warpgroup.wait_group(0)
-                        self._promote(pipe, main, tmp1, sSA, sSB, base + kk + 1, row, col)
+            for kt in cutlass.range(k_tiles, unroll=1):
+                self._issue(pipe, tmp, tCrA, tCrB, base + kt, c)
+                cute.nvgpu.warpgroup.wait_group(0)
+                self._promote(pipe, main, tmp, sSA, sSB, base + kt, row, col)
             self._epilogue(main, thr, gC_all, mBias, mC, w, row, col)
+        if cutlass.const_expr(self.config.pingpong):
+            if c == 0:  # consume consumer 1's last arrive (or its initial one): the barriers end balanced
+                ws.turn_wait(0)
 
     @cute.jit
-    def _issue(self, pipe, tmp, tCrA, tCrB, pos):
+    def _issue(self, pipe, tmp, tCrA, tCrB, pos, c):
         """Waits for ring position pos and issues its K tile's wgmmas into tmp (fresh: the first k-block
-        does not accumulate); commits one group."""
+        does not accumulate); commits one group. pingpong: inside consumer c's turn."""
         state = ws.ring_state(self.stages, pos)
         pipe.consumer_wait(state)
+        if cutlass.const_expr(self.config.pingpong):
+            ws.turn_wait(c)
         cute.nvgpu.warpgroup.fence()
         s = state.index
         wgmma.gemm(self._make_mma, tmp, tCrA[(None, None, None, s)], tCrB[(None, None, None, s)], False)
         cute.nvgpu.warpgroup.commit_group()
+        if cutlass.const_expr(self.config.pingpong):
+            ws.turn_arrive(c)
 
     @cute.jit
     def _promote(self, pipe, main, tmp, sSA, sSB, pos, row, col):
