@@ -33,7 +33,8 @@ class MXGemmConfig(KernelConfig):
       stages: shared-memory ring depth (A, B, sa, sb of one 128-K tile per stage).
       pingpong: the two consumer warpgroups take turns issuing each K tile's wgmmas (named barriers), so
         that one promotes on the CUDA cores while the other's wgmmas run (False: both issue at once, the
-        tensor core interleaves them, and both promote while it idles; measured 825 vs ... TFLOP/s).
+        tensor core interleaves them, and both promote while it idles). Measured no faster on the H200
+        (docs/perf-notes.md "Hopper MX GEMM"): off in production.
       cluster_m: CTAs per cluster along M (1 or 2); with 2, the pair shares each B tile: each CTA loads
         half of it by TMA multicast into both (halves B's L2 -> SM traffic).
       group_m: rasterization: consecutive work tiles walk group_m M tiles before the next N tile (L2 reuse).
@@ -53,7 +54,7 @@ class MXGemmConfig(KernelConfig):
     tile_m: int = 128
     tile_n: int = 128
     stages: int = 6
-    pingpong: bool = True
+    pingpong: bool = False
     cluster_m: int = 1
     group_m: int = 8
     max_ctas: int = 132
@@ -91,7 +92,8 @@ class MXGemmConfig(KernelConfig):
         return f"{base}_t{self.tune}" if self.tune else base
 
 
-_PRODUCTION = dict(tile_n=128, stages=6, pingpong=True)
+# Production: the fastest of the H200 runs (benchmarks/results/h200_mx_gemm_kernel.json, docs/perf-notes.md).
+_PRODUCTION = dict(tile_n=192, stages=5, pingpong=False, cluster_m=2)
 
 MX_GEMM_VARIANTS: tuple[MXGemmConfig, ...] = tuple(
     MXGemmConfig(a_dtype=a, b_dtype=b, out_dtype=o, has_bias=bias, **_PRODUCTION)
@@ -100,11 +102,11 @@ MX_GEMM_VARIANTS: tuple[MXGemmConfig, ...] = tuple(
 """Every (a, b, out, bias) combination at the production tiling."""
 
 MX_GEMM_TUNINGS: tuple[MXGemmConfig, ...] = (
-    MXGemmConfig(tile_n=128, stages=6, pingpong=False, tune=1),
-    MXGemmConfig(tile_n=192, stages=5, pingpong=True, tune=2),
-    MXGemmConfig(tile_n=128, stages=6, pingpong=True, cluster_m=2, tune=3),
-    MXGemmConfig(tile_n=192, stages=5, pingpong=True, cluster_m=2, tune=4),
-    MXGemmConfig(tile_n=128, stages=6, pingpong=True, group_m=16, tune=5),
-    MXGemmConfig(tile_n=192, stages=5, pingpong=False, cluster_m=2, tune=6),
+    MXGemmConfig(tile_n=128, stages=6, pingpong=False, tune=1),  # the first version
+    MXGemmConfig(tile_n=128, stages=6, pingpong=True, tune=2),
+    MXGemmConfig(tile_n=192, stages=5, pingpong=False, tune=3),
+    MXGemmConfig(tile_n=192, stages=5, pingpong=True, tune=4),
+    MXGemmConfig(tile_n=128, stages=6, pingpong=False, cluster_m=2, tune=5),
+    MXGemmConfig(tile_n=192, stages=5, pingpong=True, cluster_m=2, tune=6),
 )
 """Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py)."""

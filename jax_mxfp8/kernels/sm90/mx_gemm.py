@@ -33,7 +33,9 @@ Structure (persistent, warp-specialized; 3 warpgroups, 384 threads, one CTA per 
   warp_specialization.turn_wait / turn_arrive; consumer 0 first): issued together, the tensor core
   interleaves both warpgroups' wgmmas, both finish at once and both promote while it idles; in turns,
   one promotes while the other's wgmmas run. (A variant with two temporary accumulators per warpgroup,
-  issuing K tile kt + 1 before promoting kt, made ptxas serialize every wgmma: docs/perf-notes.md.)
+  issuing K tile kt + 1 before promoting kt after wait_group(1), makes ptxas serialize every wgmma,
+  C7514 "non wgmma instructions reading accumulator registers ... between start and end of the
+  pipeline stage", with or without branches: only wait_group(0) lets the CUDA cores read an accumulator.)
   Scheduling: kernels/sm90/tile_scheduler.py GemmTileScheduler (grid min(tiles, max_ctas), bands of
   group_m M tiles). The producer runs ahead into the next work tile while the consumers finish one.
 Building blocks: kernels/sm90/wgmma (tiled FP8 MMA, K-block issue loop), warp_specialization (TMA ring,
