@@ -35,6 +35,9 @@ class MXGemmConfig(KernelConfig):
         that one promotes on the CUDA cores while the other's wgmmas run (False: both issue at once, the
         tensor core interleaves them, and both promote while it idles). Measured no faster on the H200
         (docs/perf-notes.md "Hopper MX GEMM"): off in production.
+      early_scales: the K tile's scale products sa[m] * sb[n] are made while its wgmmas run, so that only
+        the FFMAs follow the wait (one more accumulator-sized register tensor: tile_n 128 only, 192
+        spills).
       cluster_m: CTAs per cluster along M (1 or 2); with 2, the pair shares each B tile: each CTA loads
         half of it by TMA multicast into both (halves B's L2 -> SM traffic).
       group_m: rasterization: consecutive work tiles walk group_m M tiles before the next N tile (L2 reuse).
@@ -55,6 +58,7 @@ class MXGemmConfig(KernelConfig):
     tile_n: int = 128
     stages: int = 6
     pingpong: bool = False
+    early_scales: bool = False
     cluster_m: int = 1
     group_m: int = 8
     max_ctas: int = 132
@@ -72,6 +76,8 @@ class MXGemmConfig(KernelConfig):
             raise ValueError(f"tile_n={self.tile_n} not in (128, 192)")
         if not 2 <= self.stages <= 8:
             raise ValueError(f"stages={self.stages} not in [2, 8]")
+        if self.early_scales and self.tile_n != 128:
+            raise ValueError("early_scales needs tile_n=128 (three accumulator-sized tensors per thread)")
         if self.cluster_m not in (1, 2):
             raise ValueError(f"cluster_m={self.cluster_m} not in (1, 2)")
         if self.group_m < 1 or self.max_ctas < 1:
@@ -108,5 +114,8 @@ MX_GEMM_TUNINGS: tuple[MXGemmConfig, ...] = (
     MXGemmConfig(tile_n=192, stages=5, pingpong=True, tune=4),
     MXGemmConfig(tile_n=128, stages=6, pingpong=False, cluster_m=2, tune=5),
     MXGemmConfig(tile_n=192, stages=5, pingpong=True, cluster_m=2, tune=6),
+    MXGemmConfig(tile_n=128, stages=6, early_scales=True, cluster_m=2, tune=7),
+    MXGemmConfig(tile_n=128, stages=6, early_scales=True, pingpong=True, tune=8),
+    MXGemmConfig(tile_n=128, stages=6, early_scales=True, tune=9),
 )
 """Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py)."""

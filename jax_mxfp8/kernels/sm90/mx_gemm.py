@@ -36,6 +36,9 @@ Structure (persistent, warp-specialized; 3 warpgroups, 384 threads, one CTA per 
   issuing K tile kt + 1 before promoting kt after wait_group(1), makes ptxas serialize every wgmma,
   C7514 "non wgmma instructions reading accumulator registers ... between start and end of the
   pipeline stage", with or without branches: only wait_group(0) lets the CUDA cores read an accumulator.)
+  config.early_scales: the 64 (96) scale products sa[m] * sb[n] of a K tile are loaded and multiplied
+  between issuing its wgmmas and waiting for them; after the wait only the FFMAs remain (costs one
+  more accumulator-sized register tensor).
   Scheduling: kernels/sm90/tile_scheduler.py GemmTileScheduler (grid min(tiles, max_ctas), bands of
   group_m M tiles). The producer runs ahead into the next work tile while the consumers finish one.
 Building blocks: kernels/sm90/wgmma (tiled FP8 MMA, K-block issue loop), warp_specialization (TMA ring,
@@ -308,6 +311,7 @@ class MXGemmSm90:
         acc_shape = thr.partition_shape_C((self.tm, self.tn))
         main = cute.make_rmem_tensor(acc_shape, Float32)
         tmp = cute.make_rmem_tensor(acc_shape, Float32)
+        prod = cute.make_rmem_tensor(acc_shape, Float32) if self.config.early_scales else tmp
         assert cute.size(main) == self.tn // 2
         gC_all = cute.local_tile(mC, (self.tm, self.tn), (None, None, None))
 
@@ -325,8 +329,14 @@ class MXGemmSm90:
             main.fill(0.0)
             for kt in cutlass.range(k_tiles, unroll=1):
                 self._issue(pipe, tmp, tCrA, tCrB, base + kt, c)
-                cute.nvgpu.warpgroup.wait_group(0)
-                self._promote(pipe, main, tmp, sSA, sSB, base + kt, row, col)
+                if cutlass.const_expr(self.config.early_scales):
+                    # the scale products are made while the wgmmas run; after the wait only the FFMAs
+                    self._scale_products(prod, sSA, sSB, base + kt, row, col)
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    self._accumulate(pipe, main, tmp, prod, base + kt)
+                else:
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    self._promote(pipe, main, tmp, sSA, sSB, base + kt, row, col)
             self._epilogue(main, thr, gC_all, mBias, mC, w, row, col)
         if cutlass.const_expr(self.config.pingpong):
             if c == 0:  # consume consumer 1's last arrive (or its initial one): the barriers end balanced
@@ -363,6 +373,26 @@ class MXGemmSm90:
         for i in cutlass.range_constexpr(cute.size(main)):
             v0, v1, nb = acc_coords(i)
             main[i] = main[i] + tmp[i] * (sa_r[v1] * sb_c[2 * nb + v0])
+
+    @cute.jit
+    def _scale_products(self, prod, sSA, sSB, pos, row, col):
+        """prod[i] = sa[row(i)] * sb[col(i)] of ring position pos (its stage is full; its wgmmas may still
+        be running: only the scales are read)."""
+        s = ws.ring_state(self.stages, pos).index
+        sa_r = cute.make_rmem_tensor((2,), Float32)
+        for v1 in cutlass.range_constexpr(2):
+            sa_r[v1] = sSA[(row + 8 * v1, 0, s)]
+        for i in cutlass.range_constexpr(cute.size(prod) // 2):
+            _, v1, nb = acc_coords(2 * i)
+            for v0 in cutlass.range_constexpr(2):
+                prod[2 * i + v0] = sa_r[v1] * sSB[(col + v0 + 8 * nb, 0, s)]
+
+    @cute.jit
+    def _accumulate(self, pipe, main, tmp, prod, pos):
+        """main += tmp * prod once ring position pos's wgmmas have completed; releases its stage."""
+        pipe.consumer_release(ws.ring_state(self.stages, pos))
+        for i in cutlass.range_constexpr(cute.size(main)):
+            main[i] = main[i] + tmp[i] * prod[i]
 
     @cute.jit
     def _epilogue(self, main, thr, gC_all, mBias, mC, w: GemmTile, row, col):
