@@ -37,7 +37,7 @@ class MXGemmConfig(KernelConfig):
         (docs/perf-notes.md "Hopper MX GEMM"): off in production.
       early_scales: the K tile's scale products sa[m] * sb[n] are made while its wgmmas run, so that only
         the FFMAs follow the wait (one more accumulator-sized register tensor: tile_n 128 only, 192
-        spills).
+        spills). Measured slower on the H200 (docs/perf-notes.md): tunings only.
       cluster_m: CTAs per cluster along M (1 or 2); with 2, the pair shares each B tile: each CTA loads
         half of it by TMA multicast into both (halves B's L2 -> SM traffic).
       group_m: rasterization: consecutive work tiles walk group_m M tiles before the next N tile (L2 reuse).
