@@ -13,9 +13,9 @@ F32_NAN_BITS = 0x7FC00000
 F32_TINY_BITS = 0x00400000  # 2^-127 (float32 subnormal)
 
 
-def st_shared_v4(addr: Int32, words, pred: Boolean | None = None) -> None:
-    """16 bytes (16-byte aligned) to shared memory."""
-    inline_ptx("st.shared.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, *words], predicate=pred)
+def st_shared_v2(addr: Int32, words, pred: Boolean | None = None) -> None:
+    """8 bytes (8-byte aligned) to shared memory."""
+    inline_ptx("st.shared.v2.b32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, *words], predicate=pred)
 
 
 def ld_shared_v4(addr: Int32) -> tuple[Uint32, Uint32, Uint32, Uint32]:
@@ -23,6 +23,29 @@ def ld_shared_v4(addr: Int32) -> tuple[Uint32, Uint32, Uint32, Uint32]:
     return inline_ptx(
         "ld.shared.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];", write_only_types=[Uint32] * 4, read_only_args=[addr]
     )
+
+
+def cp_async16(smem_addr: Int32, gaddr, pred: Boolean) -> None:
+    """cp.async.cg of 16 bytes global -> shared (L2 only); zero-fills the 16 bytes where `pred` is false (and
+    then reads nothing: src-size 0)."""
+    inline_ptx(
+        "{\n.reg .pred p;\n.reg .u32 n;\nsetp.ne.u32 p, {$r2}, 0;\nselp.u32 n, 16, 0, p;\n"
+        "cp.async.cg.shared.global [{$r0}], [{$r1}], 16, n;\n}",
+        read_only_args=[smem_addr, gaddr, Uint32(pred)],
+    )
+
+
+def cp_async_commit() -> None:
+    inline_ptx("cp.async.commit_group;")
+
+
+def cp_async_wait_prior() -> None:
+    """Waits until at most the most recent cp.async group is pending (the one before it has landed)."""
+    inline_ptx("cp.async.wait_group 1;")
+
+
+def cp_async_wait_all() -> None:
+    inline_ptx("cp.async.wait_group 0;")
 
 
 def run_scale_bits(e: Uint32) -> Uint32:
@@ -33,6 +56,18 @@ def run_scale_bits(e: Uint32) -> Uint32:
         "shl.b32 t, {$r0}, 23;\n"
         "setp.eq.u32 z, {$r0}, 0;\n"
         f"selp.b32 t, {F32_TINY_BITS:#x}, t, z;\n"
+        "setp.eq.u32 p, {$r0}, 255;\n"
+        f"selp.b32 {{$w0}}, {F32_NAN_BITS:#x}, t, p;\n}}"
+    )
+    return inline_ptx(code, write_only_types=[Uint32], read_only_args=[e])
+
+
+def quant_factor(e: Uint32) -> Uint32:
+    """float32 bits of the quantize factor 2^(127 - e) for a block's E8M0 byte e (NaN for e = 255): the
+    second result of ptx.scale_and_factor, recomputed from the byte (e <= 247 for finite blocks)."""
+    code = (
+        "{\n.reg .pred p;\n.reg .u32 t;\n"
+        "sub.u32 t, 254, {$r0};\nshl.b32 t, t, 23;\n"
         "setp.eq.u32 p, {$r0}, 255;\n"
         f"selp.b32 {{$w0}}, {F32_NAN_BITS:#x}, t, p;\n}}"
     )
