@@ -201,7 +201,7 @@ def test_kernel_bitexact(in_dtype, elem, rounding, orientations, shape):
 @pytest.mark.parametrize("variant", registry.GEMM_OPERANDS_TUNINGS, ids=lambda v: v.name)
 def test_tuning_bitexact(variant):
     rng = np.random.default_rng(test_seed())
-    # (3, 1056, 2080): 459 tiles, more than the persistent "async" grid (396 CTAs): CTAs loop over tiles
+    # (3, 1056, 2080): 459 tiles (more than one wave), partial tiles on both edges of every batch
     check_kernel(variant, [_x(s, variant.in_dtype, rng) for s in [(2, 288, 416), (3, 1056, 2080)]])
 
 

@@ -28,8 +28,9 @@ rows 32w .. 32w+31 of the tile; lane l of band l // 16 holds 16 rows (16 * band 
   memory byte transpose (attention_realign's way) would cost 16 shared loads per 16 bytes instead.
   Edges: rows >= R and columns >= C load as zeros (they cannot raise a run's E: e_b(0) = 0), so the
   padding of the outputs comes out as +0; row outputs are not stored for rows >= R, column outputs not for
-  columns >= C. (v1, measured in H200 run 1, kept the block amaxes and did the row pass before the column
-  pass: 217 registers, 2 CTAs per SM, 0.60 of copy bandwidth for "both"; docs/perf-notes.md.)
+  columns >= C. Measured and dropped (docs/perf-notes.md): v1 (block amaxes kept, the row pass before the
+  column pass: 217 registers, 0.60 of copy bandwidth for "both"), and persistent CTAs copying the next
+  tile into shared memory with cp.async (168 registers with spills, 0.62-0.64).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils as utils
 from cutlass import Int32, Int64
 
 from jax_mxfp8.kernels.common import ptx, ptx_align
@@ -49,7 +49,6 @@ TILE = 128
 WARPS = 4
 ROWS = 16  # rows per thread (lanes per band)
 COL_BYTES = WARPS * TILE * 2  # shared memory of the column-run exchange: [warp][64 u16x2 pairs of e_b]
-STAGE_BYTES = ROWS * 32 * WARPS * 16  # pipeline="async": one tile of bf16 x (each thread's 16 x 16 bytes)
 
 
 class GemmOperands:
@@ -104,17 +103,14 @@ class GemmOperands:
     def _launch(self, mX, mRD, mRS, mCD, mCS, stream):
         g, r, c = self._dims(mX, mRS, mCD)
         grid = [(c + (TILE - 1)) // TILE, (r + (TILE - 1)) // TILE, g]
-        if cutlass.const_expr(self.config.pipeline == "async"):  # persistent: min(tiles, grid_ctas) CTAs
-            ntiles = grid[0] * grid[1] * g
-            grid = [Int32(cutlass.select_(ntiles < self.config.grid_ctas, ntiles, Int32(self.config.grid_ctas))), 1, 1]
         bounds = {}
         if cutlass.const_expr(self.config.min_ctas_per_sm > 0):
-            # an explicit carveout (percent of the SM's shared memory: 25% holds many CTAs' 1 KiB, "async" needs
-            # 66 KiB per CTA) also keeps the DSL from querying a device at compile time
+            # an explicit carveout (percent of the SM's shared memory; 25% holds many CTAs' 1 KiB) also keeps the
+            # DSL from querying a device at compile time
             bounds = dict(
                 max_number_threads=[32 * WARPS, 1, 1],
                 min_blocks_per_mp=self.config.min_ctas_per_sm,
-                preferred_smem_carveout=100 if self.config.pipeline == "async" else 25,
+                preferred_smem_carveout=25,
             )
         self.kernel(mX, mRD, mRS, mCD, mCS).launch(grid=grid, block=[32 * WARPS, 1, 1], stream=stream, **bounds)
 
@@ -134,37 +130,12 @@ class GemmOperands:
     def kernel(self, mX: cute.Tensor, mRD: cute.Tensor, mRS: cute.Tensor, mCD: cute.Tensor, mCS: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bx, by, bz = cute.arch.block_idx()
-        gg, r, c = self._dims(mX, mRS, mCD)
-        if cutlass.const_expr(self.config.pipeline == "async"):
-            # persistent CTAs: tile n + 1 is copied (cp.async, no registers held) into the other shared-memory
-            # stage while tile n is processed; each thread reads back only what it copied itself
-            buf = utils.SmemAllocator().allocate(2 * STAGE_BYTES + 2 * COL_BYTES, 128).toint()
-            nct = (c + (TILE - 1)) // TILE
-            nrt = (r + (TILE - 1)) // TILE
-            ntiles = nct * nrt * gg
-            nctas, _, _ = cute.arch.grid_dim()
-            tile = Int32(bx)
-            self._issue(mX, buf, tile, ntiles, nct, nrt, r, c, Int32(tidx))
-            ptx_align.cp_async_commit()
-            s = Int32(0)
-            while tile < ntiles:
-                nxt = tile + Int32(nctas)
-                self._issue(mX, buf + (1 - s) * STAGE_BYTES, nxt, ntiles, nct, nrt, r, c, Int32(tidx))
-                ptx_align.cp_async_commit()
-                ptx_align.cp_async_wait_prior()
-                regs = self._load_stage(buf + s * STAGE_BYTES, Int32(tidx))
-                cbuf = buf + 2 * STAGE_BYTES + s * COL_BYTES
-                co = self._coords(tidx, tile % nct, (tile // nct) % nrt, tile // (nct * nrt), r, c, mCD, cbuf)
-                self._tile(regs, co, mRD, mRS, mCD, mCS)
-                s = 1 - s
-                tile = nxt
-            ptx_align.cp_async_wait_all()  # the last (zero-fill) group must land before the CTA's smem is reused
-        else:
-            sbase = Int32(0)
-            if cutlass.const_expr(self.do_col):
-                sbase = cute.arch.alloc_smem(cutlass.Uint8, COL_BYTES, alignment=16).toint()
-            co = self._coords(tidx, bx, by, bz, r, c, mCD, sbase)
-            self._tile(self._load(mX, co), co, mRD, mRS, mCD, mCS)
+        _, r, c = self._dims(mX, mRS, mCD)
+        sbase = Int32(0)
+        if cutlass.const_expr(self.do_col):
+            sbase = cute.arch.alloc_smem(cutlass.Uint8, COL_BYTES, alignment=16).toint()
+        co = self._coords(tidx, bx, by, bz, r, c, mCD, sbase)
+        self._tile(self._load(mX, co), co, mRD, mRS, mCD, mCS)
 
     def _coords(self, tidx, kt, rt, g, r, c, mCD, sbase) -> dict:
         """The thread's geometry in tile (kt, rt) of batch g (module docstring)."""
@@ -189,7 +160,7 @@ class GemmOperands:
             row_ok=row0 < r,
             col_ok=[Int32(kt) * TILE + t < c for t in tcol],
         )
-        if self.do_col and mCD is not None:
+        if self.do_col:
             co["nrt"] = Int64(mCD.shape[1] // TILE)
         return co
 
@@ -199,25 +170,6 @@ class GemmOperands:
         rows = self._row_exponents(regs) if self.do_row else None
         cols = self._col_exponents(regs, mCS, co) if self.do_col else None
         self._phase2(regs, rows, cols, mRD, mRS, mCD, co)
-
-    def _issue(self, mX, stage, tile, ntiles, nct, nrt, r, c, tidx) -> None:
-        """cp.async of the thread's 16 x 16 bytes of `tile` (zero-filled where out of range, all of it when
-        tile >= ntiles) into its slots of `stage`: row i at stage + (i * 128 + tidx) * 16 (conflict-free)."""
-        valid = tile < ntiles
-        t = cutlass.select_(valid, tile, Int32(0))
-        co = self._coords(tidx, t % nct, (t // nct) % nrt, t // (nct * nrt), r, c, None, Int32(0))
-        stride = Int64(c) * self.in_bytes
-        x0 = mX.iterator.toint()
-        row = co["g"] * Int64(r) + Int64(co["row0"])
-        addr = x0 + (row * Int64(c) + Int64(co["kt"] * TILE + co["tcol"][0])) * self.in_bytes
-        ok = valid & co["row_ok"] & co["col_ok"][0]
-        for i in range(ROWS):
-            ptx_align.cp_async16(stage + (i * 32 * WARPS + tidx) * 16, addr, ok)
-            addr = addr + stride
-
-    def _load_stage(self, stage, tidx) -> list:
-        """regs[i][0] from the thread's slots of a shared-memory stage (see _issue)."""
-        return [[list(ptx_align.ld_shared_v4(stage + (i * 32 * WARPS + tidx) * 16))] for i in range(ROWS)]
 
     def _phase2(self, regs, rows, cols, mRD, mRS, mCD, co) -> None:
         """Row by row, quantize + align (the inputs die row by row), then the transposed column stores and

@@ -18,36 +18,6 @@ def st_shared_v2(addr: Int32, words, pred: Boolean | None = None) -> None:
     inline_ptx("st.shared.v2.b32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, *words], predicate=pred)
 
 
-def ld_shared_v4(addr: Int32) -> tuple[Uint32, Uint32, Uint32, Uint32]:
-    """16 bytes (16-byte aligned) from shared memory."""
-    return inline_ptx(
-        "ld.shared.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];", write_only_types=[Uint32] * 4, read_only_args=[addr]
-    )
-
-
-def cp_async16(smem_addr: Int32, gaddr, pred: Boolean) -> None:
-    """cp.async.cg of 16 bytes global -> shared (L2 only); zero-fills the 16 bytes where `pred` is false (and
-    then reads nothing: src-size 0)."""
-    inline_ptx(
-        "{\n.reg .pred p;\n.reg .u32 n;\nsetp.ne.u32 p, {$r2}, 0;\nselp.u32 n, 16, 0, p;\n"
-        "cp.async.cg.shared.global [{$r0}], [{$r1}], 16, n;\n}",
-        read_only_args=[smem_addr, gaddr, Uint32(pred)],
-    )
-
-
-def cp_async_commit() -> None:
-    inline_ptx("cp.async.commit_group;")
-
-
-def cp_async_wait_prior() -> None:
-    """Waits until at most the most recent cp.async group is pending (the one before it has landed)."""
-    inline_ptx("cp.async.wait_group 1;")
-
-
-def cp_async_wait_all() -> None:
-    inline_ptx("cp.async.wait_group 0;")
-
-
 def run_scale_bits(e: Uint32) -> Uint32:
     """float32 bits of 2^(e - 127) for an E8M0 byte e: e << 23, 0x00400000 (subnormal 2^-127) for e = 0,
     0x7FC00000 (NaN) for e = 255 (reference/gemm_align.py, scale_f32)."""

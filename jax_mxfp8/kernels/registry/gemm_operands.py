@@ -38,10 +38,6 @@ class GemmOperandsConfig(KernelConfig):
       elem_dtype: "float8_e4m3fn" or "float8_e5m2".
       scale_rounding: "up" or "floor".
       min_ctas_per_sm: 0, or the CTAs (of 128 threads) per SM that ptxas must fit (register cap).
-      pipeline: "direct" (one CTA per tile, loads straight into registers) or "async" (bf16 only: persistent
-        CTAs, min(tiles, grid_ctas) of them; the next tile is copied into shared memory with cp.async while
-        the current one is processed; 66 KiB of shared memory per CTA).
-      grid_ctas: with pipeline="async", the number of CTAs (e.g. 3 per SM x 132 SMs on the H200).
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks/gemm_operands.py.
     """
 
@@ -60,8 +56,6 @@ class GemmOperandsConfig(KernelConfig):
     elem_dtype: str = "float8_e4m3fn"
     scale_rounding: str = "up"
     min_ctas_per_sm: int = 0
-    pipeline: str = "direct"
-    grid_ctas: int = 0
     tune: int = 0
 
     def __post_init__(self):
@@ -73,10 +67,6 @@ class GemmOperandsConfig(KernelConfig):
             raise ValueError(f"elem_dtype={self.elem_dtype!r} not in {ELEM_DTYPES}")
         if self.scale_rounding not in SCALE_ROUNDINGS:
             raise ValueError(f"scale_rounding={self.scale_rounding!r} not in {SCALE_ROUNDINGS}")
-        if self.pipeline not in ("direct", "async"):
-            raise ValueError(f"pipeline={self.pipeline!r} not in ('direct', 'async')")
-        if self.pipeline == "async" and (self.in_dtype != "bfloat16" or self.grid_ctas <= 0):
-            raise ValueError(f"pipeline='async' needs in_dtype='bfloat16' and grid_ctas > 0, got {self}")
 
     @property
     def name(self) -> str:
@@ -89,10 +79,8 @@ GEMM_OPERANDS_VARIANTS: tuple[GemmOperandsConfig, ...] = tuple(
     GemmOperandsConfig(in_dtype=i, orientations=o, elem_dtype=e, scale_rounding=r)
     for i, o, e, r in itertools.product(IN_DTYPES, ORIENTATIONS, ELEM_DTYPES, SCALE_ROUNDINGS)
 )
-# Benchmark-only tunings of the bf16 "both" kernel (ptxas gives the production one 143 registers: 3 CTAs of 128
-# threads per SM): t1 = 4 CTAs per SM (<= 128 registers); t2 = persistent CTAs (3 per SM on the H200's 132 SMs)
-# with the next tile copied into shared memory (cp.async) while the current one is processed.
-GEMM_OPERANDS_TUNINGS: tuple[GemmOperandsConfig, ...] = (
-    GemmOperandsConfig(min_ctas_per_sm=4, tune=1),
-    GemmOperandsConfig(pipeline="async", grid_ctas=3 * 132, min_ctas_per_sm=3, tune=2),
-)
+# Benchmark-only tuning of the bf16 "both" kernel (ptxas gives the production one 143 registers: 3 CTAs of 128
+# threads per SM): t1 = 4 CTAs per SM (<= 128 registers, with spills; measured 2-5% slower in H200 runs 2 and 3).
+# Persistent CTAs with a cp.async shared-memory pipeline (t2 of run 3) measured 0.62-0.64 of copy bandwidth
+# against 0.74-0.80 and were removed (docs/perf-notes.md).
+GEMM_OPERANDS_TUNINGS: tuple[GemmOperandsConfig, ...] = (GemmOperandsConfig(min_ctas_per_sm=4, tune=1),)
