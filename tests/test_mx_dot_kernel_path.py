@@ -223,10 +223,12 @@ def test_gpu_kernel_path_matches_reference(kind):
     ct = rng.standard_normal((4, 256, 768)).astype(np.float32)
     report = _compare(x, w, ct, DENSE, "cuda")
     print(kind, {k: tuple(round(v, 1) for v in vals) for k, vals in report.items()})
-    # the kernel and its emulation compute the same products; only the summation order differs
+    # the kernel and its emulation sum the same products, but Hopper's FP8 wgmma accumulates each 128-K
+    # partial with fewer than float32's bits (tests/test_mx_gemm_kernel.py bounds it): 69-87 dB against the
+    # reference on the H200 (run 9), where a wrong operand, scale or orientation costs tens of dB
     kern, emul = _vjp_fn(DENSE, "cuda")(x, w, ct), _vjp_fn(DENSE, "emulated")(x, w, ct)
     for name, k, e in zip(("fwd", "dgrad", "wgrad"), kern, emul):
-        assert _sqnr_db(k, e) >= 100, name
+        assert _sqnr_db(k, e) >= 60, name
 
 
 @pytest.mark.gpu
