@@ -200,7 +200,9 @@ def test_kernel_bitexact(in_dtype, elem, rounding, orientations, shape):
 @pytest.mark.skipif(not _ok, reason=_why)
 @pytest.mark.parametrize("variant", registry.GEMM_OPERANDS_TUNINGS, ids=lambda v: v.name)
 def test_tuning_bitexact(variant):
-    check_kernel(variant, [_x((2, 288, 416), variant.in_dtype, np.random.default_rng(test_seed()))])
+    rng = np.random.default_rng(test_seed())
+    # (3, 1056, 2080): 459 tiles (more than one wave), partial tiles on both edges of every batch
+    check_kernel(variant, [_x(s, variant.in_dtype, rng) for s in [(2, 288, 416), (3, 1056, 2080)]])
 
 
 @pytest.mark.gpu

@@ -223,10 +223,12 @@ def test_gpu_kernel_path_matches_reference(kind):
     ct = rng.standard_normal((4, 256, 768)).astype(np.float32)
     report = _compare(x, w, ct, DENSE, "cuda")
     print(kind, {k: tuple(round(v, 1) for v in vals) for k, vals in report.items()})
-    # the kernel and its emulation compute the same products; only the summation order differs
+    # the kernel and its emulation sum the same products, but Hopper's FP8 wgmma accumulates each 128-K
+    # partial with fewer than float32's bits (tests/test_mx_gemm_kernel.py bounds it): 69-87 dB against the
+    # reference on the H200 (run 9), where a wrong operand, scale or orientation costs tens of dB
     kern, emul = _vjp_fn(DENSE, "cuda")(x, w, ct), _vjp_fn(DENSE, "emulated")(x, w, ct)
     for name, k, e in zip(("fwd", "dgrad", "wgrad"), kern, emul):
-        assert _sqnr_db(k, e) >= 100, name
+        assert _sqnr_db(k, e) >= 60, name
 
 
 @pytest.mark.gpu
@@ -236,3 +238,30 @@ def test_gpu_default_takes_the_kernel_on_hopper():
     x, w = jnp.ones((256, 512), jnp.bfloat16), jnp.ones((512, 256), jnp.bfloat16)
     hlo = jax.jit(lambda a, b: jax_mxfp8.mx_dot_general(a, b, (((1,), (0,)), ((), ())))).lower(x, w).as_text()
     assert "jax_mxfp8_mx_gemm" in hlo
+
+
+@pytest.mark.parametrize("implementation", ["xla", "emulated"])
+def test_bias_is_added_before_the_one_rounding_and_gets_its_gradient(implementation):
+    rng = test_rng()
+    x = jnp.asarray(_data("normal", (2, 32, 128), rng), jnp.bfloat16)
+    w = jnp.asarray(_data("normal", (128, 64), rng))
+    b = jnp.asarray(rng.standard_normal(64), jnp.float32)
+    ct = jnp.asarray(rng.standard_normal((2, 32, 64)), jnp.bfloat16)
+
+    def run(bias):
+        def f(x, w, b):
+            kw = dict(preferred_element_type=jnp.bfloat16, implementation=implementation)
+            if bias:
+                return jax_mxfp8.mx_dot_general(x, w, DENSE, bias=b, **kw)
+            y = jax_mxfp8.mx_dot_general(x, w, DENSE, **kw | dict(preferred_element_type=jnp.float32))
+            return (y + b).astype(jnp.bfloat16)
+
+        y, vjp = jax.vjp(f, x, w, b)
+        return (y,) + vjp(ct)
+
+    fused, unfused = jax.jit(lambda: run(True))(), jax.jit(lambda: run(False))()
+    for name, a, u in zip(("y", "dx", "dw", "db"), fused, unfused):
+        assert a.dtype == u.dtype and a.shape == u.shape, name
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(u, np.float32), err_msg=name)
+    with pytest.raises(ValueError, match="bias"):
+        jax_mxfp8.mx_dot_general(x, w, DENSE, bias=jnp.ones((63,)), implementation=implementation)

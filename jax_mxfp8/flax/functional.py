@@ -50,11 +50,14 @@ def linear(
     out_dtype = dtype or x.dtype
     dn = (((x.ndim - 1,), (0,)), ((), ()))
     if precision.gemm == "mxfp8":
-        y = mx_dot_general(
+        # the bias goes into the GEMM (its epilogue on the kernel path): added in float32 before the one
+        # rounding to out_dtype, so the GEMM writes out_dtype instead of a float32 product to add it to
+        return mx_dot_general(
             x,
             kernel,
             dn,
-            preferred_element_type=jnp.float32,
+            preferred_element_type=out_dtype,
+            bias=bias,
             config=precision.dot_config(hadamard_seed),
             rng=rng if precision.grad_rounding == "stochastic" else None,
             lhs_quantized=None if precision.hadamard else x_quantized,
@@ -64,11 +67,7 @@ def linear(
                 else None
             ),
         )
-    else:
-        return bf16_linear(x, kernel, bias, np.dtype(out_dtype))
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(out_dtype)
+    return bf16_linear(x, kernel, bias, np.dtype(out_dtype))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

@@ -67,17 +67,19 @@ def _check_prequantized(name: str, q: MXArray | None, layout: OperandLayout, sha
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _mx_dot(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config, kernel):
+def _mx_dot(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config, kernel, bias):
     if kernel is not None:  # the primal alone: only the forward orientations, no residuals
-        return kernel.forward(lhs, rhs, lhs_q, rhs_q, out_dtype, residuals=False)[0]
-    out, _ = _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config, kernel)
+        return kernel.forward(lhs, rhs, lhs_q, rhs_q, out_dtype, residuals=False, bias=bias)[0]
+    out, _ = _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config, kernel, bias)
     return out
 
 
-def _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config, kernel):
+def _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config, kernel, bias):
+    # the bias cotangent's rank and dtype, as an empty array (residuals are arrays)
+    bias_like = None if bias is None else jnp.zeros((0,) * bias.ndim, bias.dtype)
     if kernel is not None:
-        out, res = kernel.forward(lhs, rhs, lhs_q, rhs_q, out_dtype, residuals=True)
-        return out, (res, lhs_q, rhs_q, rng)
+        out, res = kernel.forward(lhs, rhs, lhs_q, rhs_q, out_dtype, residuals=True, bias=bias)
+        return out, (res, lhs_q, rhs_q, rng, bias_like)
     lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
     out3 = mx_dot_forward(
         lhs_l.to_3d(lhs),
@@ -86,15 +88,21 @@ def _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, confi
         lhs_q3=None if lhs_q is None else prequantized_3d(lhs_q, lhs_l),
         rhs_q3=None if rhs_q is None else prequantized_3d(rhs_q, rhs_l),
     )
+    if bias is not None:  # added to the float32 product before the one rounding to out_dtype
+        out3 = out3 + bias.astype(jnp.float32).reshape(-1)
     out_shape = lhs_l.dims(lhs_l.batch) + lhs_l.dims(lhs_l.free) + rhs_l.dims(rhs_l.free)
-    return out3.reshape(out_shape).astype(out_dtype), ((lhs, rhs), lhs_q, rhs_q, rng)
+    return out3.reshape(out_shape).astype(out_dtype), ((lhs, rhs), lhs_q, rhs_q, rng, bias_like)
 
 
 def _mx_dot_bwd(dimension_numbers, out_dtype, config, kernel, res, g):
-    operands, lhs_q, rhs_q, rng = res
+    operands, lhs_q, rhs_q, rng, bias_like = res
     zeros = zero_cotangent(lhs_q), zero_cotangent(rhs_q), zero_cotangent(rng)
+    d_bias = None  # the cotangent summed in float32 over every axis but the rhs free ones (bias's axes)
+    if bias_like is not None:
+        lead = tuple(range(g.ndim - bias_like.ndim))
+        d_bias = jnp.sum(g.astype(jnp.float32), axis=lead).astype(bias_like.dtype)
     if kernel is not None:
-        return kernel.backward(operands, g) + zeros
+        return kernel.backward(operands, g) + zeros + (d_bias,)
     lhs, rhs = operands
     lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
     b, m, n = (
@@ -107,7 +115,7 @@ def _mx_dot_bwd(dimension_numbers, out_dtype, config, kernel, res, g):
         d_lhs3, d_rhs3 = mx_dot_backward(lhs_l.to_3d(lhs), rhs_l.to_3d(rhs), g.reshape(b, m, n), config, rng)
         d_lhs = lhs_l.from_3d(d_lhs3).astype(lhs.dtype)
         d_rhs = rhs_l.from_3d(d_rhs3).astype(rhs.dtype)
-    return (d_lhs, d_rhs) + zeros
+    return (d_lhs, d_rhs) + zeros + (d_bias,)
 
 
 # grad of grad would be silently zero (quantized operands): raise instead (ops/no_second_order.py)
@@ -127,6 +135,7 @@ def mx_dot_general(
     lhs_quantized: MXArray | None = None,
     rhs_quantized: MXArray | None = None,
     implementation: str | None = None,
+    bias: jax.Array | None = None,
     out_sharding=None,
     **options,
 ) -> jax.Array:
@@ -154,6 +163,9 @@ def mx_dot_general(
       implementation: None (default: the fastest path that covers the call), "xla" (the XLA reference),
         "emulated" (the kernel path with its FFI calls emulated in XLA, any machine) or "cuda" (the Hopper
         MX GEMM kernel, ops/mx_dot_kernel.py; on Blackwell jax.nn.scaled_dot_general). See choose_path.
+      bias: optional float array of the rhs free dims' shape (e.g. (F,) for x (..., D) @ w (D, F)), added
+        in float32 to the float32 product before the one rounding to the output dtype (the kernel adds it
+        in its epilogue); it gets a gradient (the cotangent summed over the other output axes).
       out_sharding: accepted for lax.dot_general compatibility; must be None.
 
     Returns:
@@ -183,15 +195,24 @@ def mx_dot_general(
         out_dtype = np.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))
     except TypeError as e:
         raise ValueError(f"preferred_element_type={preferred_element_type!r} is not a dtype") from e
+    if bias is not None:
+        bias = jnp.asarray(bias)
+        if not jnp.issubdtype(bias.dtype, jnp.floating) or bias.shape != rhs_l.dims(rhs_l.free):
+            raise ValueError(
+                f"bias must be a float array of the rhs free dims' shape {rhs_l.dims(rhs_l.free)}, "
+                f"got {bias.dtype} {bias.shape}"
+            )
     dn = ((lhs_l.contract, rhs_l.contract), (lhs_l.batch, rhs_l.batch))
     path = _path(implementation, lhs_l, rhs_l, config, lhs_quantized, rhs_quantized)
     if path == "cudnn":
-        return cudnn_dot_general(lhs, rhs, dn, out_dtype)
+        if bias is None:
+            return cudnn_dot_general(lhs, rhs, dn, out_dtype)
+        return (cudnn_dot_general(lhs, rhs, dn, jnp.float32) + bias.astype(jnp.float32)).astype(out_dtype)
     kernel = None
     if path in ("cuda", "emulated"):
         views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
         kernel = mx_dot_kernel.KernelDot(*views, np.dtype(lhs.dtype), np.dtype(rhs.dtype), config, path)
-    return _mx_dot(lhs, rhs, lhs_quantized, rhs_quantized, rng, dn, out_dtype, config, kernel)
+    return _mx_dot(lhs, rhs, lhs_quantized, rhs_quantized, rng, dn, out_dtype, config, kernel, bias)
 
 
 def _path(implementation, lhs_l, rhs_l, config, lhs_q, rhs_q) -> str:

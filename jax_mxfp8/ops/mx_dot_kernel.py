@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mxfp8.formats import MXArray
+from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives.gemm_operands import gemm_operands, gemm_operands_unsupported
 from jax_mxfp8.primitives.mx_gemm import mx_gemm, mx_gemm_unsupported
 from jax_mxfp8.reference.gemm import OperandLayout, matmul_3d
@@ -38,7 +39,7 @@ from jax_mxfp8.reference.gemm_align import align128, padded
 from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 KERNEL_OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
-ARCHS = ("sm_90a",)  # the MX GEMM kernel's (kernels/registry/gemm.py); Blackwell: ops/mx_dot_blackwell.py
+ARCHS = registry.MX_GEMM_VARIANTS[0].archs  # the MX GEMM kernel's (sm_90a); Blackwell: ops/mx_dot_blackwell.py
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,10 +154,12 @@ def _prequantized(view: MatrixView, q: MXArray):
     return align128(q.data.reshape(g, x, k), q.scale.reshape(g, x, k // 32), axis=-1)
 
 
-def _gemm(a, b, out_dtype, path: str) -> jax.Array:
-    """c = a @ b^T per batch on aligned operands, in `out_dtype` (computed in float32 unless bf16/f32)."""
+def _gemm(a, b, out_dtype, path: str, bias: jax.Array | None = None) -> jax.Array:
+    """c = a @ b^T (+ bias, float32) per batch on aligned operands, in `out_dtype` (computed in float32
+    unless bfloat16 / float32; the kernel adds the bias in its epilogue, before the one rounding)."""
     kernel_dtype = out_dtype if np.dtype(out_dtype) in KERNEL_OUT_DTYPES else jnp.float32
-    c = mx_gemm(a[0], b[0], a[1], b[1], out_dtype=kernel_dtype, path=path)
+    bias = None if bias is None else bias.astype(jnp.float32).reshape(-1)
+    c = mx_gemm(a[0], b[0], a[1], b[1], bias, out_dtype=kernel_dtype, path=path)
     return c.astype(out_dtype)
 
 
@@ -176,8 +179,9 @@ class KernelDot:
         lo, ro = self.lhs.layout, self.rhs.layout
         return lo.dims(lo.batch) + lo.dims(lo.free) + ro.dims(ro.free)
 
-    def forward(self, lhs, rhs, lhs_q, rhs_q, out_dtype, *, residuals: bool):
-        """y in `out_dtype` (lax.dot_general's output layout) and, when `residuals`, what backward needs."""
+    def forward(self, lhs, rhs, lhs_q, rhs_q, out_dtype, *, residuals: bool, bias=None):
+        """y (+ bias) in `out_dtype` (lax.dot_general's output layout) and, when `residuals`, what backward
+        needs."""
         cfg = self.config
         need_bwd = ("x",) if residuals else ()
         if lhs_q is not None:
@@ -192,7 +196,7 @@ class KernelDot:
         else:
             b = _operands(self.rhs, rhs, ("k",) + need_bwd, cfg.dtype, cfg, self.path)
             b_k = b["k"]
-        y = _gemm(a_k, b_k, out_dtype, self.path).reshape(self.out_shape)
+        y = _gemm(a_k, b_k, out_dtype, self.path, bias).reshape(self.out_shape)
         if not residuals:
             return y, None
         # the bf16 weight gradient multiplies the unquantized lhs: keep it (bf16) instead of its FP8 copy

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mxfp8.kernels import registry
+from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
 
 ARCHS = registry.MXGemmConfig().archs
@@ -202,6 +203,8 @@ def mx_gemm(
     variant = _variant(_dtype_name(a.dtype), _dtype_name(b.dtype), _dtype_name(out_dtype), bias is not None, tune)
     if variant is None:
         raise ValueError(f"mx_gemm: no tuning {tune} of the kernel for these dtypes")
+    if path == "cuda":
+        library.load_library()  # registers the FFI targets (idempotent)
     call = MXGemmCall(variant)
     decl = MX_GEMM if bias is None else MX_GEMM_BIAS
     args = (a, b, sa, sb) if bias is None else (a, b, sa, sb, bias)

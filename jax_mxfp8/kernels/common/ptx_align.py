@@ -13,16 +13,9 @@ F32_NAN_BITS = 0x7FC00000
 F32_TINY_BITS = 0x00400000  # 2^-127 (float32 subnormal)
 
 
-def st_shared_v4(addr: Int32, words, pred: Boolean | None = None) -> None:
-    """16 bytes (16-byte aligned) to shared memory."""
-    inline_ptx("st.shared.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, *words], predicate=pred)
-
-
-def ld_shared_v4(addr: Int32) -> tuple[Uint32, Uint32, Uint32, Uint32]:
-    """16 bytes (16-byte aligned) from shared memory."""
-    return inline_ptx(
-        "ld.shared.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];", write_only_types=[Uint32] * 4, read_only_args=[addr]
-    )
+def st_shared_v2(addr: Int32, words, pred: Boolean | None = None) -> None:
+    """8 bytes (8-byte aligned) to shared memory."""
+    inline_ptx("st.shared.v2.b32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, *words], predicate=pred)
 
 
 def run_scale_bits(e: Uint32) -> Uint32:
@@ -33,6 +26,18 @@ def run_scale_bits(e: Uint32) -> Uint32:
         "shl.b32 t, {$r0}, 23;\n"
         "setp.eq.u32 z, {$r0}, 0;\n"
         f"selp.b32 t, {F32_TINY_BITS:#x}, t, z;\n"
+        "setp.eq.u32 p, {$r0}, 255;\n"
+        f"selp.b32 {{$w0}}, {F32_NAN_BITS:#x}, t, p;\n}}"
+    )
+    return inline_ptx(code, write_only_types=[Uint32], read_only_args=[e])
+
+
+def quant_factor(e: Uint32) -> Uint32:
+    """float32 bits of the quantize factor 2^(127 - e) for a block's E8M0 byte e (NaN for e = 255): the
+    second result of ptx.scale_and_factor, recomputed from the byte (e <= 247 for finite blocks)."""
+    code = (
+        "{\n.reg .pred p;\n.reg .u32 t;\n"
+        "sub.u32 t, 254, {$r0};\nshl.b32 t, t, 23;\n"
         "setp.eq.u32 p, {$r0}, 255;\n"
         f"selp.b32 {{$w0}}, {F32_NAN_BITS:#x}, t, p;\n}}"
     )

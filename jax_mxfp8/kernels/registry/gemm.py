@@ -31,8 +31,15 @@ class MXGemmConfig(KernelConfig):
       tile_n: columns per CTA tile: 128 or 192 (256 does not fit: the temporary and the main float32
         accumulators take 2 * tile_m * tile_n / 256 registers per consumer thread).
       stages: shared-memory ring depth (A, B, sa, sb of one 128-K tile per stage).
-      overlap: two temporary accumulators, so that the wgmmas of K tile kt + 1 run while the CUDA cores
-        promote K tile kt (False: each K tile waits for its wgmmas, then promotes).
+      pingpong: the two consumer warpgroups take turns issuing each K tile's wgmmas (named barriers), so
+        that one promotes on the CUDA cores while the other's wgmmas run (False: both issue at once, the
+        tensor core interleaves them, and both promote while it idles). Measured no faster on the H200
+        (docs/perf-notes.md "Hopper MX GEMM"): off in production.
+      early_scales: the K tile's scale products sa[m] * sb[n] are made while its wgmmas run, so that only
+        the FFMAs follow the wait (one more accumulator-sized register tensor: tile_n 128 only, 192
+        spills). Measured slower on the H200 (docs/perf-notes.md): tunings only.
+      cluster_m: CTAs per cluster along M (1 or 2); with 2, the pair shares each B tile: each CTA loads
+        half of it by TMA multicast into both (halves B's L2 -> SM traffic).
       group_m: rasterization: consecutive work tiles walk group_m M tiles before the next N tile (L2 reuse).
       max_ctas: persistent grid size bound (the H200's 132 SMs: one CTA per SM).
       tune: 0 for the production variant of its key; > 0 for tunings built only for benchmarks.
@@ -50,7 +57,9 @@ class MXGemmConfig(KernelConfig):
     tile_m: int = 128
     tile_n: int = 128
     stages: int = 6
-    overlap: bool = False
+    pingpong: bool = False
+    early_scales: bool = False
+    cluster_m: int = 1
     group_m: int = 8
     max_ctas: int = 132
     tune: int = 0
@@ -67,6 +76,10 @@ class MXGemmConfig(KernelConfig):
             raise ValueError(f"tile_n={self.tile_n} not in (128, 192)")
         if not 2 <= self.stages <= 8:
             raise ValueError(f"stages={self.stages} not in [2, 8]")
+        if self.early_scales and self.tile_n != 128:
+            raise ValueError("early_scales needs tile_n=128 (three accumulator-sized tensors per thread)")
+        if self.cluster_m not in (1, 2):
+            raise ValueError(f"cluster_m={self.cluster_m} not in (1, 2)")
         if self.group_m < 1 or self.max_ctas < 1:
             raise ValueError("group_m and max_ctas must be >= 1")
         if self.smem_bytes > 227 * 1024:
@@ -85,7 +98,8 @@ class MXGemmConfig(KernelConfig):
         return f"{base}_t{self.tune}" if self.tune else base
 
 
-_PRODUCTION = dict(tile_n=128, stages=6, overlap=False)
+# Production: the fastest of the H200 runs (benchmarks/results/h200_mx_gemm_kernel.json, docs/perf-notes.md).
+_PRODUCTION = dict(tile_n=192, stages=5, pingpong=False, cluster_m=2)
 
 MX_GEMM_VARIANTS: tuple[MXGemmConfig, ...] = tuple(
     MXGemmConfig(a_dtype=a, b_dtype=b, out_dtype=o, has_bias=bias, **_PRODUCTION)
@@ -94,8 +108,14 @@ MX_GEMM_VARIANTS: tuple[MXGemmConfig, ...] = tuple(
 """Every (a, b, out, bias) combination at the production tiling."""
 
 MX_GEMM_TUNINGS: tuple[MXGemmConfig, ...] = (
-    MXGemmConfig(tile_n=128, stages=6, overlap=True, tune=1),
-    MXGemmConfig(tile_n=192, stages=5, overlap=False, tune=2),
-    MXGemmConfig(tile_n=128, stages=6, overlap=False, group_m=16, tune=3),
+    MXGemmConfig(tile_n=128, stages=6, pingpong=False, tune=1),  # the first version
+    MXGemmConfig(tile_n=128, stages=6, pingpong=True, tune=2),
+    MXGemmConfig(tile_n=192, stages=5, pingpong=False, tune=3),
+    MXGemmConfig(tile_n=192, stages=5, pingpong=True, tune=4),
+    MXGemmConfig(tile_n=128, stages=6, pingpong=False, cluster_m=2, tune=5),
+    MXGemmConfig(tile_n=192, stages=5, pingpong=True, cluster_m=2, tune=6),
+    MXGemmConfig(tile_n=128, stages=6, early_scales=True, cluster_m=2, tune=7),
+    MXGemmConfig(tile_n=128, stages=6, early_scales=True, pingpong=True, tune=8),
+    MXGemmConfig(tile_n=128, stages=6, early_scales=True, tune=9),
 )
 """Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py)."""

@@ -29,8 +29,16 @@ Structure (persistent, warp-specialized; 3 warpgroups, 384 threads, one CTA per 
   WG1/2  consumers (CONSUMER_REGISTERS): one tiled MMA over both (atom layout (2, 1, 1)), 64 rows each,
          m64 n{tile_n} k32 wgmmas from shared memory, promotion, epilogue (registers -> global, vector
          stores on full tiles, masked scalar stores on edge tiles).
-  config.overlap: two temporary accumulators; K tile kt + 1's wgmmas are issued before K tile kt is
-  promoted (wait_group(1)), so the tensor core is fed while the CUDA cores promote.
+  config.pingpong: the consumers take turns issuing each K tile's wgmmas (named barriers 1 and 2,
+  warp_specialization.turn_wait / turn_arrive; consumer 0 first): issued together, the tensor core
+  interleaves both warpgroups' wgmmas, both finish at once and both promote while it idles; in turns,
+  one promotes while the other's wgmmas run. (A variant with two temporary accumulators per warpgroup,
+  issuing K tile kt + 1 before promoting kt after wait_group(1), makes ptxas serialize every wgmma,
+  C7514 "non wgmma instructions reading accumulator registers ... between start and end of the
+  pipeline stage", with or without branches: only wait_group(0) lets the CUDA cores read an accumulator.)
+  config.early_scales: the 64 (96) scale products sa[m] * sb[n] of a K tile are loaded and multiplied
+  between issuing its wgmmas and waiting for them; after the wait only the FFMAs remain (costs one
+  more accumulator-sized register tensor).
   Scheduling: kernels/sm90/tile_scheduler.py GemmTileScheduler (grid min(tiles, max_ctas), bands of
   group_m M tiles). The producer runs ahead into the next work tile while the consumers finish one.
 Building blocks: kernels/sm90/wgmma (tiled FP8 MMA, K-block issue loop), warp_specialization (TMA ring,
@@ -42,6 +50,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
@@ -79,7 +88,8 @@ class MXGemmSm90:
         self.threads = ws.WARPGROUP_THREADS * (1 + NUM_CONSUMERS)
         # bytes one stage receives: A, B (1 byte per element), sa, sb (float32)
         self.tx_bytes = self.tm * BK + self.tn * BK + 4 * (self.tm + self.tn)
-        self.sched = GemmTileScheduler(self.tm, self.tn, config.group_m, config.max_ctas)
+        self.cm = config.cluster_m
+        self.sched = GemmTileScheduler(self.tm, self.tn, config.group_m, config.max_ctas, self.cm)
         ws.check_register_budget(NUM_CONSUMERS, PRODUCER_REGISTERS, CONSUMER_REGISTERS)
 
     # ------------------------------------------------------------------------------------------------
@@ -149,7 +159,13 @@ class MXGemmSm90:
         g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
         one = lambda layout: cute.slice_(layout, (None, None, 0))  # noqa: E731
         tma_a, ta = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, a, one(a_smem), (self.tm, BK))
-        tma_b, tb = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, b, one(b_smem), (self.tn, BK))
+        if cutlass.const_expr(self.cm > 1):  # each CTA of the pair loads half of B into both
+            mcast = cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
+            tma_b, tb = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                mcast, b, one(b_smem), (self.tn, BK), num_multicast=self.cm
+            )
+        else:
+            tma_b, tb = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, b, one(b_smem), (self.tn, BK))
         tma_sa, tsa = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, sa, one(sa_smem), (self.tm, 1))
         tma_sb, tsb = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, sb, one(sb_smem), (self.tn, 1))
 
@@ -169,6 +185,7 @@ class MXGemmSm90:
         ).launch(
             grid=[self.sched.grid(total), 1, 1],
             block=[self.threads, 1, 1],
+            cluster=[self.cm, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
         )  # fmt: skip
@@ -210,63 +227,81 @@ class MXGemmSm90:
         storage = smem.allocate(self.shared_storage)
         # every consumer warp releases every stage (both warpgroups read the same B tile)
         pipe = ws.make_tma_pipeline(
-            storage.mbar.data_ptr(), self.stages, ws.WARPGROUP_WARPS * NUM_CONSUMERS, self.tx_bytes
+            storage.mbar.data_ptr(), self.stages, ws.WARPGROUP_WARPS * NUM_CONSUMERS, self.tx_bytes, self.cm
         )
         sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
         sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
         sSA = storage.sSA.get_tensor(sa_smem)
         sSB = storage.sSB.get_tensor(sb_smem)
 
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        rank = Int32(0)
+        if cutlass.const_expr(self.cm > 1):
+            # every CTA's barriers must be initialized before its peer's multicast can arrive on them
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            pipeline.pipeline_init_arrive(cluster_shape_mn=(self.cm, 1), is_relaxed=True)
+            pipeline.pipeline_init_wait(cluster_shape_mn=(self.cm, 1))
+        else:
+            cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()
 
         if wg == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp == 0:
                 self._produce(tma_a, mA, sA, tma_b, mB, sB, tma_sa, mSA, sSA, tma_sb, mSB, sSB, pipe,
-                              m_tiles, n_tiles, total, k_tiles)  # fmt: skip
+                              m_tiles, n_tiles, total, k_tiles, rank)  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
             self._consume(sA, sB, sSA, sSB, pipe, mBias, mC, m_tiles, n_tiles, total, k_tiles,
-                          tidx - ws.WARPGROUP_THREADS)  # fmt: skip
+                          tidx - ws.WARPGROUP_THREADS, rank)  # fmt: skip
 
     @cute.jit
     def _produce(self, tma_a, mA, sA, tma_b, mB, sB, tma_sa, mSA, sSA, tma_sb, mSB, sSB, pipe,
-                 m_tiles, n_tiles, total, k_tiles):  # fmt: skip
-        """Producer warp: A, B, sa, sb of every K tile of this CTA's work tiles, in consumption order."""
+                 m_tiles, n_tiles, total, k_tiles, rank):  # fmt: skip
+        """Producer warp: A, B, sa, sb of every K tile of this CTA's work tiles, in consumption order (with
+        cluster_m = 2: this CTA's half of B, multicast into both CTAs of the pair)."""
 
-        def part(atom, s_tensor, g_tensor, tile):
+        def part(atom, s_tensor, g_tensor, tile, cta=0, ctas=1):
             return cute.nvgpu.cpasync.tma_partition(
                 atom,
-                0,
-                cute.make_layout(1),
+                cta,
+                cute.make_layout(ctas),
                 cute.group_modes(s_tensor, 0, 2),
                 cute.group_modes(cute.flat_divide(g_tensor, tile), 0, 2),
             )
 
         tAsA, tAgA = part(tma_a, sA, mA, (self.tm, BK))
-        tBsB, tBgB = part(tma_b, sB, mB, (self.tn, BK))
+        tBsB, tBgB = part(tma_b, sB, mB, (self.tn, BK), rank, self.cm)
+        b_mask = None
+        if cutlass.const_expr(self.cm > 1):
+            cta_layout = cute.make_layout((self.cm, 1, 1))
+            b_mask = cute.make_layout_image_mask(cta_layout, cta_layout.get_flat_coord(rank), mode=0)
         tSsA, tSgA = part(tma_sa, sSA, mSA, (self.tm, 1))
         tSsB, tSgB = part(tma_sb, sSB, mSB, (self.tn, 1))
         prod = pipe.make_producer()
-        bx, _, _ = cute.arch.block_idx()
-        gx, _, _ = cute.arch.grid_dim()
-        for t in cutlass.range(bx, total, gx, unroll=1):
-            w = self.sched.work_tile(t, m_tiles, n_tiles)
+        first, step = self._cluster_range()
+        for t in cutlass.range(first, total, step, unroll=1):
+            w = self.sched.work_tile(t, m_tiles, n_tiles, rank)
             for kt in cutlass.range(k_tiles, unroll=1):
                 h = prod.acquire_and_advance()
                 cute.copy(tma_a, tAgA[(None, w.m_tile, kt, w.g)], tAsA[(None, h.index)], tma_bar_ptr=h.barrier)
-                cute.copy(tma_b, tBgB[(None, w.n_tile, kt, w.g)], tBsB[(None, h.index)], tma_bar_ptr=h.barrier)
+                cute.copy(tma_b, tBgB[(None, w.n_tile, kt, w.g)], tBsB[(None, h.index)], tma_bar_ptr=h.barrier,
+                          mcast_mask=b_mask)  # fmt: skip
                 cute.copy(tma_sa, tSgA[(None, w.m_tile, kt, w.g)], tSsA[(None, h.index)], tma_bar_ptr=h.barrier)
                 cute.copy(tma_sb, tSgB[(None, w.n_tile, kt, w.g)], tSsB[(None, h.index)], tma_bar_ptr=h.barrier)
         prod.tail()
+
+    def _cluster_range(self) -> tuple[Int32, Int32]:
+        """(this cluster's first work item, the number of clusters): the persistent loop's start and step."""
+        bx, _, _ = cute.arch.block_idx()
+        gx, _, _ = cute.arch.grid_dim()
+        return bx // self.cm, gx // self.cm
 
     def _make_mma(self) -> cute.TiledMma:
         """Both consumer warpgroups' m64 n{tile_n} k32 FP8 wgmma, A and B K-major in shared memory."""
         return wgmma.make_fp8_ss_mma((WG_M, self.tn), self.a_dtype, self.b_dtype, (NUM_CONSUMERS, 1, 1))
 
     @cute.jit
-    def _consume(self, sA, sB, sSA, sSB, pipe, mBias, mC, m_tiles, n_tiles, total, k_tiles, tid):
+    def _consume(self, sA, sB, sSA, sSB, pipe, mBias, mC, m_tiles, n_tiles, total, k_tiles, tid, rank):
         """Consumer thread tid in [0, 256): rows 64 (tid // 128) + 16 warp + lane // 4 (+ 8) of each work
         tile; per K tile: wgmma into a temporary accumulator, promotion into the main one; then the epilogue."""
         mma = self._make_mma()
@@ -275,54 +310,52 @@ class MXGemmSm90:
         tCrB = mma.make_fragment_B(thr.partition_B(sB))
         acc_shape = thr.partition_shape_C((self.tm, self.tn))
         main = cute.make_rmem_tensor(acc_shape, Float32)
-        tmp0 = cute.make_rmem_tensor(acc_shape, Float32)
-        tmp1 = cute.make_rmem_tensor(acc_shape, Float32) if self.config.overlap else tmp0
+        tmp = cute.make_rmem_tensor(acc_shape, Float32)
+        prod = cute.make_rmem_tensor(acc_shape, Float32) if self.config.early_scales else tmp
         assert cute.size(main) == self.tn // 2
         gC_all = cute.local_tile(mC, (self.tm, self.tn), (None, None, None))
 
+        c = tid // ws.WARPGROUP_THREADS  # consumer warpgroup 0 or 1
         lane = tid % 32
-        row = (tid // ws.WARPGROUP_THREADS) * WG_M + ((tid % ws.WARPGROUP_THREADS) // 32) * 16 + lane // 4
+        row = c * WG_M + ((tid % ws.WARPGROUP_THREADS) // 32) * 16 + lane // 4
         col = 2 * (lane % 4)  # this thread's columns: col + v0 + 8 nb
-        bx, _, _ = cute.arch.block_idx()
-        gx, _, _ = cute.arch.grid_dim()
-        for t in cutlass.range(bx, total, gx, unroll=1):
-            w = self.sched.work_tile(t, m_tiles, n_tiles)
-            base = ((t - bx) // gx) * k_tiles  # ring position of this work tile's first K tile
+        if cutlass.const_expr(self.config.pingpong):
+            if c == 1:  # consumer 0 issues first
+                ws.turn_arrive(1)
+        first, step = self._cluster_range()
+        for t in cutlass.range(first, total, step, unroll=1):
+            w = self.sched.work_tile(t, m_tiles, n_tiles, rank)
+            base = ((t - first) // step) * k_tiles  # ring position of this work tile's first K tile
             main.fill(0.0)
-            if cutlass.const_expr(not self.config.overlap):
-                for kt in cutlass.range(k_tiles, unroll=1):
-                    self._issue(pipe, tmp0, tCrA, tCrB, base + kt)
+            for kt in cutlass.range(k_tiles, unroll=1):
+                self._issue(pipe, tmp, tCrA, tCrB, base + kt, c)
+                if cutlass.const_expr(self.config.early_scales):
+                    # the scale products are made while the wgmmas run; after the wait only the FFMAs
+                    self._scale_products(prod, sSA, sSB, base + kt, row, col)
                     cute.nvgpu.warpgroup.wait_group(0)
-                    self._promote(pipe, main, tmp0, sSA, sSB, base + kt, row, col)
-            else:
-                # K tiles in pairs: even ones in tmp0, odd ones in tmp1; the next is issued before promoting
-                self._issue(pipe, tmp0, tCrA, tCrB, base)
-                for kk in cutlass.range(0, k_tiles, 2, unroll=1):
-                    if kk + 1 < k_tiles:
-                        self._issue(pipe, tmp1, tCrA, tCrB, base + kk + 1)
-                        cute.nvgpu.warpgroup.wait_group(1)
-                    else:
-                        cute.nvgpu.warpgroup.wait_group(0)
-                    self._promote(pipe, main, tmp0, sSA, sSB, base + kk, row, col)
-                    if kk + 1 < k_tiles:
-                        if kk + 2 < k_tiles:
-                            self._issue(pipe, tmp0, tCrA, tCrB, base + kk + 2)
-                            cute.nvgpu.warpgroup.wait_group(1)
-                        else:
-                            cute.nvgpu.warpgroup.wait_group(0)
-                        self._promote(pipe, main, tmp1, sSA, sSB, base + kk + 1, row, col)
+                    self._accumulate(pipe, main, tmp, prod, base + kt)
+                else:
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    self._promote(pipe, main, tmp, sSA, sSB, base + kt, row, col)
             self._epilogue(main, thr, gC_all, mBias, mC, w, row, col)
+        if cutlass.const_expr(self.config.pingpong):
+            if c == 0:  # consume consumer 1's last arrive (or its initial one): the barriers end balanced
+                ws.turn_wait(0)
 
     @cute.jit
-    def _issue(self, pipe, tmp, tCrA, tCrB, pos):
+    def _issue(self, pipe, tmp, tCrA, tCrB, pos, c):
         """Waits for ring position pos and issues its K tile's wgmmas into tmp (fresh: the first k-block
-        does not accumulate); commits one group."""
+        does not accumulate); commits one group. pingpong: inside consumer c's turn."""
         state = ws.ring_state(self.stages, pos)
         pipe.consumer_wait(state)
+        if cutlass.const_expr(self.config.pingpong):
+            ws.turn_wait(c)
         cute.nvgpu.warpgroup.fence()
         s = state.index
         wgmma.gemm(self._make_mma, tmp, tCrA[(None, None, None, s)], tCrB[(None, None, None, s)], False)
         cute.nvgpu.warpgroup.commit_group()
+        if cutlass.const_expr(self.config.pingpong):
+            ws.turn_arrive(c)
 
     @cute.jit
     def _promote(self, pipe, main, tmp, sSA, sSB, pos, row, col):
@@ -340,6 +373,26 @@ class MXGemmSm90:
         for i in cutlass.range_constexpr(cute.size(main)):
             v0, v1, nb = acc_coords(i)
             main[i] = main[i] + tmp[i] * (sa_r[v1] * sb_c[2 * nb + v0])
+
+    @cute.jit
+    def _scale_products(self, prod, sSA, sSB, pos, row, col):
+        """prod[i] = sa[row(i)] * sb[col(i)] of ring position pos (its stage is full; its wgmmas may still
+        be running: only the scales are read)."""
+        s = ws.ring_state(self.stages, pos).index
+        sa_r = cute.make_rmem_tensor((2,), Float32)
+        for v1 in cutlass.range_constexpr(2):
+            sa_r[v1] = sSA[(row + 8 * v1, 0, s)]
+        for i in cutlass.range_constexpr(cute.size(prod) // 2):
+            _, v1, nb = acc_coords(2 * i)
+            for v0 in cutlass.range_constexpr(2):
+                prod[2 * i + v0] = sa_r[v1] * sSB[(col + v0 + 8 * nb, 0, s)]
+
+    @cute.jit
+    def _accumulate(self, pipe, main, tmp, prod, pos):
+        """main += tmp * prod once ring position pos's wgmmas have completed; releases its stage."""
+        pipe.consumer_release(ws.ring_state(self.stages, pos))
+        for i in cutlass.range_constexpr(cute.size(main)):
+            main[i] = main[i] + tmp[i] * prod[i]
 
     @cute.jit
     def _epilogue(self, main, thr, gC_all, mBias, mC, w: GemmTile, row, col):
