@@ -116,8 +116,20 @@ def _outer_site_dirs() -> list[str]:
     return dirs if jax_dir in dirs else [*dirs, jax_dir]
 
 
-def test_wheel_installs_and_loads(wheel: Path, tmp_path: Path):
+@pytest.fixture(scope="module")
+def plain_wheel(tmp_path_factory) -> Path:
+    """The py3-none wheel: the library alone, no extension (the loader's ctypes path)."""
+    out = tmp_path_factory.mktemp("dist_plain")
+    tool = str(ROOT / "tools" / "build_wheel.py")
+    subprocess.run([sys.executable, tool, "--no-build", "--no-extension", "--out", str(out)], check=True)
+    (whl,) = out.glob("*.whl")
+    return whl
+
+
+@pytest.mark.parametrize("kind", ["default", "no-extension"])
+def test_wheel_installs_and_loads(kind: str, wheel: Path, plain_wheel: Path, tmp_path: Path):
     """A clean venv (jax from this interpreter's site-packages), the wheel alone: the library inside loads."""
+    wheel = wheel if kind == "default" else plain_wheel
     venv = tmp_path / "venv"
     env = _clean_env()
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
