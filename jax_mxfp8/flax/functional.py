@@ -40,11 +40,13 @@ def linear(
     """y = x @ kernel + bias over the last axis of x. (..., D_in) x (D_in, D_out) -> (..., D_out).
 
     MXFP8 GEMMs (forward and backward) when precision.gemm == "mxfp8", else BF16 operands with FP32
-    accumulation. The kernel stays in its parameter dtype; it is only quantized (or rounded to BF16) for
-    the product. `dtype` is the output dtype (default: x's). `x_quantized` (from rms_norm_quantize) skips
-    the forward quantization of x; `rng` feeds stochastic gradient rounding. `gather_sharding` (FSDP):
-    quantize the kernel shard by shard and all-gather the MXFP8 bytes to this sharding instead of the
-    high-precision kernel (see jax_mxfp8.parallel.gather_quantized).
+    accumulation whose GEMMs write bf16 when the output dtype is bf16 (bf16_linear: the bias is then added
+    to the bf16-rounded product, as in stock Flax). The kernel stays in its parameter dtype; it is only
+    quantized (or rounded to BF16) for the product. `dtype` is the output dtype (default: x's).
+    `x_quantized` (from rms_norm_quantize) skips the forward quantization of x; `rng` feeds stochastic
+    gradient rounding. `gather_sharding` (FSDP): quantize the kernel shard by shard and all-gather the
+    MXFP8 bytes to this sharding instead of the high-precision kernel (see
+    jax_mxfp8.parallel.gather_quantized).
     """
     check_rank(x, 1, "x")
     out_dtype = dtype or x.dtype
@@ -73,35 +75,62 @@ def linear(
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def bf16_linear(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, out_dtype: np.dtype) -> jax.Array:
     """x @ kernel + bias with BF16 operands and FP32 accumulation, forward AND backward; (..., D_in) x
-    (D_in, D_out) (+ (D_out,)) -> (..., D_out) in out_dtype, bias added in float32.
+    (D_in, D_out) (+ (D_out,)) -> (..., D_out) in out_dtype.
+
+    Every GEMM writes its result in the dtype it is rounded to anyway (`_gemm_out_dtype`): bfloat16 for
+    bfloat16 outputs and gradients, as a stock nnx.Linear(dtype=bfloat16) does. A bf16 x bf16 -> bf16
+    dot_general still accumulates in float32 and rounds once at the end (XLA's default accumulator for
+    BF16 dots: cuBLAS compute type 32F on the GPU; XLA:CPU likewise; tests/test_flax_bf16_linear.py
+    checks it on the backend it runs on), so the product values are those of a float32 product rounded to
+    bfloat16, but the GEMM writes (and the next op reads) half the bytes: writing float32 products and
+    converting them in a separate pass cost the BF16 policy's train step ~2.4 GB of extra HBM traffic (see
+    docs/perf-notes.md, "BF16 policy vs stock block").
+
+    Bias (changed with that): with a bfloat16 output the bias (float32) is added in float32 to the product
+    already rounded to bfloat16, and the sum is rounded again (two roundings, like stock Flax, which adds a
+    bf16-rounded bias in bf16); with a float32 output (or float16, whose product is still formed in float32)
+    the bias is added to the float32 product before the one rounding.
 
     Why a custom_vjp: autodiff of dot_general(bf16, bf16, preferred_element_type=float32) hands the
     backward a float32 cotangent, and JAX then runs both backward GEMMs with float32 operands (the bf16
     operand upcast): float32/TF32 GEMMs on a GPU. Here the cotangent is rounded to bfloat16 (a no-op when
-    out_dtype is bfloat16, the usual case: the values are the same as autodiff's, up to summation order),
-    so dx and dkernel are bf16 x bf16 -> f32 GEMMs like the forward. Gradients are rounded as autodiff
-    rounded them (dx to x's dtype, dkernel to bfloat16 and back to the kernel's dtype).
+    out_dtype is bfloat16, the usual case), so dx and dkernel are bf16 x bf16 GEMMs with float32
+    accumulation like the forward. Gradients are rounded as autodiff rounded them (dx to x's dtype, dkernel
+    to bfloat16 and back to the kernel's dtype), each once, by the GEMM that computes it.
     """
     return _bf16_linear_fwd(x, kernel, bias, out_dtype)[0]
 
 
+def _gemm_out_dtype(dtype) -> np.dtype:
+    """The dtype a BF16 GEMM whose result is rounded to `dtype` writes: bfloat16 itself, else float32."""
+    return np.dtype(jnp.bfloat16) if np.dtype(dtype) == jnp.bfloat16 else np.dtype(jnp.float32)
+
+
+def _bf16_dot(a: jax.Array, b: jax.Array, dims, out_dtype) -> jax.Array:
+    """dot_general of bf16 a, b (FP32 accumulation) written as _gemm_out_dtype(out_dtype), then out_dtype."""
+    y = lax.dot_general(a, b, dims, preferred_element_type=_gemm_out_dtype(out_dtype))
+    return y.astype(out_dtype)
+
+
 def _bf16_linear_fwd(x, kernel, bias, out_dtype):
     xb, kb = x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16)
-    y = lax.dot_general(xb, kb, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(out_dtype), (x, kernel, bias)
+    dims = (((x.ndim - 1,), (0,)), ((), ()))
+    if bias is None:
+        return _bf16_dot(xb, kb, dims, out_dtype), (x, kernel, bias)
+    y = _bf16_dot(xb, kb, dims, _gemm_out_dtype(out_dtype)).astype(jnp.float32)
+    return (y + bias.astype(jnp.float32)).astype(out_dtype), (x, kernel, bias)
 
 
 def _bf16_linear_bwd(out_dtype, res, g):
     x, kernel, bias = res
     xb, kb, gb = x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16), g.astype(jnp.bfloat16)
     lead = tuple(range(g.ndim - 1))
-    dx = lax.dot_general(gb, kb, (((g.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    dk = lax.dot_general(xb, gb, ((lead, lead), ((), ())), preferred_element_type=jnp.float32)
+    dx = _bf16_dot(gb, kb, (((g.ndim - 1,), (1,)), ((), ())), x.dtype)
+    # dk is rounded to bfloat16 (by the GEMM), as autodiff through kernel.astype(bfloat16) did (and stock
+    # Flax does), then widened to the kernel's dtype
+    dk = _bf16_dot(xb, gb, ((lead, lead), ((), ())), jnp.bfloat16).astype(kernel.dtype)
     db = None if bias is None else jnp.sum(g.astype(jnp.float32), axis=lead).astype(bias.dtype)
-    # dk is rounded to bfloat16 first, as autodiff through kernel.astype(bfloat16) did (and stock Flax does)
-    return dx.astype(x.dtype), dk.astype(jnp.bfloat16).astype(kernel.dtype), db
+    return dx, dk, db
 
 
 bf16_linear.defvjp(_bf16_linear_fwd, _bf16_linear_bwd)
