@@ -230,16 +230,18 @@ ffi::Error Expect(const Tensor2D& t, ffi::DataType got, ffi::DataType want, int6
 
 namespace {
 // Function-local so that registration from other files' static initializers never sees it unconstructed.
-std::vector<const char*>& FfiTargets() {
-  static std::vector<const char*> targets;
+std::vector<std::pair<const char*, void*>>& FfiTargets() {
+  static std::vector<std::pair<const char*, void*>> targets;
   return targets;
 }
 }  // namespace
 
-void RegisterFfiTarget(const char* name) { FfiTargets().push_back(name); }
+void RegisterFfiTarget(const char* name, void* handler) { FfiTargets().emplace_back(name, handler); }
 
 int FfiTargetCount() { return static_cast<int>(FfiTargets().size()); }
 
-const char* FfiTargetName(int i) { return (i >= 0 && i < FfiTargetCount()) ? FfiTargets()[i] : nullptr; }
+const char* FfiTargetName(int i) { return (i >= 0 && i < FfiTargetCount()) ? FfiTargets()[i].first : nullptr; }
+
+void* FfiTargetHandler(int i) { return (i >= 0 && i < FfiTargetCount()) ? FfiTargets()[i].second : nullptr; }
 
 }  // namespace jmx

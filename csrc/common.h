@@ -118,12 +118,16 @@ ffi::Error Expect(const Tensor2D& t, ffi::DataType got, ffi::DataType want, int6
 // The FFI targets (XLA_FFI_DEFINE_HANDLER_SYMBOL names) the library defines, in registration order: each
 // handler file registers its targets with JMX_REGISTER_FFI_TARGET next to their definitions, and the C ABI
 // (csrc/library.cc) reports them so that the Python loader registers exactly these.
-void RegisterFfiTarget(const char* name);
+// Each target is kept with its handler's address (the XLA_FFI_Handler* the symbol defines), which the C ABI
+// hands to bindings that register it without a by-name symbol lookup (csrc/python/extension.cc).
+void RegisterFfiTarget(const char* name, void* handler);
 int FfiTargetCount();
 const char* FfiTargetName(int i);
+void* FfiTargetHandler(int i);
 
-#define JMX_REGISTER_FFI_TARGET(symbol) \
-  [[maybe_unused]] static const bool jmx_ffi_target_registered_##symbol = (::jmx::RegisterFfiTarget(#symbol), true)
+#define JMX_REGISTER_FFI_TARGET(symbol)                                   \
+  [[maybe_unused]] static const bool jmx_ffi_target_registered_##symbol = \
+      (::jmx::RegisterFfiTarget(#symbol, reinterpret_cast<void*>(&symbol)), true)
 
 // The binding every handler starts from: XLA's stream and device ordinal, then kArgs AnyBuffer operands and
 // kRets AnyBuffer results (FP8 buffers are AnyBuffer: jaxlib 0.10's FFI headers have no typed F8 buffers).

@@ -35,5 +35,23 @@ extern "C" int jax_mxfp8_preload(int device) {
 extern "C" int jax_mxfp8_ffi_target_count() { return jmx::FfiTargetCount(); }
 // The name of target i, or NULL out of range.
 extern "C" const char* jax_mxfp8_ffi_target_name(int i) { return jmx::FfiTargetName(i); }
+// The address of target i's handler (the same as the exported symbol of that name), or NULL out of range.
+extern "C" void* jax_mxfp8_ffi_target_handler(int i) { return jmx::FfiTargetHandler(i); }
+
+// What the library was built from, as "key=value" pairs separated by ';': the XLA FFI API version of the
+// headers, the jaxlib and CuTe DSL versions (defined by tools/build_library.py), the CUDA runtime it links
+// statically and the compiler.
+#ifndef JMX_BUILD_JAXLIB
+#define JMX_BUILD_JAXLIB "unknown"
+#endif
+#ifndef JMX_BUILD_CUTLASS_DSL
+#define JMX_BUILD_CUTLASS_DSL "unknown"
+#endif
+#define JMX_STR_(x) #x
+#define JMX_STR(x) JMX_STR_(x)
+extern "C" const char* jax_mxfp8_build_info() {
+  return "ffi_api=" JMX_STR(XLA_FFI_API_MAJOR) "." JMX_STR(XLA_FFI_API_MINOR) ";jaxlib=" JMX_BUILD_JAXLIB
+         ";cutlass_dsl=" JMX_BUILD_CUTLASS_DSL ";cuda_runtime=" JMX_STR(CUDART_VERSION) ";compiler=gcc " __VERSION__;
+}
 
 #pragma GCC visibility pop

@@ -1,10 +1,14 @@
 """Train a small decoder-only LM with MXFP8 GEMMs and attention next to a BF16 twin (the README's main job).
 
-Both models start from the same initial weights and see the same batches of synthetic text; the script
-prints their losses side by side, evaluates held-out loss, writes a PNG plot of both curves and a JSON
-history, and saves a checkpoint that --resume continues from. CPU by default; a GPU is used if JAX sees one.
+The text is real and needs no download: the Python standard library's own source files, byte-level,
+with a held-out split of whole files (examples/stdlib_text.py; `--corpus synthetic` for the old
+synthetic grammar). Both models start from the same initial weights and see the same batches; the script
+prints their losses side by side, evaluates held-out loss, reports tokens/s, writes a PNG plot of both
+curves and a JSON history, and saves a checkpoint that --resume continues from. CPU by default (a few
+minutes on 2 cores); a GPU is used if JAX sees one; `--preset h200` sizes the model for one H200.
 
 Run: python examples/train_lm.py [--steps 200] [--d-model 128] [--layers 2] [--policy mxfp8-head-bf16]
+     python examples/train_lm.py --preset h200            # on the GPU machine, with the kernels installed
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from lm_checkpoint import restore_checkpoint, save_checkpoint  # noqa: E402
 from lm_model import DecoderLM, eval_loss, make_optimizer, train_step  # noqa: E402
+from stdlib_text import ByteTokenizer  # noqa: E402
+from stdlib_text import load_corpus as load_stdlib  # noqa: E402
 from synthetic_text import CharTokenizer, generate_text  # noqa: E402
 
 from jax_mxfp8.flax import PrecisionPolicy  # noqa: E402
@@ -33,6 +39,24 @@ POLICIES = {
     "mxfp8-last-block-bf16": lambda n: PrecisionPolicy.mxfp8(bf16_layers=(f"blocks.{n - 1}.*", "lm_head")),
     "mxfp8-sr": lambda: PrecisionPolicy.mxfp8(bf16_layers=("lm_head",), grad_rounding="stochastic"),
     "mxfp8-wgrad-bf16": lambda: PrecisionPolicy.mxfp8(bf16_layers=("lm_head",), weight_grad="bf16"),
+}
+
+
+PRESETS = {
+    # one H200: ~100M parameters (8 x d1024, head_dim 128 so the Hopper attention kernel takes it, GQA 8/2),
+    # 16 x 2048 tokens per step
+    "h200": dict(
+        steps=1000,
+        batch=16,
+        seq_len=2048,
+        d_model=1024,
+        layers=8,
+        heads=8,
+        kv_heads=2,
+        lr=1e-3,
+        eval_every=100,
+        eval_batches=8,
+    ),
 }
 
 
@@ -48,14 +72,20 @@ def batches(tokens: np.ndarray, batch: int, seq_len: int, seed: int):
     rng = np.random.default_rng(seed)
     while True:
         starts = rng.integers(0, len(tokens) - seq_len - 1, size=batch)
-        yield np.stack([tokens[s : s + seq_len + 1] for s in starts])
+        yield np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int32)
 
 
-def load_corpus() -> tuple[CharTokenizer, np.ndarray, np.ndarray]:
-    """The tokenizer and the training and held-out token streams (deterministic synthetic text)."""
+def load_corpus(name: str = "stdlib") -> tuple[CharTokenizer | ByteTokenizer, np.ndarray, np.ndarray, str]:
+    """(tokenizer, training tokens, held-out tokens, description) of corpus `name`: "stdlib" (the Python
+    standard library's source, bytes, whole files held out) or "synthetic" (a small grammar, characters)."""
+    if name == "stdlib":
+        corpus = load_stdlib()
+        return ByteTokenizer(), corpus.train, corpus.val, corpus.describe()
+    if name != "synthetic":
+        raise ValueError(f"--corpus {name!r} is not 'stdlib' or 'synthetic'")
     text = generate_text(400_000, seed=1234)
     tok = CharTokenizer(text)
-    return tok, tok.encode(text), tok.encode(generate_text(40_000, seed=4321))
+    return tok, tok.encode(text), tok.encode(generate_text(40_000, seed=4321)), "synthetic grammar text"
 
 
 def build_model(args: argparse.Namespace, policy: PrecisionPolicy, vocab_size: int) -> DecoderLM:
@@ -73,6 +103,8 @@ def build_model(args: argparse.Namespace, policy: PrecisionPolicy, vocab_size: i
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a sized configuration; flags given still win")
+    p.add_argument("--corpus", default="stdlib", choices=["stdlib", "synthetic"])
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)
@@ -84,6 +116,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--policy", default="mxfp8-head-bf16", choices=sorted(POLICIES))
     p.add_argument("--no-bf16", action="store_true", help="train only the MXFP8 model")
     p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--eval-batches", type=int, default=1, help="held-out batches of 32 windows per evaluation")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="out/train_lm", help="folder for the plot, history and checkpoint")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
@@ -91,14 +124,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--stop-after", type=int, default=None, help="save a checkpoint and stop after this step (preemption)"
     )
     p.add_argument("--no-progress", action="store_true")
+    preset = p.parse_known_args(argv)[0].preset
+    if preset:
+        p.set_defaults(**PRESETS[preset])
     return p.parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> dict:
     """Trains the models and returns the history dict (also written to <out>/history.json)."""
     os.makedirs(args.out, exist_ok=True)
-    tok, train_tokens, val_tokens = load_corpus()
-    val_batch = next(batches(val_tokens, 32, args.seq_len, seed=99))
+    tok, train_tokens, val_tokens, corpus = load_corpus(args.corpus)
+    val_stream = batches(val_tokens, 32, args.seq_len, seed=99)
+    val_batches = [next(val_stream) for _ in range(args.eval_batches)]
 
     policies = {"mxfp8": make_policy(args.policy, args.layers)}
     if not args.no_bf16:
@@ -107,7 +144,8 @@ def run(args: argparse.Namespace) -> dict:
     for name, policy in policies.items():
         model = build_model(args, policy, tok.vocab_size)  # same seed -> same initial weights
         runs[name] = (model, make_optimizer(model, learning_rate=args.lr, steps=args.steps))
-    print(f"devices: {jax.devices()}  vocab: {tok.vocab_size}  train chars: {len(train_tokens)}")
+    print(f"corpus: {corpus}")
+    print(f"devices: {jax.devices()}  vocab: {tok.vocab_size}  train tokens: {len(train_tokens)}")
     print("precision policy of the MXFP8 model:\n" + policies["mxfp8"].table(runs["mxfp8"][0].layer_names()))
 
     history = {
@@ -147,7 +185,7 @@ def run(args: argparse.Namespace) -> dict:
         if (step + 1) % args.eval_every == 0 or step + 1 == end:
             history["val_step"].append(step + 1)
             for name, (model, _) in runs.items():
-                history["val"][name].append(float(eval_loss(model, val_batch)))
+                history["val"][name].append(float(np.mean([eval_loss(model, vb) for vb in val_batches])))
             vals = "  ".join(f"{n} {history['val'][n][-1]:.4f}" for n in runs)
             msg = (
                 f"step {step + 1:4d}  train " + "  ".join(f"{n} {v:.4f}" for n, v in losses.items()) + f"  | val {vals}"
@@ -158,6 +196,9 @@ def run(args: argparse.Namespace) -> dict:
 
     # median step time after the first (compiling) steps
     history["step_time_s"] = {n: float(np.median(t[2:])) if len(t) > 2 else None for n, t in step_times.items()}
+    tokens_per_step = args.batch * args.seq_len
+    history["tokens_per_s"] = {n: tokens_per_step / t if t else None for n, t in history["step_time_s"].items()}
+    history["corpus"] = corpus
     save_checkpoint(ckpt, runs, end, history)
     if end < args.steps:
         print(f"stopped after step {end}; continue with --resume")
@@ -172,8 +213,9 @@ def run(args: argparse.Namespace) -> dict:
     history["summary"] = summary
     print("final (train: mean of last 10 steps):")
     for n, s in summary.items():
-        t = history["step_time_s"][n]
-        print(f"  {n:6s} train {s['final_train_loss']:.4f}  val {s['final_val_loss']:.4f}  step time {t} s")
+        t, tps = history["step_time_s"][n], history["tokens_per_s"][n]
+        speed = f"step {t * 1e3:.1f} ms  {tps:,.0f} tokens/s" if t else "step time n/a"
+        print(f"  {n:6s} train {s['final_train_loss']:.4f}  val {s['final_val_loss']:.4f}  {speed}")
     print(f"wrote {args.out}/loss.png, history.json, checkpoint/")
     return history
 
@@ -190,8 +232,10 @@ def plot(history: dict, path: str) -> None:
         ax.plot(history["step"], losses, color=colors.get(name), label=f"{name} train", alpha=0.6)
         ax.plot(history["val_step"], history["val"][name], "o--", color=colors.get(name), label=f"{name} held-out")
     ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/char)")
-    ax.set_title("Decoder LM on synthetic text: MXFP8 vs BF16")
+    corpus = history.get("args", {}).get("corpus", "stdlib")
+    unit, what = ("byte", "Python stdlib source") if corpus == "stdlib" else ("char", "synthetic text")
+    ax.set_ylabel(f"cross-entropy (nats/{unit})")
+    ax.set_title(f"Decoder LM on {what}: MXFP8 vs BF16")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -43,7 +43,7 @@ def _fwd_bwd(config, is_causal, with_mask, with_lengths):
                 query_seq_lengths=q_len if with_lengths else None,
                 key_value_seq_lengths=kv_len if with_lengths else None,
                 config=config,
-                return_residual=True,
+                return_residual="lse",
             )
 
         (o, lse), vjp = jax.vjp(f, q, k, v)

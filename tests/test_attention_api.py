@@ -160,8 +160,8 @@ def test_grad_under_jit_matches_emulation():
 
 def test_unbatched_inputs():
     q, k, v, _ = _inputs(b=1)
-    o, lse = mx.dot_product_attention(q[0], k[0], v[0], return_residual=True)
-    o4, lse4 = mx.dot_product_attention(q, k, v, return_residual=True)
+    o, lse = mx.dot_product_attention(q[0], k[0], v[0], return_residual="lse")
+    o4, lse4 = mx.dot_product_attention(q, k, v, return_residual="lse")
     assert o.shape == q.shape[1:] and lse.shape == (2, 64)
     assert_bits_equal(o, o4[0])
     assert_bits_equal(lse, lse4[0])

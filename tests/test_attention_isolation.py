@@ -25,9 +25,9 @@ def test_causal_safe_outputs_ignore_future_positions(qkv_blocks):
     q, k, v, _ = normal_inputs(rng, b=1, t=128, s=128, n=2, n_kv=1, h=64)
     cfg = mx.AttentionConfig(qkv_blocks=qkv_blocks, causal_safe=True)
     t0 = 70  # not a block boundary: positions 64..69 share 32-row blocks with perturbed 70..95
-    o1, lse1 = mx.dot_product_attention(q, k, v, is_causal=True, config=cfg, return_residual=True)
+    o1, lse1 = mx.dot_product_attention(q, k, v, is_causal=True, config=cfg, return_residual="lse")
     q2, k2, v2 = (_perturb_future(rng, x, t0) for x in (q, k, v))
-    o2, lse2 = mx.dot_product_attention(q2, k2, v2, is_causal=True, config=cfg, return_residual=True)
+    o2, lse2 = mx.dot_product_attention(q2, k2, v2, is_causal=True, config=cfg, return_residual="lse")
     assert_bits_equal(o1[:, :t0], o2[:, :t0])
     assert_bits_equal(lse1[..., :t0], lse2[..., :t0])
     assert not np.array_equal(np.asarray(o1[:, t0:]), np.asarray(o2[:, t0:]))

@@ -35,7 +35,7 @@ def _needs_kernel():
 
 
 def _run(q, k, v, impl, **kw):
-    f = jax.jit(lambda q, k, v: mx.dot_product_attention(q, k, v, implementation=impl, return_residual=True, **kw))
+    f = jax.jit(lambda q, k, v: mx.dot_product_attention(q, k, v, implementation=impl, return_residual="lse", **kw))
     o, lse = f(q, k, v)
     return np.asarray(o, np.float64), np.asarray(lse, np.float64)
 
@@ -196,7 +196,7 @@ def test_bit_identical_across_runs(p_scale):
     q, k, v = _inputs(rng, 2, 1024, 1024, 4, 2, 128)
     config = mx.AttentionConfig(p_scale=p_scale)
     f = jax.jit(
-        lambda q, k, v: mx.dot_product_attention(q, k, v, implementation="cuda", return_residual=True, config=config)
+        lambda q, k, v: mx.dot_product_attention(q, k, v, implementation="cuda", return_residual="lse", config=config)
     )
     first = [np.asarray(x).tobytes() for x in f(q, k, v)]
     for _ in range(19):

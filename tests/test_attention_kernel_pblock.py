@@ -179,7 +179,7 @@ def _compare(q, k, v, *, causal, config, q_len=None, kv_len=None):
     o_e, lse_e = emulated(q, k, v, causal=causal, q_len=q_len, kv_len=kv_len, config=config)
     o_r, lse_r = mx.dot_product_attention(
         q, k, v, is_causal=causal, query_seq_lengths=q_len, key_value_seq_lengths=kv_len,
-        implementation="xla", config=config, return_residual=True,
+        implementation="xla", config=config, return_residual="lse",
     )  # fmt: skip
     f64 = [np.asarray(x, np.float64) for x in (q, k, v)]
     o_x, _ = exact_attention(*f64, causal=causal, q_len=None if q_len is None else np.asarray(q_len),
@@ -265,7 +265,7 @@ def test_block_nan_operand_gives_reference_nan_pattern():
         args[name] = args[name].at[0, 40, 1, 7].set(jnp.nan)
         o_e, lse_e = emulated(args["q"], args["k"], args["v"], causal=False, config=config)
         o_r, lse_r = mx.dot_product_attention(
-            args["q"], args["k"], args["v"], implementation="xla", config=config, return_residual=True
+            args["q"], args["k"], args["v"], implementation="xla", config=config, return_residual="lse"
         )
         np.testing.assert_array_equal(np.isnan(np.asarray(o_e)), np.isnan(np.asarray(o_r, np.float32)), name)
         np.testing.assert_array_equal(np.isnan(np.asarray(lse_e)), np.isnan(np.asarray(lse_r)), name)

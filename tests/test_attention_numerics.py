@@ -150,10 +150,10 @@ def test_lse_and_its_gradient():
     w = rng.standard_normal((1, 2, 128)).astype(np.float32)
 
     def loss(q, k):
-        _, lse = mx.dot_product_attention(q, k, v, return_residual=True)
+        _, lse = mx.dot_product_attention(q, k, v, return_residual="lse")
         return jnp.sum(lse * w)
 
-    _, lse = mx.dot_product_attention(q, k, v, return_residual=True)
+    _, lse = mx.dot_product_attention(q, k, v, return_residual="lse")
     assert lse.shape == (1, 2, 128) and lse.dtype == jnp.float32
     ref = exact_attention(q, k, v)[1]
     assert sqnr_db(lse, ref) >= 40

@@ -95,7 +95,7 @@ BAD = {
     "dot option": (lambda: _dot(weight_grad="fp16"), "weight_grad"),
     "dot dtype": (lambda: _dot(dtype=jnp.float16), "dtype"),
     "dot preferred type": (lambda: _dot(preferred_element_type="abc"), "preferred_element_type"),
-    "dot implementation": (lambda: _dot(implementation="cuda"), "implementation"),
+    "dot implementation": (lambda: _dot(implementation="tpu"), "implementation"),
     "dot stochastic no rng": (lambda: _dot(grad_rounding="stochastic"), "rng"),
     # rms_norm_quantize
     "rms eps negative": (lambda: _rms(eps=-1.0), "eps=-1"),

@@ -38,6 +38,8 @@ C_ABI = {
     "jax_mxfp8_preload",
     "jax_mxfp8_ffi_target_count",
     "jax_mxfp8_ffi_target_name",
+    "jax_mxfp8_ffi_target_handler",
+    "jax_mxfp8_build_info",
 }
 EXPORTED = HANDLERS | C_ABI
 EM_CUDA = 190

@@ -250,7 +250,7 @@ def test_out_of_range_dimension_numbers_raise_like_lax(dn):
         (dict(dimension_numbers="nonsense"), "dimension_numbers"),
         (dict(weight_grad="fp16"), "weight_grad"),
         (dict(dtype=jnp.float16), "dtype"),
-        (dict(implementation="cuda"), "implementation"),
+        (dict(implementation="tpu"), "implementation"),
     ],
 )
 def test_bad_inputs_raise_value_error(kwargs, match):

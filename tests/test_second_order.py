@@ -72,8 +72,8 @@ def _unguarded(fn, fwd, bwd, nondiff):
 
 
 def test_first_order_gradients_are_bit_identical():
-    raw_dot = _unguarded(dot_mod._mx_dot, dot_mod._mx_dot_fwd, dot_mod._mx_dot_bwd, (5, 6, 7))
-    args = (None, None, None, DN, np.dtype(np.float32), mx.MXDotConfig())
+    raw_dot = _unguarded(dot_mod._mx_dot, dot_mod._mx_dot_fwd, dot_mod._mx_dot_bwd, (5, 6, 7, 8))
+    args = (None, None, None, DN, np.dtype(np.float32), mx.MXDotConfig(), None, None)
 
     def both(f):
         return jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.sin(f(x, w, *args))), (0, 1)))(X, W)

@@ -20,7 +20,9 @@ from jax_mxfp8.ops.mx_dot_general import mx_dot_general
 from jax_mxfp8.ops.rms_norm_quantize import rms_norm_quantize
 from jax_mxfp8.ops.varlen_attention import varlen_attention
 from jax_mxfp8.parallel.fsdp import fsdp_mx_dot, fsdp_supported, gather_quantized
+from jax_mxfp8.reference.attention_tiling import round_up
 from jax_mxfp8.reference.rms_norm import rms_norm
+from jax_mxfp8.reference.varlen import seq_lengths, to_packed, to_padded
 
 
 def linear(
@@ -38,11 +40,13 @@ def linear(
     """y = x @ kernel + bias over the last axis of x. (..., D_in) x (D_in, D_out) -> (..., D_out).
 
     MXFP8 GEMMs (forward and backward) when precision.gemm == "mxfp8", else BF16 operands with FP32
-    accumulation. The kernel stays in its parameter dtype; it is only quantized (or rounded to BF16) for
-    the product. `dtype` is the output dtype (default: x's). `x_quantized` (from rms_norm_quantize) skips
-    the forward quantization of x; `rng` feeds stochastic gradient rounding. `gather_sharding` (FSDP):
-    quantize the kernel shard by shard and all-gather the MXFP8 bytes to this sharding instead of the
-    high-precision kernel (see jax_mxfp8.parallel.gather_quantized).
+    accumulation whose GEMMs write bf16 when the output dtype is bf16 (bf16_linear: the bias is then added
+    to the bf16-rounded product, as in stock Flax). The kernel stays in its parameter dtype; it is only
+    quantized (or rounded to BF16) for the product. `dtype` is the output dtype (default: x's).
+    `x_quantized` (from rms_norm_quantize) skips the forward quantization of x; `rng` feeds stochastic
+    gradient rounding. `gather_sharding` (FSDP): quantize the kernel shard by shard and all-gather the
+    MXFP8 bytes to this sharding instead of the high-precision kernel (see
+    jax_mxfp8.parallel.gather_quantized).
     """
     check_rank(x, 1, "x")
     out_dtype = dtype or x.dtype
@@ -50,22 +54,20 @@ def linear(
     config = precision.dot_config(hadamard_seed)
     sr = precision.grad_rounding == "stochastic"
     if precision.gemm == "mxfp8" and gather_sharding is not None and not sr and fsdp_supported(kernel.shape, config):
-        # FSDP: MXFP8 gathers for the forward and the dgrad GEMM (no float32 weight all-gather at all)
-        y = fsdp_mx_dot(
-            x,
-            kernel,
-            gather_sharding,
-            config=config,
-            x_quantized=x_quantized,
-            preferred_element_type=jnp.float32,
-        )
-    elif precision.gemm == "mxfp8":
-        y = mx_dot_general(
+        # FSDP: MXFP8 gathers for the forward and the dgrad GEMM (no float32 weight all-gather at all); the
+        # bias is added in float32 before the one rounding to out_dtype, as mx_dot_general(bias=) does
+        y = fsdp_mx_dot(x, kernel, gather_sharding, config=config, x_quantized=x_quantized)
+        return (y if bias is None else y + bias.astype(jnp.float32)).astype(out_dtype)
+    if precision.gemm == "mxfp8":
+        # the bias goes into the GEMM (its epilogue on the kernel path): added in float32 before the one
+        # rounding to out_dtype, so the GEMM writes out_dtype instead of a float32 product to add it to
+        return mx_dot_general(
             x,
             kernel,
             dn,
-            preferred_element_type=jnp.float32,
-            config=precision.dot_config(hadamard_seed),
+            preferred_element_type=out_dtype,
+            bias=bias,
+            config=config,
             rng=rng if precision.grad_rounding == "stochastic" else None,
             lhs_quantized=None if precision.hadamard else x_quantized,
             rhs_quantized=(
@@ -74,45 +76,68 @@ def linear(
                 else None
             ),
         )
-    else:
-        return bf16_linear(x, kernel, bias, np.dtype(out_dtype))
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(out_dtype)
+    return bf16_linear(x, kernel, bias, np.dtype(out_dtype))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def bf16_linear(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, out_dtype: np.dtype) -> jax.Array:
     """x @ kernel + bias with BF16 operands and FP32 accumulation, forward AND backward; (..., D_in) x
-    (D_in, D_out) (+ (D_out,)) -> (..., D_out) in out_dtype, bias added in float32.
+    (D_in, D_out) (+ (D_out,)) -> (..., D_out) in out_dtype.
+
+    Every GEMM writes its result in the dtype it is rounded to anyway (`_gemm_out_dtype`): bfloat16 for
+    bfloat16 outputs and gradients, as a stock nnx.Linear(dtype=bfloat16) does. A bf16 x bf16 -> bf16
+    dot_general still accumulates in float32 and rounds once at the end (XLA's default accumulator for
+    BF16 dots: cuBLAS compute type 32F on the GPU; XLA:CPU likewise; tests/test_flax_bf16_linear.py
+    checks it on the backend it runs on), so the product values are those of a float32 product rounded to
+    bfloat16, but the GEMM writes (and the next op reads) half the bytes: writing float32 products and
+    converting them in a separate pass cost the BF16 policy's train step ~2.4 GB of extra HBM traffic (see
+    docs/perf-notes.md, "BF16 policy vs stock block").
+
+    Bias (changed with that): with a bfloat16 output the bias (float32) is added in float32 to the product
+    already rounded to bfloat16, and the sum is rounded again (two roundings, like stock Flax, which adds a
+    bf16-rounded bias in bf16); with a float32 output (or float16, whose product is still formed in float32)
+    the bias is added to the float32 product before the one rounding.
 
     Why a custom_vjp: autodiff of dot_general(bf16, bf16, preferred_element_type=float32) hands the
     backward a float32 cotangent, and JAX then runs both backward GEMMs with float32 operands (the bf16
     operand upcast): float32/TF32 GEMMs on a GPU. Here the cotangent is rounded to bfloat16 (a no-op when
-    out_dtype is bfloat16, the usual case: the values are the same as autodiff's, up to summation order),
-    so dx and dkernel are bf16 x bf16 -> f32 GEMMs like the forward. Gradients are rounded as autodiff
-    rounded them (dx to x's dtype, dkernel to bfloat16 and back to the kernel's dtype).
+    out_dtype is bfloat16, the usual case), so dx and dkernel are bf16 x bf16 GEMMs with float32
+    accumulation like the forward. Gradients are rounded as autodiff rounded them (dx to x's dtype, dkernel
+    to bfloat16 and back to the kernel's dtype), each once, by the GEMM that computes it.
     """
     return _bf16_linear_fwd(x, kernel, bias, out_dtype)[0]
 
 
+def _gemm_out_dtype(dtype) -> np.dtype:
+    """The dtype a BF16 GEMM whose result is rounded to `dtype` writes: bfloat16 itself, else float32."""
+    return np.dtype(jnp.bfloat16) if np.dtype(dtype) == jnp.bfloat16 else np.dtype(jnp.float32)
+
+
+def _bf16_dot(a: jax.Array, b: jax.Array, dims, out_dtype) -> jax.Array:
+    """dot_general of bf16 a, b (FP32 accumulation) written as _gemm_out_dtype(out_dtype), then out_dtype."""
+    y = lax.dot_general(a, b, dims, preferred_element_type=_gemm_out_dtype(out_dtype))
+    return y.astype(out_dtype)
+
+
 def _bf16_linear_fwd(x, kernel, bias, out_dtype):
     xb, kb = x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16)
-    y = lax.dot_general(xb, kb, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(out_dtype), (x, kernel, bias)
+    dims = (((x.ndim - 1,), (0,)), ((), ()))
+    if bias is None:
+        return _bf16_dot(xb, kb, dims, out_dtype), (x, kernel, bias)
+    y = _bf16_dot(xb, kb, dims, _gemm_out_dtype(out_dtype)).astype(jnp.float32)
+    return (y + bias.astype(jnp.float32)).astype(out_dtype), (x, kernel, bias)
 
 
 def _bf16_linear_bwd(out_dtype, res, g):
     x, kernel, bias = res
     xb, kb, gb = x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16), g.astype(jnp.bfloat16)
     lead = tuple(range(g.ndim - 1))
-    dx = lax.dot_general(gb, kb, (((g.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    dk = lax.dot_general(xb, gb, ((lead, lead), ((), ())), preferred_element_type=jnp.float32)
+    dx = _bf16_dot(gb, kb, (((g.ndim - 1,), (1,)), ((), ())), x.dtype)
+    # dk is rounded to bfloat16 (by the GEMM), as autodiff through kernel.astype(bfloat16) did (and stock
+    # Flax does), then widened to the kernel's dtype
+    dk = _bf16_dot(xb, gb, ((lead, lead), ((), ())), jnp.bfloat16).astype(kernel.dtype)
     db = None if bias is None else jnp.sum(g.astype(jnp.float32), axis=lead).astype(bias.dtype)
-    # dk is rounded to bfloat16 first, as autodiff through kernel.astype(bfloat16) did (and stock Flax does)
-    return dx.astype(x.dtype), dk.astype(jnp.bfloat16).astype(kernel.dtype), db
+    return dx, dk, db
 
 
 bf16_linear.defvjp(_bf16_linear_fwd, _bf16_linear_bwd)
@@ -160,7 +185,9 @@ def attention(
     return bf16_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal).astype(q.dtype)
 
 
-def bf16_attention(q, k, v, *, bias=None, mask=None, is_causal: bool) -> jax.Array:
+def bf16_attention(
+    q, k, v, *, bias=None, mask=None, is_causal: bool, query_seq_lengths=None, key_value_seq_lengths=None
+) -> jax.Array:
     """jax.nn.dot_product_attention on bf16 q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H) bf16.
 
     On a GPU backend it asks for cuDNN's fused (flash) attention, the BF16 baseline MXFP8 attention is
@@ -169,7 +196,17 @@ def bf16_attention(q, k, v, *, bias=None, mask=None, is_causal: bool) -> jax.Arr
     not cover (jax.nn checks them while tracing: head dim, dtype, bias/mask patterns) fall back to XLA.
     """
     q, k, v = (a.astype(jnp.bfloat16) for a in (q, k, v))
-    call = functools.partial(jax.nn.dot_product_attention, q, k, v, bias=bias, mask=mask, is_causal=is_causal)
+    call = functools.partial(
+        jax.nn.dot_product_attention,
+        q,
+        k,
+        v,
+        bias=bias,
+        mask=mask,
+        is_causal=is_causal,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+    )
     if jax.default_backend() == "gpu":
         try:
             return call(implementation="cudnn")
@@ -191,8 +228,11 @@ def jagged_attention(
 ) -> jax.Array:
     """Attention within packed sequences: q (T_total, N, H), k/v (T_total, K, H) -> (T_total, N, H).
 
-    The BF16 path masks a (T_total x T_total) score matrix by sequence id: fine for examples and tests,
-    quadratic in T_total; the MXFP8 path (varlen_attention) never forms it.
+    The MXFP8 path is varlen_attention (packed rows, no padding). The BF16 path gathers the sequences into
+    a padded batch (B, round_up(max_seqlen, 32), ...) and runs jax.nn.dot_product_attention with
+    query_seq_lengths / key_value_seq_lengths (cuDNN's fused attention on a GPU, see bf16_attention):
+    the strong BF16 baseline, whose cost grows with B * max_seqlen^2, not T_total^2. Sequences longer than
+    max_seqlen are truncated to it on both paths; rows outside every sequence are 0.
     """
     if precision.attention == "mxfp8":
         return varlen_attention(
@@ -206,14 +246,11 @@ def jagged_attention(
             is_causal=is_causal,
             config=config,
         )
-    total = q.shape[0]
-    rows = jnp.arange(total)
-    seq = jnp.searchsorted(cu_seqlens, rows, side="right")
-    valid = rows < cu_seqlens[-1]
-    mask = (seq[:, None] == seq[None, :]) & valid[:, None] & valid[None, :]
-    if is_causal:
-        mask &= rows[:, None] >= rows[None, :]
-    out = jax.nn.dot_product_attention(
-        q[None].astype(jnp.bfloat16), k[None].astype(jnp.bfloat16), v[None].astype(jnp.bfloat16), mask=mask[None, None]
-    )[0]
-    return jnp.where(valid[:, None, None], out, 0).astype(q.dtype)
+    cu = jnp.asarray(cu_seqlens, jnp.int32)
+    lengths = seq_lengths(cu, max_seqlen)
+    padded_len = round_up(max_seqlen, 32)
+    qp, kp, vp = (to_padded(a, cu, lengths, padded_len) for a in (q, k, v))
+    out = bf16_attention(
+        qp, kp, vp, is_causal=is_causal, query_seq_lengths=lengths, key_value_seq_lengths=lengths
+    )  # (B, L, N, H); rows past a sequence's length are dropped by to_packed
+    return to_packed(out, cu, lengths, q.shape[0]).astype(q.dtype)

@@ -17,10 +17,12 @@ import numpy as np
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
+from jax_mxfp8.ops import attention_compat as compat
 from jax_mxfp8.ops.checks import check_nonnegative_lengths
 from jax_mxfp8.ops.cotangents import remat_safe
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.ops.quantize import quantize as quantize_op
+from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.primitives import attention_fwd as attention_kernel
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives.attention_operands import prepare_sequence_major
@@ -41,7 +43,9 @@ def check_implementation(implementation) -> None:
     impl.check(implementation)
 
 
-def choose_implementation(implementation: str | None, unsupported: str | None = None) -> str:
+def choose_implementation(
+    implementation: str | None, unsupported: str | None = None, op: str = "dot_product_attention"
+) -> str:
     """Resolves `implementation` for one call: "xla", "emulated" or "cuda" (the Hopper kernel).
 
     None picks the kernel when it can run (library built, default backend a compute-capability 9.x GPU)
@@ -50,7 +54,7 @@ def choose_implementation(implementation: str | None, unsupported: str | None = 
     cannot run here and ValueError naming the reason when it does not cover the arguments (the one
     policy of jax_mxfp8.primitives.implementation, which also preloads the kernel modules).
     """
-    return impl.resolve(implementation, unsupported, attention_kernel.ARCHS)
+    return impl.resolve(implementation, unsupported, attention_kernel.ARCHS, op=op)
 
 
 def kernel_unsupported(config, *, head_dim, is_causal, has_bias, has_mask, out_dtype, mx_inputs) -> str | None:
@@ -459,6 +463,7 @@ def output_dtype(operands) -> np.dtype:
 # ---------------------------------------------------------------------------------------------------------
 
 
+@named_op("dot_product_attention")
 def dot_product_attention(
     query: jax.Array | MXArray,
     key: jax.Array | MXArray,
@@ -472,7 +477,8 @@ def dot_product_attention(
     key_value_seq_lengths: jax.Array | None = None,
     implementation: str | None = None,
     config: AttentionConfig | None = None,
-    return_residual: bool = False,
+    return_residual: bool | str = False,
+    local_window_size: int | tuple[int, int] | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """MXFP8 scaled dot-product attention with jax.nn.dot_product_attention's layout and masks.
 
@@ -497,18 +503,22 @@ def dot_product_attention(
         ValueError saying why not). The kernel computes the forward pass; the backward is the XLA
         reference either way. See choose_implementation and kernel_unsupported.
       config: AttentionConfig (default AttentionConfig()).
-      return_residual: also return the log-sum-exp.
+      return_residual: True: also return jax.nn's residual, the log-sum-exp (B, T, N) (or (T, N)) in the
+        output's dtype with its gradient stopped; "lse": our float32 (B, N, T) LSE, differentiable.
+      local_window_size: (left, right) or w = (w, w): query t attends keys t - left .. t + right, as in
+        jax.nn (XLA reference only). See jax_mxfp8/ops/attention_compat.py.
 
     Returns:
       The output, shaped like query, in the inputs' dtype (bfloat16 if all three are MXArrays). Query rows
-      with no valid key (fully masked) are 0. With return_residual=True, (output, lse) where lse is float32
-      (B, N, T) (or (N, T) for unbatched input), -inf on fully masked rows. Note: jax.nn returns its residual
-      as (B, T, N).
+      with no valid key (fully masked) are 0 (jax.nn's XLA path: the mean of V) and their LSE -inf. With
+      return_residual, (output, residual) as above.
 
     Gradients flow to query, key, value and bias (not to MXArray inputs, which are constants), under the
     straight-through rule: quantization is treated as identity and the backward GEMMs are MXFP8 too.
     """
     check_implementation(implementation)
+    compat.check_return_residual(return_residual)
+    window = compat.check_window(local_window_size)
     config = check_config(config, is_causal)
 
     q, unbatched = _as_4d_operand(query, "query")
@@ -525,6 +535,8 @@ def dot_product_attention(
     full = (b, n, t, s)
     bias = _check_broadcast_4d(bias, "bias", full, is_mask=False)
     mask = _check_broadcast_4d(mask, "mask", full, is_mask=True)
+    if window is not None:
+        mask = compat.with_window(mask, window, t, s)
     q_len = _check_lengths(query_seq_lengths, "query_seq_lengths", b)
     kv_len = _check_lengths(key_value_seq_lengths, "key_value_seq_lengths", b)
     why_not = kernel_unsupported(
@@ -536,6 +548,7 @@ def dot_product_attention(
         out_dtype=out_dtype,
         mx_inputs=[(nm, x) for nm, x in (("query", q), ("key", k), ("value", v)) if isinstance(x, MXArray)],
     )
+    why_not = compat.KERNEL_NO_WINDOW if window is not None else why_not
     static = AttentionStatic(
         config=config,
         scale=check_scale(scale, h),
@@ -548,4 +561,6 @@ def dot_product_attention(
     out, lse = _mx_attention_jit(static, q, k, v, bias, mask, q_len, kv_len)
     if unbatched:
         out, lse = out[0], lse[0]
-    return (out, lse) if return_residual else out
+    if not return_residual:
+        return out
+    return (out, lse) if return_residual == "lse" else (out, compat.jax_nn_residual(lse, out.dtype))

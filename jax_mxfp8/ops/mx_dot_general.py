@@ -10,13 +10,41 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mxfp8.formats import MXArray, dequantize
-from jax_mxfp8.ops.cotangents import zero_cotangent
+from jax_mxfp8.ops import mx_dot_kernel
+from jax_mxfp8.ops.cotangents import remat_safe, zero_cotangent
+from jax_mxfp8.ops.mx_dot_blackwell import cudnn_dot_general, cudnn_unsupported
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
+from jax_mxfp8.ops.scope import named_op
+from jax_mxfp8.primitives import implementation as impl
+from jax_mxfp8.primitives import library
 from jax_mxfp8.reference import gemm_dims
 from jax_mxfp8.reference.gemm import OperandLayout, operand_layouts
 from jax_mxfp8.reference.gemm_config import MXDotConfig
 
-IMPLEMENTATIONS = (None, "xla")
+IMPLEMENTATIONS = impl.IMPLEMENTATIONS
+
+
+def choose_path(implementation: str | None, kernel_why_not: str | None, cudnn_why_not: str | None) -> str:
+    """The path one call takes: "xla", "emulated", "cuda" (the Hopper MX GEMM kernel) or "cudnn".
+
+    On a compute-capability 10.x GPU (Blackwell), None and "cuda" take jax.nn.scaled_dot_general (cuDNN's
+    block-scaled GEMM, ops/mx_dot_blackwell.py) when it covers the call; None falls back to the XLA
+    reference otherwise, "cuda" raises ValueError with the reason. Elsewhere the one policy of
+    jax_mxfp8.primitives.implementation applies to the Hopper kernel (`kernel_why_not` = why it does not
+    cover the call).
+    """
+    impl.check(implementation)
+    if implementation in (None, "cuda") and library.gpu_major() == 10:
+        if cudnn_why_not is None:
+            impl.note("mx_dot_general", implementation, "cudnn", "Blackwell: jax.nn.scaled_dot_general (cuDNN)")
+            return "cudnn"
+        if implementation == "cuda":
+            raise ValueError(
+                f"implementation='cuda' on a Blackwell GPU runs jax.nn.scaled_dot_general: {cudnn_why_not}"
+            )
+        impl.note("mx_dot_general", implementation, "xla", f"Blackwell: cuDNN does not cover the call: {cudnn_why_not}")
+        return "xla"
+    return impl.resolve(implementation, kernel_why_not, mx_dot_kernel.ARCHS, op="mx_dot_general")
 
 
 def _check_prequantized(name: str, q: MXArray | None, layout: OperandLayout, shape) -> None:
@@ -33,24 +61,40 @@ def _check_prequantized(name: str, q: MXArray | None, layout: OperandLayout, sha
         )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _mx_dot(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config):
-    out, _ = _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _mx_dot(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config, kernel, bias):
+    if kernel is not None:  # the primal alone: only the forward orientations, no residuals
+        return kernel.forward(lhs, rhs, lhs_q, rhs_q, out_dtype, residuals=False, bias=bias)[0]
+    out, _ = _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config, kernel, bias)
     return out
 
 
-def _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config):
+def _mx_dot_fwd(lhs, rhs, lhs_q, rhs_q, rng, dimension_numbers, out_dtype, config, kernel, bias):
+    # the bias cotangent's rank and dtype, as an empty array (residuals are arrays)
+    bias_like = None if bias is None else jnp.zeros((0,) * bias.ndim, bias.dtype)
+    if kernel is not None:
+        out, res = kernel.forward(lhs, rhs, lhs_q, rhs_q, out_dtype, residuals=True, bias=bias)
+        return out, (res, rng, bias_like)
     lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
     # in the operands' own layout (reference/gemm_dims.py): no flattening of sharded free dimensions
     out = gemm_dims.forward(lhs, rhs, lhs_l, rhs_l, config, lhs_q=lhs_q, rhs_q=rhs_q)
-    # No MXArray in the residuals: the backward re-quantizes lhs / rhs, and an FP8 residual would be
-    # corrupted under jax.checkpoint (remat inserts reduce_precision(x, finfo(x.dtype)) on every
-    # floating residual, which turns E4M3FN's top binade, 256..448, into NaN: ops/cotangents.py)
-    return out.astype(out_dtype), (lhs, rhs, rng)
+    if bias is not None:  # added to the float32 product before the one rounding to out_dtype
+        out = out + bias.astype(jnp.float32)  # bias has the rhs free dims' shape: the trailing output axes
+    # No MXArray in the residuals (the backward re-quantizes lhs / rhs and returns None for them): under
+    # jax.checkpoint an FP8 residual is corrupted (ops/cotangents.py; remat_safe covers the kernel's)
+    return out.astype(out_dtype), ((lhs, rhs), rng, bias_like)
 
 
-def _mx_dot_bwd(dimension_numbers, out_dtype, config, res, g):
-    lhs, rhs, rng = res
+def _mx_dot_bwd(dimension_numbers, out_dtype, config, kernel, res, g):
+    operands, rng, bias_like = res
+    zeros = None, None, zero_cotangent(rng)  # None: zero cotangents for the MXArrays
+    d_bias = None  # the cotangent summed in float32 over every axis but the rhs free ones (bias's axes)
+    if bias_like is not None:
+        lead = tuple(range(g.ndim - bias_like.ndim))
+        d_bias = jnp.sum(g.astype(jnp.float32), axis=lead).astype(bias_like.dtype)
+    if kernel is not None:
+        return kernel.backward(operands, g) + zeros + (d_bias,)
+    lhs, rhs = operands
     lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
     b, m, n = (
         int(np.prod(d, dtype=np.int64))
@@ -61,13 +105,17 @@ def _mx_dot_bwd(dimension_numbers, out_dtype, config, res, g):
     else:
         d_lhs, d_rhs = gemm_dims.backward(lhs, rhs, g, lhs_l, rhs_l, config, rng)
         d_lhs, d_rhs = d_lhs.astype(lhs.dtype), d_rhs.astype(rhs.dtype)
-    return d_lhs, d_rhs, None, None, zero_cotangent(rng)  # None: zero cotangents for the MXArrays
+    return (d_lhs, d_rhs) + zeros + (d_bias,)
 
 
 # grad of grad would be silently zero (quantized operands): raise instead (ops/no_second_order.py)
-_mx_dot.defvjp(guard_fwd(_mx_dot_fwd, "mx_dot_general", argnums=(0, 1)), guard_bwd(_mx_dot_bwd, "mx_dot_general"))
+# FP8 residuals (the kernel path's quantized operands) travel as bits: remat-safe (ops/cotangents.py)
+_mx_dot.defvjp(
+    *remat_safe(guard_fwd(_mx_dot_fwd, "mx_dot_general", argnums=(0, 1)), guard_bwd(_mx_dot_bwd, "mx_dot_general"))
+)
 
 
+@named_op("mx_dot_general")
 def mx_dot_general(
     lhs: jax.Array | MXArray,
     rhs: jax.Array | MXArray,
@@ -80,6 +128,7 @@ def mx_dot_general(
     lhs_quantized: MXArray | None = None,
     rhs_quantized: MXArray | None = None,
     implementation: str | None = None,
+    bias: jax.Array | None = None,
     out_sharding=None,
     **options,
 ) -> jax.Array:
@@ -104,14 +153,18 @@ def mx_dot_general(
       lhs_quantized, rhs_quantized: optional MXArray forms of lhs / rhs (e.g. from rms_norm_quantize):
         the forward GEMM uses them instead of quantizing again, while the gradient still flows to the
         high-precision lhs / rhs.
-      implementation: None or "xla" (the XLA reference; FFI kernels arrive with the kernel library).
+      implementation: None (default: the fastest path that covers the call), "xla" (the XLA reference),
+        "emulated" (the kernel path with its FFI calls emulated in XLA, any machine) or "cuda" (the Hopper
+        MX GEMM kernel, ops/mx_dot_kernel.py; on Blackwell jax.nn.scaled_dot_general). See choose_path.
+      bias: optional float array of the rhs free dims' shape (e.g. (F,) for x (..., D) @ w (D, F)), added
+        in float32 to the float32 product before the one rounding to the output dtype (the kernel adds it
+        in its epilogue); it gets a gradient (the cotangent summed over the other output axes).
       out_sharding: accepted for lax.dot_general compatibility; must be None.
 
     Returns:
       Array of lax.dot_general's output shape: batch dims, lhs free dims, rhs free dims.
     """
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
+    impl.check(implementation)
     if out_sharding is not None:
         raise ValueError("out_sharding is not supported by mx_dot_general; shard the inputs instead")
     del precision
@@ -135,5 +188,32 @@ def mx_dot_general(
         out_dtype = np.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))
     except TypeError as e:
         raise ValueError(f"preferred_element_type={preferred_element_type!r} is not a dtype") from e
+    if bias is not None:
+        bias = jnp.asarray(bias)
+        if not jnp.issubdtype(bias.dtype, jnp.floating) or bias.shape != rhs_l.dims(rhs_l.free):
+            raise ValueError(
+                f"bias must be a float array of the rhs free dims' shape {rhs_l.dims(rhs_l.free)}, "
+                f"got {bias.dtype} {bias.shape}"
+            )
     dn = ((lhs_l.contract, rhs_l.contract), (lhs_l.batch, rhs_l.batch))
-    return _mx_dot(lhs, rhs, lhs_quantized, rhs_quantized, rng, dn, out_dtype, config)
+    path = _path(implementation, lhs_l, rhs_l, config, lhs_quantized, rhs_quantized)
+    if path == "cudnn":
+        if bias is None:
+            return cudnn_dot_general(lhs, rhs, dn, out_dtype)
+        return (cudnn_dot_general(lhs, rhs, dn, jnp.float32) + bias.astype(jnp.float32)).astype(out_dtype)
+    kernel = None
+    if path in ("cuda", "emulated"):
+        views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
+        kernel = mx_dot_kernel.KernelDot(*views, np.dtype(lhs.dtype), np.dtype(rhs.dtype), config, path)
+    return _mx_dot(lhs, rhs, lhs_quantized, rhs_quantized, rng, dn, out_dtype, config, kernel, bias)
+
+
+def _path(implementation, lhs_l, rhs_l, config, lhs_q, rhs_q) -> str:
+    if implementation == "xla":
+        return "xla"
+    g, m, k = (int(np.prod(lhs_l.dims(a), dtype=np.int64)) for a in (lhs_l.batch, lhs_l.free, lhs_l.contract))
+    n = int(np.prod(rhs_l.dims(rhs_l.free), dtype=np.int64))
+    views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
+    kernel_why_not = mx_dot_kernel.kernel_unsupported(*views, config, lhs_q=lhs_q, rhs_q=rhs_q)
+    cudnn_why_not = cudnn_unsupported(config, sizes=(g, m, n, k), prequantized=lhs_q is not None or rhs_q is not None)
+    return choose_path(implementation, kernel_why_not, cudnn_why_not)

@@ -13,9 +13,11 @@ import numpy as np
 from jax_mxfp8.formats import MXArray
 from jax_mxfp8.formats import dequantize as ref_dequantize
 from jax_mxfp8.formats import quantize as ref_quantize
+from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.primitives import quantize as quantize_primitive
 
 
+@named_op("quantize")
 def quantize(
     x: jax.Array,
     *,
@@ -59,6 +61,7 @@ def quantize(
     )
 
 
+@named_op("dequantize")
 def dequantize(a: MXArray, dtype=jnp.float32, *, implementation: str | None = None) -> jax.Array:
     """Returns element * 2**(scale - 127) in `dtype` (default float32); NaN where the scale is 0xFF.
 

@@ -13,6 +13,7 @@ from jax_mxfp8.formats.quantize import check_blockable
 from jax_mxfp8.formats.scales import check_scale_rounding
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.ops.checks import check_eps, check_rank
+from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives import rms_norm_quantize as rms_primitive
 from jax_mxfp8.reference.rms_norm import rms_norm_bwd, rms_norm_quantize_fwd
@@ -44,6 +45,7 @@ def _bwd(eps, dtype, scale_rounding, path, res, cts):
 _rms_norm_quantize.defvjp(_fwd, _bwd)
 
 
+@named_op("rms_norm_quantize")
 def rms_norm_quantize(
     x: jax.Array,
     weight: jax.Array,
@@ -90,5 +92,6 @@ def rms_norm_quantize(
     path = "xla"
     if implementation != "xla":
         variant, why = rms_primitive.kernel_variant(x, weight, fmt.dtype, scale_rounding)
-        path = impl.resolve(implementation, why, variant.archs if variant is not None else registry.ARCHS)
+        archs = variant.archs if variant is not None else registry.ARCHS
+        path = impl.resolve(implementation, why, archs, op="rms_norm_quantize")
     return _rms_norm_quantize(x, weight, float(eps), np.dtype(dtype), scale_rounding, path)

@@ -29,6 +29,7 @@ from jax_mxfp8.ops.attention import (
     kernel_unsupported,
     output_dtype,
 )
+from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.ops.varlen_kernel import VarlenStatic, packed_kernel_attention
 from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.attention_tiling import round_up
@@ -104,6 +105,7 @@ def _padded(x, cu, lengths, padded_len: int):
     return to_padded(x, cu, lengths, padded_len)
 
 
+@named_op("varlen_attention")
 def varlen_attention(
     q: jax.Array | MXArray,
     k: jax.Array | MXArray,
@@ -195,7 +197,7 @@ def varlen_attention(
     if q.shape[0] == 0 or k.shape[0] == 0:  # no query rows, or no key in any sequence: O = 0 (documented)
         check_scale(scale, q.shape[-1])
         return jnp.zeros(q.shape, output_dtype(operands))
-    path = choose_implementation(implementation, why_not)
+    path = choose_implementation(implementation, why_not, op="varlen_attention")
     if path != "xla":
         st = VarlenStatic(
             dense=AttentionStatic(

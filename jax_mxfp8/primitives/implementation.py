@@ -10,10 +10,18 @@
   "cuda"      the kernel, or RuntimeError when it cannot run here and ValueError naming why it does not
               cover the arguments.
 
-`resolve` turns the argument into the path one call takes: "xla", "emulated" or "cuda".
+`resolve` turns the argument into the path one call takes: "xla", "emulated" or "cuda". With
+implementation=None on a machine whose default backend is a GPU (`library.gpu_present`), a call that falls
+back to the XLA reference warns once (KernelFallbackWarning, once per op and cause) naming the cause and
+the fix: the kernel library is missing, the GPU's arch has no kernels, or the kernel does not cover the
+arguments. `record()` collects the decisions of the calls made inside it (`python -m jax_mxfp8`).
 """
 
 from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
 
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import library
@@ -28,21 +36,93 @@ def check(implementation) -> None:
         raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
 
 
-def resolve(implementation: str | None, unsupported: str | None, archs: tuple[str, ...] = registry.ARCHS) -> str:
+class KernelFallbackWarning(UserWarning):
+    """A call made with implementation=None on a GPU runs the XLA reference instead of a CUDA kernel."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """One call's implementation decision: the path taken and why (empty when the kernel runs)."""
+
+    op: str
+    implementation: str | None
+    path: str
+    reason: str
+
+
+FIX_LIBRARY = (
+    "install the wheel with the kernels (python tools/build_wheel.py, then pip install dist/jax_mxfp8-*.whl) "
+    "or build them in place (python tools/build_library.py)"
+)
+_SILENCE = "pass implementation='xla' to choose the reference explicitly (and silence this warning)"
+_recorders: list[list[Decision]] = []
+_warned: set[tuple[str, str]] = set()
+
+
+@contextlib.contextmanager
+def record():
+    """Collects the Decision of every `resolve` inside the block (in call order) into the yielded list."""
+    decisions: list[Decision] = []
+    _recorders.append(decisions)
+    try:
+        yield decisions
+    finally:
+        _recorders.remove(decisions)
+
+
+def note(op: str, implementation: str | None, path: str, reason: str) -> None:
+    """Records a decision an op made outside `resolve` (e.g. cuDNN on Blackwell) for `record()`."""
+    for decisions in _recorders:
+        decisions.append(Decision(op, implementation, path, reason))
+
+
+def _fallback_warning(op: str, archs: tuple[str, ...], unsupported: str | None) -> tuple[str, str] | None:
+    """(cause key, message) for a GPU call with implementation=None that runs the reference, or None."""
+    if not library.gpu_present():
+        return None
+    head = f"jax_mxfp8.{op}: implementation=None runs the XLA reference (slow) on this GPU because"
+    if library.load_library() is None:
+        return "library", f"{head} the kernel library is unavailable ({library.library_error()}). Fix: {FIX_LIBRARY}."
+    ok, why = library.kernels_runnable(archs)
+    if not ok:
+        return "arch", f"{head} {why}. Fix: run on a GPU the kernels are built for, or {_SILENCE}."
+    fix = f"Fix: change them, or {_SILENCE}."
+    return "arguments", f"{head} the kernel does not cover the arguments: {unsupported}. {fix}"
+
+
+def resolve(
+    implementation: str | None,
+    unsupported: str | None,
+    archs: tuple[str, ...] = registry.ARCHS,
+    op: str = "op",
+) -> str:
     """The path ("xla", "emulated" or "cuda") one call takes.
 
     Args:
       implementation: the caller's argument (see the module docstring).
       unsupported: why the kernel does not cover this call's arguments, or None when it does.
       archs: the archs the kernel family is built for (its registry configs' `archs`).
+      op: the public op's name, for the fallback warning and `record()`.
     """
     check(implementation)
+    path, reason = _decide(implementation, unsupported, archs)
+    for decisions in _recorders:
+        decisions.append(Decision(op, implementation, path, reason))
+    if implementation is None and path == "xla":
+        warning = _fallback_warning(op, archs, unsupported)
+        if warning is not None and (op, warning[0]) not in _warned:
+            _warned.add((op, warning[0]))
+            warnings.warn(warning[1], KernelFallbackWarning, stacklevel=3)
+    return path
+
+
+def _decide(implementation: str | None, unsupported: str | None, archs: tuple[str, ...]) -> tuple[str, str]:
     if implementation == "xla":
-        return "xla"
+        return "xla", "implementation='xla'"
     if implementation == "emulated":
         if unsupported:
             raise ValueError(f"implementation='emulated': {unsupported}")
-        return "emulated"
+        return "emulated", "implementation='emulated'"
     ok, why = library.kernels_runnable(archs)
     if implementation == "cuda":
         if not ok:
@@ -50,8 +130,8 @@ def resolve(implementation: str | None, unsupported: str | None, archs: tuple[st
         if unsupported:
             raise ValueError(f"implementation='cuda': {unsupported}")
         library.preload()
-        return "cuda"
+        return "cuda", ""
     if ok and not unsupported:
         library.preload()
-        return "cuda"
-    return "xla"
+        return "cuda", ""
+    return "xla", why if not ok else f"the kernel does not cover the arguments: {unsupported}"

@@ -2,13 +2,22 @@
 
 The library is a plain shared object with an extern "C" ABI (csrc/library.cc): it reports the FFI targets it
 defines and the kernel variants it holds, so registration follows what was built, never a hand-kept list.
-It is loaded once per process with ctypes; every reported target is registered for platform "CUDA".
+It is loaded once per process; every reported target is registered for platform "CUDA". The FFI
+targets come from the pybind11 extension built next to it for this Python version
+(_jax_mxfp8_ext.<abi>.so, csrc/python/extension.cc: registrations() = name -> capsule, kernels(),
+build_info()) when it imports, else from by-name ctypes symbol lookups (a library built without the
+extension, another Python version, or JAX_MXFP8_NO_EXTENSION=1).
 
   load_library() -> ctypes.CDLL | None     load + register once; None (see library_error) if absent/broken
   library_error() -> str | None           why the library is unavailable
+  binding() -> str                        how its FFI targets were found: "pybind11 extension" or "ctypes"
+  extension_note() -> str                 why the extension was not used ("" when it was)
+  build_info() -> dict[str, str]          what the library was built from (FFI API, jaxlib, DSL, CUDA)
   library_path() -> Path
+  extension_path() -> Path                the extension for this interpreter's ABI (built or not)
   ffi_targets() -> list[str]              the FFI targets the loaded library defines
   kernel_names() -> list[(name, major)]   every kernel variant in the library and its arch major
+  gpu_present() -> bool                   the default backend is an NVIDIA GPU (any arch)
   gpu_major() -> int | None               compute-capability major of the default backend's first device
   kernels_runnable(archs) -> (ok, why)    library loaded and the GPU's arch among `archs`
   preload()                               load every module onto each local GPU (before CUDA-graph capture)
@@ -18,6 +27,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
+import os
+import sysconfig
 import threading
 from pathlib import Path
 
@@ -26,15 +38,24 @@ import jax
 from jax_mxfp8.kernels import registry
 
 LIB_NAME = "libjax_mxfp8_kernels.so"
+EXT_NAME = "_jax_mxfp8_ext"
+NO_EXTENSION_ENV = "JAX_MXFP8_NO_EXTENSION"
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _lib_error: str | None = None
 _targets: tuple[str, ...] = ()
+_ext = None
+_ext_note = ""
 
 
 def library_path() -> Path:
     return Path(__file__).resolve().parent.parent / "_lib" / LIB_NAME
+
+
+def extension_path() -> Path:
+    """The pybind11 extension for this interpreter's ABI, next to the library (it may not be built)."""
+    return library_path().parent / f"{EXT_NAME}{sysconfig.get_config_var('EXT_SUFFIX')}"
 
 
 def _reported_targets(lib: ctypes.CDLL) -> tuple[str, ...]:
@@ -42,12 +63,33 @@ def _reported_targets(lib: ctypes.CDLL) -> tuple[str, ...]:
     return tuple(lib.jax_mxfp8_ffi_target_name(i).decode() for i in range(lib.jax_mxfp8_ffi_target_count()))
 
 
+def ctypes_registrations(lib: ctypes.CDLL) -> dict:
+    """FFI target name -> PyCapsule of its handler, by name through ctypes (the fallback binding)."""
+    return {name: jax.ffi.pycapsule(getattr(lib, name)) for name in _reported_targets(lib)}
+
+
+def _import_extension():
+    """(module, "") when the extension for this Python imports, else (None, why not)."""
+    if os.environ.get(NO_EXTENSION_ENV, "") not in ("", "0"):
+        return None, f"{NO_EXTENSION_ENV} is set"
+    path = extension_path()
+    if not path.exists():
+        return None, f"no pybind11 extension for this Python ({path.name})"
+    try:
+        spec = importlib.util.spec_from_file_location(EXT_NAME, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - the ctypes path takes over
+        return None, f"importing {path.name} failed: {type(e).__name__}: {e}"
+    return module, ""
+
+
 def load_library() -> ctypes.CDLL | None:
     """Loads the kernel library once and registers the FFI targets it reports for platform "CUDA".
 
     Returns None (and remembers why, see `library_error`) when the library is not built or fails to load.
     """
-    global _lib, _lib_error, _targets
+    global _lib, _lib_error, _targets, _ext, _ext_note
     with _lock:
         if _lib is not None or _lib_error is not None:
             return _lib
@@ -56,22 +98,51 @@ def load_library() -> ctypes.CDLL | None:
             _lib_error = f"{path} is not built (run: python tools/build_library.py)"
             return None
         try:
-            lib = ctypes.CDLL(str(path))
-            targets = _reported_targets(lib)
-            for name in targets:
-                jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="CUDA")
+            ext, note = _import_extension()  # loads the library (NEEDED, rpath $ORIGIN) when it imports
+            lib = ctypes.CDLL(str(path))  # the same loaded copy: for preload and the kernel table
+            registrations = ext.registrations() if ext is not None else ctypes_registrations(lib)
+            for name, capsule in registrations.items():
+                jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+            targets = tuple(registrations)
         except Exception as e:  # noqa: BLE001 - reported through library_error / RuntimeError
             _lib_error = f"loading {path} failed: {type(e).__name__}: {e}"
             return None
         lib.jax_mxfp8_kernel_name.restype = ctypes.c_char_p
         lib.jax_mxfp8_preload.argtypes = [ctypes.c_int]
-        _lib, _targets = lib, targets
+        _lib, _targets, _ext, _ext_note = lib, targets, ext, note
         return lib
 
 
 def library_error() -> str | None:
     load_library()
     return _lib_error
+
+
+def binding() -> str:
+    """How the loaded library's FFI targets were found: "pybind11 extension" or "ctypes" (by name)."""
+    load_library()
+    return "pybind11 extension" if _ext is not None else "ctypes"
+
+
+def extension_note() -> str:
+    """Why the pybind11 extension was not used ("" when it was, or when the library is unavailable)."""
+    load_library()
+    return _ext_note
+
+
+def build_info() -> dict[str, str]:
+    """What the loaded library was built from ("ffi_api", "jaxlib", "cutlass_dsl", "cuda_runtime",
+    "compiler"); empty when it is unavailable or predates jax_mxfp8_build_info."""
+    lib = load_library()
+    if lib is None:
+        return {}
+    if _ext is not None:
+        return dict(_ext.build_info())
+    fn = getattr(lib, "jax_mxfp8_build_info", None)
+    if fn is None:
+        return {}
+    fn.restype = ctypes.c_char_p
+    return dict(item.split("=", 1) for item in fn().decode().split(";") if "=" in item)
 
 
 def ffi_targets() -> list[str]:
@@ -85,10 +156,21 @@ def kernel_names() -> list[tuple[str, int]]:
     lib = load_library()
     if lib is None:
         return []
+    if _ext is not None:
+        return [(name, int(major)) for name, major in _ext.kernels()]
     return [
         (lib.jax_mxfp8_kernel_name(i).decode(), lib.jax_mxfp8_kernel_arch(i))
         for i in range(lib.jax_mxfp8_kernel_count())
     ]
+
+
+def gpu_present() -> bool:
+    """Whether the default backend's first device is an NVIDIA GPU (it has a compute capability)."""
+    try:
+        dev = jax.devices()[0]
+    except RuntimeError:
+        return False
+    return dev.platform == "gpu" and getattr(dev, "compute_capability", None) is not None
 
 
 def gpu_major() -> int | None:

@@ -157,8 +157,8 @@ def _find_quantize(in_dtype, mode, dtype, scale_rounding):
     return variant, (None if variant is not None else "no registered kernel variant for these arguments")
 
 
-def _path(implementation, variant, why) -> str:
-    return impl.resolve(implementation, why, variant.archs if variant is not None else registry.ARCHS)
+def _path(implementation, variant, why, op: str) -> str:
+    return impl.resolve(implementation, why, variant.archs if variant is not None else registry.ARCHS, op=op)
 
 
 # ---------------------------------------------------------------------------------------- entry points
@@ -185,7 +185,7 @@ def quantize(
     variant, why = (
         _quantize_variant(x, axes_neg, block, fmt.dtype, scale_rounding, rounding) if x.ndim else (None, "rank 0")
     )
-    path = _path(implementation, variant, why)
+    path = _path(implementation, variant, why, "quantize")
     if path == "xla":
         return ref_quantize(
             x, axis=axis, block=block, dtype=dtype, scale_rounding=scale_rounding, rounding=rounding, rng=rng
@@ -215,7 +215,7 @@ def quantize_rowcol(
         raise ValueError(f"quantize_rowcol needs an array of rank >= 2, got shape {x.shape}")
     check_blockable(x.shape, (x.ndim - 2, x.ndim - 1))
     variant, why = _quantize_variant(x, (-1,), "row", fmt.dtype, scale_rounding, "nearest", mode="rowcol")
-    path = _path(implementation, variant, why)
+    path = _path(implementation, variant, why, "quantize_rowcol")
     if path == "xla":
         kw = dict(dtype=dtype, scale_rounding=scale_rounding)
         return ref_quantize(x, axis=-1, **kw), ref_quantize(x, axis=-2, **kw)
@@ -243,7 +243,7 @@ def dequantize(a: MXArray, dtype=jnp.float32, *, implementation: str | None = No
         )
         if variant is None:
             why = f"no dequantize kernel for {np.dtype(a.dtype).name} -> {out_name}"
-    path = _path(implementation, variant, why)
+    path = _path(implementation, variant, why, "dequantize")
     if path == "xla":
         return ref_dequantize(a, dtype)
     return DEQUANTIZE.call(variant, path, a.data, a.scale)

@@ -121,7 +121,8 @@ def rms_norm_quantize_fwd(
     check_scale_rounding(scale_rounding)
     found, why = kernel_variant(x, weight, fmt.dtype, scale_rounding)
     variant = variant or found
-    path = impl.resolve(implementation, why, variant.archs if variant is not None else registry.ARCHS)
+    archs = variant.archs if variant is not None else registry.ARCHS
+    path = impl.resolve(implementation, why, archs, op="rms_norm_quantize")
     if path == "xla":
         return ref_rms_norm_quantize_fwd(x, weight, eps, dtype=dtype, scale_rounding=scale_rounding)
     x2 = x if x.ndim >= 2 else x[None]

@@ -7,8 +7,9 @@ table row per (variant, arch): name, arch, op and the named integer parameters `
 handlers in csrc/ run the variant whose name the caller passes (FFI attribute `kernel` = `config.name`)
 and check the buffers against its parameters, so adding a variant here is the only change needed to ship it.
 
-One module per op family: `quantize` (quantize, dequantize), `rms_norm_quantize`, `attention` (forward and
-realign); `base` holds the config interface and the shared value sets and codes.
+One module per op family: `quantize` (quantize, dequantize), `rms_norm_quantize`, `gemm_operands` (quantize +
+align128 for the Hopper MX GEMM), `gemm` (the Hopper MX GEMM), `attention` (forward and realign); `base` holds
+the config interface and the shared value sets and codes.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ from jax_mxfp8.kernels.registry.base import (
     SCALE_ROUNDINGS,
     KernelConfig,
 )
+from jax_mxfp8.kernels.registry.gemm import (
+    GEMM_ALIGN,
+    GEMM_K_TILE,
+    GEMM_OUT_DTYPES,
+    MX_GEMM_TUNINGS,
+    MX_GEMM_VARIANTS,
+    MXGemmConfig,
+)
+from jax_mxfp8.kernels.registry.gemm_operands import GEMM_OPERANDS_TUNINGS, GEMM_OPERANDS_VARIANTS, GemmOperandsConfig
 from jax_mxfp8.kernels.registry.quantize import (
     DEQUANTIZE_VARIANTS,
     QUANTIZE_VARIANTS,
@@ -60,9 +70,16 @@ __all__ = [
     "DEQUANTIZE_VARIANTS",
     "DTYPE_CODE",
     "ELEM_DTYPES",
+    "GEMM_ALIGN",
+    "GEMM_K_TILE",
+    "GEMM_OUT_DTYPES",
+    "GEMM_OPERANDS_TUNINGS",
+    "GEMM_OPERANDS_VARIANTS",
     "IN_DTYPES",
     "LOG2_E4M3_MAX",
     "MODE_CODE",
+    "MX_GEMM_TUNINGS",
+    "MX_GEMM_VARIANTS",
     "P_CONST_OFFSET",
     "P_OFFSET_MAX",
     "P_SCALES",
@@ -77,7 +94,9 @@ __all__ = [
     "AttentionFwdConfig",
     "AttentionRealignConfig",
     "DequantizeConfig",
+    "GemmOperandsConfig",
     "KernelConfig",
+    "MXGemmConfig",
     "QuantizeConfig",
     "RMSNormQuantizeConfig",
     "find",
@@ -89,8 +108,12 @@ VARIANTS: tuple[KernelConfig, ...] = (
     + TUNING_VARIANTS
     + DEQUANTIZE_VARIANTS
     + RMS_NORM_QUANTIZE_VARIANTS
+    + GEMM_OPERANDS_VARIANTS
+    + GEMM_OPERANDS_TUNINGS
     + ATTENTION_FWD_VARIANTS
     + ATTENTION_REALIGN_VARIANTS
+    + MX_GEMM_VARIANTS
+    + MX_GEMM_TUNINGS
 )
 """Every compiled variant, in table order."""
 
@@ -98,8 +121,10 @@ CONFIG_CLASSES: tuple[type[KernelConfig], ...] = (
     QuantizeConfig,
     DequantizeConfig,
     RMSNormQuantizeConfig,
+    GemmOperandsConfig,
     AttentionFwdConfig,
     AttentionRealignConfig,
+    MXGemmConfig,
 )
 
 C = TypeVar("C", bound=KernelConfig)

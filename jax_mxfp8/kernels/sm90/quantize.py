@@ -5,8 +5,9 @@ code lives in kernels/common/ and sm_90a and sm_100a build the same classes. A H
 would replace the name here.
 """
 
+from jax_mxfp8.kernels.common.gemm_operands import GemmOperands as gemm_operands_kernel
 from jax_mxfp8.kernels.common.quantize import MXDequantize as dequantize_kernel
 from jax_mxfp8.kernels.common.quantize import MXQuantize as quantize_kernel
 from jax_mxfp8.kernels.common.rms_norm_quantize import RMSNormQuantize as rms_norm_quantize_kernel
 
-__all__ = ["dequantize_kernel", "quantize_kernel", "rms_norm_quantize_kernel"]
+__all__ = ["dequantize_kernel", "gemm_operands_kernel", "quantize_kernel", "rms_norm_quantize_kernel"]

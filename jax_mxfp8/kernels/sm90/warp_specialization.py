@@ -25,27 +25,34 @@ CONSUMER_REGISTERS = 240
 REGISTER_FILE = 65536  # 32-bit registers per SM (one CTA per SM)
 
 
-def check_register_budget(num_consumers: int) -> None:
-    """Trace-time check that one producer and num_consumers consumer warpgroups fit the register file."""
-    total = WARPGROUP_THREADS * (PRODUCER_REGISTERS + num_consumers * CONSUMER_REGISTERS)
+def check_register_budget(
+    num_consumers: int, producer: int = PRODUCER_REGISTERS, consumer: int = CONSUMER_REGISTERS
+) -> None:
+    """Trace-time check that one producer warpgroup (`producer` registers per thread) and num_consumers
+    consumer warpgroups (`consumer` each) fit the register file."""
+    total = WARPGROUP_THREADS * (producer + num_consumers * consumer)
     assert total <= REGISTER_FILE, f"setmaxnreg budget {total} > {REGISTER_FILE} registers"
 
 
 def make_tma_pipeline(
-    barrier_storage, num_stages: int, consumer_warps: int, tx_count: int
+    barrier_storage, num_stages: int, consumer_warps: int, tx_count: int, cluster_m: int = 1
 ) -> pipeline.PipelineTmaAsync:
     """A ring of num_stages shared-memory stages filled by TMA (one producer thread; tx_count bytes per
     stage) and released by consumer_warps warps (one elected thread per warp arrives on the empty barrier).
 
+    cluster_m > 1: a cluster of cluster_m CTAs along M whose stages are filled partly by multicast from the
+    others (the MX GEMM's B tile): each consumer warp arrives on the empty barrier of every CTA of the
+    cluster, so a producer refills a stage only once all cluster_m CTAs have released it.
     barrier_storage: shared memory for 2 * num_stages mbarriers (Int64). defer_sync: the caller issues
-    cute.arch.mbarrier_init_fence() and a CTA barrier once after creating all its pipelines.
+    cute.arch.mbarrier_init_fence() and a CTA (cluster) barrier once after creating all its pipelines.
     """
     return pipeline.PipelineTmaAsync.create(
         barrier_storage=barrier_storage,
         num_stages=num_stages,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps * cluster_m),
         tx_count=tx_count,
+        cta_layout_vmnk=cute.make_layout((1, cluster_m, 1, 1)) if cluster_m > 1 else None,
         defer_sync=True,
     )
 

@@ -20,11 +20,20 @@ from cutlass import Float32
 FP8 = cutlass.Float8E4M3FN
 
 
-def make_fp8_ss_mma(tiler_mn: tuple[int, int]) -> cute.TiledMma:
-    """One warpgroup's (M, N) = tiler_mn FP8 E4M3 wgmma, A and B both K-major in shared memory, float32
-    accumulator: C (M, N) = A (M, K) B (N, K)^T, e.g. S = Q K^T with tiler (64, 128)."""
+def make_fp8_ss_mma(
+    tiler_mn: tuple[int, int],
+    a_dtype: type[cutlass.Numeric] = FP8,
+    b_dtype: type[cutlass.Numeric] = FP8,
+    atom_layout: tuple[int, int, int] = (1, 1, 1),
+) -> cute.TiledMma:
+    """One warpgroup's (M, N) = tiler_mn FP8 wgmma, A and B both K-major in shared memory, float32
+    accumulator: C (M, N) = A (M, K) B (N, K)^T, e.g. S = Q K^T with tiler (64, 128).
+
+    a_dtype, b_dtype: Float8E4M3FN (default) or Float8E5M2, any mix. atom_layout: warpgroups tiling the
+    atom, e.g. (2, 1, 1) for two consumer warpgroups on 64-row halves of a 128-row tile (the MX GEMM;
+    the slice of thread t in [0, 256) covers rows 64 (t // 128) ..)."""
     k = utils.LayoutEnum.ROW_MAJOR.sm90_mma_major_mode()
-    return sm90_utils.make_trivial_tiled_mma(FP8, FP8, k, k, Float32, (1, 1, 1), tiler_mn)
+    return sm90_utils.make_trivial_tiled_mma(a_dtype, b_dtype, k, k, Float32, atom_layout, tiler_mn)
 
 
 def make_fp8_rs_mma(tiler_mn: tuple[int, int]) -> cute.TiledMma:

@@ -1,0 +1,159 @@
+// XLA FFI handlers for the Hopper MX GEMM (jax_mxfp8/kernels/sm90/mx_gemm.py).
+//
+//   jax_mxfp8_mx_gemm       (a, b, sa, sb) -> c
+//   jax_mxfp8_mx_gemm_bias  (a, b, sa, sb, bias) -> c
+//     attribute of both (and of the _into test hooks): kernel (string) = the registry variant name, e.g.
+//     "mx_gemm_e4m3_e4m3_bf16", "mx_gemm_e5m2_e4m3_f32_bias", "mx_gemm_e4m3_e4m3_bf16_t1". The variant fixes
+//     the operand and output dtypes and whether it adds a bias; the handler checks the buffers against it.
+//
+// Operands (the aligned form of GEMM_INTERFACE.md, from the quantize kernels' gemm_operands):
+//   a  (G, M, Kp) f8e4m3fn / f8e5m2     b  (G, N, Kp) f8e4m3fn / f8e5m2     (K-major)
+//   sa (G, Kp/128, M) f32               sb (G, Kp/128, N) f32                bias (N,) f32
+//   c  (G, M, N) bf16 / f32             c = sum_kt sa * sb * (a_kt . b_kt) (+ bias)
+// Kp is a positive multiple of 128; M and N are multiples of 16 (not necessarily of the tile). Every
+// failure is returned as an ffi::Error; the handler only enqueues work on XLA's stream (CUDA-graph
+// compatible). G, M or N = 0: nothing to do.
+#include <string>
+#include <string_view>
+
+#include "common.h"
+
+namespace jmx {
+namespace {
+
+constexpr std::string_view kOp = "mx_gemm";
+constexpr int64_t kKTile = 128;  // registry GEMM_K_TILE
+constexpr int64_t kAlign = 16;   // registry GEMM_ALIGN
+
+ffi::Error Dims(const ffi::AnyBuffer& b, const char* what, size_t rank, int64_t* out) {
+  return jmx::Dims(b, kOp, what, rank, out);
+}
+ffi::Error Want(bool ok, const std::string& msg) { return jmx::Want(ok, kOp, msg); }
+
+std::string Shape3(int64_t a, int64_t b, int64_t c) {
+  return "(" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + ")";
+}
+
+// Checks every buffer against the variant and each other; fills t (a, b, sa, sb, [bias], c) and *n.
+ffi::Error Check(int32_t device, std::string_view kernel, bool bias_target, const ffi::AnyBuffer& a,
+                 const ffi::AnyBuffer& b, const ffi::AnyBuffer& sa, const ffi::AnyBuffer& sb,
+                 const ffi::AnyBuffer* bias, ffi::Result<ffi::AnyBuffer>& c, const KernelEntry** entry,
+                 Tensor2D* t, int* n_tensors, bool* empty) {
+  JMX_RETURN_IF_ERROR(FindKernel(device, kOp, kernel, entry));
+  const bool has_bias = Param(*entry, "has_bias") == 1;
+  JMX_RETURN_IF_ERROR(Want(has_bias == bias_target,
+                           "kernel '" + std::string((*entry)->name) +
+                               (has_bias ? "' adds a bias (use jax_mxfp8_mx_gemm_bias)"
+                                         : "' adds no bias (use jax_mxfp8_mx_gemm)")));
+  JMX_RETURN_IF_ERROR(ExpectDType(*entry, "a_dtype", a.element_type(), "a"));
+  JMX_RETURN_IF_ERROR(ExpectDType(*entry, "b_dtype", b.element_type(), "b"));
+  JMX_RETURN_IF_ERROR(ExpectDType(*entry, "out_dtype", c->element_type(), "c"));
+  int64_t ad[3], bd[3], sad[3], sbd[3], cd[3];
+  JMX_RETURN_IF_ERROR(Dims(a, "a", 3, ad));
+  JMX_RETURN_IF_ERROR(Dims(b, "b", 3, bd));
+  JMX_RETURN_IF_ERROR(Dims(sa, "sa", 3, sad));
+  JMX_RETURN_IF_ERROR(Dims(sb, "sb", 3, sbd));
+  JMX_RETURN_IF_ERROR(jmx::Dims(*c, kOp, "c", 3, cd));
+  const int64_t g = ad[0], m = ad[1], kp = ad[2], n = bd[1], kt = kp / kKTile;
+  JMX_RETURN_IF_ERROR(Want(kp > 0 && kp % kKTile == 0,
+                           "a is " + Shape3(g, m, kp) + ": Kp must be a positive multiple of 128"));
+  JMX_RETURN_IF_ERROR(Want(bd[0] == g && bd[2] == kp, "b is " + Shape3(bd[0], bd[1], bd[2]) + ", expected (" +
+                                                          std::to_string(g) + ", N, " + std::to_string(kp) + ")"));
+  JMX_RETURN_IF_ERROR(Want(m % kAlign == 0 && n % kAlign == 0, "M = " + std::to_string(m) + " and N = " +
+                                                                   std::to_string(n) + " must be multiples of 16"));
+  JMX_RETURN_IF_ERROR(Want(sad[0] == g && sad[1] == kt && sad[2] == m,
+                           "sa is " + Shape3(sad[0], sad[1], sad[2]) + ", expected " + Shape3(g, kt, m)));
+  JMX_RETURN_IF_ERROR(Want(sbd[0] == g && sbd[1] == kt && sbd[2] == n,
+                           "sb is " + Shape3(sbd[0], sbd[1], sbd[2]) + ", expected " + Shape3(g, kt, n)));
+  JMX_RETURN_IF_ERROR(Want(cd[0] == g && cd[1] == m && cd[2] == n,
+                           "c is " + Shape3(cd[0], cd[1], cd[2]) + ", expected " + Shape3(g, m, n)));
+  JMX_RETURN_IF_ERROR(Want(sa.element_type() == ffi::DataType::F32 && sb.element_type() == ffi::DataType::F32,
+                           "sa and sb must be f32"));
+  if (bias != nullptr) {
+    int64_t biasd[1];
+    JMX_RETURN_IF_ERROR(Dims(*bias, "bias", 1, biasd));
+    JMX_RETURN_IF_ERROR(Want(bias->element_type() == ffi::DataType::F32 && biasd[0] == n,
+                             "bias must be f32 (N,) with N = " + std::to_string(n)));
+  }
+  *empty = g == 0 || m == 0 || n == 0;
+  if (*empty) return ffi::Error::Success();
+  int i = 0;
+  JMX_RETURN_IF_ERROR(As2D(a, "a", &t[i++]));
+  JMX_RETURN_IF_ERROR(As2D(b, "b", &t[i++]));
+  JMX_RETURN_IF_ERROR(As2D(sa, "sa", &t[i++]));
+  JMX_RETURN_IF_ERROR(As2D(sb, "sb", &t[i++]));
+  if (bias != nullptr) {
+    void* data = bias->untyped_data();
+    JMX_RETURN_IF_ERROR(Want(reinterpret_cast<uintptr_t>(data) % 16 == 0, "bias must be 16-byte aligned"));
+    t[i++] = Tensor2D{data, 1, static_cast<int32_t>(n)};
+  }
+  JMX_RETURN_IF_ERROR(As2D(c, "c", &t[i++]));
+  *n_tensors = i;
+  return ffi::Error::Success();
+}
+
+ffi::Error Run(cudaStream_t stream, int32_t device, std::string_view kernel, const ffi::AnyBuffer& a,
+               const ffi::AnyBuffer& b, const ffi::AnyBuffer& sa, const ffi::AnyBuffer& sb,
+               const ffi::AnyBuffer* bias, ffi::Result<ffi::AnyBuffer>& c) {
+  const KernelEntry* entry = nullptr;
+  Tensor2D t[6];
+  int n = 0;
+  bool empty = false;
+  JMX_RETURN_IF_ERROR(Check(device, kernel, bias != nullptr, a, b, sa, sb, bias, c, &entry, t, &n, &empty));
+  if (empty) return ffi::Error::Success();
+  return Launch(entry, device, t, n, stream);
+}
+
+ffi::Error MxGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer sa,
+                      ffi::AnyBuffer sb, ffi::Result<ffi::AnyBuffer> c, std::string_view kernel) {
+  return Run(stream, device, kernel, a, b, sa, sb, nullptr, c);
+}
+
+ffi::Error MxGemmBiasImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                          ffi::AnyBuffer sa, ffi::AnyBuffer sb, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> c,
+                          std::string_view kernel) {
+  return Run(stream, device, kernel, a, b, sa, sb, &bias, c);
+}
+
+// Test hooks: c passed in as one more operand (XLA aliases it to the result), so that a test can fill it
+// with NaN first and check that the kernel writes every element.
+ffi::Error MxGemmIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                          ffi::AnyBuffer sa, ffi::AnyBuffer sb, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> c,
+                          std::string_view kernel) {
+  return Run(stream, device, kernel, a, b, sa, sb, nullptr, c);
+}
+
+ffi::Error MxGemmBiasIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                              ffi::AnyBuffer sa, ffi::AnyBuffer sb, ffi::AnyBuffer bias, ffi::AnyBuffer,
+                              ffi::Result<ffi::AnyBuffer> c, std::string_view kernel) {
+  return Run(stream, device, kernel, a, b, sa, sb, &bias, c);
+}
+
+}  // namespace
+}  // namespace jmx
+
+namespace ffi = xla::ffi;
+
+#pragma GCC visibility push(default)
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_mx_gemm, jmx::MxGemmImpl,
+                              (jmx::BindBuffers<4, 1>().Attr<std::string_view>("kernel")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_mx_gemm);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_mx_gemm_bias, jmx::MxGemmBiasImpl,
+                              (jmx::BindBuffers<5, 1>().Attr<std::string_view>("kernel")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_mx_gemm_bias);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_mx_gemm_into, jmx::MxGemmIntoImpl,
+                              (jmx::BindBuffers<5, 1>().Attr<std::string_view>("kernel")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_mx_gemm_into);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_mx_gemm_bias_into, jmx::MxGemmBiasIntoImpl,
+                              (jmx::BindBuffers<6, 1>().Attr<std::string_view>("kernel")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_mx_gemm_bias_into);
+
+#pragma GCC visibility pop

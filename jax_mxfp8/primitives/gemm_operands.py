@@ -1,0 +1,191 @@
+"""The Hopper MX GEMM's operands (layer 5): MX quantize + align128 of x in one pass, GEMM_OPERANDS(_BOTH).
+
+  gemm_operands(x, *, dtype, scale_rounding, orientations, path) -> {"row": (data, scale), "col": (data, scale)}
+  gemm_operands_unsupported(shape, dtype_in, dtype, scale_rounding, orientations) -> str | None
+
+x: (G, R, C) float32 / bfloat16, R and C multiples of 32. Orientations (a non-empty subset of
+("row", "col"); both from ONE read of x on the kernel path):
+  "row": contract along C: data (G, R, Cp) FP8, scale (G, Cp/128, R) float32
+  "col": contract along R, written transposed (K-major for wgmma): data (G, C, Rp), scale (G, Rp/128, C)
+Cp, Rp = C, R rounded up to 128. Bit for bit align128(formats.quantize(x, axis=-1 / -2, dtype,
+scale_rounding), axis=-1 / -2) (reference/gemm_align.py has the numerics and the error bound).
+
+path: "cuda" (the kernel, kernels/common/gemm_operands.py, csrc/gemm_operands.cc), "emulated" (the same
+declaration with its XLA emulation: the plumbing without the kernel) or "xla" (the reference directly).
+`path` is the GEMM's resolved path (primitives/implementation.resolve); this module does not choose.
+
+Sharding: G shards freely; R and C do not (128-runs and the transpose). Batching: vmap folds into G.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mxfp8.formats import element_format
+from jax_mxfp8.formats import quantize as ref_quantize
+from jax_mxfp8.formats.quantize import check_blockable
+from jax_mxfp8.formats.scales import check_scale_rounding
+from jax_mxfp8.kernels import registry
+from jax_mxfp8.primitives import library
+from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
+from jax_mxfp8.reference.gemm_align import RUN, align128, padded
+
+ORIENTATIONS = ("row", "col")
+PATHS = ("cuda", "emulated", "xla")
+_AXIS = {"row": -1, "col": -2}
+
+
+def _modes(variant: registry.GemmOperandsConfig) -> tuple[str, ...]:
+    return ORIENTATIONS if variant.orientations == "both" else (variant.orientations,)
+
+
+# ------------------------------------------------------------------------------------------ declarations
+def _outputs(variant: registry.GemmOperandsConfig, x):
+    g, r, c = x.shape
+    elem = jnp.dtype(variant.elem_dtype)
+    out = []
+    for mode in _modes(variant):
+        n, k = (r, c) if mode == "row" else (c, r)
+        kp = padded(k)
+        out += [jax.ShapeDtypeStruct((g, n, kp), elem), jax.ShapeDtypeStruct((g, kp // RUN, n), jnp.float32)]
+    return tuple(out)
+
+
+def reference(x, dtype, scale_rounding: str, mode: str) -> tuple[jax.Array, jax.Array]:
+    """align128(formats.quantize(x along the mode's contracting axis)): (data, scale) of one orientation."""
+    q = ref_quantize(x, axis=_AXIS[mode], dtype=dtype, scale_rounding=scale_rounding)
+    return align128(q.data, q.scale, axis=_AXIS[mode])
+
+
+def _emulation(variant: registry.GemmOperandsConfig, x):
+    """The kernel's outputs from the reference (bit-identical: tests/test_gemm_operands.py, marked gpu)."""
+    out = []
+    for mode in _modes(variant):
+        out += list(reference(x, jnp.dtype(variant.elem_dtype), variant.scale_rounding, mode))
+    return tuple(out)
+
+
+def _sharding(variant: registry.GemmOperandsConfig) -> ShardingRule:
+    results = {"row": ("g r p", "g t r"), "col": ("g c q", "g u c")}
+    res = tuple(s for mode in _modes(variant) for s in results[mode])
+    return ShardingRule(operands=("g r c",), results=res, replicated=("r", "c", "p", "t", "q", "u"))
+
+
+def _declaration(target: str, n_results: int) -> FfiOp:
+    return FfiOp(
+        target=target,
+        outputs=_outputs,
+        emulation=_emulation,
+        sharding=_sharding,
+        batch_dims=(0,),
+        result_batch_dims=(0,) * n_results,
+    )
+
+
+GEMM_OPERANDS = _declaration("jax_mxfp8_gemm_operands", 2)
+"""x (G, R, C) -> (data, scale) of a "row" or "col" variant."""
+
+GEMM_OPERANDS_BOTH = _declaration("jax_mxfp8_gemm_operands_both", 4)
+"""x (G, R, C) -> (row data, row scale, col data, col scale) of a "both" variant, one read of x."""
+
+
+def declaration(variant: registry.GemmOperandsConfig) -> FfiOp:
+    """The FFI declaration that runs `variant`."""
+    return GEMM_OPERANDS_BOTH if variant.orientations == "both" else GEMM_OPERANDS
+
+
+# ------------------------------------------------------------------------------------ kernel coverage
+def _orientations(orientations) -> tuple[str, ...]:
+    """orientations as a sorted tuple of distinct names; ValueError naming `orientations` otherwise."""
+    items = (orientations,) if isinstance(orientations, str) else tuple(orientations)
+    if not items or len(set(items)) != len(items) or not set(items) <= set(ORIENTATIONS):
+        raise ValueError(f"orientations={orientations!r} must be a non-empty subset of {ORIENTATIONS}")
+    return tuple(o for o in ORIENTATIONS if o in items)
+
+
+def _key(orientations: tuple[str, ...]) -> str:
+    return "both" if len(orientations) == 2 else orientations[0]
+
+
+def find_variant(dtype_in, dtype, scale_rounding: str, orientations) -> registry.GemmOperandsConfig | None:
+    """The registered production variant for these arguments, or None."""
+    return registry.find(
+        registry.GemmOperandsConfig,
+        in_dtype=np.dtype(dtype_in).name,
+        orientations=_key(_orientations(orientations)),
+        elem_dtype=np.dtype(dtype).name,
+        scale_rounding=scale_rounding,
+    )
+
+
+def gemm_operands_unsupported(
+    shape: Sequence[int],
+    dtype_in,
+    dtype=jnp.float8_e4m3fn,
+    scale_rounding: str = "up",
+    orientations: Sequence[str] = ORIENTATIONS,
+) -> str | None:
+    """Why the kernel cannot take x of this shape and dtype (None: it can). Arguments as gemm_operands."""
+    shape = tuple(int(d) for d in shape)
+    if len(shape) != 3:
+        return f"the kernel takes x of shape (G, R, C), got {shape}"
+    if np.dtype(dtype_in).name not in registry.IN_DTYPES:
+        return f"the kernel takes float32 / bfloat16 x, got {np.dtype(dtype_in).name}"
+    g, r, c = shape
+    if min(shape) <= 0 or r % 32 or c % 32:
+        return f"the kernel needs R and C positive multiples of 32, got x of shape {shape}"
+    rp, cp = padded(r), padded(c)
+    if g > 65535 or rp // RUN > 65535:
+        return f"x of shape {shape} exceeds the kernel's grid (G <= 65535, R <= 65535 * 128)"
+    if max(g * r, g * c, g * rp // RUN, g * cp // RUN, rp, cp) >= 2**31:
+        return f"x of shape {shape} exceeds the kernel's int32 2-D views"
+    if find_variant(dtype_in, dtype, scale_rounding, orientations) is None:
+        return "no registered gemm_operands kernel variant for these arguments"
+    return None
+
+
+# ---------------------------------------------------------------------------------------- entry point
+def gemm_operands(
+    x,
+    *,
+    dtype=jnp.float8_e4m3fn,
+    scale_rounding: str = "up",
+    orientations: Sequence[str] = ORIENTATIONS,
+    path: str = "cuda",
+) -> dict[str, tuple[jax.Array, jax.Array]]:
+    """The aligned GEMM operands of x (module docstring): {orientation: (data, scale)}.
+
+    Raises:
+      ValueError: naming the argument (x, dtype, scale_rounding, orientations, path), or why the kernel
+        does not cover x on path "cuda" / "emulated".
+      RuntimeError: path "cuda" where the kernel library or a supported GPU is unavailable.
+    """
+    x = jnp.asarray(x)
+    if x.ndim != 3:
+        raise ValueError(f"x must be (G, R, C), got shape {x.shape}")
+    if np.dtype(x.dtype).name not in registry.IN_DTYPES:
+        raise ValueError(f"x has dtype {x.dtype}; gemm_operands takes float32 or bfloat16")
+    fmt = element_format(dtype)
+    check_scale_rounding(scale_rounding)
+    modes = _orientations(orientations)
+    if path not in PATHS:
+        raise ValueError(f"path={path!r} not in {PATHS}")
+    check_blockable(x.shape, (1, 2))
+    x = jax.lax.stop_gradient(x)
+    if path == "xla":
+        return {m: reference(x, fmt.dtype, scale_rounding, m) for m in modes}
+    why = gemm_operands_unsupported(x.shape, x.dtype, fmt.dtype, scale_rounding, modes)
+    if why:
+        raise ValueError(f"path={path!r}: {why}")
+    variant = find_variant(x.dtype, fmt.dtype, scale_rounding, modes)
+    if path == "cuda":
+        ok, reason = library.kernels_runnable(variant.archs)
+        if not ok:
+            raise RuntimeError(f"gemm_operands(path='cuda'): {reason}")
+        library.preload()
+    out = declaration(variant).call(variant, path, x)
+    return {m: (out[2 * i], out[2 * i + 1]) for i, m in enumerate(modes)}

@@ -1,0 +1,184 @@
+"""Knowing what runs: `python -m jax_mxfp8` (jax_mxfp8/diagnostics.py), the one-time fallback warning of
+implementation=None on a GPU (jax_mxfp8/primitives/implementation.py) and the ops' jax.named_scope names.
+
+CPU only: a GPU's presence, the library's state and the kernels' runnability are faked by monkeypatching
+jax_mxfp8.primitives.library (gpu_present, load_library, library_error, gpu_major, kernels_runnable,
+preload); calls that would then take the kernel path are only traced (jax.eval_shape), never run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_mxfp8
+from jax_mxfp8 import diagnostics
+from jax_mxfp8.primitives import implementation as impl
+from jax_mxfp8.primitives import library
+
+ROOT = Path(__file__).resolve().parent.parent
+OPS = ("quantize", "dequantize", "rms_norm_quantize", "mx_dot_general", "dot_product_attention", "varlen_attention")
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    """A process that has not warned yet, with every warning shown."""
+    monkeypatch.setattr(impl, "_warned", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+
+
+def _fallbacks(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, impl.KernelFallbackWarning)]
+
+
+def _x():
+    return jax.random.normal(jax.random.key(0), (64, 64), jnp.float32)
+
+
+# ------------------------------------------------------------------------------------------ diagnostics
+def test_report_on_this_machine():
+    text = diagnostics.report()
+    for word in ("versions", "kernel library", "devices", "ops:"):
+        assert word in text
+    assert f"jax                {jax.__version__}" in text
+    assert f"jax_mxfp8          {jax_mxfp8.__version__}" in text
+    assert str(library.library_path()) in text
+    if library.load_library() is None:
+        assert f"NOT loaded: {library.library_error()}" in text and impl.FIX_LIBRARY in text
+    else:
+        assert f"loaded: {len(library.ffi_targets())} FFI targets" in text
+        assert f"binding            {library.binding()}" in text
+        assert "for sm_90a" in text
+    if jax.default_backend() == "cpu":
+        assert "default backend: cpu" in text and "no NVIDIA GPU" in text
+    decisions = {d.op: d for d in diagnostics.op_decisions()}
+    assert tuple(decisions) == OPS
+    for op in OPS:
+        assert f"  {op:<22} -> {decisions[op].path}" in text
+    if jax.default_backend() == "cpu":
+        for op in OPS:
+            assert decisions[op].path == "xla", decisions[op]
+        assert "not an NVIDIA GPU" in decisions["quantize"].reason
+
+
+def test_report_without_the_library(monkeypatch):
+    monkeypatch.setattr(library, "load_library", lambda: None)
+    monkeypatch.setattr(library, "library_error", lambda: "/x/libjax_mxfp8_kernels.so is not built")
+    text = diagnostics.report()
+    assert "NOT loaded: /x/libjax_mxfp8_kernels.so is not built" in text
+    assert "build_wheel.py" in text
+    for d in diagnostics.op_decisions():
+        assert d.path == "xla"
+
+
+def test_decisions_on_a_faked_hopper(monkeypatch, fresh_warnings):
+    """Library loaded, sm_90 GPU: the typical calls take the kernels (traced only), mx_dot_general has none."""
+    monkeypatch.setattr(library, "gpu_present", lambda: True)
+    monkeypatch.setattr(library, "gpu_major", lambda: 9)
+    monkeypatch.setattr(library, "kernels_runnable", lambda archs=(): (True, ""))
+    monkeypatch.setattr(library, "preload", lambda: None)
+    decisions = {d.op: d for d in diagnostics.op_decisions()}
+    for op in OPS:
+        assert decisions[op].path == "cuda", decisions[op]
+        assert "kernel covers the call" in decisions[op].reason
+    assert "backward runs the XLA reference" in decisions["dot_product_attention"].reason
+    assert "backward" not in decisions["mx_dot_general"].reason  # its kernel runs all three GEMMs
+    assert _fallbacks(fresh_warnings) == []  # diagnostics never warn
+
+
+def test_python_m_jax_mxfp8():
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    out = subprocess.run(
+        [sys.executable, "-m", "jax_mxfp8"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("jax_mxfp8 diagnostics")
+    for op in OPS:
+        assert f"  {op} " in out.stdout
+
+
+# ---------------------------------------------------------------------------------------- the warning
+def test_no_warning_without_a_gpu(fresh_warnings):
+    jax_mxfp8.quantize(_x())
+    assert _fallbacks(fresh_warnings) == []
+
+
+def test_warns_once_when_the_library_is_missing_on_a_gpu(monkeypatch, fresh_warnings):
+    monkeypatch.setattr(library, "gpu_present", lambda: True)
+    monkeypatch.setattr(library, "load_library", lambda: None)
+    monkeypatch.setattr(library, "library_error", lambda: "/x/libjax_mxfp8_kernels.so is not built")
+    x = _x()
+    jax_mxfp8.quantize(x)
+    jax_mxfp8.quantize(x * 2)
+    (msg,) = _fallbacks(fresh_warnings)
+    assert msg.startswith("jax_mxfp8.quantize: implementation=None runs the XLA reference")
+    assert "kernel library is unavailable (/x/libjax_mxfp8_kernels.so is not built)" in msg
+    assert "tools/build_wheel.py" in msg and "pip install dist/jax_mxfp8-" in msg  # names the fix
+    # another op warns once for itself; an explicit implementation='xla' never warns
+    jax_mxfp8.rms_norm_quantize(x, jnp.ones((64,)))
+    jax_mxfp8.rms_norm_quantize(x, jnp.ones((64,)))
+    jax_mxfp8.dequantize(jax_mxfp8.quantize(x, implementation="xla"), implementation="xla")
+    msgs = _fallbacks(fresh_warnings)
+    assert len(msgs) == 2 and msgs[1].startswith("jax_mxfp8.rms_norm_quantize:")
+
+
+def test_warns_when_the_gpu_arch_has_no_kernels(monkeypatch, fresh_warnings):
+    if library.load_library() is None:
+        monkeypatch.setattr(library, "load_library", lambda: object())
+    monkeypatch.setattr(library, "gpu_present", lambda: True)
+    monkeypatch.setattr(library, "gpu_major", lambda: 8)
+    jax_mxfp8.quantize(_x())
+    (msg,) = _fallbacks(fresh_warnings)
+    assert "compute capability 8.x" in msg and "sm_90a" in msg and "implementation='xla'" in msg
+
+
+def test_warns_when_the_kernel_does_not_cover_the_call(monkeypatch, fresh_warnings):
+    monkeypatch.setattr(library, "gpu_present", lambda: True)
+    monkeypatch.setattr(library, "kernels_runnable", lambda archs=(): (True, ""))
+    monkeypatch.setattr(library, "preload", lambda: None)
+    x = _x()
+    jax_mxfp8.quantize(x, rounding="stochastic", rng=jax.random.key(1))
+    jax_mxfp8.quantize(x.astype(jnp.float16))  # another uncovered call of the same op: already warned
+    (msg,) = _fallbacks(fresh_warnings)
+    assert "does not cover the arguments: the kernels round to nearest even only" in msg
+    assert "implementation='xla'" in msg
+    # a covered call takes the kernel and does not warn (traced only: there is no GPU here)
+    jax.eval_shape(lambda a: jax_mxfp8.rms_norm_quantize(a, jnp.ones((64,))), x)
+    assert len(_fallbacks(fresh_warnings)) == 1
+
+
+def test_record_collects_decisions():
+    with impl.record() as decisions:
+        jax_mxfp8.quantize(_x(), implementation="xla")  # the public op short-cuts "xla": no decision
+        jax_mxfp8.dequantize(jax_mxfp8.quantize(_x(), implementation="xla"))
+    assert [(d.op, d.implementation, d.path) for d in decisions] == [("dequantize", None, "xla")]
+    assert decisions[0].reason
+
+
+# ------------------------------------------------------------------------------------------ named scopes
+def test_ops_carry_named_scopes():
+    x = _x()
+    q = jax.random.normal(jax.random.key(1), (1, 32, 2, 32), jnp.float32)
+    cu = jnp.array([0, 32], jnp.int32)
+    calls = {
+        "quantize": lambda: jax_mxfp8.quantize(x),
+        "dequantize": lambda: jax_mxfp8.dequantize(jax_mxfp8.quantize(x)),
+        "rms_norm_quantize": lambda: jax_mxfp8.rms_norm_quantize(x, jnp.ones((64,)))[0],
+        "mx_dot_general": lambda: jax_mxfp8.mx_dot_general(x, x, (((1,), (0,)), ((), ()))),
+        "dot_product_attention": lambda: jax_mxfp8.dot_product_attention(q, q, q),
+        "varlen_attention": lambda: jax_mxfp8.varlen_attention(
+            q[0], q[0], q[0], cu, cu, max_seqlen_q=32, max_seqlen_k=32
+        ),
+    }
+    for op, fn in calls.items():
+        text = jax.jit(fn).lower().as_text(debug_info=True)
+        assert f"/jax_mxfp8.{op}/" in text, op
