@@ -74,7 +74,7 @@ def _fns(impl: str, p_scale: str):
     config = CONFIGS[p_scale]
 
     def fwd(q, k, v):
-        return mx.dot_product_attention(q, k, v, implementation=impl, config=config, return_residual=True)
+        return mx.dot_product_attention(q, k, v, implementation=impl, config=config, return_residual="lse")
 
     def loss(q, k, v, do):
         o = mx.dot_product_attention(q, k, v, implementation=impl, config=config)

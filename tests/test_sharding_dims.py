@@ -71,6 +71,11 @@ def test_explicit_axis_mesh():
     np.testing.assert_array_equal(out, want)
     np.testing.assert_array_equal(gx, gx1)
     np.testing.assert_allclose(gw, gw1, rtol=1e-5, atol=1e-4)
+    # 2-D activations (the layout the 3-D path would serve elsewhere), bf16 weight gradient
+    x2 = jax.device_put(x.reshape(-1, x.shape[-1]), NamedSharding(m, P("data", None)))
+    dn2 = (((1,), (0,)), ((), ()))
+    g2 = jax.jit(jax.grad(lambda x, w: jnp.sum(mx.mx_dot_general(x, w, dn2, weight_grad="bf16")), (0, 1)))(x2, ws)
+    assert g2[0].sharding.spec == P("data", None) and g2[1].sharding.spec == P(None, None)
 
 
 def test_dims_layout_equals_the_3d_reference():

@@ -52,6 +52,15 @@ def keeps_dims(config: MXDotConfig) -> bool:
     return config.grad_rounding != "stochastic" and config.hadamard_seed is None
 
 
+def _three_d(lhs: jax.Array, rhs: jax.Array, lhs_l: OperandLayout, rhs_l: OperandLayout) -> bool:
+    """Whether the 3-D path serves this call as well: it merges no dimensions other than the contracting
+    ones (at most one batch and one free axis per operand; its reshapes then only add unit axes) and the
+    operands live on no Explicit-axis mesh (whose backward GEMMs must name their output sharding). It runs
+    bit for bit the reference's GEMMs, and XLA:CPU's bf16 GEMM covers exactly those layouts."""
+    plain = len(lhs_l.batch) <= 1 and len(lhs_l.free) <= 1 and len(rhs_l.free) <= 1
+    return plain and explicit_sharding(lhs) is None and explicit_sharding(rhs) is None
+
+
 def _to_nd(x: jax.Array, layout: OperandLayout) -> jax.Array:
     """(batch..., free..., K): transposed, the contracting axes merged into one trailing K."""
     y = jnp.transpose(x, layout.perm)
@@ -122,7 +131,7 @@ def forward(
 ) -> jax.Array:
     """Q(lhs along K) x Q(rhs along K) in float32, in lax.dot_general's output layout (batch, lhs free,
     rhs free). lhs_q / rhs_q: pre-quantized operands (MXArrays blocked along the single contracting axis)."""
-    if not keeps_dims(config):
+    if not keeps_dims(config) or _three_d(lhs, rhs, lhs_l, rhs_l):
         out3 = mx_dot_forward(
             lhs_l.to_3d(lhs),
             rhs_l.to_3d(rhs),
@@ -165,7 +174,8 @@ def backward(
     itself (FSDP gathers it as MXFP8 bytes instead of gathering rhs: parallel/fsdp.py). Only used where
     the operands keep their dims (keeps_dims) and rhs has one free axis."""
     nb, nm, nn = len(lhs_l.batch), len(lhs_l.free), len(rhs_l.free)
-    if not keeps_dims(config) or nm == 0 or nn == 0:
+    three_d = _three_d(lhs, rhs, lhs_l, rhs_l) and rhs_dgrad_q is None  # (FSDP's dgrad copy: this path)
+    if not keeps_dims(config) or nm == 0 or nn == 0 or three_d:
         b, m, n = (math.prod(d) for d in (lhs_l.dims(lhs_l.batch), lhs_l.dims(lhs_l.free), rhs_l.dims(rhs_l.free)))
         d_lhs3, d_rhs3 = mx_dot_backward(
             lhs_l.to_3d(lhs), rhs_l.to_3d(rhs), g.reshape(b, m, n), config, rng, operands=operands
@@ -196,7 +206,10 @@ def backward(
     a_m = jnp.moveaxis(a, -1, nb)  # (batch, K, M...)
     w_sharding = explicit_sharding(w)
     if config.weight_grad == "bf16":
-        d_w = _matmul(g_m.astype(jnp.bfloat16), a_m.astype(jnp.bfloat16), nm, nb, w_sharding)
+        # bf16-rounded operands; float32 ones on XLA:CPU, whose bf16 dot refuses these transposed layouts
+        wdt = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+        g_b, a_b = (v.astype(jnp.bfloat16).astype(wdt) for v in (g_m, a_m))
+        d_w = _matmul(g_b, a_b, nm, nb, w_sharding)
     elif m_dims[-1] % BLOCK_SIZE == 0:
         # blocks along the flattened M lie inside one index of the outer free dims: along the last one
         d_w = _matmul(
