@@ -82,14 +82,15 @@ class ShardingRule:
         ops, res = self.dims(tuple(len(s) for s in shapes))
         text = lambda dims: " ".join(f[0] if len(f) == 1 else f"({' '.join(f)})" for f in dims)
         rule = f"{', '.join(text(d) for d in ops)} -> {', '.join(text(d) for d in res)}"
-        used = {f for dims in ops + res for fs in dims for f in fs}
         alone = {fs[0] for dims in ops + res for fs in dims if len(fs) == 1}
         sizes = dict(self.factor_sizes)
         for dims, shape in zip(ops, shapes, strict=True):
             for fs, n in zip(dims, shape, strict=True):
                 if len(fs) > 1 and fs[0] not in alone and fs[0] not in sizes:
                     sizes[fs[0]] = n // math.prod(sizes[g] for g in fs[1:])
-        return rule, sizes, tuple(f for f in self.replicated if f in used)
+        # in the rule's factor order: Shardy wants the replication factors' indices sorted
+        order = list(dict.fromkeys(f for dims in ops + res for fs in dims for f in fs))
+        return rule, sizes, tuple(f for f in order if f in self.replicated)
 
     def shardings(self, mesh, arg_shapes) -> tuple[tuple[NamedSharding, ...], tuple[NamedSharding, ...]]:
         """(argument shardings, result shardings) for GSPMD, from the operands' current shardings."""
@@ -148,6 +149,7 @@ class FfiOp:
     unbatched: str = "map"
     attrs: Callable[[object], dict] = _default_attrs
     cuda: Callable | None = None
+    sharding_takes_shapes: bool = False  # sharding(static, operand shapes) instead of sharding(static)
 
     def __post_init__(self):
         if self.unbatched not in ("map", "emulation"):
@@ -190,7 +192,7 @@ def _as_tuple(x) -> tuple:
 @functools.cache
 def _partitioned(decl: FfiOp, static, path: str, shapes: tuple[tuple[int, ...], ...]):
     """custom_partitioning of the body for operands of these shapes (a Shardy rule fixes ranks and sizes)."""
-    rule = decl.sharding(static)
+    rule = decl.sharding(static, shapes) if decl.sharding_takes_shapes else decl.sharding(static)
     single = len(rule.results) == 1
     body = _body(decl, static, path)
 

@@ -14,7 +14,8 @@ path: "cuda" (the kernel, kernels/common/gemm_operands.py, csrc/gemm_operands.cc
 declaration with its XLA emulation: the plumbing without the kernel) or "xla" (the reference directly).
 `path` is the GEMM's resolved path (primitives/implementation.resolve); this module does not choose.
 
-Sharding: G shards freely; R and C do not (128-runs and the transpose). Batching: vmap folds into G.
+Sharding: G shards freely; R and C shard in whole 128-runs when they are multiples of 128 (`_sharding`).
+Batching: vmap folds into G.
 """
 
 from __future__ import annotations
@@ -69,10 +70,27 @@ def _emulation(variant: registry.GemmOperandsConfig, x):
     return tuple(out)
 
 
-def _sharding(variant: registry.GemmOperandsConfig) -> ShardingRule:
-    results = {"row": ("g r p", "g t r"), "col": ("g c q", "g u c")}
+def _sharding(variant: registry.GemmOperandsConfig, shapes) -> ShardingRule:
+    """G shards freely. R and C shard in whole 128-runs when they are multiples of 128 (two runs or more):
+    then Rp = R and Cp = C, every shard's blocks and runs are the global ones (bit-identical results) and
+    the local sizes stay multiples of 128 for the kernel; otherwise they stay replicated (the padding and the transpose
+    tie them to the global size). So row-sharded activations (data parallelism over B*T) need no gather.
+
+    Factors: r/c = the 128-runs of R/C, k/j = the 128 elements inside one; p, t, q, u = padded dims of an
+    axis that does not shard."""
+    _, r, c = shapes[0]
+    # (Shardy rejects a compound dim with a factor of size 1: one run does not shard anyway)
+    r_ok, c_ok = r % RUN == 0 and r > RUN, c % RUN == 0 and c > RUN
+    rr = "(r k)" if r_ok else "r"  # R in x, row data / scale, col data (Rp = R)
+    cc = "(c j)" if c_ok else "c"
+    results = {
+        "row": (f"g {rr} {cc if c_ok else 'p'}", f"g {'c' if c_ok else 't'} {rr}"),
+        "col": (f"g {cc} {rr if r_ok else 'q'}", f"g {'r' if r_ok else 'u'} {cc}"),
+    }
     res = tuple(s for mode in _modes(variant) for s in results[mode])
-    return ShardingRule(operands=("g r c",), results=res, replicated=("r", "c", "p", "t", "q", "u"))
+    replicated = (() if r_ok else ("r", "q", "u")) + (() if c_ok else ("c", "p", "t"))
+    sizes = (("k", RUN),) * r_ok + (("j", RUN),) * c_ok
+    return ShardingRule(operands=(f"g {rr} {cc}",), results=res, factor_sizes=sizes, replicated=replicated)
 
 
 def _declaration(target: str, n_results: int) -> FfiOp:
@@ -81,6 +99,7 @@ def _declaration(target: str, n_results: int) -> FfiOp:
         outputs=_outputs,
         emulation=_emulation,
         sharding=_sharding,
+        sharding_takes_shapes=True,
         batch_dims=(0,),
         result_batch_dims=(0,) * n_results,
     )
