@@ -247,7 +247,7 @@ def param_values(model) -> list[np.ndarray]:
 def part_train(cfg: dict, devices, policy: str, seed: int) -> dict:
     n = len(devices)
     args = lm_args(cfg, cfg["steps"], policy, seed)
-    tok, train_tokens, _ = train_lm.load_corpus()
+    tok, train_tokens, _, _ = train_lm.load_corpus("synthetic")  # the corpus its thresholds were measured on
     data = train_lm.batches(train_tokens, cfg["batch"], cfg["seq_len"], seed=seed)
     batches = [next(data) for _ in range(cfg["steps"])]
     if cfg["batch"] % n or cfg["steps"] < 2:
@@ -447,7 +447,7 @@ def part_fsdp_gather(cfg: dict, devices, policy: str, seed: int) -> dict:
         raise ValueError(f"d_model {cfg['d_model']} (multiple of 32 * {n}) / batch {cfg['batch']} do not split")
     steps = cfg["warmup"] + cfg["timed"]
     args = lm_args(cfg, steps, policy, seed)
-    tok, train_tokens, _ = train_lm.load_corpus()
+    tok, train_tokens, _, _ = train_lm.load_corpus("synthetic")  # the corpus its thresholds were measured on
     data = train_lm.batches(train_tokens, cfg["batch"], cfg["seq_len"], seed=seed)
     batches = [next(data) for _ in range(steps)]
     variants = {}
