@@ -25,6 +25,7 @@ import pytest
 
 import jax_mxfp8
 from jax_mxfp8.formats import MXArray
+from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.reference import gemm
 from jax_mxfp8.reference.gemm_config import MXDotConfig
 
