@@ -87,7 +87,7 @@ def test_residuals_and_producer_equal_head_major_path(case):
             attn_ops._operand(st_c, qc, key, q_len, kv_len), attn_ops._operand(st_x, qx, key, q_len, kv_len)
         )
     lens = {"q:square": q_len, "k:square": kv_len, "v:square": kv_len}
-    seq = [attn_ops._kernel_operand(qc, key, lens[key]) for key in ("q:square", "k:square", "v:square")]
+    seq = [attn_ops.kernel_operand(qc, key, lens[key]) for key in ("q:square", "k:square", "v:square")]
     got = operands.prepare_sequence_major(*seq, scale=0.125, q_len=q_len, kv_len=kv_len, path="emulated")
     b, n_kv, g, t, h = qx["q:square"].shape
     qh = qx["q:square"]

@@ -152,9 +152,7 @@ def operand_keys(static: AttentionStatic) -> dict[str, str]:
     return keys
 
 
-def square_sequence_major(
-    x: jax.Array, lengths: jax.Array | None, scale_rounding: str, path: str = "cuda"
-) -> MXArray:
+def square_sequence_major(x: jax.Array, lengths: jax.Array | None, scale_rounding: str, path: str = "cuda") -> MXArray:
     """(B, L, N, H) -> square-block MXArray in the same layout (blocks over (L, H), axes (-3, -1)); L % 32 == 0.
 
     The 2-D view (B*L, N*H) has exactly the per-head 32x32 blocks when L and H are multiples of 32, so the
@@ -232,7 +230,7 @@ def _masking(static, bias, mask, q_len, kv_len, s_len, n_kv) -> Masking:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _kernel_operand(quants, key: str, lengths) -> MXArray:
+def kernel_operand(quants, key: str, lengths) -> MXArray:
     """The sequence-major square MXArray of one operand for the kernel's producer pass.
 
     Our own quantization zeroed the rows past the lengths before quantizing; in a caller's MXArray the data
@@ -251,11 +249,11 @@ def _kernel_operand(quants, key: str, lengths) -> MXArray:
 def _fwd_kernel(static: AttentionStatic, quants, q_len, kv_len):
     """Forward on the Hopper kernel: the producer pass on the sequence-major square MXArrays, then the kernel."""
     keys = operand_keys(static)
-    q = _kernel_operand(quants, keys["q_s"], q_len)
+    q = kernel_operand(quants, keys["q_s"], q_len)
     ops = prepare_sequence_major(
         q,
-        _kernel_operand(quants, keys["k_s"], kv_len),
-        _kernel_operand(quants, keys["v_o"], kv_len),
+        kernel_operand(quants, keys["k_s"], kv_len),
+        kernel_operand(quants, keys["v_o"], kv_len),
         scale=static.scale,
         q_len=q_len,
         kv_len=kv_len,
@@ -295,7 +293,15 @@ def _mx_attention(static: AttentionStatic, q, k, v, bias, mask, q_len, kv_len):
 
 
 def mx_attention_bwd(static: AttentionStatic, res, cts):
+    """The custom_vjp bwd: the backward kernel when the forward ran the kernel path and a backward variant
+    covers the call (ops/attention_bwd_kernel.py), else the XLA reference on the residuals."""
     quants, o, lse, bias, mask, q_len, kv_len = res
+    if static.kernel_path:
+        from jax_mxfp8.ops import attention_bwd_kernel as kernel_bwd  # imports this module
+
+        variant, _ = kernel_bwd.backward_variant(static, o.shape[-1])
+        if variant is not None:
+            return kernel_bwd.kernel_backward(static, variant, res, cts)
     do, dlse = cts
     keys = operand_keys(static)
 
@@ -500,8 +506,9 @@ def dot_product_attention(
       implementation: None (the Hopper kernel where it runs and covers the arguments, else the XLA
         reference), "xla" (the reference, runs anywhere), "emulated" (the kernel path with the kernel's
         arithmetic emulated in XLA: any machine, slow, for tests) or "cuda" (the kernel, or RuntimeError /
-        ValueError saying why not). The kernel computes the forward pass; the backward is the XLA
-        reference either way. See choose_implementation and kernel_unsupported.
+        ValueError saying why not). On the kernel path the backward runs the backward kernel where a
+        variant covers the call (ops/attention_bwd_kernel.py), else the XLA reference. See
+        choose_implementation and kernel_unsupported.
       config: AttentionConfig (default AttentionConfig()).
       return_residual: True: also return jax.nn's residual, the log-sum-exp (B, T, N) (or (T, N)) in the
         output's dtype with its gradient stopped; "lse": our float32 (B, N, T) LSE, differentiable.

@@ -62,17 +62,49 @@ def attention_bwd(
     Returns:
       dq (B, K, G, T, H), dk and dv (B, K, S, H), float32; dbias with masking.bias's shape (float32) or None.
     """
+    do = do.astype(jnp.float32)
+    do_q = fake_quant_square(do, config.scale_rounding)
+    return attention_bwd_quantized(
+        q_s, k_s, v_dp, q_dk, k_dq, lse, do_q, bwd_delta(do, o, dlse), masking, scale=scale, config=config
+    )
+
+
+def bwd_delta(do: jax.Array, o: jax.Array, dlse: jax.Array | None) -> jax.Array:
+    """Delta = rowsum(dO * O) - dLSE in float32 from the unquantized dO and O (..., T, H) -> (..., T).
+
+    d LSE / d S = P, so an LSE cotangent enters dS = P * (dP - Delta + dLSE): it is folded into Delta.
+    """
+    delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)
+    if dlse is not None:
+        delta = delta - dlse.astype(jnp.float32)
+    return delta
+
+
+def attention_bwd_quantized(
+    q_s: jax.Array,
+    k_s: jax.Array,
+    v_dp: jax.Array,
+    q_dk: jax.Array,
+    k_dq: jax.Array,
+    lse: jax.Array,
+    do_q: jax.Array,
+    delta: jax.Array,
+    masking: Masking,
+    *,
+    scale: float,
+    config: AttentionConfig,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
+    """The backward after dO's quantization and Delta (the part the Hopper backward kernel computes).
+
+    Args as attention_bwd, except do_q: dO^ (B, K, G, T, H), the square-quantized (dequantized) output
+    cotangent, and delta: (B, K, G, T) float32 (bwd_delta). Returns what attention_bwd returns.
+    """
     kt = config.kv_tile
     s_len = k_s.shape[-2]
     s_pad = round_up(s_len, kt)
     dt = gemm_dtype()
-
-    do = do.astype(jnp.float32)
-    do_q = fake_quant_square(do, config.scale_rounding).astype(dt)
-    delta = jnp.sum(do * o.astype(jnp.float32), axis=-1)
-    if dlse is not None:
-        # d LSE / d S = P, so an LSE cotangent enters dS = P * (dP - Delta + dLSE).
-        delta = delta - dlse.astype(jnp.float32)
+    do_q = do_q.astype(dt)
+    delta = delta.astype(jnp.float32)
     # Fully masked rows have LSE = -inf and every logit -inf: any finite base gives P = 0 there.
     lse_use = jnp.where(lse == -jnp.inf, 0.0, lse)
     q_s, q_dk = q_s.astype(dt), q_dk.astype(dt)

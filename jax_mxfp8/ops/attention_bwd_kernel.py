@@ -1,0 +1,75 @@
+"""dot_product_attention's backward on the Hopper kernel path (the custom_vjp's bwd when the forward ran the kernel).
+
+  backward_variant(static, head_dim) -> (variant | None, why)      whether the backward takes the kernel
+  kernel_backward(static, variant, res, cts) -> (dq, dk, dv, None, None, None, None)
+
+Dataflow (/work/coord/ATTN_BWD_INTERFACE.md): the forward's residuals (sequence-major square MXArrays q, k,
+v; O (B, T, N, H); LSE (B, N, T)) and the cotangents (dO, dLSE) -> dO square-quantized (the CUDA square
+quantize kernel where the forward ran the kernel, its emulation on path "emulated"; rows >= q_len zeroed
+first) -> the pre-pass (primitives/attention_bwd.py bwd_operands: bfloat16 head-major padded operands,
+LSE, Delta) -> the backward call ATTENTION_BWD (path "cuda" or "emulated", as the forward's) -> dq, dk, dv
+sliced to T / S, transposed to (B, T, N, H) / (B, S, K, H), cast to the output dtype. GQA's dk and dv
+come summed over the group from the call. varlen_attention's kernel route reaches this through
+dot_product_attention's bwd (ops/varlen_kernel.py gathers its residuals into the padded batch).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jax_mxfp8.ops import attention as dense
+from jax_mxfp8.primitives import attention_bwd as abwd
+from jax_mxfp8.primitives import implementation as impl
+from jax_mxfp8.primitives import library
+
+OP = "dot_product_attention_bwd"
+"""The op name the backward's decision is recorded under (implementation.record())."""
+
+
+def backward_variant(static: dense.AttentionStatic, head_dim: int):
+    """(the backward kernel variant, None) when the backward takes the kernel path, else (None, why not).
+
+    It does when the forward took the kernel path (static.kernel_path), a variant covers (head_dim,
+    is_causal, p_scale, scale_rounding, dq_accum), and, on path "cuda", the loaded library holds that
+    variant (a library built before the backward kernel keeps the reference backward). The decision is
+    recorded for implementation.record() under OP.
+    """
+    if not static.kernel_path:
+        return None, "the forward ran the XLA reference"
+    cfg = static.config
+    variant, why = abwd.kernel_variant(
+        head_dim=head_dim,
+        causal=static.is_causal,
+        p_scale=cfg.p_scale,
+        p_rounding=cfg.scale_rounding,
+        dq_accum=cfg.dq_accum,
+    )
+    if variant is not None and static.impl == "cuda" and variant.name not in {n for n, _ in library.kernel_names()}:
+        variant, why = None, f"the kernel library has no {variant.name} (rebuild it: tools/build_library.py)"
+    impl.note(OP, static.impl, "xla" if variant is None else static.impl, why or "")
+    return variant, why
+
+
+def kernel_backward(static: dense.AttentionStatic, variant, res, cts):
+    """The custom_vjp bwd on the kernel (see the module docstring); returns mx_attention_bwd's 7 cotangents.
+
+    res, cts: mx_attention_fwd's residuals (quants, o, lse, bias, mask, q_len, kv_len) with bias and mask
+    None (the kernel path has neither), and the cotangents (dO (B, T, N, H), dLSE (B, N, T)).
+    """
+    quants, o, lse, bias, mask, q_len, kv_len = res
+    if bias is not None or mask is not None:  # kernel_unsupported keeps them off the kernel path
+        raise ValueError("the backward kernel takes no bias or mask")
+    do, dlse = cts
+    keys = dense.operand_keys(static)
+    q = dense.kernel_operand(quants, keys["q_s"], q_len)
+    k = dense.kernel_operand(quants, keys["k_s"], kv_len)
+    v = dense.kernel_operand(quants, keys["v_dp"], kv_len)
+    do_q = dense.square_sequence_major(do, q_len, static.config.scale_rounding, static.impl)
+    ops = abwd.bwd_operands(q, k, v, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len)
+    dq, dk, dv = abwd.attention_bwd(ops, variant=variant, scale=static.scale, path=static.impl)
+    t, s = q.shape[1], k.shape[1]
+    out = static.out_dtype
+    dq = None if static.is_mx[0] else jnp.swapaxes(dq[:, :, :t], 1, 2).astype(out)
+    dk = None if static.is_mx[1] else jnp.swapaxes(dk[:, :, :s], 1, 2).astype(out)
+    dv = None if static.is_mx[2] else jnp.swapaxes(dv[:, :, :s], 1, 2).astype(out)
+    return dq, dk, dv, None, None, None, None

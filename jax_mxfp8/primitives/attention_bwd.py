@@ -1,0 +1,306 @@
+"""FFI-backed Hopper MXFP8 attention backward (layer 5): the kernel call, its pre-pass and its XLA emulation.
+
+  kernel_variant(head_dim=, causal=, p_scale=, p_rounding=, dq_accum=, ...) -> (variant | None, why)
+  bwd_operands(q, k, v, do_q, do, o, lse, dlse, *, q_len, kv_len) -> BwdOperands      the pre-pass (XLA)
+  attention_bwd(ops, *, variant, scale, out=None, path="cuda") -> (dq, dk, dv) padded, head-major, float32
+  emulate_bwd(ops, *, causal, scale, p_scale, p_rounding, dq_accum) -> the same, in XLA
+
+The interface is /work/coord/ATTN_BWD_INTERFACE.md (issue 17): target `jax_mxfp8_attention_bwd`, attributes
+`kernel` (the registry variant's name) and `scale` (tau); the kernel is jax_mxfp8/kernels/sm90/attention_bwd.py
+(config AttentionBwdConfig in kernels/registry/attention_bwd.py), its handler csrc/attention_bwd.cc. Shapes
+(Tp = T, Sp = S rounded up to 128; N = K * G):
+  q, do (B, N, Tp, H) bfloat16; k, v (B, K, Sp, H) bfloat16; lse, delta (B, N, Tp) float32; lens (2, B) int32
+  -> dq (B, N, Tp, H), dk, dv (B, K, Sp, H) float32 (dk, dv summed over each KV head's G query heads).
+Every operand is an MX value (E4M3 element x 2^e), exact in bfloat16 (docs/numerics.md "Hopper attention
+backward"), so the emulation is the contract itself: reference/attention_bwd.py's attention_bwd_quantized
+run on these operands, which equals the reference backward on the same values bit for bit. Under jit with
+sharded operands the call partitions over batch and KV-head groups like the forward (attention_fwd.py);
+sequences and head_dim are replicated. Under vmap the mapped axis joins the batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mxfp8.formats.mxarray import MXArray
+from jax_mxfp8.formats.quantize import dequantize
+from jax_mxfp8.kernels import registry
+from jax_mxfp8.primitives.attention_emulation import p_options
+from jax_mxfp8.primitives.attention_layout import TILE_M, TILE_N, round_up
+from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
+from jax_mxfp8.reference.attention_bwd import attention_bwd_quantized, bwd_delta
+from jax_mxfp8.reference.attention_config import DQ_ACCUMS, AttentionConfig
+from jax_mxfp8.reference.attention_tiling import Masking
+
+TARGET = "jax_mxfp8_attention_bwd"
+
+
+# ------------------------------------------------------------------------------------------- the variants
+@dataclasses.dataclass(frozen=True)
+class InterfaceBwdConfig:
+    """Stand-in for the kernel's AttentionBwdConfig (kernels/registry/attention_bwd.py) while a tree lacks it:
+    the interface's key fields only, so that the "emulated" backward path runs (CPU tests). Never a
+    compiled kernel: ops/attention_bwd_kernel.py takes path "cuda" only for variants the loaded library
+    holds, which these are not."""
+
+    head_dim: int = 128
+    causal: bool = False
+    p_scale: str = "const"
+    p_rounding: str = "up"
+    dq_accum: str = "fp32"
+    deterministic: bool = False
+    packed: bool = False
+    tune: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"attention_bwd_h{self.head_dim}{'_causal' if self.causal else ''}"
+
+
+_INTERFACE_VARIANTS = tuple(InterfaceBwdConfig(head_dim=h, causal=c) for h in (64, 128) for c in (False, True))
+
+
+def _config_class():
+    """The kernel's registry class, AttentionBwdConfig, once the kernel's registry module is in the tree."""
+    return getattr(registry, "AttentionBwdConfig", None)
+
+
+def _find(fields: dict):
+    cls = _config_class()
+    if cls is not None:
+        return registry.find(cls, **fields)
+    hits = [v for v in _INTERFACE_VARIANTS if all(getattr(v, k) == x for k, x in fields.items())]
+    return hits[0] if hits else None
+
+
+def kernel_variant(
+    *,
+    head_dim: int,
+    causal: bool,
+    p_scale: str = "const",
+    p_rounding: str = "up",
+    dq_accum: str = "fp32",
+    deterministic: bool = False,
+    packed: bool = False,
+    tune: int = 0,
+):
+    """(the registry variant, None) when a backward kernel covers these arguments, else (None, why not).
+
+    p_rounding is ignored for p_scale="const" (one scale, no rule), as in the forward's lookup."""
+    p_scale, p_rounding = p_options(p_scale, p_rounding)
+    if dq_accum not in DQ_ACCUMS:
+        raise ValueError(f"dq_accum={dq_accum!r} is not one of {DQ_ACCUMS}")
+    fields = dict(head_dim=head_dim, causal=bool(causal), p_scale=p_scale, p_rounding=p_rounding)
+    fields.update(dq_accum=dq_accum, deterministic=bool(deterministic), packed=bool(packed), tune=tune)
+    try:
+        variant = _find(fields)
+    except TypeError as e:  # the registry class lacks one of the interface's key fields
+        return None, f"no backward kernel variant ({e})"
+    if variant is None:
+        args = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+        return None, f"no backward kernel variant for {args}"
+    return variant, None
+
+
+# -------------------------------------------------------------------------------------------- the pre-pass
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class BwdOperands:
+    """The backward kernel's inputs (module docstring: shapes and dtypes)."""
+
+    q: jax.Array  # (B, N, Tp, H) bfloat16 Q^, rows >= q_len and padding 0
+    k: jax.Array  # (B, K, Sp, H) bfloat16 K^, rows >= kv_len 0
+    v: jax.Array  # (B, K, Sp, H) bfloat16 V^, rows >= kv_len 0
+    do: jax.Array  # (B, N, Tp, H) bfloat16 dO^ (rows >= q_len zeroed before the square quantization)
+    lse: jax.Array  # (B, N, Tp) float32, -inf on rows >= q_len and padding
+    delta: jax.Array  # (B, N, Tp) float32 rowsum(dO * O) - dLSE, 0 on padding rows
+    lens: jax.Array  # (2, B) int32 query lengths, KV lengths
+
+    def args(self) -> tuple[jax.Array, ...]:
+        return (self.q, self.k, self.v, self.do, self.lse, self.delta, self.lens)
+
+
+def _keep_rows(length: int, lengths: jax.Array | None, batch: int) -> jax.Array | None:
+    """(B, L) bool: position < lengths[b] (None: every position)."""
+    if lengths is None:
+        return None
+    return jnp.arange(length, dtype=jnp.int32)[None, :] < lengths[:, None]
+
+
+def _head_major(x: jax.Array, keep: jax.Array | None, padded: int, fill=0.0) -> jax.Array:
+    """(B, L, N, ...) -> (B, N, Lp, ...): rows where `keep` is False set to `fill`, padded with `fill`."""
+    if keep is not None:
+        k = keep.reshape(keep.shape + (1,) * (x.ndim - 2))
+        x = jnp.where(k, x, jnp.asarray(fill, x.dtype))
+    x = jnp.swapaxes(x, 1, 2)
+    widths = [(0, 0)] * x.ndim
+    widths[2] = (0, padded - x.shape[2])
+    return jnp.pad(x, widths, constant_values=fill)
+
+
+def _operand(x: MXArray, keep, padded: int) -> jax.Array:
+    """A sequence-major square MXArray (B, L, N, H) -> bfloat16 (B, N, Lp, H), zero rows past the lengths
+    (zeroed after dequantization, as the reference does, so no NaN block scale past them reaches a GEMM)."""
+    return _head_major(dequantize(x, jnp.bfloat16), keep, padded)
+
+
+def bwd_operands(
+    q: MXArray,
+    k: MXArray,
+    v: MXArray,
+    do_q: MXArray,
+    do: jax.Array,
+    o: jax.Array,
+    lse: jax.Array,
+    dlse: jax.Array | None,
+    *,
+    q_len: jax.Array | None,
+    kv_len: jax.Array | None,
+) -> BwdOperands:
+    """The backward's pre-pass (XLA; one elementwise + transpose + pad fusion per operand).
+
+    Args:
+      q: (B, T, N, H) square-block MXArray (blocks over (T, H), axes (-3, -1)), the forward's residual.
+      k, v: (B, S, K, H) likewise.
+      do_q: dO quantized the same way (square blocks over (T, H)) after zeroing rows >= q_len (the caller
+        quantizes: ops/attention_bwd_kernel.py, with the CUDA square quantize where the forward ran it).
+      do: (B, T, N, H) the unquantized output cotangent; o: (B, T, N, H) the forward's output.
+      lse: (B, N, T) float32, the forward's LSE; dlse: its cotangent (B, N, T) or None.
+      q_len, kv_len: (B,) int32 or None (= T, S).
+    """
+    b, t, n, h = q.shape
+    s = k.shape[1]
+    tp, sp = round_up(t, TILE_M), round_up(s, TILE_N)
+    keep_q, keep_k = _keep_rows(t, q_len, b), _keep_rows(s, kv_len, b)
+    do_f = do.astype(jnp.float32)
+    if keep_q is not None:
+        do_f = jnp.where(keep_q[:, :, None, None], do_f, 0.0)
+    delta = bwd_delta(do_f, o, None if dlse is None else jnp.swapaxes(dlse, 1, 2))  # (B, T, N)
+    lse_rows = lse if keep_q is None else jnp.where(keep_q[:, None, :], lse, -jnp.inf)
+    lse_p = jnp.pad(lse_rows.astype(jnp.float32), [(0, 0), (0, 0), (0, tp - t)], constant_values=-jnp.inf)
+    ql = jnp.full((b,), t, jnp.int32) if q_len is None else q_len.astype(jnp.int32)
+    kl = jnp.full((b,), s, jnp.int32) if kv_len is None else kv_len.astype(jnp.int32)
+    return BwdOperands(
+        q=_operand(q, keep_q, tp),
+        k=_operand(k, keep_k, sp),
+        v=_operand(v, keep_k, sp),
+        do=_operand(do_q, keep_q, tp),
+        lse=lse_p,
+        delta=_head_major(delta, None, tp),
+        lens=jnp.stack([ql, kl]),
+    )
+
+
+# ------------------------------------------------------------------------------------------ the emulation
+def emulate_bwd(
+    ops: BwdOperands,
+    *,
+    causal: bool,
+    scale: float,
+    p_scale: str = "const",
+    p_rounding: str = "up",
+    dq_accum: str = "fp32",
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The interface's numerics in XLA: reference/attention_bwd.py on the kernel's operands.
+
+    The padding rows and columns (>= q_len, >= kv_len, and the 128-padding) are masked by the lengths, so
+    they produce exact zeros in dq, dk, dv. Returns dq (B, N, Tp, H), dk, dv (B, K, Sp, H) float32."""
+    b, n, tp, h = ops.q.shape
+    nk, sp = ops.k.shape[1], ops.k.shape[2]
+    g = n // nk
+    hm = lambda x: x.reshape(b, nk, g, *x.shape[2:])
+    masking = Masking(is_causal=causal, s_real=sp, q_len=ops.lens[0], kv_len=ops.lens[1], mask=None, bias=None)
+    config = AttentionConfig(p_scale=p_scale, scale_rounding=p_rounding, dq_accum=dq_accum, kv_tile=TILE_N)
+    q = hm(ops.q)
+    dq, dk, dv, _ = attention_bwd_quantized(
+        q, ops.k, ops.v, q, ops.k, hm(ops.lse), hm(ops.do), hm(ops.delta), masking, scale=scale, config=config
+    )
+    return dq.reshape(b, n, tp, h), dk, dv
+
+
+# ---------------------------------------------------------------------------------------------- the call
+@dataclasses.dataclass(frozen=True)
+class AttentionBwdCall:
+    """The static part of one kernel call: the variant, tau and the head grouping (for the sharding rule)."""
+
+    variant: object  # registry.AttentionBwdConfig
+    scale: float
+    group: int  # G = N // K query heads per KV head
+    n_kv: int  # K
+
+
+def _outputs(call: AttentionBwdCall, q, k, *rest):
+    return (
+        jax.ShapeDtypeStruct(q.shape, jnp.float32),
+        jax.ShapeDtypeStruct(k.shape, jnp.float32),
+        jax.ShapeDtypeStruct(k.shape, jnp.float32),
+    )
+
+
+def _emulation(call: AttentionBwdCall, q, k, v, do, lse, delta, lens):
+    var = call.variant
+    p_scale, p_rounding = p_options(var.p_scale, var.p_rounding)
+    return emulate_bwd(
+        BwdOperands(q, k, v, do, lse, delta, lens),
+        causal=var.causal,
+        scale=call.scale,
+        p_scale=p_scale,
+        p_rounding=p_rounding,
+        dq_accum=var.dq_accum,
+    )
+
+
+def _sharding(call: AttentionBwdCall) -> ShardingRule:
+    """As the forward's (attention_fwd._sharding): query heads are the compound factor (k g), MHA names k
+    alone, MQA gives the query heads their own replicated factor g; sequences, head_dim and lens' first
+    axis never shard."""
+    if call.group == 1:
+        n, sizes = "k", ()
+    elif call.n_kv == 1:
+        n, sizes = "g", ()
+    else:
+        n, sizes = "(k g)", (("g", call.group),)
+    return ShardingRule(
+        operands=(f"b {n} t h", "b k s h", "b k s h", f"b {n} t h", f"b {n} t", f"b {n} t", "l b"),
+        results=(f"b {n} t h", "b k s h", "b k s h"),
+        factor_sizes=sizes,
+        replicated=("g", "t", "h", "s", "l"),
+    )
+
+
+ATTENTION_BWD = FfiOp(
+    target=TARGET,
+    outputs=_outputs,
+    emulation=_emulation,
+    sharding=_sharding,
+    batch_dims=(0, 0, 0, 0, 0, 0, 1),  # lens is (2, B)
+    result_batch_dims=(0, 0, 0),
+    attrs=lambda call: {"kernel": call.variant.name, "scale": np.float32(call.scale)},
+)
+"""(q, k, v, do, lse, delta, lens) -> (dq, dk, dv); shapes in the module docstring and csrc/attention_bwd.cc."""
+
+
+def attention_bwd(
+    ops: BwdOperands,
+    *,
+    variant,
+    scale: float,
+    out: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+    path: str = "cuda",
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Runs the backward kernel variant (kernel_variant) on the pre-pass's operands.
+
+    Returns dq (B, N, Tp, H), dk, dv (B, K, Sp, H) float32, padding rows 0. out: optional (dq, dk, dv)
+    buffers the kernel writes into (the `_into` test hook, aliased; tests pass NaN-filled ones to check
+    that every element is written; no partitioning or batching). path "emulated" runs emulate_bwd
+    through the same partitioning and batching (CPU tests).
+    """
+    n_kv = ops.k.shape[1]
+    call = AttentionBwdCall(variant, float(scale), ops.q.shape[1] // n_kv, n_kv)
+    if out is None:
+        return ATTENTION_BWD.call(call, path, *ops.args())
+    return ATTENTION_BWD.ffi_into(call, ops.args(), out)
