@@ -69,9 +69,19 @@ def _config_class():
     return getattr(registry, "AttentionBwdConfig", None)
 
 
+_INTERFACE_DEFAULTS = {"deterministic": False, "packed": False}
+
+
 def _find(fields: dict):
+    """The variant with these interface fields; a field the registry class does not have matches its
+    interface default only (e.g. a class without `deterministic` has no deterministic variant)."""
     cls = _config_class()
     if cls is not None:
+        have = {f.name for f in dataclasses.fields(cls)}
+        for name, default in _INTERFACE_DEFAULTS.items():
+            if name not in have:
+                if fields.pop(name) != default:
+                    return None
         return registry.find(cls, **fields)
     hits = [v for v in _INTERFACE_VARIANTS if all(getattr(v, k) == x for k, x in fields.items())]
     return hits[0] if hits else None

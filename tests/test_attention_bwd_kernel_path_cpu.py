@@ -1,0 +1,331 @@
+"""The backward kernel path of dot_product_attention on CPU, the sm_90a backward kernel replaced by its emulation.
+
+implementation="emulated" runs the forward kernel path and then (ops/attention_bwd_kernel.py) dO's square
+quantization, the pre-pass (primitives/attention_bwd.py bwd_operands) and the ATTENTION_BWD call's emulation
+through its custom_vmap(custom_partitioning(...)) wrapper. Checked against independent paths:
+  * the pre-pass's operands against the reference's own dequantization / quantization / Delta, bit for bit;
+  * the kernel-path backward against the reference backward (implementation="xla") on the SAME residuals
+    (the emulated forward's): bit for bit, the emulation being the reference's math on exact bf16 operands;
+  * gradients of implementation="emulated" vs "xla" end to end (each with its own forward), with a dLSE
+    cotangent: >= 40 dB (the contract's kernel-vs-reference gate; the forwards differ in the kernel's
+    realigned operands and exp2 softmax, so O and LSE may differ in their last bits);
+  * sharded over a 2x4 mesh and vmapped calls equal the plain call, with no all-gather in the call;
+  * the `_into` test hook and the plain call lower to the FFI target with the interface's attributes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from attention_testutil import fresh_rng
+from sharding_util import mesh, put
+
+import jax_mxfp8 as mx
+from jax_mxfp8.metrics import sqnr_db
+from jax_mxfp8.ops import attention as attn_ops
+from jax_mxfp8.ops import attention_bwd_kernel as kbwd
+from jax_mxfp8.primitives import attention_bwd as abwd
+from jax_mxfp8.primitives import implementation as impl
+from jax_mxfp8.reference.attention_config import AttentionConfig
+from jax_mxfp8.reference.attention_quant import fake_quant_square
+
+# T and S are multiples of 32, not of 128 (the pre-pass pads to 128), except where noted
+CASES = [
+    dict(b=2, t=96, s=160, n=4, n_kv=2, h=64, causal=True, lengths=True),  # GQA
+    dict(b=1, t=160, s=96, n=2, n_kv=2, h=128, causal=False, lengths=False),  # MHA
+    dict(b=2, t=64, s=224, n=2, n_kv=1, h=64, causal=False, lengths=True),  # MQA
+    dict(b=1, t=128, s=128, n=2, n_kv=1, h=128, causal=True, lengths=True),  # multiples of 128
+]
+
+
+def _id(case):
+    return "-".join(f"{k}{v}" for k, v in case.items())
+
+
+def _inputs(case, rng):
+    b, t, s, n, n_kv, h = (case[k] for k in ("b", "t", "s", "n", "n_kv", "h"))
+    q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((b, s, n_kv, h)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((b, s, n_kv, h)) * 3.0, jnp.bfloat16)
+    do = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16)
+    dlse = jnp.asarray(rng.standard_normal((b, n, t)), jnp.float32)
+    q_len = kv_len = None
+    if case["lengths"]:
+        q_len = jnp.asarray(rng.integers(1, t + 1, size=b), jnp.int32).at[0].set(t - 7)
+        kv_len = jnp.asarray(rng.integers(0, s + 1, size=b), jnp.int32).at[0].set(s - 5)
+    return q, k, v, do, dlse, q_len, kv_len
+
+
+def _static(case, impl_path, config=None):
+    return attn_ops.AttentionStatic(
+        config=config or AttentionConfig(),
+        scale=case["h"] ** -0.5,
+        is_causal=case["causal"],
+        is_mx=(False, False, False),
+        out_dtype=np.dtype(jnp.bfloat16),
+        group=case["n"] // case["n_kv"],
+        impl=impl_path,
+    )
+
+
+def _need_variant(case, config=None):
+    cfg = config or AttentionConfig()
+    variant, why = abwd.kernel_variant(
+        head_dim=case["h"], causal=case["causal"], p_scale=cfg.p_scale, p_rounding=cfg.scale_rounding,
+        dq_accum=cfg.dq_accum,
+    )  # fmt: skip
+    if variant is None:
+        pytest.skip(why)
+    return variant
+
+
+@functools.cache
+def _fwd_bwd(st: attn_ops.AttentionStatic, st_bwd: attn_ops.AttentionStatic):
+    """jit: the forward of `st` (residuals), then the bwd of `st_bwd` on those residuals."""
+
+    def run(q, k, v, do, dlse, q_len, kv_len):
+        (o, lse), res = attn_ops.mx_attention_fwd(st, q, k, v, None, None, q_len, kv_len)
+        grads = attn_ops.mx_attention_bwd(st_bwd, res, (do, dlse))
+        return o, lse, grads[:3]
+
+    return jax.jit(run)
+
+
+def _bits(x):
+    return np.asarray(jnp.asarray(x).astype(jnp.float32)).view(np.uint32)
+
+
+# ------------------------------------------------------------------------------------------- the lookup
+def test_kernel_variant_lookup():
+    v, why = abwd.kernel_variant(head_dim=128, causal=True)
+    if v is not None:  # the interface's key fields
+        assert (v.head_dim, v.causal, v.p_scale, v.dq_accum) == (128, True, "const", "fp32") and why is None
+    else:
+        assert why.startswith("no backward kernel variant")
+    v, why = abwd.kernel_variant(head_dim=96, causal=False)
+    assert v is None and why.startswith("no backward kernel variant") and "head_dim=96" in why
+    with pytest.raises(ValueError, match="dq_accum"):
+        abwd.kernel_variant(head_dim=128, causal=False, dq_accum="bf16")
+    with pytest.raises(ValueError, match="p_scale"):
+        abwd.kernel_variant(head_dim=128, causal=False, p_scale="row")
+
+
+def test_uncovered_configs_keep_the_reference_backward():
+    """dq_accum="fp16" (no variant yet) and the reference forward take the reference backward; a path
+    "cuda" variant the loaded library lacks does too (recorded under kbwd.OP)."""
+    case = CASES[0]
+    fp16 = AttentionConfig(dq_accum="fp16")
+    if abwd.kernel_variant(head_dim=64, causal=True, dq_accum="fp16")[0] is None:
+        with impl.record() as decisions:
+            assert kbwd.backward_variant(_static(case, "emulated", fp16), 64)[0] is None
+        assert [(d.op, d.path) for d in decisions] == [(kbwd.OP, "xla")]
+    assert kbwd.backward_variant(_static(case, "xla"), 64) == (None, "the forward ran the XLA reference")
+    _need_variant(case)
+    variant, why = kbwd.backward_variant(_static(case, "cuda"), 64)
+    if variant is None:  # no library here, or one without the backward kernel
+        assert "kernel library has no" in why
+
+
+# ------------------------------------------------------------------------------------------ the pre-pass
+@functools.cache
+def _prepass(st: attn_ops.AttentionStatic):
+    """jit: the forward's residuals -> (the pre-pass's operands, the reference backward's own values)."""
+
+    def run(q, k, v, do, dlse, q_len, kv_len):
+        (o, lse), (quants, *_) = attn_ops.mx_attention_fwd(st, q, k, v, None, None, q_len, kv_len)
+        do_q = attn_ops.square_sequence_major(do, q_len, "up", "emulated")
+        mxs = (quants[key] for key in ("q:square", "k:square", "v:square"))
+        ops = abwd.bwd_operands(*mxs, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len)
+        # the reference backward's operands (mx_attention_bwd / attention_bwd): head-major float32
+        deq = {key: attn_ops._operand(st, quants, key, q_len, kv_len) for key in quants}
+        do_hm = attn_ops._zero_rows(attn_ops._q_to_hm(do.astype(jnp.float32), st.group), q_len, 3)
+        do_prod = do_hm * attn_ops._q_to_hm(o, st.group).astype(jnp.float32)  # exact: bf16 x bf16 in f32
+        return ops, lse, deq, fake_quant_square(do_hm, "up"), do_prod
+
+    return jax.jit(run)
+
+
+@pytest.mark.parametrize("case", CASES[:2], ids=_id)
+def test_bwd_operands_match_the_reference(case):
+    """Each operand of the pre-pass equals what the reference backward computes from the same residuals:
+    dequantized Q^, K^, V^ (zeros past the lengths), dO^ = the reference's fake_quant_square of the zeroed
+    head-major dO, Delta = rowsum(dO O) - dLSE, LSE -inf past the lengths; padding to 128 is 0 / -inf."""
+    q, k, v, do, dlse, q_len, kv_len = _inputs(case, fresh_rng())
+    ops, lse, deq, want_do, do_prod = _prepass(_static(case, "emulated"))(q, k, v, do, dlse, q_len, kv_len)
+    b, t, n, h = q.shape
+    s = k.shape[1]
+    tp, sp = -(-t // 128) * 128, -(-s // 128) * 128
+    assert ops.q.shape == ops.do.shape == (b, n, tp, h) and ops.k.shape == ops.v.shape == (b, case["n_kv"], sp, h)
+    assert ops.q.dtype == ops.k.dtype == ops.v.dtype == ops.do.dtype == jnp.bfloat16
+    assert ops.lse.shape == ops.delta.shape == (b, n, tp) and ops.lse.dtype == ops.delta.dtype == jnp.float32
+
+    def padded(x, length):  # (B, K, [G,] L, H) -> (B, N, Lp, H)
+        x = x.reshape(b, -1, *x.shape[-2:])
+        return jnp.pad(x, [(0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)])
+
+    np.testing.assert_array_equal(_bits(ops.q), _bits(padded(deq["q:square"], tp)))
+    np.testing.assert_array_equal(_bits(ops.k), _bits(padded(deq["k:square"], sp)))
+    np.testing.assert_array_equal(_bits(ops.v), _bits(padded(deq["v:square"], sp)))
+    np.testing.assert_array_equal(_bits(ops.do), _bits(padded(want_do, tp)))
+    # Delta: a float32 row sum whose order XLA picks per fusion (it differs in the last bits between the
+    # two layouts inside one program): against float64, within H float32 roundings of the terms' size
+    terms = np.asarray(do_prod, np.float64).reshape(b, n, t, h)
+    want = np.pad(terms.sum(-1) - np.asarray(dlse, np.float64), [(0, 0), (0, 0), (0, tp - t)])
+    bound = np.pad(
+        np.abs(terms).sum(-1) * h * 2.0**-24 + 2.0**-24 * np.abs(np.asarray(dlse)), [(0, 0), (0, 0), (0, tp - t)]
+    )
+    assert np.all(np.abs(np.asarray(ops.delta, np.float64) - want) <= bound)
+    assert not np.asarray(ops.delta[:, :, t:]).any()
+    ql = np.full(b, t) if q_len is None else np.asarray(q_len)
+    rows = np.broadcast_to(np.arange(tp)[None, None, :] < ql[:, None, None], (b, n, tp))
+    lse_want = np.pad(np.asarray(lse), [(0, 0), (0, 0), (0, tp - t)], constant_values=-np.inf)
+    np.testing.assert_array_equal(np.asarray(ops.lse), np.where(rows, lse_want, -np.inf))
+    np.testing.assert_array_equal(np.asarray(ops.lens), np.stack([ql, np.full(b, s) if kv_len is None else kv_len]))
+
+
+# ------------------------------------------------------------------- the backward on the same residuals
+SAME_RESIDUAL_CASES = CASES[:3] + [pytest.param(CASES[3], marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("case", SAME_RESIDUAL_CASES, ids=_id)
+def test_kernel_backward_equals_reference_on_same_residuals(case):
+    """Gradients of the kernel-path backward (emulated) and of the reference backward on the emulated
+    forward's residuals, with a random dO and dLSE: bit for bit (same math on the same exact values; the
+    padding the pre-pass adds contributes exact zeros)."""
+    _need_variant(case)
+    q, k, v, do, dlse, q_len, kv_len = _inputs(case, fresh_rng())
+    st = _static(case, "emulated")
+    with impl.record() as decisions:
+        got = _fwd_bwd(st, st)(q, k, v, do, dlse, q_len, kv_len)
+    assert (kbwd.OP, "emulated") in [(d.op, d.path) for d in decisions]  # the kernel path was taken
+    want = _fwd_bwd(st, dataclasses.replace(st, impl="xla"))(q, k, v, do, dlse, q_len, kv_len)
+    for name, a, w in zip("qkv", got[2], want[2], strict=True):
+        assert a.shape == w.shape and a.dtype == w.dtype == jnp.bfloat16, name
+        assert np.isfinite(np.asarray(a, np.float32)).all(), name
+        np.testing.assert_array_equal(_bits(a), _bits(w), err_msg=f"d{name}")
+    assert np.abs(np.asarray(got[2][0], np.float32)).max() > 0
+
+
+# ---------------------------------------------------------------------------------------- end to end
+def _vjp(q, k, v, do, dlse, q_len, kv_len, *, causal, implementation, config=None):
+    def f(q, k, v):
+        return mx.dot_product_attention(
+            q, k, v, is_causal=causal, query_seq_lengths=q_len, key_value_seq_lengths=kv_len,
+            implementation=implementation, config=config, return_residual="lse",
+        )  # fmt: skip
+
+    _, vjp = jax.vjp(f, q, k, v)
+    return vjp((do, dlse))
+
+
+@pytest.mark.parametrize("case", [CASES[0], pytest.param(CASES[2], marks=pytest.mark.slow)], ids=_id)
+def test_gradients_emulated_vs_xla(case):
+    """jax.vjp of dot_product_attention (output and LSE cotangents) under jit: kernel path vs reference,
+    each with its own forward; >= 40 dB (module docstring)."""
+    _need_variant(case)
+    q, k, v, do, dlse, q_len, kv_len = _inputs(case, fresh_rng())
+    run = functools.partial(_vjp, causal=case["causal"])
+    ge = jax.jit(functools.partial(run, implementation="emulated"))(q, k, v, do, dlse, q_len, kv_len)
+    gx = jax.jit(functools.partial(run, implementation="xla"))(q, k, v, do, dlse, q_len, kv_len)
+    for name, a, w in zip("qkv", ge, gx, strict=True):
+        a, w = np.asarray(a, np.float64), np.asarray(w, np.float64)
+        assert sqnr_db(w, a) >= 40.0, (name, sqnr_db(w, a))
+
+
+def test_vmap_of_the_gradients():
+    """jax.vmap over a leading axis of the kernel-path gradients equals the per-slice gradients: the
+    backward call's mapped axis folds into its batch (custom_vmap)."""
+    case = CASES[0]
+    _need_variant(case)
+    rng = fresh_rng()
+    xs = [_inputs(case, rng) for _ in range(2)]
+    q, k, v, do, dlse = (jnp.stack([x[i] for x in xs]) for i in range(5))
+    f = functools.partial(_vjp, causal=True, implementation="emulated", q_len=xs[0][5], kv_len=xs[0][6])
+    got = jax.jit(jax.vmap(f))(q, k, v, do, dlse)  # lengths shared (unbatched)
+    for i in range(2):
+        want = jax.jit(f)(q[i], k[i], v[i], do[i], dlse[i])
+        for name, a, w in zip("qkv", got, want, strict=True):
+            _assert_close(a[i], w, name)
+
+
+def _assert_close(a, w, name):
+    """XLA:CPU may order float32 sums differently for a merged or per-device batch (the forward's sharding
+    test saw 1-ulp LSE differences); a wrong shard or batch mapping changes whole rows, far beyond this."""
+    a, w = np.asarray(a, np.float64), np.asarray(w, np.float64)
+    exact = np.mean(a == w)
+    assert exact > 0.99 and sqnr_db(w, a) >= 60.0, (name, exact, sqnr_db(w, a))
+
+
+# ----------------------------------------------------------------------------------- the call itself
+def _call_operands(rng, b=4, n=8, n_kv=4, tp=128, sp=128, h=64):
+    """Random pre-pass operands (MX values: fake-quantized), lengths, LSEs from the data."""
+    shapes = ((b, n, tp, h), (b, n_kv, sp, h), (b, n_kv, sp, h), (b, n, tp, h))
+    mxv = jax.jit(lambda x: fake_quant_square(x).astype(jnp.bfloat16))
+    q, k, v, do = (mxv(jnp.asarray(rng.standard_normal(sh), jnp.float32)) for sh in shapes)
+    ql = rng.integers(1, tp + 1, size=b).astype(np.int32)
+    kl = rng.integers(1, sp + 1, size=b).astype(np.int32)
+    lse = rng.standard_normal((b, n, tp)).astype(np.float32) + 4.0
+    lse = np.where(np.arange(tp)[None, None] < ql[:, None, None], lse, -np.inf).astype(np.float32)
+    delta = rng.standard_normal((b, n, tp)).astype(np.float32)
+    return abwd.BwdOperands(q, k, v, do, jnp.asarray(lse), jnp.asarray(delta), jnp.asarray(np.stack([ql, kl])))
+
+
+def _run(ops, variant, path="emulated"):
+    return abwd.attention_bwd(ops, variant=variant, scale=0.125, path=path)
+
+
+def test_sharded_call_equals_unsharded():
+    """A 2x4 mesh: batch over "data", KV-head groups over "model". The call partitions without gathers
+    and its results equal the unsharded call's."""
+    variant = _need_variant(dict(h=64, causal=True))
+    ops = _call_operands(fresh_rng())
+    f = jax.jit(functools.partial(_run, variant=variant))
+    want = f(ops)
+    m = mesh((2, 4), ("data", "model"))
+    four, three = ("data", "model", None, None), ("data", "model", None)
+    specs = abwd.BwdOperands(four, four, four, four, three, three, (None, "data"))
+    placed = jax.tree.map(lambda x, sp: put(x, m, *sp), ops, specs, is_leaf=lambda x: isinstance(x, tuple))
+    got = f(placed)
+    assert "all-gather" not in f.lower(placed).compile().as_text()
+    assert got[0].sharding.spec[:2] == ("data", "model") and got[1].sharding.spec[:2] == ("data", "model")
+    for name, a, w in zip("qkv", got, want, strict=True):
+        _assert_close(a, w, name)
+    ql, kl = np.asarray(ops.lens)
+    dq, dk = np.asarray(want[0]), np.asarray(want[1])
+    assert not dq[np.arange(128)[None, None, :] >= ql[:, None, None].repeat(8, 1)].any()  # rows >= q_len 0
+    assert not dk[np.arange(128)[None, None, :] >= kl[:, None, None].repeat(4, 1)].any()
+
+
+@pytest.mark.parametrize("n,n_kv", [(2, 2), (4, 1)])
+def test_mha_and_mqa_rules_partition(n, n_kv):
+    """MHA and MQA have their own Shardy rules (no size-1 factor inside a compound one)."""
+    variant = _need_variant(dict(h=64, causal=False))
+    ops = _call_operands(fresh_rng(), b=2, n=n, n_kv=n_kv)
+    f = jax.jit(functools.partial(_run, variant=variant))
+    want = f(ops)
+    m = mesh((2, 4), ("data", "model"))
+    four, three = ("data", None, None, None), ("data", None, None)
+    specs = abwd.BwdOperands(four, four, four, four, three, three, (None, "data"))
+    placed = jax.tree.map(lambda x, sp: put(x, m, *sp), ops, specs, is_leaf=lambda x: isinstance(x, tuple))
+    for name, a, w in zip("qkv", f(placed), want, strict=True):
+        _assert_close(a, w, name)
+
+
+def test_ffi_lowering_and_into_hook():
+    """For the GPU (lowered here without one): the plain call and the `_into` hook lower to the interface's
+    FFI target with attributes kernel (the variant name) and scale (f32), the hook aliasing its three
+    NaN-filled output buffers to the results (the GPU tests check that the kernel writes every element)."""
+    variant = _need_variant(dict(h=64, causal=True))
+    ops = _call_operands(fresh_rng(), b=1, n=2, n_kv=1)
+    outs = tuple(jnp.full(x.shape, jnp.nan, jnp.float32) for x in (ops.q, ops.k, ops.v))
+    hook = jax.jit(lambda ops, outs: abwd.attention_bwd(ops, variant=variant, scale=0.125, out=outs))
+    text = hook.trace(ops, outs).lower(lowering_platforms=("cuda",)).as_text()
+    assert "@jax_mxfp8_attention_bwd_into(" in text and text.count("output_operand_alias<") == 3
+    assert f'kernel = "{variant.name}"' in text and "scale = 1.250000e-01 : f32" in text
+    plain = jax.jit(functools.partial(_run, variant=variant, path="cuda"))
+    assert "@jax_mxfp8_attention_bwd(" in plain.trace(ops).lower(lowering_platforms=("cuda",)).as_text()
