@@ -35,6 +35,8 @@ and >= 0.95x cuDNN FP8 (pre-cast inputs); causal >= 1.3x cuDNN BF16; jagged >= 2
 batch with sequence lengths); H64 >= 1.3x cuDNN BF16.
 
 Usage: python benchmarks/attention.py [--out FILE.json] [--plot FILE.png] [--quick] [--cpu-smoke]
+       python benchmarks/attention.py --backward [--quick] [--smoke] [--dq-accum fp32,fp16]  (forward+backward:
+               benchmarks/attention_bwd.py, writes benchmarks/results/h200_attention_bwd.json)
   --quick      four shapes (non-causal B4 T4k, causal B2 T8k, H64, jagged), 10 calls per batch
   --budget-s   shapes not started after this many seconds are skipped (default 280)
   --cpu-smoke  tiny shapes on any backend: ours via implementation="xla" (end-to-end) and emulate_fwd
@@ -513,6 +515,11 @@ def plot(results, path, title):
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--backward" in argv:  # forward+backward: benchmarks/attention_bwd.py (its own flags and JSON)
+        from attention_bwd import main as backward_main
+
+        return backward_main([a for a in argv if a != "--backward"])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "h200_attention_fwd.json"))
     ap.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")

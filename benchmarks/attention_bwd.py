@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""Forward+backward attention TFLOP/s: ours (MXFP8, kernel path) vs cuDNN BF16 and cuDNN FP8 (per-tensor).
+
+Run as `python benchmarks/attention.py --backward [...]` (or this file directly). Inputs: bf16 q, k, v ~
+N(0, 1) in jax.nn's BTNH layout and a random bf16 cotangent ct ~ N(0, 1) of the output (never sum(): XLA
+folds a constant cotangent, DESIGN.md section 6). Every timed function is jit(lambda q, k, v, ct:
+jax.vjp(attention, q, k, v)[1](ct)): the forward and the backward with the forward's residuals.
+
+  ours              jax_mxfp8.dot_product_attention(implementation="cuda"): forward kernel, then the backward
+                    kernel where a variant covers the call (ops/attention_bwd_kernel.py), else the XLA
+                    reference backward (the JSON's `bwd_path` says which one ran). Jagged: on the padded batch
+                    with sequence lengths
+  ours_varlen       jagged only: jax_mxfp8.varlen_attention(implementation="cuda") on the packed rows (packed
+                    once, untimed; cotangent packed the same way)
+  ours_dq_fp16      --dq-accum fp32,fp16: `ours` with AttentionConfig(dq_accum="fp16") (speed and SQNR study)
+  ours_bwd_kernel   the backward call alone (primitives.attention_bwd.attention_bwd) on operands prepared once
+                    (FLOPs 2.5x forward), when a backward variant exists
+  cudnn_bf16        jax.nn.dot_product_attention(implementation="cudnn") (with sequence lengths when jagged)
+  cudnn_fp8         jax._src.cudnn.fused_attention_stablehlo.dot_product_attention(use_fp8=True), per-tensor
+                    scales 1, inputs and cotangent cast to float8_e4m3fn BEFORE timing; no sequence lengths,
+                    so not run on the jagged batch
+
+FLOPs of forward+backward = 3.5x the forward's 4*B*N*T*S*H (x0.5 causal; jagged: sum of 4*N*L^2*H over the
+real lengths, the same useful FLOPs for every implementation). Correctness (not asserted): SQNR (dB) of dq,
+dk, dv against cuDNN BF16's over valid rows, and a NaN check. Targets (issue 17, on `ours`): non-causal >= 1.3x
+cuDNN BF16 and >= 0.95x cuDNN FP8; causal >= 1.2x; H64 >= 1.2x; jagged >= 1.6x (padded with lengths).
+
+  --smoke      tiny shapes on any backend (CPU): ours via implementation="emulated" (the kernel path with
+               the kernel calls emulated), baselines via jax.nn implementation="xla"; numbers mean nothing
+  --quick      four shapes (non-causal B4 T4k, causal B2 T8k, H64, jagged), 10 calls per batch
+The JSON (default benchmarks/results/h200_attention_bwd.json) is rewritten after every shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from timing import timeit  # noqa: E402
+
+import jax_mxfp8 as mx  # noqa: E402
+from jax_mxfp8.ops import attention as attn_ops  # noqa: E402
+from jax_mxfp8.ops import attention_bwd_kernel as kbwd  # noqa: E402
+from jax_mxfp8.primitives import attention_bwd as abwd  # noqa: E402
+from jax_mxfp8.primitives import attention_fwd as afwd  # noqa: E402
+from jax_mxfp8.primitives import implementation as impl  # noqa: E402
+from jax_mxfp8.primitives import library  # noqa: E402
+from jax_mxfp8.reference.varlen import to_packed, to_padded  # noqa: E402
+
+FP8_PARAM_KEYS = (
+    "amax_dQ amax_dK amax_dV amax_dP descale_q descale_k descale_v descale_s scale_s scale_o descale_o "
+    "descale_dO descale_dP scale_dQ scale_dK scale_dV scale_dP"
+).split()
+TARGETS = {
+    "noncausal": [("cudnn_bf16", 1.3), ("cudnn_fp8", 0.95)],
+    "causal": [("cudnn_bf16", 1.2)],
+    "h64": [("cudnn_bf16", 1.2)],
+    "jagged": [("cudnn_bf16", 1.6)],
+}
+FWD_BWD_FACTOR = 3.5
+BWD_FACTOR = 2.5
+
+
+def shape(b, t, n, h, causal, group, lens_range=None):
+    tag = f"{t // 1024}k" if t >= 1024 else str(t)
+    name = f"B{b} T{tag} N{n} H{h}{' causal' if causal else ''}"
+    if lens_range:
+        name = f"jagged {b}x U[{lens_range[0]},{lens_range[1]}] pad T{tag} N{n} H{h}"
+    return dict(name=name, b=b, t=t, n=n, h=h, causal=causal, group=group, lens_range=lens_range)
+
+
+def shapes_for(mode: str) -> list[dict]:
+    if mode == "smoke":
+        return [shape(1, 128, 2, 64, True, "causal"), shape(2, 128, 2, 64, False, "jagged", lens_range=(32, 128))]
+    if mode == "quick":
+        return [
+            shape(4, 4096, 16, 128, False, "noncausal"),
+            shape(2, 8192, 16, 128, True, "causal"),
+            shape(4, 8192, 16, 64, False, "h64"),
+            shape(64, 16384, 4, 128, False, "jagged", lens_range=(512, 16384)),
+        ]
+    return [
+        *(shape(b, t, 16, 128, False, "noncausal") for b, t in ((4, 4096), (2, 8192), (1, 16384))),
+        *(shape(b, t, 16, 128, True, "causal") for b, t in ((4, 4096), (2, 8192), (1, 16384))),
+        shape(4, 8192, 16, 64, False, "h64"),
+        shape(64, 16384, 4, 128, False, "jagged", lens_range=(512, 16384)),
+    ]
+
+
+def fwd_bwd(attn):
+    """(q, k, v, ct) -> (dq, dk, dv): the forward and its vjp applied to the cotangent."""
+
+    def f(q, k, v, ct):
+        _, vjp = jax.vjp(attn, q, k, v)
+        return vjp(ct)
+
+    return f
+
+
+def build_impls(sh, smoke: bool, dq_accums: tuple[str, ...]):
+    """name -> (kind, attention fn or None, why skipped). kind: "dense" (q, k, v BTNH, lens), "packed"
+    (packed rows, cu), "fp8" (fp8 q, k, v, ct), "bwd_kernel" (prepared BwdOperands)."""
+    c, h = sh["causal"], sh["h"]
+    scale = 1.0 / math.sqrt(h)
+    jagged = sh["lens_range"] is not None
+    ours_impl = "emulated" if smoke else "cuda"
+    impls = {}
+
+    def cudnn_bf16(lens):
+        return lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, is_causal=c, implementation="xla" if smoke else "cudnn",
+            query_seq_lengths=lens, key_value_seq_lengths=lens,
+        )  # fmt: skip
+
+    impls["cudnn_bf16"] = ("dense", cudnn_bf16, None)
+    for accum in dq_accums:
+
+        def ours(lens, accum=accum):
+            return lambda q, k, v: mx.dot_product_attention(
+                q, k, v, is_causal=c, implementation=ours_impl, query_seq_lengths=lens,
+                key_value_seq_lengths=lens, config=mx.AttentionConfig(dq_accum=accum),
+            )  # fmt: skip
+
+        impls["ours" if accum == "fp32" else f"ours_dq_{accum}"] = ("dense", ours, None)
+    if jagged:
+        t = sh["t"]
+
+        def ours_varlen(cu):
+            return lambda q, k, v: mx.varlen_attention(
+                q, k, v, cu, cu, max_seqlen_q=t, max_seqlen_k=t, is_causal=c, implementation=ours_impl
+            )
+
+        impls["ours_varlen"] = ("packed", ours_varlen, None)
+    variant, why = abwd.kernel_variant(head_dim=h, causal=c)
+    if variant is not None and not smoke and variant.name not in {n for n, _ in library.kernel_names()}:
+        variant, why = None, f"the kernel library has no {variant.name}"
+    impls["ours_bwd_kernel"] = ("bwd_kernel", variant, why)
+
+    if smoke:
+
+        def fp8_attn(q8, k8, v8):  # stand-in: jax.nn XLA attention on the fp8-rounded inputs
+            q, k, v = (x.astype(jnp.bfloat16) for x in (q8, k8, v8))
+            return jax.nn.dot_product_attention(q, k, v, is_causal=c, implementation="xla")
+
+    else:
+        from jax._src.cudnn import fused_attention_stablehlo as fa
+
+        mask_type = fa.MaskType.CAUSAL if c else fa.MaskType.NO_MASK
+        params = {key: jnp.ones((1, 1, 1, 1), jnp.float32) for key in FP8_PARAM_KEYS}
+
+        def fp8_attn(q8, k8, v8):
+            return fa.dot_product_attention(
+                q8, k8, v8, fp8_params=params, scale=scale, mask_type=mask_type, use_fp8=True
+            )[0]
+
+    skip = "cuDNN FP8 attention takes no sequence lengths (q_seqlen/kv_seqlen)" if jagged else None
+    impls["cudnn_fp8"] = ("fp8", lambda lens: fp8_attn, skip)
+    return impls
+
+
+@jax.jit
+def _sqnr_parts(ref, x, valid):
+    """(sum ref^2, sum (x - ref)^2, any NaN in x) over valid rows; ref, x (B, L, heads, H), valid (B, L)."""
+    m = valid[:, :, None, None]
+    r, xf = ref.astype(jnp.float32), x.astype(jnp.float32)
+    return jnp.sum(jnp.where(m, r * r, 0.0)), jnp.sum(jnp.where(m, (xf - r) ** 2, 0.0)), jnp.any(jnp.isnan(xf) & m)
+
+
+def _bwd_path(decisions) -> str:
+    paths = [d.path for d in decisions if d.op == kbwd.OP]
+    return paths[0] if paths else "reference (forward not on the kernel path)"
+
+
+def run_shape(sh, args, smoke, res):
+    b, t, n, h, c = sh["b"], sh["t"], sh["n"], sh["h"], sh["causal"]
+    key = jax.random.key(1000 * b + t // 32 + n + h + c)
+    q, k, v, ct = (jax.random.normal(jax.random.fold_in(key, i), (b, t, n, h), jnp.bfloat16) for i in range(4))
+    lens = lens_np = None
+    if sh["lens_range"]:
+        lo, hi = sh["lens_range"]
+        lens_np = np.random.default_rng(0).integers(lo, hi + 1, size=b).astype(np.int32)
+        lens = jnp.asarray(lens_np)
+        fwd_flops = float(sum(4.0 * n * float(L) ** 2 * h for L in lens_np))
+        res["lengths"] = lens_np.tolist()
+    else:
+        fwd_flops = 4.0 * b * n * t * t * h * (0.5 if c else 1.0)
+    res["flops_fwd"], res["flops_fwd_bwd"] = fwd_flops, FWD_BWD_FACTOR * fwd_flops
+    valid = jnp.ones((b, t), bool) if lens is None else jnp.arange(t)[None, :] < lens[:, None]
+    ref = None
+    res["impls"] = {}
+    for name, (kind, make, skip) in build_impls(sh, smoke, args.dq_accum).items():
+        entry = res["impls"].setdefault(name, {})
+        if skip:
+            entry["skipped"] = skip
+            print(f"  {name:16s} skipped: {skip}", flush=True)
+            continue
+        try:
+            flops = FWD_BWD_FACTOR * fwd_flops
+            if kind == "dense":
+                fn, call_args = fwd_bwd(make(lens)), (q, k, v, ct)
+            elif kind == "fp8":
+                fn, call_args = fwd_bwd(make(lens)), tuple(x.astype(jnp.float8_e4m3fn) for x in (q, k, v, ct))
+            elif kind == "packed":
+                cu = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(lens)]).astype(jnp.int32)
+                total = int(np.sum(lens_np))
+                packed = tuple(jax.jit(to_packed, static_argnums=3)(x, cu, lens, total) for x in (q, k, v, ct))
+                fn, call_args = fwd_bwd(make(cu)), packed
+            else:  # the backward call alone on operands prepared once
+                flops = BWD_FACTOR * fwd_flops
+                fn, call_args = _bwd_kernel(make, q, k, v, ct, lens, c, smoke)
+            start = time.perf_counter()
+            with impl.record() as decisions:
+                compiled = jax.jit(fn).lower(*call_args).compile()
+            entry["compile_s"] = round(time.perf_counter() - start, 2)
+            if name.startswith("ours") and kind != "bwd_kernel":
+                entry["bwd_path"] = _bwd_path(decisions)
+            grads = jax.block_until_ready(compiled(*call_args))
+            if kind == "packed":
+                grads = tuple(to_padded(g, cu, lens, t) for g in grads)
+            if kind != "bwd_kernel":
+                grads = [g.astype(jnp.bfloat16) for g in grads]
+                if name == "cudnn_bf16":
+                    ref = grads
+                    entry["has_nan"] = any(bool(_sqnr_parts(g, g, valid)[2]) for g in grads)
+                elif ref is not None:
+                    for dname, g, r in zip(("dq", "dk", "dv"), grads, ref, strict=True):
+                        sig, err, nan = (float(x) for x in _sqnr_parts(r, g, valid))
+                        entry[f"sqnr_{dname}_vs_cudnn_bf16_db"] = 10 * math.log10(sig / max(err, 1e-30))
+                        entry["has_nan"] = entry.get("has_nan", False) or bool(nan)
+            del grads
+            sec = timeit(compiled, call_args, args.calls, args.batches)
+            entry["ms"], entry["tflops"] = sec * 1e3, flops / sec / 1e12
+            msg = f"{entry['ms']:9.3f} ms {entry['tflops']:7.1f} TFLOP/s"
+            sq = [entry.get(f"sqnr_{d}_vs_cudnn_bf16_db") for d in ("dq", "dk", "dv")]
+            if None not in sq:
+                msg += "  SQNR dq/dk/dv " + "/".join(f"{x:.1f}" for x in sq) + " dB"
+            msg += "  NaN!" if entry.get("has_nan") else ""
+            msg += f"  bwd: {entry['bwd_path']}" if "bwd_path" in entry else ""
+            print(f"  {name:16s} {msg}  (compile {entry['compile_s']} s)", flush=True)
+        except Exception as e:  # noqa: BLE001 - record and go on
+            traceback.print_exc(limit=4)
+            entry["error"] = repr(e)[:800]
+            print(f"  {name:16s} ERROR {repr(e)[:200]}", flush=True)
+    im = res["impls"]
+    res["ratios"] = {
+        f"{o}/{base}": im[o]["tflops"] / im[base]["tflops"]
+        for o in im
+        if o.startswith("ours") and "tflops" in im[o]
+        for base in ("cudnn_bf16", "cudnn_fp8")
+        if "tflops" in im.get(base, {})
+    }
+    checks = []
+    for base, need in TARGETS[sh["group"]]:
+        r = res["ratios"].get(f"ours/{base}")
+        checks.append("n/a" if r is None else f"{base} {r:.2f}x {'>=' if r >= need else '<'} {need}")
+    res["target"] = "; ".join(checks)
+
+
+def _bwd_kernel(variant, q, k, v, ct, lens, causal, smoke):
+    """The pre-pass run once (untimed) on the forward's residuals; returns (the call alone, its args)."""
+    h = q.shape[-1]
+    st = attn_ops.AttentionStatic(
+        config=mx.AttentionConfig(), scale=h**-0.5, is_causal=causal, is_mx=(False,) * 3,
+        out_dtype=np.dtype(jnp.bfloat16), group=1, impl="emulated" if smoke else "cuda",
+    )  # fmt: skip
+
+    @jax.jit
+    def prepare(q, k, v, ct):
+        (o, lse), (quants, *_) = attn_ops.mx_attention_fwd(st, q, k, v, None, None, lens, lens)
+        do_q = attn_ops.square_sequence_major(ct, lens, "up", st.impl)
+        mxs = (quants[f"{x}:square"] for x in "qkv")
+        return abwd.bwd_operands(*mxs, do_q, ct, o, lse, jnp.zeros_like(lse), q_len=lens, kv_len=lens)
+
+    ops = prepare(q, k, v, ct)
+    path = st.impl
+    return (lambda ops: abwd.attention_bwd(ops, variant=variant, scale=st.scale, path=path)), (ops,)
+
+
+def print_table(results):
+    cols = sorted({x for r in results for x in r.get("impls", {})}, key=lambda x: (not x.startswith("ours"), x))
+    print("\nTFLOP/s forward+backward (FLOPs 3.5x forward; ours_bwd_kernel: backward call alone, 2.5x)\n")
+    head = ["shape", *cols, "ours/BF16", "ours/FP8", "SQNR ours dq/dk/dv vs BF16 (dB)", "ours bwd", "target"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in results:
+        im, ra = r.get("impls", {}), r.get("ratios", {})
+        cells = [r["name"]]
+        for col in cols:
+            e = im.get(col, {})
+            cells.append(f"{e['tflops']:.1f}" if "tflops" in e else ("err" if "error" in e else "-"))
+        for base in ("cudnn_bf16", "cudnn_fp8"):
+            x = ra.get(f"ours/{base}")
+            cells.append("-" if x is None else f"{x:.2f}x")
+        o = im.get("ours", {})
+        sq = [o.get(f"sqnr_{d}_vs_cudnn_bf16_db") for d in ("dq", "dk", "dv")]
+        cells.append("-" if None in sq else "/".join(f"{x:.1f}" for x in sq))
+        cells += [o.get("bwd_path", "-"), r.get("target", "-")]
+        print("| " + " | ".join(cells) + " |")
+    for r in results:
+        for name, e in r.get("impls", {}).items():
+            if "error" in e:
+                print(f"ERROR {r['name']} {name}: {e['error'][:300]}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "h200_attention_bwd.json"))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smoke", "--cpu-smoke", action="store_true", dest="smoke")
+    ap.add_argument("--calls", type=int, default=None, help="calls per batch (default 30; 10 quick; 1 smoke)")
+    ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--only", default=None, help="run only shapes whose name contains this substring")
+    ap.add_argument("--dq-accum", default="fp32", help="comma list of dq_accum columns for ours: fp32,fp16")
+    ap.add_argument("--budget-s", type=float, default=280.0, help="skip shapes not started after this many s")
+    args = ap.parse_args(argv)
+    args.dq_accum = tuple(dict.fromkeys(a.strip() for a in args.dq_accum.split(",")))
+    if not set(args.dq_accum) <= {"fp32", "fp16"}:
+        ap.error(f"--dq-accum {args.dq_accum}: each must be fp32 or fp16")
+    mode = "smoke" if args.smoke else ("quick" if args.quick else "full")
+    args.calls = args.calls or {"smoke": 1, "quick": 10, "full": 30}[mode]
+    t_start = time.perf_counter()
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    kernel_ok, why = library.kernels_runnable(afwd.ARCHS)
+    dev = jax.devices()[0]
+    device = getattr(dev, "device_kind", str(dev))
+    print(f"device: {device}, jax {jax.__version__}, mode {mode}, kernel: {kernel_ok or why}", flush=True)
+    meta = dict(
+        device=device,
+        backend=jax.default_backend(),
+        jax=jax.__version__,
+        python=platform.python_version(),
+        command=shlex.join([os.path.basename(sys.executable), *sys.argv]),
+        timestamp=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        mode=mode,
+        kernel_available=bool(kernel_ok),
+        kernel_unavailable_reason=why or None,
+        timing=f"enqueue {args.calls} calls, block once, divide; median of {args.batches} batches",
+        timed="jit(jax.vjp(attention, q, k, v)[1](ct)), random bf16 cotangent ct ~ N(0, 1) (fp8 for cuDNN FP8)",
+        flops="forward+backward = 3.5 x 4*B*N*T*S*H (x0.5 causal; jagged: real lengths); backward alone 2.5x",
+        targets={g: [dict(baseline=b, min_ratio=r) for b, r in v] for g, v in TARGETS.items()},
+    )
+    if mode == "smoke":
+        meta["note"] = "SMOKE: ours implementation='emulated', baselines jax.nn XLA; numbers mean nothing"
+    results = []
+    for sh in shapes_for(mode):
+        if args.only and args.only not in sh["name"]:
+            continue
+        res = dict(sh)
+        results.append(res)
+        elapsed = time.perf_counter() - t_start
+        if elapsed > args.budget_s:
+            res["skipped"] = f"time budget: {elapsed:.0f} s > --budget-s {args.budget_s:.0f}"
+            continue
+        print(f"{sh['name']}  [{elapsed:.0f} s]", flush=True)
+        try:
+            run_shape(sh, args, mode == "smoke", res)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            res["error"] = repr(e)[:800]
+        meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+        out_path.write_text(json.dumps(dict(meta=meta, shapes=results), indent=1) + "\n")
+    print_table([r for r in results if "impls" in r])
+    print(f"wrote {out_path} ({meta.get('elapsed_s', 0)} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
