@@ -141,3 +141,37 @@ def test_kernel_path_forward_and_gradients(case, p_scale):
         gc, gx = np.asarray(gc, np.float64), np.asarray(gx, np.float64)
         assert np.isfinite(gc).all(), name
         assert sqnr_db(gc, gx) >= 30.0, (name, sqnr_db(gc, gx))
+
+
+def test_float32_inputs_take_the_kernel_path_quantized_from_float32():
+    """float32 q/k/v run the kernel (once, they silently ran the reference): quantized from float32 itself (not
+    from a bfloat16 copy), O returned as float32 holding the kernel's bfloat16 values."""
+    case = CASES[2]
+    rng = fresh_rng()
+    q, k, v, q_len, kv_len = (None if a is None else a.astype(jnp.float32) for a in _inputs(case, rng))
+    # off the bfloat16 grid, so that a bfloat16 round trip before the quantization would change MX values
+    q, k, v = (a + jnp.asarray(rng.standard_normal(a.shape) * 2e-3, jnp.float32) for a in (q, k, v))
+    q_len, kv_len = (None if a is None else a.astype(jnp.int32) for a in (q_len, kv_len))
+    why = attn_ops.kernel_unsupported(
+        AttentionConfig(), head_dim=case["h"], is_causal=case["causal"], has_bias=False, has_mask=False,
+        out_dtype=jnp.float32, mx_inputs=[],
+    )  # fmt: skip
+    assert why is None
+
+    def run(impl, *qkv):
+        return mx.dot_product_attention(
+            *qkv, is_causal=case["causal"], query_seq_lengths=q_len, key_value_seq_lengths=kv_len, implementation=impl
+        )
+
+    o_c = run("emulated", q, k, v)
+    assert o_c.dtype == jnp.float32
+    o_e, _ = emulated(q, k, v, causal=case["causal"], q_len=q_len, kv_len=kv_len, config=AttentionConfig())
+    rows = np.arange(case["t"])[None, :, None, None] < np.asarray(q_len)[:, None, None, None]
+    o_c = np.asarray(o_c)
+    np.testing.assert_array_equal(o_c, np.asarray(o_c.astype(jnp.bfloat16).astype(jnp.float32)))  # bf16 values
+    want = np.asarray(o_e.astype(jnp.bfloat16).astype(jnp.float32))
+    np.testing.assert_array_equal(np.where(rows, o_c, 0), np.where(rows, want, 0))
+    via_bf16 = np.asarray(run("emulated", *(a.astype(jnp.bfloat16) for a in (q, k, v))), np.float32)
+    assert np.any(np.where(rows, via_bf16 != o_c, False))  # the quantization saw float32 values
+    ref = np.asarray(run("xla", q, k, v), np.float64)
+    assert sqnr_db(np.where(rows, ref, 0), np.where(rows, o_c, 0)) >= 40.0

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 sys.path.insert(0, EXAMPLES)
@@ -18,6 +19,7 @@ import train_recommender  # noqa: E402
 SMALL_LM = ["--d-model", "64", "--heads", "2", "--seq-len", "64", "--no-progress"]
 
 
+@pytest.mark.slow
 def test_lm_training_parity_mxfp8_vs_bf16(tmp_path):
     """After 60 steps on the stdlib source the MXFP8 model's held-out loss is within 0.05 nats/byte of BF16's.
 
@@ -57,6 +59,7 @@ def test_lm_presets():
     assert train_lm.parse_args([]).d_model == 128  # the CPU default is unchanged
 
 
+@pytest.mark.slow
 def test_lm_checkpoint_resume_is_bit_exact(tmp_path):
     common = ["--steps", "6", "--eval-every", "3", "--batch", "4", "--seq-len", "32", "--d-model", "64", "--heads", "2"]
     full = train_lm.run(train_lm.parse_args([*common, "--out", str(tmp_path / "a"), "--no-progress"]))
@@ -65,6 +68,7 @@ def test_lm_checkpoint_resume_is_bit_exact(tmp_path):
     assert resumed["loss"] == full["loss"] and resumed["val"] == full["val"]
 
 
+@pytest.mark.slow
 def test_recommender_smoke(tmp_path):
     h = train_recommender.run(train_recommender.parse_args(["--smoke", "--out", str(tmp_path)]))
     for name in ("mxfp8", "bf16"):

@@ -65,6 +65,7 @@ def test_attention_gqa_params_and_jagged_equals_dense_for_one_sequence():
         mf.MXAttention(64, num_heads=4, num_kv_heads=3, rngs=nnx.Rngs(0))
 
 
+@pytest.mark.slow
 def test_transformer_block_jagged_isolation_and_grads():
     blk = mf.TransformerBlock(64, 2, rngs=nnx.Rngs(0))
     x = _x(5, (100, 64))
@@ -80,6 +81,7 @@ def test_transformer_block_jagged_isolation_and_grads():
     assert all(np.all(np.isfinite(g)) for g in leaves) and all(np.abs(g).sum() > 0 for g in leaves)
 
 
+@pytest.mark.slow
 def test_linen_modules_match_nnx_math():
     x = _x(6, (2, 64, 64))
     dense = mf.linen.MXDense(32)

@@ -12,10 +12,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "multi_gpu.py")
 
 
+@pytest.mark.slow
 def test_multi_gpu_smoke(tmp_path):
     out = tmp_path / "multi_gpu.json"
     env = {

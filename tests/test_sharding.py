@@ -117,6 +117,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_lm_train_step_losses_match_across_meshes():
     sys.path.insert(0, EXAMPLES)
     import train_multihost
@@ -133,6 +134,7 @@ def test_lm_train_step_losses_match_across_meshes():
         np.testing.assert_allclose(losses, single, rtol=2e-4, err_msg=f"{mesh_arg} {fp8}")
 
 
+@pytest.mark.slow
 def test_multihost_example_two_processes_of_four_devices(tmp_path):
     port = _free_port()
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")

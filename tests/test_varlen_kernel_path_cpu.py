@@ -54,6 +54,7 @@ def _run(case, impl, q, k, v, cu_q, cu_k):
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
+@pytest.mark.slow
 def test_packed_kernel_path_equals_dense_kernel_on_padded_batch(case):
     rng = test_rng()
     q, k, v, cu_q, cu_k = packed_inputs(rng, case["lq"], case["lk"], case["n"], case["n_kv"], case["h"])
@@ -137,6 +138,7 @@ def test_packed_kernel_path_isolates_sequences():
     np.testing.assert_array_equal(base[577:], 0.0)
 
 
+@pytest.mark.slow
 def test_aligned_layout_maps_round_trip():
     rng = np.random.default_rng(3)
     for _ in range(20):

@@ -36,6 +36,11 @@ IMPLEMENTATIONS = impl.IMPLEMENTATIONS
 MAX_HEAD_DIM = 256
 ALL_MX_OUTPUT_DTYPE = jnp.bfloat16
 """Output dtype when query, key and value are all MXArrays (there is no input dtype to follow)."""
+KERNEL_OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
+"""Input/output dtypes the kernel path takes. float32 inputs are quantized from float32 (the contract's MX
+values of the given input, as the reference quantizes them); the kernel writes O in bfloat16, and float32
+callers get those values upcast: O carries bfloat16's 8-bit precision (2^-9 relative), far below the MX
+operands' own error (docs/numerics.md, "Hopper attention kernel")."""
 
 
 def check_implementation(implementation) -> None:
@@ -66,8 +71,8 @@ def kernel_unsupported(config, *, head_dim, is_causal, has_bias, has_mask, out_d
         return f"the kernel implements AttentionConfig's defaults (qkv_blocks, kv_tile, causal_safe); got {config}"
     if has_bias or has_mask:
         return "the kernel takes no bias or mask arrays (use is_causal and the sequence lengths)"
-    if np.dtype(out_dtype) != np.dtype(jnp.bfloat16):
-        return f"the kernel writes bfloat16 output; inputs are {np.dtype(out_dtype).name}"
+    if np.dtype(out_dtype) not in KERNEL_OUT_DTYPES:
+        return f"the kernel takes bfloat16 or float32 inputs; got {np.dtype(out_dtype).name}"
     for name, x in mx_inputs:
         if x.dtype != jnp.float8_e4m3fn or x.block != "square" or x.axes != (-3, -1):
             return f"{name}: the kernel takes float8_e4m3fn MXArrays with square blocks over (sequence, head_dim)"
