@@ -8,8 +8,8 @@ handlers in csrc/ run the variant whose name the caller passes (FFI attribute `k
 and check the buffers against its parameters, so adding a variant here is the only change needed to ship it.
 
 One module per op family: `quantize` (quantize, dequantize), `rms_norm_quantize`, `gemm_operands` (quantize +
-align128 for the Hopper MX GEMM), `gemm` (the Hopper MX GEMM), `attention` (forward and realign), `attention_bwd` (backward); `base` holds
-the config interface and the shared value sets and codes.
+align128 for the Hopper MX GEMM), `gemm` (the Hopper MX GEMM), `attention` (forward and realign),
+`attention_bwd` (backward); `base` holds the config interface and the shared value sets and codes.
 """
 
 from __future__ import annotations

@@ -83,7 +83,6 @@ def red_add_f32(addr: Int64, value: Float32) -> None:
     inline_ptx("red.global.add.f32 [{$r0}], {$r1};", read_only_args=[addr, value])
 
 
-
 def f32_bits(x: Float32) -> Uint32:
     return x.bitcast(Uint32)
 
