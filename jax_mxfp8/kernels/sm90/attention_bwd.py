@@ -4,19 +4,21 @@ Supported (kernels/registry/attention_bwd.py, AttentionBwdConfig): head_dim 128 
 ATTENTION_BWD_VARIANTS for what is registered); non-causal or causal (top-left); GQA/MQA (query head n reads
 KV head n // G); per-batch query and KV lengths (dense padded batch); p_scale "const"; dq_accum "fp32".
 
-Operands (the FFI call jax_mxfp8_attention_bwd, /work/coord/ATTN_BWD_INTERFACE.md; 2-D row-major views):
-  q     (B*N*Tp, H)  bfloat16  Q^ head-major (b, n, t); Tp = T rounded up to 128; rows >= q_len are 0
-  k     (B*K*Sp, H)  bfloat16  K^ head-major (b, kv, s); Sp = S rounded up to 128; rows >= kv_len are 0
-  v     (B*K*Sp, H)  bfloat16  V^
-  do    (B*N*Tp, H)  bfloat16  dO^ (square-quantized, dequantized; rows >= q_len 0)
+Operands (the FFI call jax_mxfp8_attention_bwd, /work/coord/ATTN_BWD_INTERFACE.md; the handler passes
+each (B, heads, L, H) buffer as a 2-D (B * heads, L * H) row-major view, so the kernel reads N, K, Tp, Sp
+from the shapes):
+  q     (B*N, Tp*H)  bfloat16  Q^ head-major (b, n, t); Tp = T rounded up to 128; rows >= q_len are 0
+  k     (B*K, Sp*H)  bfloat16  K^ head-major (b, kv, s); Sp = S rounded up to 128; rows >= kv_len are 0
+  v     (B*K, Sp*H)  bfloat16  V^
+  do    (B*N, Tp*H)  bfloat16  dO^ (square-quantized, dequantized; rows >= q_len 0)
   lse   (B*N, Tp)    float32   natural-log LSE of the forward; -inf on rows >= q_len
   delta (B*N, Tp)    float32   rowsum(dO * O) - dLSE; 0 on padding rows
   lens  (2, B)       int32     query lengths, KV lengths
   scale              float32   tau (kernel argument)
 Outputs:
-  dq    (B*N*Tp, H)  float32   accumulated with float32 atomics: the caller (the FFI handler) zero-fills it
-  dk    (B*K*Sp, H)  float32   written once per CTA, rows >= kv_len 0
-  dv    (B*K*Sp, H)  float32
+  dq    (B*N, Tp*H)  float32   accumulated with float32 atomics: the caller (the FFI handler) zero-fills it
+  dk    (B*K, Sp*H)  float32   written once per CTA, rows >= kv_len 0
+  dv    (B*K, Sp*H)  float32
 
 Numerics (the contract, reference/attention_bwd.py): every operand is an MX value (E4M3 x 2^e), exact in
 bfloat16, so BF16 wgmma with float32 accumulation forms exact products; the five GEMMs all run on BF16
