@@ -29,6 +29,9 @@ class AttentionBwdConfig(KernelConfig):
       deterministic: dQ accumulated in a fixed order (not implemented: False).
       packed: packed jagged sequences (not implemented: False).
       q_stage: Q / dO tiles (64 query rows each) in flight in shared memory.
+      dq_store: how each query tile's dQ partial reaches dq: "red" (one red.global.add.f32 per element
+        from the registers) or "bulk" (staged in shared memory, then cp.reduce.async.bulk .add.f32 of
+        whole rows: 256-byte bulk reductions in L2 instead of scattered 4-byte ones).
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
     """
 
@@ -45,6 +48,7 @@ class AttentionBwdConfig(KernelConfig):
     deterministic: bool = False
     packed: bool = False
     q_stage: int = 2
+    dq_store: str = "red"
     tune: int = 0
 
     def __post_init__(self):
@@ -64,6 +68,8 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError("deterministic=True is not implemented (dQ uses float32 atomics)")
         if self.packed:
             raise ValueError("packed=True is not implemented (dense padded batches only)")
+        if self.dq_store not in ("red", "bulk"):
+            raise ValueError(f"dq_store={self.dq_store!r} not in ('red', 'bulk')")
         if not 1 <= self.q_stage <= 4:
             raise ValueError(f"q_stage={self.q_stage} not in [1, 4]")
 
@@ -73,7 +79,11 @@ class AttentionBwdConfig(KernelConfig):
         return f"{base}_t{self.tune}" if self.tune else base
 
 
-# Registered: the variants the GPU tests cover (tests/test_attention_bwd_kernel_gpu.py).
+# Registered: the variants the GPU tests cover (tests/test_attention_bwd_kernel_gpu.py). tune 1: the other
+# dQ store (benchmarks/attention_bwd_kernel.py).
 ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = tuple(
-    AttentionBwdConfig(head_dim=h, causal=c) for h in (128,) for c in (False, True)
+    AttentionBwdConfig(head_dim=h, causal=c, dq_store=store, tune=tune)
+    for h in (128, 64)
+    for c in (False, True)
+    for tune, store in ((0, "red"), (1, "bulk"))
 )

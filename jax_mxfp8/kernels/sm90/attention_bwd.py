@@ -76,6 +76,7 @@ LOG2E = math.log2(math.e)
 P_CONST = 256.0  # p_scale "const": P stored as E4M3(P * 2^8)
 DS_BARRIER = 1  # named barrier: dS tile written by both consumers (256 threads)
 AMAX_BARRIER0 = 2  # named barriers 2..5: one per warp pair (64 threads), the dS block amax exchange
+DQ_BARRIER0 = 6  # named barriers 6, 7: one per consumer (128 threads), its dQ staging tile (dq_store "bulk")
 QB_INDICES = tuple(tuple(i for i in range(32) if acc_coords(i)[2] // 4 == qb) for qb in range(2))
 """Flat indices of a 64 x 64 accumulator fragment in query block qb (columns 32 qb .. 32 qb + 31)."""
 
@@ -83,6 +84,33 @@ QB_INDICES = tuple(tuple(i for i in range(32) if acc_coords(i)[2] // 4 == qb) fo
 def red_add_f32(addr: Int64, value: Float32) -> None:
     """Float32 atomic add without return (red.global.add.f32) at global address addr."""
     inline_ptx("red.global.add.f32 [{$r0}], {$r1};", read_only_args=[addr, value])
+
+
+def bulk_reduce_add_f32(dst: Int64, src: Int32, size: int) -> None:
+    """cp.reduce.async.bulk .add.f32 of `size` bytes from shared address src to global address dst (both
+    16-byte aligned), in this thread's bulk group."""
+    inline_ptx(
+        f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [{{$r0}}], [{{$r1}}], {size};",
+        read_only_args=[dst, src],
+    )
+
+
+def bulk_commit() -> None:
+    inline_ptx("cp.async.bulk.commit_group;")
+
+
+def bulk_wait_read() -> None:
+    """Waits until this thread's committed bulk operations have read their shared-memory sources."""
+    inline_ptx("cp.async.bulk.wait_group.read 0;")
+
+
+def bulk_wait() -> None:
+    """Waits until this thread's committed bulk operations are complete."""
+    inline_ptx("cp.async.bulk.wait_group 0;")
+
+
+def st_shared_v2_f32(addr: Int32, a: Float32, b: Float32) -> None:
+    inline_ptx("st.shared.v2.f32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, a, b])
 
 
 def f32_bits(x: Float32) -> Uint32:
@@ -101,6 +129,10 @@ class AttentionBackwardSm90:
         self.h = config.head_dim
         self.q_stage = config.q_stage
         self.dq_split = self.h == 128  # dQ's head-dim halves on the two consumers; H64: consumer 0 only
+        self.bulk_dq = config.dq_store == "bulk"
+        # dq_store "bulk": the dQ tile (64 rows x H float32) in shared memory, rows padded by 32 bytes so that
+        # the accumulator's 8-byte stores (8 rows x 4 column pairs per warp) take 2 wavefronts
+        self.dq_pitch = self.h * 4 + 32
         self.sdp_tiler = (CTA_N, TILE_M, self.h)  # S^T, dP^T: M = keys, N = queries, K = H
         self.dkv_tiler = (CTA_N, self.h, TILE_M)  # dV, dK: M = keys, N = H, K = queries
         self.dq_tiler = (TILE_M, self.h, CTA_N)  # dQ: M = queries, N = H, K = keys
@@ -228,6 +260,9 @@ class AttentionBackwardSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(ds_smem)], 1024]
+            sdQ: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Uint8, TILE_M * self.dq_pitch if self.bulk_dq else 16], 128
+            ]
 
         self.shared_storage = SharedStorage
         self.kernel(
@@ -302,6 +337,7 @@ class AttentionBackwardSm90:
         sV = storage.sV.get_tensor(k_smem.outer, swizzle=k_smem.inner)
         sdS = storage.sdS.get_tensor(ds_smem.outer, swizzle=ds_smem.inner)
         sAmax = storage.amax.get_tensor(cute.make_layout(2 * 8 * 2))
+        sdq_base = storage.sdQ.data_ptr().toint()
 
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -321,7 +357,7 @@ class AttentionBackwardSm90:
             self._consume(
                 dkv_mma, sdp_mma, dq_mma, sQ, sdO, sK, sV, sdS, sAmax, q_pipe, kv_pipe,
                 mLse, mDelta, mdQ, mdK, mdV, scale, n, bk, bn0, m_start, n_m, n_iter, q_len, kv_len,
-                q_smem, k_smem, ds_smem, wg - 1, tidx - 128,
+                q_smem, k_smem, ds_smem, sdq_base, wg - 1, tidx - 128,
             )  # fmt: skip
 
     @cute.jit
@@ -362,7 +398,7 @@ class AttentionBackwardSm90:
     def _consume(
         self, dkv_mma, sdp_mma, dq_mma, sQ, sdO, sK, sV, sdS, sAmax, q_pipe, kv_pipe,
         mLse, mDelta, mdQ, mdK, mdV, scale, n, bk, bn0, m_start, n_m, n_iter, q_len, kv_len,
-        q_smem, k_smem, ds_smem, c, tid,
+        q_smem, k_smem, ds_smem, sdq_base, c, tid,
     ):  # fmt: skip
         """Consumer warpgroup c (0 or 1; tid in [0, 256) over both): keys 64 c .. 64 c + 63 of the tile."""
         h = self.h
@@ -476,10 +512,17 @@ class AttentionBackwardSm90:
             cute.nvgpu.warpgroup.wait_group(0)
             q_pipe.consumer_release(state)
             if cutlass.const_expr(self.dq_split):
-                self._add_dq(acc_dq, dq_base, bn, tp, q0 + row_in, dq_col0 + col_in, q_len, scale)
+                self._store_dq(
+                    acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg, lane
+                )
             else:
                 if c == 0:
-                    self._add_dq(acc_dq, dq_base, bn, tp, q0 + row_in, dq_col0 + col_in, q_len, scale)
+                    self._store_dq(
+                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg, lane
+                    )
+        if cutlass.const_expr(self.bulk_dq):
+            if warp_wg == 0:
+                bulk_wait()  # the last tile's reductions, before the CTA (and its shared memory) goes away
 
         # epilogue: dK = tau * acc, rows >= kv_len 0
         for i in cutlass.range_constexpr(cute.size(acc_dk)):
@@ -544,6 +587,32 @@ class AttentionBackwardSm90:
                 vals = ptx.fp8x4_to_f32(word, "float8_e4m3fn")
                 for t in cutlass.range_constexpr(4):
                     acc[group[t]] = bits_f32(vals[t]) * inv
+
+    @cute.jit
+    def _store_dq(self, acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, col0, col_in, q_len, scale, c, warp_wg, lane):
+        """dq[bn, q0 + row, col0 + col] += tau * acc_dq for this consumer's dQ tile (64 rows, 64 head-dim
+        columns from col0; rows >= q_len skipped), by dq_store: "red" (per element) or "bulk" (the tile
+        staged in shared memory, then one 256-byte bulk reduction per row, two rows per lane of warp 0)."""
+        if cutlass.const_expr(not self.bulk_dq):
+            self._add_dq(acc_dq, dq_base, bn, tp, q0 + row_in, col0 + col_in, q_len, scale)
+        else:
+            bar = DQ_BARRIER0 + c
+            if warp_wg == 0:
+                bulk_wait_read()  # the previous tile's reductions have read the staging tile
+            cute.arch.barrier(barrier_id=bar, number_of_threads=ws.WARPGROUP_THREADS)
+            for i in cutlass.range_constexpr(0, cute.size(acc_dq), 2):
+                _, v1, nbk = acc_coords(i)
+                addr = sdq_base + (row_in + 8 * v1) * self.dq_pitch + (col0 + col_in + 8 * nbk) * 4
+                st_shared_v2_f32(addr, acc_dq[i] * scale, acc_dq[i + 1] * scale)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=bar, number_of_threads=ws.WARPGROUP_THREADS)
+            if warp_wg == 0:
+                for rr in cutlass.range_constexpr(TILE_M // 32):
+                    r = lane + 32 * rr
+                    if q0 + r < q_len:
+                        dst = dq_base + ((Int64(bn) * Int64(tp) + Int64(q0 + r)) * Int64(self.h) + Int64(col0)) * 4
+                        bulk_reduce_add_f32(dst, sdq_base + r * self.dq_pitch + col0 * 4, 256)
+                bulk_commit()
 
     @cute.jit
     def _add_dq(self, acc_dq, dq_base, bn, tp, row0, col0, q_len, scale):
