@@ -38,7 +38,7 @@ from jax_mxfp8.reference.attention_quant import fake_quant_square
 CASES = [
     dict(b=2, t=96, s=160, n=4, n_kv=2, h=64, causal=True, lengths=True),  # GQA
     dict(b=1, t=160, s=96, n=2, n_kv=2, h=128, causal=False, lengths=False),  # MHA
-    dict(b=2, t=64, s=224, n=2, n_kv=1, h=64, causal=False, lengths=True),  # MQA
+    dict(b=2, t=64, s=224, n=2, n_kv=1, h=64, causal=False, lengths=True, dtype="float32"),  # MQA, float32
     dict(b=1, t=128, s=128, n=2, n_kv=1, h=128, causal=True, lengths=True),  # multiples of 128
 ]
 
@@ -49,10 +49,11 @@ def _id(case):
 
 def _inputs(case, rng):
     b, t, s, n, n_kv, h = (case[k] for k in ("b", "t", "s", "n", "n_kv", "h"))
-    q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16)
-    k = jnp.asarray(rng.standard_normal((b, s, n_kv, h)), jnp.bfloat16)
-    v = jnp.asarray(rng.standard_normal((b, s, n_kv, h)) * 3.0, jnp.bfloat16)
-    do = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16)
+    dt = _dtype(case)
+    q = jnp.asarray(rng.standard_normal((b, t, n, h)), dt)
+    k = jnp.asarray(rng.standard_normal((b, s, n_kv, h)), dt)
+    v = jnp.asarray(rng.standard_normal((b, s, n_kv, h)) * 3.0, dt)
+    do = jnp.asarray(rng.standard_normal((b, t, n, h)), dt)
     dlse = jnp.asarray(rng.standard_normal((b, n, t)), jnp.float32)
     q_len = kv_len = None
     if case["lengths"]:
@@ -61,13 +62,19 @@ def _inputs(case, rng):
     return q, k, v, do, dlse, q_len, kv_len
 
 
+def _dtype(case) -> np.dtype:
+    """Inputs (and so the output and gradients): bfloat16, or float32 (quantized from float32; the kernel's
+    O upcast)."""
+    return np.dtype(jnp.dtype(case.get("dtype", "bfloat16")))
+
+
 def _static(case, impl_path, config=None):
     return attn_ops.AttentionStatic(
         config=config or AttentionConfig(),
         scale=case["h"] ** -0.5,
         is_causal=case["causal"],
         is_mx=(False, False, False),
-        out_dtype=np.dtype(jnp.bfloat16),
+        out_dtype=_dtype(case),
         group=case["n"] // case["n_kv"],
         impl=impl_path,
     )
@@ -205,7 +212,7 @@ def test_kernel_backward_equals_reference_on_same_residuals(case):
     assert (kbwd.OP, "emulated") in [(d.op, d.path) for d in decisions]  # the kernel path was taken
     want = _fwd_bwd(st, dataclasses.replace(st, impl="xla"))(q, k, v, do, dlse, q_len, kv_len)
     for name, a, w in zip("qkv", got[2], want[2], strict=True):
-        assert a.shape == w.shape and a.dtype == w.dtype == jnp.bfloat16, name
+        assert a.shape == w.shape and a.dtype == w.dtype == _dtype(case), name
         assert np.isfinite(np.asarray(a, np.float32)).all(), name
         np.testing.assert_array_equal(_bits(a), _bits(w), err_msg=f"d{name}")
     assert np.abs(np.asarray(got[2][0], np.float32)).max() > 0

@@ -7,7 +7,7 @@
 
 The interface is /work/coord/ATTN_BWD_INTERFACE.md (issue 17): target `jax_mxfp8_attention_bwd`, attributes
 `kernel` (the registry variant's name) and `scale` (tau); the kernel is jax_mxfp8/kernels/sm90/attention_bwd.py
-(config AttentionBwdConfig in kernels/registry/attention_bwd.py), its handler csrc/attention_bwd.cc. Shapes
+(variants: AttentionBwdConfig in kernels/registry/attention_bwd.py), its handler csrc/attention_bwd.cc. Shapes
 (Tp = T, Sp = S rounded up to 128; N = K * G):
   q, do (B, N, Tp, H) bfloat16; k, v (B, K, Sp, H) bfloat16; lse, delta (B, N, Tp) float32; lens (2, B) int32
   -> dq (B, N, Tp, H), dk, dv (B, K, Sp, H) float32 (dk, dv summed over each KV head's G query heads).
@@ -40,53 +40,6 @@ TARGET = "jax_mxfp8_attention_bwd"
 
 
 # ------------------------------------------------------------------------------------------- the variants
-@dataclasses.dataclass(frozen=True)
-class InterfaceBwdConfig:
-    """Stand-in for the kernel's AttentionBwdConfig (kernels/registry/attention_bwd.py) while a tree lacks it:
-    the interface's key fields only, so that the "emulated" backward path runs (CPU tests). Never a
-    compiled kernel: ops/attention_bwd_kernel.py takes path "cuda" only for variants the loaded library
-    holds, which these are not."""
-
-    head_dim: int = 128
-    causal: bool = False
-    p_scale: str = "const"
-    p_rounding: str = "up"
-    dq_accum: str = "fp32"
-    deterministic: bool = False
-    packed: bool = False
-    tune: int = 0
-
-    @property
-    def name(self) -> str:
-        return f"attention_bwd_h{self.head_dim}{'_causal' if self.causal else ''}"
-
-
-_INTERFACE_VARIANTS = tuple(InterfaceBwdConfig(head_dim=h, causal=c) for h in (64, 128) for c in (False, True))
-
-
-def _config_class():
-    """The kernel's registry class, AttentionBwdConfig, once the kernel's registry module is in the tree."""
-    return getattr(registry, "AttentionBwdConfig", None)
-
-
-_INTERFACE_DEFAULTS = {"deterministic": False, "packed": False}
-
-
-def _find(fields: dict):
-    """The variant with these interface fields; a field the registry class does not have matches its
-    interface default only (e.g. a class without `deterministic` has no deterministic variant)."""
-    cls = _config_class()
-    if cls is not None:
-        have = {f.name for f in dataclasses.fields(cls)}
-        for name, default in _INTERFACE_DEFAULTS.items():
-            if name not in have:
-                if fields.pop(name) != default:
-                    return None
-        return registry.find(cls, **fields)
-    hits = [v for v in _INTERFACE_VARIANTS if all(getattr(v, k) == x for k, x in fields.items())]
-    return hits[0] if hits else None
-
-
 def kernel_variant(
     *,
     head_dim: int,
@@ -97,7 +50,7 @@ def kernel_variant(
     deterministic: bool = False,
     packed: bool = False,
     tune: int = 0,
-):
+) -> tuple[registry.AttentionBwdConfig | None, str | None]:
     """(the registry variant, None) when a backward kernel covers these arguments, else (None, why not).
 
     p_rounding is ignored for p_scale="const" (one scale, no rule), as in the forward's lookup."""
@@ -105,13 +58,10 @@ def kernel_variant(
     if dq_accum not in DQ_ACCUMS:
         raise ValueError(f"dq_accum={dq_accum!r} is not one of {DQ_ACCUMS}")
     fields = dict(head_dim=head_dim, causal=bool(causal), p_scale=p_scale, p_rounding=p_rounding)
-    fields.update(dq_accum=dq_accum, deterministic=bool(deterministic), packed=bool(packed), tune=tune)
-    try:
-        variant = _find(fields)
-    except TypeError as e:  # the registry class lacks one of the interface's key fields
-        return None, f"no backward kernel variant ({e})"
+    fields.update(dq_accum=dq_accum, deterministic=bool(deterministic), packed=bool(packed))
+    variant = registry.find(registry.AttentionBwdConfig, **fields, tune=tune)
     if variant is None:
-        args = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+        args = ", ".join(f"{k}={v!r}" for k, v in {**fields, "tune": tune}.items())
         return None, f"no backward kernel variant for {args}"
     return variant, None
 
@@ -237,7 +187,7 @@ def emulate_bwd(
 class AttentionBwdCall:
     """The static part of one kernel call: the variant, tau and the head grouping (for the sharding rule)."""
 
-    variant: object  # registry.AttentionBwdConfig
+    variant: registry.AttentionBwdConfig
     scale: float
     group: int  # G = N // K query heads per KV head
     n_kv: int  # K
