@@ -32,8 +32,10 @@ DISTRIBUTIONS = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", 
 """Distributions whose versions the report lists (plus every installed jax CUDA plugin)."""
 
 _ARCH_OF_MAJOR = {m: a for a, m in registry.ARCH_MAJOR.items()}
-_FORWARD_ONLY = ("rms_norm_quantize", "dot_product_attention", "varlen_attention")
+_FORWARD_ONLY = ("rms_norm_quantize",)
 """Ops whose kernel computes the forward pass only (their gradients run the XLA reference)."""
+_BACKWARD_KERNEL = ("dot_product_attention", "varlen_attention")
+"""Ops whose backward takes its own kernel where a variant covers the call (ops/attention_bwd_kernel.py)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +186,10 @@ def op_decisions() -> list[OpDecision]:
         reason = d.reason or "the CuTe DSL kernel covers the call and runs on this GPU"
         if d.path == "cuda" and op in _FORWARD_ONLY:
             reason += " (forward pass; the backward runs the XLA reference)"
+        if d.path == "cuda" and op in _BACKWARD_KERNEL:
+            reason += (
+                " (backward: the backward kernel where the library holds a variant for it, else the XLA reference)"
+            )
         out.append(OpDecision(op, call, d.path, reason))
     return out
 

@@ -92,7 +92,8 @@ def test_decisions_on_a_faked_hopper(monkeypatch, fresh_warnings):
     for op in OPS:
         assert decisions[op].path == "cuda", decisions[op]
         assert "kernel covers the call" in decisions[op].reason
-    assert "backward runs the XLA reference" in decisions["dot_product_attention"].reason
+    assert "backward runs the XLA reference" in decisions["rms_norm_quantize"].reason
+    assert "backward: the backward kernel" in decisions["dot_product_attention"].reason
     assert "backward" not in decisions["mx_dot_general"].reason  # its kernel runs all three GEMMs
     assert _fallbacks(fresh_warnings) == []  # diagnostics never warn
 
