@@ -11,7 +11,9 @@ sum_b ceil128(L_b) rows, the scales one per 32-row block of those rows.
 Backward: the residuals (aligned MX operands, O, LSE) are gathered into the padded (B, max_seqlen) batch
 that dot_product_attention's backward takes; the MX blocks are the same blocks (both layouts start every
 sequence on a block boundary and hold zeros past its end), so the gradients equal those of the dense
-path on the padded batch (ops/varlen_attention.py's XLA route) given the same forward residuals.
+path on the padded batch (ops/varlen_attention.py's XLA route) given the same forward residuals. That
+backward runs the backward kernel with the sequence lengths where a variant covers the call
+(ops/attention_bwd_kernel.py), else the reference.
 """
 
 from __future__ import annotations
