@@ -84,7 +84,7 @@ class BwdOperands:
         return (self.q, self.k, self.v, self.do, self.lse, self.delta, self.lens)
 
 
-def _keep_rows(length: int, lengths: jax.Array | None, batch: int) -> jax.Array | None:
+def _keep_rows(length: int, lengths: jax.Array | None) -> jax.Array | None:
     """(B, L) bool: position < lengths[b] (None: every position)."""
     if lengths is None:
         return None
@@ -135,7 +135,7 @@ def bwd_operands(
     b, t, n, h = q.shape
     s = k.shape[1]
     tp, sp = round_up(t, TILE_M), round_up(s, TILE_N)
-    keep_q, keep_k = _keep_rows(t, q_len, b), _keep_rows(s, kv_len, b)
+    keep_q, keep_k = _keep_rows(t, q_len), _keep_rows(s, kv_len)
     do_f = do.astype(jnp.float32)
     if keep_q is not None:
         do_f = jnp.where(keep_q[:, :, None, None], do_f, 0.0)
