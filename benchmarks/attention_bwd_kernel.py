@@ -33,6 +33,7 @@ from jax_mxfp8.primitives import library  # noqa: E402
 SHAPES = [
     dict(b=4, t=4096, n=16, n_kv=16, h=128, causal=False),
     dict(b=4, t=4096, n=16, n_kv=16, h=128, causal=True),
+    dict(b=4, t=4096, n=16, n_kv=16, h=64, causal=False),
 ]
 
 
@@ -41,7 +42,7 @@ def bwd_flops(b, t, n, h, causal, **_) -> float:
     return f / 2 if causal else f
 
 
-TUNES = (0, 1)
+TUNES = (0, 1, 2, 3)
 
 
 def kernel_fn(shape, rng, tune=0):

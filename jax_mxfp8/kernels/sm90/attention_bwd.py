@@ -130,6 +130,7 @@ class AttentionBackwardSm90:
         self.q_stage = config.q_stage
         self.dq_split = self.h == 128  # dQ's head-dim halves on the two consumers; H64: consumer 0 only
         self.bulk_dq = config.dq_store == "bulk"
+        self.overlap = config.overlap
         # dq_store "bulk": the dQ tile (64 rows x H float32) in shared memory, rows padded by 32 bytes so that
         # the accumulator's 8-byte stores (8 rows x 4 column pairs per warp) take 2 wavefronts
         self.dq_pitch = self.h * 4 + 32
@@ -455,25 +456,24 @@ class AttentionBackwardSm90:
         acc_dk.fill(0.0)
         if n_iter > 0:
             kv_pipe.consumer_wait(ws.ring_state(1, Int32(0)))
+        if cutlass.const_expr(self.overlap):
+            # the first tile's S^T and dP^T; later tiles' are issued before the previous tile's dQ store
+            if n_iter > 0:
+                m1, bn1, q1 = self._tile(Int32(0), n_m, m_start, bn0)
+                self._load_stats(mLse, mDelta, bn1, q1 + col_in, lse2, dlt)
+                q_pipe.consumer_wait(ws.ring_state(self.q_stage, Int32(0)))
+                self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, Int32(0), self.overlap)
         for it in cutlass.range(n_iter, unroll=1):
-            g = it // n_m
-            m = m_start + it - g * n_m
-            bn = bn0 + g
+            m, bn, q0 = self._tile(it, n_m, m_start, bn0)
             stage = it % self.q_stage
             buf = it % 2
-            q0 = m * TILE_M
-            for j in cutlass.range_constexpr(16):
-                col = q0 + col_in + (j % 2) + 8 * (j // 2)
-                lv = mLse[bn, col]
-                lse2[j] = cutlass.select_(lv == -Float32.inf, Float32.inf, lv * Float32(LOG2E))
-                dlt[j] = mDelta[bn, col]
             state = ws.ring_state(self.q_stage, it)
-            q_pipe.consumer_wait(state)
-            cute.nvgpu.warpgroup.fence()
-            self._gemm(self._sdp_mma, acc_s, tSrK[None, None, None, 0], tSrQ[None, None, None, stage], False)
-            cute.nvgpu.warpgroup.commit_group()
-            self._gemm(self._sdp_mma, acc_dp, tPrV[None, None, None, 0], tPrdO[None, None, None, stage], False)
-            cute.nvgpu.warpgroup.commit_group()
+            if cutlass.const_expr(not self.overlap):
+                self._load_stats(mLse, mDelta, bn, q0 + col_in, lse2, dlt)
+                q_pipe.consumer_wait(state)
+                self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, 0)
+            if cutlass.const_expr(self.overlap == 1):
+                self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, -1)  # dP^T only (S^T is in flight)
             cute.nvgpu.warpgroup.wait_group(1)
             self._probabilities(acc_s, lse2, scale_log2, key0, q0 + col_in, q_len, kv_len, n, m)
             # Pq = E4M3_satfinite(P 2^8) 2^-8, as dV's A operand (the A fragment's order is the accumulator's)
@@ -511,6 +511,12 @@ class AttentionBackwardSm90:
                     cute.nvgpu.warpgroup.commit_group()
             cute.nvgpu.warpgroup.wait_group(0)
             q_pipe.consumer_release(state)
+            if cutlass.const_expr(self.overlap):
+                if it + 1 < n_iter:  # the next tile's S^T, dP^T run on the tensor cores during this dQ store
+                    m1, bn1, q1 = self._tile(it + 1, n_m, m_start, bn0)
+                    self._load_stats(mLse, mDelta, bn1, q1 + col_in, lse2, dlt)
+                    q_pipe.consumer_wait(ws.ring_state(self.q_stage, it + 1))
+                    self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, (it + 1) % self.q_stage, self.overlap)
             if cutlass.const_expr(self.dq_split):
                 self._store_dq(
                     acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg, lane
@@ -532,6 +538,35 @@ class AttentionBackwardSm90:
             acc_dv[i] = cutlass.select_(live, acc_dv[i], Float32(0.0))
         cute.autovec_copy(acc_dk, tDKgDK)
         cute.autovec_copy(acc_dv, tDVgDV)
+
+    @cute.jit
+    def _tile(self, it, n_m, m_start, bn0):
+        """(query tile m, query head bn, first row q0) of loop step it (head g = it // n_m of the group)."""
+        g = it // n_m
+        m = m_start + it - g * n_m
+        return m, bn0 + g, m * TILE_M
+
+    @cute.jit
+    def _load_stats(self, mLse, mDelta, bn, qcol0, lse2, dlt):
+        """This thread's 16 query columns qcol0 + v0 + 8 nb: LSE * log2(e) (+inf for LSE = -inf: P = 0) and
+        delta."""
+        for j in cutlass.range_constexpr(16):
+            col = qcol0 + (j % 2) + 8 * (j // 2)
+            lv = mLse[bn, col]
+            lse2[j] = cutlass.select_(lv == -Float32.inf, Float32.inf, lv * Float32(LOG2E))
+            dlt[j] = mDelta[bn, col]
+
+    @cute.jit
+    def _issue_sdp(self, acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, which: int):
+        """Issues S^T = K Q^T and dP^T = V dO^T of Q/dO stage `stage`, one commit group each (trace-time
+        `which`: 0 or 2 both, 1 S^T only, -1 dP^T only)."""
+        cute.nvgpu.warpgroup.fence()
+        if cutlass.const_expr(which != -1):
+            self._gemm(self._sdp_mma, acc_s, tSrK[None, None, None, 0], tSrQ[None, None, None, stage], False)
+            cute.nvgpu.warpgroup.commit_group()
+        if cutlass.const_expr(which != 1):
+            self._gemm(self._sdp_mma, acc_dp, tPrV[None, None, None, 0], tPrdO[None, None, None, stage], False)
+            cute.nvgpu.warpgroup.commit_group()
 
     @cute.jit
     def _probabilities(self, acc_s, lse2, scale_log2, key0, qcol0, q_len, kv_len, n, m):
