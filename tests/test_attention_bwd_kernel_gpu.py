@@ -216,7 +216,7 @@ def case_id(c) -> str:
     )
 
 
-TUNES = (0, 1)  # dq_store "red" (production) and "bulk" (AttentionBwdConfig); same inputs, same oracles
+TUNES = (0, 1, 2, 3)  # AttentionBwdConfig tunings (registry/attention_bwd.py); same inputs, same oracles
 
 
 @pytest.mark.parametrize("spec", CASES, ids=case_id)

@@ -32,6 +32,9 @@ class AttentionBwdConfig(KernelConfig):
       dq_store: how each query tile's dQ partial reaches dq: "red" (one red.global.add.f32 per element
         from the registers) or "bulk" (staged in shared memory, then cp.reduce.async.bulk .add.f32 of
         whole rows: 256-byte bulk reductions in L2 instead of scattered 4-byte ones).
+      overlap: 0, or issue the next query tile's S^T (1) or S^T and dP^T (2) wgmmas before this tile's dQ
+        store, so that the store (CUDA cores, shared memory, bulk reductions) runs while they occupy the
+        tensor cores (at H128, 2 keeps 32 more accumulator registers live and spills).
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
     """
 
@@ -48,7 +51,8 @@ class AttentionBwdConfig(KernelConfig):
     deterministic: bool = False
     packed: bool = False
     q_stage: int = 2
-    dq_store: str = "red"
+    dq_store: str = "bulk"
+    overlap: int = 0
     tune: int = 0
 
     def __post_init__(self):
@@ -70,6 +74,8 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError("packed=True is not implemented (dense padded batches only)")
         if self.dq_store not in ("red", "bulk"):
             raise ValueError(f"dq_store={self.dq_store!r} not in ('red', 'bulk')")
+        if self.overlap not in (0, 1, 2):
+            raise ValueError(f"overlap={self.overlap} not in (0, 1, 2)")
         if not 1 <= self.q_stage <= 4:
             raise ValueError(f"q_stage={self.q_stage} not in [1, 4]")
 
@@ -79,11 +85,23 @@ class AttentionBwdConfig(KernelConfig):
         return f"{base}_t{self.tune}" if self.tune else base
 
 
-# Registered: the variants the GPU tests cover (tests/test_attention_bwd_kernel_gpu.py). tune 1: the other
-# dQ store (benchmarks/attention_bwd_kernel.py).
+# Registered: the variants the GPU tests cover (tests/test_attention_bwd_kernel_gpu.py, run on the H200).
+# Production (tune 0): dq_store "bulk" (5.35 vs 6.10 ms for "red" at B4 T4k N16 H128, docs/perf-notes.md);
+# tune 1: "red" (benchmarks/attention_bwd_kernel.py).
 ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = tuple(
     AttentionBwdConfig(head_dim=h, causal=c, dq_store=store, tune=tune)
     for h in (128, 64)
     for c in (False, True)
-    for tune, store in ((0, "red"), (1, "bulk"))
+    for tune, store in ((0, "bulk"), (1, "red"))
 )
+
+UNTESTED_TUNINGS: tuple[AttentionBwdConfig, ...] = tuple(
+    AttentionBwdConfig(head_dim=h, causal=c, overlap=ov, tune=tune)
+    for h in (128, 64)
+    for c in (False, True)
+    for tune, ov in ((2, 1), (3, 2))
+)
+"""overlap 1 / 2 (the next tile's S^T / S^T and dP^T issued before this tile's dQ store): implemented and
+compiled (H128: 96 / 360 bytes of spill stack vs 144 for tune 0), not yet run on the GPU, so not in
+ATTENTION_BWD_VARIANTS. To test them: append them to ATTENTION_BWD_VARIANTS, rebuild, and run
+tests/test_attention_bwd_kernel_gpu.py and benchmarks/attention_bwd_kernel.py (both loop over tunes 0-3)."""

@@ -1,8 +1,9 @@
 """MXFP8 attention backward for Hopper (sm_90a), CuTe DSL, compiled ahead of time (v1: BF16 wgmma).
 
-Supported (kernels/registry/attention_bwd.py, AttentionBwdConfig): head_dim 128 (64 is implemented, see
-ATTENTION_BWD_VARIANTS for what is registered); non-causal or causal (top-left); GQA/MQA (query head n reads
-KV head n // G); per-batch query and KV lengths (dense padded batch); p_scale "const"; dq_accum "fp32".
+Supported (kernels/registry/attention_bwd.py, AttentionBwdConfig): head_dim 64 and 128; non-causal or causal
+(top-left); GQA/MQA (query head n reads KV head n // G); per-batch query and KV lengths (dense padded batch);
+p_scale "const"; dq_accum "fp32" (not deterministic). Not here (the XLA reference takes them): p_scale
+"block", dq_accum "fp16", packed sequences, bias / boolean masks.
 
 Operands (the FFI call jax_mxfp8_attention_bwd, /work/coord/ATTN_BWD_INTERFACE.md; the handler passes
 each (B, heads, L, H) buffer as a 2-D (B * heads, L * H) row-major view, so the kernel reads N, K, Tp, Sp
@@ -16,7 +17,7 @@ from the shapes):
   lens  (2, B)       int32     query lengths, KV lengths
   scale              float32   tau (kernel argument)
 Outputs:
-  dq    (B*N, Tp*H)  float32   accumulated with float32 atomics: the caller (the FFI handler) zero-fills it
+  dq    (B*N, Tp*H)  float32   accumulated by float32 reductions: the caller (the FFI handler) zero-fills it
   dk    (B*K, Sp*H)  float32   written once per CTA, rows >= kv_len 0
   dv    (B*K, Sp*H)  float32
 
@@ -32,7 +33,9 @@ wgmma (no FP8 transposes):
          formats/quantize.py; kernels/common/ptx.py scale_and_factor / quantize4_f32)
   dV  += Pq^T dO                                 (RS: Pq^T from registers, dO^T an MN-major view of sdO)
   dK  += dSq^T Q                                 (RS: dSq^T from registers, Q^T an MN-major view of sQ)
-  dQ   = dSq K  (per query tile), times tau, red.global.add.f32 into dq
+  dQ   = dSq K  (per query tile), times tau, added into dq (config.dq_store: "bulk", production, stages the
+         tile in shared memory and issues one 256-byte cp.reduce.async.bulk .add.f32 per row; "red" issues
+         red.global.add.f32 per element)
   dK *= tau at the end.
 A 32-key block of dS spans two warps of a consumer warpgroup (16 keys each): the two warps exchange their
 block amax through shared memory (a 64-thread named barrier per warp pair).
@@ -45,6 +48,15 @@ head), 3 warpgroups):
         goes to shared memory (double-buffered), then dQ (64 x H) = dS K is split over the two
         consumers by head-dim halves (H128; at H64 the first consumer computes all of it).
   Causal: query tiles entirely above this KV tile's diagonal are skipped; tiles past q_len are skipped.
+  config.overlap (not registered yet: registry UNTESTED_TUNINGS) issues the next tile's S^T (and dP^T)
+  before this tile's dQ store.
+Building blocks: kernels/sm90/attention_bwd_blocks.py (dS square quantization, dQ store PTX), warp_specialization,
+wgmma, wgmma_fragment (acc_coords).
+
+Measured on the H200 (docs/perf-notes.md "Attention backward (sm90)", tests/test_attention_bwd_kernel_gpu.py):
+dq, dk, dv 68-156 dB SQNR against the XLA reference, their float64 SQNR equal to the reference's to 0.01 dB;
+257 TFLOP/s at B4 T4k N16 H128 non-causal (225 causal), 0.49x / 0.53x cuDNN BF16's backward: latency- and
+serialization-bound (no overlap of the CUDA-core phases with the wgmmas yet).
 """
 
 from __future__ import annotations
@@ -57,13 +69,20 @@ import cutlass.cute as cute
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64, Uint32
-from cutlass.cute.arch import inline_ptx
 from cutlass.cute.nvgpu.warpgroup import OperandMajorMode, OperandSource
 
-from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.registry import AttentionBwdConfig
 from jax_mxfp8.kernels.sm90 import warp_specialization as ws
 from jax_mxfp8.kernels.sm90 import wgmma
+from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
+    bulk_commit,
+    bulk_reduce_add_f32,
+    bulk_wait,
+    bulk_wait_read,
+    quantize_ds_square,
+    red_add_f32,
+    st_shared_v2_f32,
+)
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
 
 BF16 = cutlass.BFloat16
@@ -77,48 +96,6 @@ P_CONST = 256.0  # p_scale "const": P stored as E4M3(P * 2^8)
 DS_BARRIER = 1  # named barrier: dS tile written by both consumers (256 threads)
 AMAX_BARRIER0 = 2  # named barriers 2..5: one per warp pair (64 threads), the dS block amax exchange
 DQ_BARRIER0 = 6  # named barriers 6, 7: one per consumer (128 threads), its dQ staging tile (dq_store "bulk")
-QB_INDICES = tuple(tuple(i for i in range(32) if acc_coords(i)[2] // 4 == qb) for qb in range(2))
-"""Flat indices of a 64 x 64 accumulator fragment in query block qb (columns 32 qb .. 32 qb + 31)."""
-
-
-def red_add_f32(addr: Int64, value: Float32) -> None:
-    """Float32 atomic add without return (red.global.add.f32) at global address addr."""
-    inline_ptx("red.global.add.f32 [{$r0}], {$r1};", read_only_args=[addr, value])
-
-
-def bulk_reduce_add_f32(dst: Int64, src: Int32, size: int) -> None:
-    """cp.reduce.async.bulk .add.f32 of `size` bytes from shared address src to global address dst (both
-    16-byte aligned), in this thread's bulk group."""
-    inline_ptx(
-        f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [{{$r0}}], [{{$r1}}], {size};",
-        read_only_args=[dst, src],
-    )
-
-
-def bulk_commit() -> None:
-    inline_ptx("cp.async.bulk.commit_group;")
-
-
-def bulk_wait_read() -> None:
-    """Waits until this thread's committed bulk operations have read their shared-memory sources."""
-    inline_ptx("cp.async.bulk.wait_group.read 0;")
-
-
-def bulk_wait() -> None:
-    """Waits until this thread's committed bulk operations are complete."""
-    inline_ptx("cp.async.bulk.wait_group 0;")
-
-
-def st_shared_v2_f32(addr: Int32, a: Float32, b: Float32) -> None:
-    inline_ptx("st.shared.v2.f32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, a, b])
-
-
-def f32_bits(x: Float32) -> Uint32:
-    return x.bitcast(Uint32)
-
-
-def bits_f32(x: Uint32) -> Float32:
-    return x.bitcast(Float32)
 
 
 class AttentionBackwardSm90:
@@ -130,6 +107,7 @@ class AttentionBackwardSm90:
         self.q_stage = config.q_stage
         self.dq_split = self.h == 128  # dQ's head-dim halves on the two consumers; H64: consumer 0 only
         self.bulk_dq = config.dq_store == "bulk"
+        self.overlap = config.overlap
         # dq_store "bulk": the dQ tile (64 rows x H float32) in shared memory, rows padded by 32 bytes so that
         # the accumulator's 8-byte stores (8 rows x 4 column pairs per warp) take 2 wavefronts
         self.dq_pitch = self.h * 4 + 32
@@ -455,25 +433,24 @@ class AttentionBackwardSm90:
         acc_dk.fill(0.0)
         if n_iter > 0:
             kv_pipe.consumer_wait(ws.ring_state(1, Int32(0)))
+        if cutlass.const_expr(self.overlap):
+            # the first tile's S^T and dP^T; later tiles' are issued before the previous tile's dQ store
+            if n_iter > 0:
+                m1, bn1, q1 = self._tile(Int32(0), n_m, m_start, bn0)
+                self._load_stats(mLse, mDelta, bn1, q1 + col_in, lse2, dlt)
+                q_pipe.consumer_wait(ws.ring_state(self.q_stage, Int32(0)))
+                self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, Int32(0), self.overlap)
         for it in cutlass.range(n_iter, unroll=1):
-            g = it // n_m
-            m = m_start + it - g * n_m
-            bn = bn0 + g
+            m, bn, q0 = self._tile(it, n_m, m_start, bn0)
             stage = it % self.q_stage
             buf = it % 2
-            q0 = m * TILE_M
-            for j in cutlass.range_constexpr(16):
-                col = q0 + col_in + (j % 2) + 8 * (j // 2)
-                lv = mLse[bn, col]
-                lse2[j] = cutlass.select_(lv == -Float32.inf, Float32.inf, lv * Float32(LOG2E))
-                dlt[j] = mDelta[bn, col]
             state = ws.ring_state(self.q_stage, it)
-            q_pipe.consumer_wait(state)
-            cute.nvgpu.warpgroup.fence()
-            self._gemm(self._sdp_mma, acc_s, tSrK[None, None, None, 0], tSrQ[None, None, None, stage], False)
-            cute.nvgpu.warpgroup.commit_group()
-            self._gemm(self._sdp_mma, acc_dp, tPrV[None, None, None, 0], tPrdO[None, None, None, stage], False)
-            cute.nvgpu.warpgroup.commit_group()
+            if cutlass.const_expr(not self.overlap):
+                self._load_stats(mLse, mDelta, bn, q0 + col_in, lse2, dlt)
+                q_pipe.consumer_wait(state)
+                self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, 0)
+            if cutlass.const_expr(self.overlap == 1):
+                self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, -1)  # dP^T only (S^T is in flight)
             cute.nvgpu.warpgroup.wait_group(1)
             self._probabilities(acc_s, lse2, scale_log2, key0, q0 + col_in, q_len, kv_len, n, m)
             # Pq = E4M3_satfinite(P 2^8) 2^-8, as dV's A operand (the A fragment's order is the accumulator's)
@@ -491,7 +468,7 @@ class AttentionBackwardSm90:
             for i in cutlass.range_constexpr(32):
                 v0, _, nbk = acc_coords(i)
                 acc_dp[i] = acc_s[i] * (acc_dp[i] - dlt[v0 + 2 * nbk])
-            self._quantize_ds(acc_dp, sAmax, buf, c, warp_wg, lane, pair_barrier)
+            quantize_ds_square(acc_dp, sAmax, buf, c, warp_wg, lane, pair_barrier)
             for i in cutlass.range_constexpr(32):
                 a_f32[i] = acc_dp[i]
             ds_a.store(a_f32.load().to(BF16))
@@ -511,6 +488,12 @@ class AttentionBackwardSm90:
                     cute.nvgpu.warpgroup.commit_group()
             cute.nvgpu.warpgroup.wait_group(0)
             q_pipe.consumer_release(state)
+            if cutlass.const_expr(self.overlap):
+                if it + 1 < n_iter:  # the next tile's S^T, dP^T run on the tensor cores during this dQ store
+                    m1, bn1, q1 = self._tile(it + 1, n_m, m_start, bn0)
+                    self._load_stats(mLse, mDelta, bn1, q1 + col_in, lse2, dlt)
+                    q_pipe.consumer_wait(ws.ring_state(self.q_stage, it + 1))
+                    self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, (it + 1) % self.q_stage, self.overlap)
             if cutlass.const_expr(self.dq_split):
                 self._store_dq(
                     acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg, lane
@@ -534,6 +517,35 @@ class AttentionBackwardSm90:
         cute.autovec_copy(acc_dv, tDVgDV)
 
     @cute.jit
+    def _tile(self, it, n_m, m_start, bn0):
+        """(query tile m, query head bn, first row q0) of loop step it (head g = it // n_m of the group)."""
+        g = it // n_m
+        m = m_start + it - g * n_m
+        return m, bn0 + g, m * TILE_M
+
+    @cute.jit
+    def _load_stats(self, mLse, mDelta, bn, qcol0, lse2, dlt):
+        """This thread's 16 query columns qcol0 + v0 + 8 nb: LSE * log2(e) (+inf for LSE = -inf: P = 0) and
+        delta."""
+        for j in cutlass.range_constexpr(16):
+            col = qcol0 + (j % 2) + 8 * (j // 2)
+            lv = mLse[bn, col]
+            lse2[j] = cutlass.select_(lv == -Float32.inf, Float32.inf, lv * Float32(LOG2E))
+            dlt[j] = mDelta[bn, col]
+
+    @cute.jit
+    def _issue_sdp(self, acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, which: int):
+        """Issues S^T = K Q^T and dP^T = V dO^T of Q/dO stage `stage`, one commit group each (trace-time
+        `which`: 0 or 2 both, 1 S^T only, -1 dP^T only)."""
+        cute.nvgpu.warpgroup.fence()
+        if cutlass.const_expr(which != -1):
+            self._gemm(self._sdp_mma, acc_s, tSrK[None, None, None, 0], tSrQ[None, None, None, stage], False)
+            cute.nvgpu.warpgroup.commit_group()
+        if cutlass.const_expr(which != 1):
+            self._gemm(self._sdp_mma, acc_dp, tPrV[None, None, None, 0], tPrdO[None, None, None, stage], False)
+            cute.nvgpu.warpgroup.commit_group()
+
+    @cute.jit
     def _probabilities(self, acc_s, lse2, scale_log2, key0, qcol0, q_len, kv_len, n, m):
         """acc_s (S^T, keys x queries) -> P^T = exp2(min(S tau log2e - LSE log2e, 0)) (NaN kept), 0 where
         the key is >= kv_len, the query >= q_len, or (causal) the key after the query. LSE = -inf rows
@@ -554,39 +566,6 @@ class AttentionBackwardSm90:
                 if cutlass.const_expr(self.config.causal):
                     bad = bad | (key > query)
                 acc_s[i] = cutlass.select_(bad, Float32(0.0), acc_s[i])
-
-    @cute.jit
-    def _quantize_ds(self, acc, sAmax, buf, c, warp_wg, lane, pair_barrier):
-        """acc (dS^T, 64 keys x 64 queries of this consumer) -> its 32x32 square-block MX values in place
-        (scale rule "up", E4M3 satfinite, dequantized). A block is 32 queries (nb in [4 qb, 4 qb + 4)) of
-        a warp pair's 32 keys: the lanes' amax (integer max of |x| bits: NaN/Inf blocks seen) is reduced
-        over the warp, then over the pair through shared memory (slot (buf, warp, qb))."""
-        amax = cute.make_rmem_tensor((2,), Uint32)
-        for qb in cutlass.range_constexpr(2):
-            mx = Uint32(0)
-            for i in cutlass.range_constexpr(16):
-                mx = ptx.max_u32(mx, f32_bits(acc[QB_INDICES[qb][i]]) & Uint32(0x7FFFFFFF))
-            for k in cutlass.range_constexpr(5):
-                mx = ptx.max_u32(mx, ptx.shfl_bfly(mx, 1 << k))
-            amax[qb] = mx
-        slot = (buf * 8 + c * 4 + warp_wg) * 2
-        partner = (buf * 8 + c * 4 + (warp_wg ^ 1)) * 2
-        if lane == 0:
-            sAmax[slot] = amax[0]
-            sAmax[slot + 1] = amax[1]
-        cute.arch.barrier(barrier_id=pair_barrier, number_of_threads=64)
-        for qb in cutlass.range_constexpr(2):
-            block_amax = ptx.max_u32(amax[qb], sAmax[partner + qb])
-            b8, factor = ptx.scale_and_factor(block_amax, "float8_e4m3fn", "up")
-            # the scale 2^(b - 127) from the exponent bits (b = 0: 0, the block's values are below 2^-118
-            # and flush; b = 255, a NaN/Inf block: inf, times the NaN elements)
-            inv = bits_f32(b8 << Uint32(23))
-            for k4 in cutlass.range_constexpr(4):
-                group = QB_INDICES[qb][4 * k4 : 4 * k4 + 4]
-                word = ptx.quantize4_f32([f32_bits(acc[i]) for i in group], [factor] * 4, "float8_e4m3fn")
-                vals = ptx.fp8x4_to_f32(word, "float8_e4m3fn")
-                for t in cutlass.range_constexpr(4):
-                    acc[group[t]] = bits_f32(vals[t]) * inv
 
     @cute.jit
     def _store_dq(self, acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, col0, col_in, q_len, scale, c, warp_wg, lane):
