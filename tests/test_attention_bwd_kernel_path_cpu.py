@@ -218,6 +218,26 @@ def test_kernel_backward_equals_reference_on_same_residuals(case):
     assert np.abs(np.asarray(got[2][0], np.float32)).max() > 0
 
 
+def test_mxarray_key_value_inputs():
+    """Caller-quantized K, V (square MXArrays, constants: no gradient) with garbage past kv_len (large values
+    in the partial 32-row block, NaN blocks after it): the kernel path's dq equals the reference backward's
+    on the same residuals bit for bit and stays finite (rows past the lengths are zeroed after
+    dequantization, as the reference does)."""
+    case = dict(b=2, t=64, s=96, n=4, n_kv=2, h=64, causal=True, lengths=True)
+    _need_variant(case)
+    q, k, v, do, dlse, q_len, kv_len = _inputs(case, fresh_rng())
+    pos = jnp.arange(96)[None, :, None, None]
+    past, blocks_past = pos >= kv_len[:, None, None, None], pos >= (-(-kv_len // 32) * 32)[:, None, None, None]
+    garbage = lambda x: jnp.where(blocks_past, jnp.nan, jnp.where(past, 1e3, x))
+    k, v = (mx.quantize(garbage(x), axis=(-3, -1), block="square") for x in (k, v))
+    st = dataclasses.replace(_static(case, "emulated"), is_mx=(False, True, True))
+    got = _fwd_bwd(st, st)(q, k, v, do, dlse, q_len, kv_len)[2]
+    want = _fwd_bwd(st, dataclasses.replace(st, impl="xla"))(q, k, v, do, dlse, q_len, kv_len)[2]
+    assert got[1] is None and got[2] is None and want[1] is None
+    assert np.isfinite(np.asarray(got[0], np.float32)).all()
+    np.testing.assert_array_equal(_bits(got[0]), _bits(want[0]))
+
+
 # ---------------------------------------------------------------------------------------- end to end
 def _vjp(q, k, v, do, dlse, q_len, kv_len, *, causal, implementation, config=None, lse=True):
     def f(q, k, v):
