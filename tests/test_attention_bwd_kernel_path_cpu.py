@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -122,9 +123,9 @@ def test_kernel_variant_lookup():
         abwd.kernel_variant(head_dim=128, causal=False, p_scale="row")
 
 
-def test_uncovered_configs_keep_the_reference_backward():
+def test_uncovered_configs_keep_the_reference_backward(monkeypatch):
     """dq_accum="fp16" (no variant yet) and the reference forward take the reference backward; a path
-    "cuda" variant the loaded library lacks does too (recorded under kbwd.OP)."""
+    "cuda" variant the loaded library lacks does too (recorded under kbwd.OP), with one warning per cause."""
     case = CASES[0]
     fp16 = AttentionConfig(dq_accum="fp16")
     if abwd.kernel_variant(head_dim=64, causal=True, dq_accum="fp16")[0] is None:
@@ -133,9 +134,14 @@ def test_uncovered_configs_keep_the_reference_backward():
         assert [(d.op, d.path) for d in decisions] == [(kbwd.OP, "xla")]
     assert kbwd.backward_variant(_static(case, "xla"), 64) == (None, "the forward ran the XLA reference")
     _need_variant(case)
-    variant, why = kbwd.backward_variant(_static(case, "cuda"), 64)
-    if variant is None:  # no library here, or one without the backward kernel
-        assert "kernel library has no" in why
+    monkeypatch.setattr(kbwd, "_warned", set())
+    monkeypatch.setattr(kbwd.library, "kernel_names", lambda: [])  # a library without the backward kernel
+    with pytest.warns(impl.KernelFallbackWarning, match="the backward runs the XLA reference"):
+        variant, why = kbwd.backward_variant(_static(case, "cuda"), 64)
+    assert variant is None and "kernel library has no" in why
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kbwd.backward_variant(_static(case, "cuda"), 64)[0] is None  # warned once per cause
 
 
 # ------------------------------------------------------------------------------------------ the pre-pass

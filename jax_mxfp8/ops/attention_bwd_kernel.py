@@ -15,6 +15,8 @@ dot_product_attention's bwd (ops/varlen_kernel.py gathers its residuals into the
 
 from __future__ import annotations
 
+import warnings
+
 import jax.numpy as jnp
 
 from jax_mxfp8.ops import attention as dense
@@ -24,6 +26,7 @@ from jax_mxfp8.primitives import library
 
 OP = "dot_product_attention_bwd"
 """The op name the backward's decision is recorded under (implementation.record())."""
+_warned: set[str] = set()
 
 
 def backward_variant(static: dense.AttentionStatic, head_dim: int):
@@ -32,7 +35,8 @@ def backward_variant(static: dense.AttentionStatic, head_dim: int):
     It does when the forward took the kernel path (static.kernel_path), a variant covers (head_dim,
     is_causal, p_scale, scale_rounding, dq_accum), and, on path "cuda", the loaded library holds that
     variant (a library built before the backward kernel keeps the reference backward). The decision is
-    recorded for implementation.record() under OP.
+    recorded for implementation.record() under OP; on path "cuda" a reference backward warns once per cause
+    (KernelFallbackWarning: the forward ran the kernel, so the slow backward would otherwise go unnoticed).
     """
     if not static.kernel_path:
         return None, "the forward ran the XLA reference"
@@ -47,6 +51,14 @@ def backward_variant(static: dense.AttentionStatic, head_dim: int):
     if variant is not None and static.impl == "cuda" and variant.name not in {n for n, _ in library.kernel_names()}:
         variant, why = None, f"the kernel library has no {variant.name} (rebuild it: tools/build_library.py)"
     impl.note(OP, static.impl, "xla" if variant is None else static.impl, why or "")
+    if variant is None and static.impl == "cuda" and why not in _warned:
+        _warned.add(why)
+        msg = (
+            f"jax_mxfp8.dot_product_attention: the forward ran the Hopper kernel but the backward runs the XLA "
+            f"reference (slow) because {why}. Fix: the AttentionConfig defaults (p_scale='const', "
+            "dq_accum='fp32') have backward kernels; a library built before them needs tools/build_library.py."
+        )
+        warnings.warn(msg, impl.KernelFallbackWarning, stacklevel=2)
     return variant, why
 
 
