@@ -8,8 +8,8 @@ handlers in csrc/ run the variant whose name the caller passes (FFI attribute `k
 and check the buffers against its parameters, so adding a variant here is the only change needed to ship it.
 
 One module per op family: `quantize` (quantize, dequantize), `rms_norm_quantize`, `gemm_operands` (quantize +
-align128 for the Hopper MX GEMM), `gemm` (the Hopper MX GEMM), `attention` (forward and realign); `base` holds
-the config interface and the shared value sets and codes.
+align128 for the Hopper MX GEMM), `gemm` (the Hopper MX GEMM), `attention` (forward and realign),
+`attention_bwd` (backward); `base` holds the config interface and the shared value sets and codes.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from jax_mxfp8.kernels.registry.attention import (
     AttentionRealignConfig,
     pv_permutation,
 )
+from jax_mxfp8.kernels.registry.attention_bwd import ATTENTION_BWD_VARIANTS, AttentionBwdConfig
 from jax_mxfp8.kernels.registry.base import (
     ARCH_MAJOR,
     ARCHS,
@@ -63,6 +64,7 @@ from jax_mxfp8.kernels.registry.rms_norm_quantize import RMS_NORM_QUANTIZE_VARIA
 __all__ = [
     "ARCHS",
     "ARCH_MAJOR",
+    "ATTENTION_BWD_VARIANTS",
     "ATTENTION_FWD_VARIANTS",
     "ATTENTION_REALIGN_VARIANTS",
     "CONFIG_CLASSES",
@@ -91,6 +93,7 @@ __all__ = [
     "SCALE_ROUNDINGS",
     "TUNING_VARIANTS",
     "VARIANTS",
+    "AttentionBwdConfig",
     "AttentionFwdConfig",
     "AttentionRealignConfig",
     "DequantizeConfig",
@@ -112,6 +115,7 @@ VARIANTS: tuple[KernelConfig, ...] = (
     + GEMM_OPERANDS_TUNINGS
     + ATTENTION_FWD_VARIANTS
     + ATTENTION_REALIGN_VARIANTS
+    + ATTENTION_BWD_VARIANTS
     + MX_GEMM_VARIANTS
     + MX_GEMM_TUNINGS
 )
@@ -124,6 +128,7 @@ CONFIG_CLASSES: tuple[type[KernelConfig], ...] = (
     GemmOperandsConfig,
     AttentionFwdConfig,
     AttentionRealignConfig,
+    AttentionBwdConfig,
     MXGemmConfig,
 )
 

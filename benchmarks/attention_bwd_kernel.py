@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Times the Hopper MXFP8 attention backward kernel alone next to jax.grad of cuDNN BF16 attention.
+
+The kernel: one `jax_mxfp8_attention_bwd` FFI call on operands prepared once (bf16 MX values, head-major,
+float32 LSE and delta; the pre-pass is not timed). cuDNN: the backward half of
+jax.nn.dot_product_attention(implementation="cudnn") in bfloat16 (jax.vjp once, then the jitted VJP
+function on a random cotangent), same shapes.
+
+FLOPs: backward = 2.5 x forward = 2.5 * 4 * B * N * T * S * H (five T x S x H GEMMs: S, dP, dV, dK, dQ),
+halved for causal. Every registered tuning (TUNES) is timed; "kernel_s" is the fastest.
+Usage: python benchmarks/attention_bwd_kernel.py [--out results.json] [--calls 10] [--batches 5]
+       ncu -k regex:attention_bwd --launch-skip 1 --launch-count 1 python benchmarks/attention_bwd_kernel.py --profile 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from timing import timeit  # noqa: E402
+
+from jax_mxfp8.kernels import registry  # noqa: E402
+from jax_mxfp8.primitives import library  # noqa: E402
+
+SHAPES = [
+    dict(b=4, t=4096, n=16, n_kv=16, h=128, causal=False),
+    dict(b=4, t=4096, n=16, n_kv=16, h=128, causal=True),
+    dict(b=4, t=4096, n=16, n_kv=16, h=64, causal=False),
+]
+
+
+def bwd_flops(b, t, n, h, causal, **_) -> float:
+    f = 2.5 * 4.0 * b * n * t * t * h
+    return f / 2 if causal else f
+
+
+TUNES = (0, 1, 2, 3)
+
+
+def kernel_fn(shape, rng, tune=0):
+    b, t, n, n_kv, h = shape["b"], shape["t"], shape["n"], shape["n_kv"], shape["h"]
+    variant = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=shape["causal"], tune=tune)
+    if variant is None:
+        return None, None
+    bf = jnp.bfloat16
+    q = jnp.asarray(rng.standard_normal((b, n, t, h)), bf)
+    k = jnp.asarray(rng.standard_normal((b, n_kv, t, h)), bf)
+    v = jnp.asarray(rng.standard_normal((b, n_kv, t, h)), bf)
+    do = jnp.asarray(rng.standard_normal((b, n, t, h)), bf)
+    # a plausible LSE (log of the row sum of exp(S) for |S| ~ 1) and delta
+    lse = jnp.asarray(np.full((b, n, t), math.log(t), np.float32))
+    delta = jnp.asarray(rng.standard_normal((b, n, t)).astype(np.float32) * 0.1)
+    lens = jnp.asarray(np.full((2, b), t, np.int32))
+    outs = (
+        jax.ShapeDtypeStruct((b, n, t, h), jnp.float32),
+        jax.ShapeDtypeStruct((b, n_kv, t, h), jnp.float32),
+        jax.ShapeDtypeStruct((b, n_kv, t, h), jnp.float32),
+    )
+    call = jax.ffi.ffi_call("jax_mxfp8_attention_bwd", outs)
+    fn = jax.jit(lambda *a: call(*a, kernel=variant.name, scale=np.float32(1.0 / math.sqrt(h))))
+    return fn, (q, k, v, do, lse, delta, lens)
+
+
+def cudnn_fn(shape, rng):
+    b, t, n, n_kv, h = shape["b"], shape["t"], shape["n"], shape["n_kv"], shape["h"]
+    bf = jnp.bfloat16
+    q = jnp.asarray(rng.standard_normal((b, t, n, h)), bf)
+    k = jnp.asarray(rng.standard_normal((b, t, n_kv, h)), bf)
+    v = jnp.asarray(rng.standard_normal((b, t, n_kv, h)), bf)
+    ct = jnp.asarray(rng.standard_normal((b, t, n, h)), bf)
+
+    def fwd(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=shape["causal"], implementation="cudnn")
+
+    _, vjp = jax.vjp(fwd, q, k, v)
+    return jax.jit(lambda f, c: f(c)), (vjp, ct)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="attention_bwd_kernel.json")
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--profile", type=int, default=None, metavar="TUNE", help="run that tuning 4 times (ncu)")
+    ap.add_argument("--causal", action="store_true", help="with --profile: the causal shape")
+    args = ap.parse_args(argv)
+    library.load_library()
+    rng = np.random.default_rng(0)
+    if args.profile is not None:
+        fn, a = kernel_fn(SHAPES[1 if args.causal else 0], rng, args.profile)
+        for _ in range(4):
+            jax.block_until_ready(fn(*a))
+        return 0
+    rows = []
+    print(
+        f"{'shape':34s} {'tune':>4s} {'kernel ms':>10s} {'TFLOP/s':>8s} {'cuDNN ms':>9s} {'TFLOP/s':>8s} {'ratio':>6s}"
+    )
+    for shape in SHAPES:
+        flops = bwd_flops(**shape)
+        row = dict(shape=shape, flops=flops)
+        for tune in TUNES:
+            fn, a = kernel_fn(shape, rng, tune)
+            if fn is not None:
+                jax.block_until_ready(fn(*a))
+                row[f"kernel_t{tune}_s"] = timeit(fn, a, args.calls, args.batches)
+        timed = [(row[f"kernel_t{t}_s"], t) for t in TUNES if f"kernel_t{t}_s" in row]
+        if timed:
+            row["kernel_s"], row["kernel_best_tune"] = min(timed)
+        try:
+            fn, a = cudnn_fn(shape, rng)
+            jax.block_until_ready(fn(*a))
+            row["cudnn_s"] = timeit(fn, a, args.calls, args.batches)
+        except Exception as e:  # noqa: BLE001 - recorded in the JSON
+            row["cudnn_error"] = f"{type(e).__name__}: {e}"[:300]
+        for key in ("kernel", "cudnn"):
+            if f"{key}_s" in row:
+                row[f"{key}_tflops"] = flops / row[f"{key}_s"] / 1e12
+        name = "B{b} T{t} N{n} K{n_kv} H{h}{c}".format(**shape, c=" causal" if shape["causal"] else "")
+        cs = row.get("cudnn_s", float("nan"))
+        for tune in TUNES:
+            if f"kernel_t{tune}_s" not in row:
+                continue  # not registered
+            kt = row[f"kernel_t{tune}_s"]
+            print(
+                f"{name:34s} {tune:4d} {kt * 1e3:10.3f} {flops / kt / 1e12:8.1f} {cs * 1e3:9.3f} "
+                f"{row.get('cudnn_tflops', float('nan')):8.1f} {cs / kt:6.2f}"
+            )
+        rows.append(row)
+    meta = dict(device=str(jax.devices()[0]), jax=jax.__version__, flops="2.5 * 4 * B * N * T * S * H (/2 causal)")
+    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

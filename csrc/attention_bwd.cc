@@ -1,0 +1,133 @@
+// XLA FFI handler for the Hopper MXFP8 attention backward (jax_mxfp8/kernels/sm90/attention_bwd.py).
+//
+//   jax_mxfp8_attention_bwd  (q, k, v, do, lse, delta, lens) -> (dq, dk, dv)
+//     attributes: kernel (string) = the registry variant name, e.g. "attention_bwd_h128_causal" (it fixes
+//     causal masking and head_dim, checked against the buffers' H); scale (f32) = tau.
+//   jax_mxfp8_attention_bwd_into  the same with dq, dk, dv passed in as three more operands (aliased to the
+//     results): the test hook that NaN-poisons the outputs.
+//
+// Operands (/work/coord/ATTN_BWD_INTERFACE.md; Tp, Sp multiples of 128, H 64 or 128, N a multiple of K):
+//   q, do (B, N, Tp, H) bf16   k, v (B, K, Sp, H) bf16   lse, delta (B, N, Tp) f32   lens (2, B) s32
+//   dq (B, N, Tp, H) f32       dk, dv (B, K, Sp, H) f32
+// dq is accumulated with float32 atomics: the handler zero-fills it first (cudaMemsetAsync on XLA's
+// stream); the kernel writes every element of dk and dv. Every failure is returned as an ffi::Error; the
+// handler only enqueues work on XLA's stream (CUDA-graph compatible).
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common.h"
+
+namespace jmx {
+namespace {
+
+constexpr std::string_view kOp = "attention_bwd";
+
+ffi::Error Dims(const ffi::AnyBuffer& b, const char* what, size_t rank, int64_t* out) {
+  return jmx::Dims(b, kOp, what, rank, out);
+}
+ffi::Error Want(bool ok, const std::string& msg) { return jmx::Want(ok, kOp, msg); }
+
+// A (heads, length * H) view of a (B, heads, length, H) buffer: the kernel's 2-D operand layout.
+ffi::Error HeadRows(void* data, int64_t heads, int64_t length, int64_t h, const char* what, Tensor2D* out) {
+  JMX_RETURN_IF_ERROR(Want(heads <= INT32_MAX && length * h <= INT32_MAX,
+                           std::string(what) + " is too large for 32-bit indexing"));
+  JMX_RETURN_IF_ERROR(Want(reinterpret_cast<uintptr_t>(data) % 16 == 0, std::string(what) + " is not 16-byte aligned"));
+  *out = Tensor2D{data, static_cast<int32_t>(heads), static_cast<int32_t>(length * h)};
+  return ffi::Error::Success();
+}
+
+ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                            ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta, ffi::AnyBuffer lens,
+                            ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                            ffi::Result<ffi::AnyBuffer> dv, std::string_view kernel, float scale) {
+  int64_t qd[4], kd[4], vd[4], od[4], ld[3], dd[3], gq[4], gk[4], gv[4];
+  JMX_RETURN_IF_ERROR(Dims(q, "q", 4, qd));
+  JMX_RETURN_IF_ERROR(Dims(k, "k", 4, kd));
+  JMX_RETURN_IF_ERROR(Dims(v, "v", 4, vd));
+  JMX_RETURN_IF_ERROR(Dims(d_o, "do", 4, od));
+  JMX_RETURN_IF_ERROR(Dims(lse, "lse", 3, ld));
+  JMX_RETURN_IF_ERROR(Dims(delta, "delta", 3, dd));
+  JMX_RETURN_IF_ERROR(jmx::Dims(*dq, kOp, "dq", 4, gq));
+  JMX_RETURN_IF_ERROR(jmx::Dims(*dk, kOp, "dk", 4, gk));
+  JMX_RETURN_IF_ERROR(jmx::Dims(*dv, kOp, "dv", 4, gv));
+  const int64_t b = qd[0], n = qd[1], tp = qd[2], h = qd[3], nk = kd[1], sp = kd[2];
+  JMX_RETURN_IF_ERROR(Want(q.element_type() == ffi::DataType::BF16 && k.element_type() == ffi::DataType::BF16 &&
+                               v.element_type() == ffi::DataType::BF16 && d_o.element_type() == ffi::DataType::BF16,
+                           "q, k, v and do must be bf16"));
+  JMX_RETURN_IF_ERROR(Want(lse.element_type() == ffi::DataType::F32 && delta.element_type() == ffi::DataType::F32,
+                           "lse and delta must be f32"));
+  JMX_RETURN_IF_ERROR(Want(lens.element_type() == ffi::DataType::S32, "lens must be s32"));
+  JMX_RETURN_IF_ERROR(Want(dq->element_type() == ffi::DataType::F32 && dk->element_type() == ffi::DataType::F32 &&
+                               dv->element_type() == ffi::DataType::F32,
+                           "dq, dk and dv must be f32"));
+  JMX_RETURN_IF_ERROR(Want(h == 64 || h == 128, "head_dim must be 64 or 128, got " + std::to_string(h)));
+  JMX_RETURN_IF_ERROR(Want(tp % 128 == 0 && sp % 128 == 0, "padded lengths must be multiples of 128"));
+  JMX_RETURN_IF_ERROR(Want(kd[0] == b && kd[3] == h && nk > 0 && n % nk == 0, "k must be (B, K, Sp, H) with K | N"));
+  for (int i = 0; i < 4; ++i) {
+    JMX_RETURN_IF_ERROR(Want(vd[i] == kd[i] && gk[i] == kd[i] && gv[i] == kd[i], "v, dk and dv must match k's shape"));
+    JMX_RETURN_IF_ERROR(Want(od[i] == qd[i] && gq[i] == qd[i], "do and dq must match q's shape"));
+  }
+  for (int i = 0; i < 3; ++i) {
+    JMX_RETURN_IF_ERROR(Want(ld[i] == qd[i] && dd[i] == qd[i], "lse and delta must be (B, N, Tp)"));
+  }
+  int64_t lens_dims[2];
+  JMX_RETURN_IF_ERROR(Dims(lens, "lens", 2, lens_dims));
+  JMX_RETURN_IF_ERROR(Want(lens_dims[0] == 2 && lens_dims[1] == b, "lens must be (2, B)"));
+
+  const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(FindKernel(device, kOp, kernel, &entry));
+  const int64_t kh = Param(entry, "head_dim");
+  JMX_RETURN_IF_ERROR(Want(kh == h, "kernel '" + std::string(entry->name) + "' has head_dim " + std::to_string(kh) +
+                                        ", the buffers have H = " + std::to_string(h)));
+
+  const size_t dq_bytes = static_cast<size_t>(b * n * tp * h) * sizeof(float);
+  if (dq_bytes > 0) {
+    cudaError_t err = cudaMemsetAsync(dq->untyped_data(), 0, dq_bytes, stream);
+    JMX_RETURN_IF_ERROR(Want(err == cudaSuccess, std::string("zero-filling dq failed: ") + cudaGetErrorString(err)));
+  }
+  if (b == 0 || n == 0 || tp == 0 || sp == 0) return ffi::Error::Success();
+  JMX_RETURN_IF_ERROR(Want(b * nk <= 65535, "grid too large (B*K must be <= 65535)"));
+
+  Tensor2D t[10];
+  JMX_RETURN_IF_ERROR(HeadRows(q.untyped_data(), b * n, tp, h, "q", &t[0]));
+  JMX_RETURN_IF_ERROR(HeadRows(k.untyped_data(), b * nk, sp, h, "k", &t[1]));
+  JMX_RETURN_IF_ERROR(HeadRows(v.untyped_data(), b * nk, sp, h, "v", &t[2]));
+  JMX_RETURN_IF_ERROR(HeadRows(d_o.untyped_data(), b * n, tp, h, "do", &t[3]));
+  JMX_RETURN_IF_ERROR(As2D(lse, "lse", &t[4]));
+  JMX_RETURN_IF_ERROR(As2D(delta, "delta", &t[5]));
+  JMX_RETURN_IF_ERROR(As2D(lens, "lens", &t[6]));
+  JMX_RETURN_IF_ERROR(HeadRows(dq->untyped_data(), b * n, tp, h, "dq", &t[7]));
+  JMX_RETURN_IF_ERROR(HeadRows(dk->untyped_data(), b * nk, sp, h, "dk", &t[8]));
+  JMX_RETURN_IF_ERROR(HeadRows(dv->untyped_data(), b * nk, sp, h, "dv", &t[9]));
+  const float scalars[1] = {scale};
+  return Launch(entry, device, t, 10, stream, scalars, 1);
+}
+
+// Test hook: the same launch with dq, dk, dv passed in as well (aliased to the results).
+ffi::Error AttentionBwdIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                ffi::AnyBuffer v, ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta,
+                                ffi::AnyBuffer lens, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer,
+                                ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                                ffi::Result<ffi::AnyBuffer> dv, std::string_view kernel, float scale) {
+  return AttentionBwdImpl(stream, device, q, k, v, d_o, lse, delta, lens, dq, dk, dv, kernel, scale);
+}
+
+}  // namespace
+}  // namespace jmx
+
+namespace ffi = xla::ffi;
+
+#pragma GCC visibility push(default)
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd, jmx::AttentionBwdImpl,
+                              (jmx::BindBuffers<7, 3>().Attr<std::string_view>("kernel").Attr<float>("scale")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_bwd);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd_into, jmx::AttentionBwdIntoImpl,
+                              (jmx::BindBuffers<10, 3>().Attr<std::string_view>("kernel").Attr<float>("scale")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_bwd_into);
+
+#pragma GCC visibility pop

@@ -1,0 +1,96 @@
+"""Building blocks of the Hopper attention backward kernel (kernels/sm90/attention_bwd.py).
+
+  quantize_ds_square   dS^T (a consumer's 64 keys x 64 queries accumulator fragment) -> its 32x32 square-block
+                       MX values (scale rule "up", E4M3 satfinite), the block amax shared by a warp pair
+  red_add_f32          red.global.add.f32 (dq_store "red")
+  bulk_*               cp.reduce.async.bulk .add.f32 from shared memory and its bulk-group waits ("bulk")
+  st_shared_v2_f32     8-byte shared-memory store
+Accumulator coordinates: kernels/sm90/wgmma_fragment.py (acc_coords).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint32
+from cutlass.cute.arch import inline_ptx
+
+from jax_mxfp8.kernels.common import ptx
+from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
+
+QB_INDICES = tuple(tuple(i for i in range(32) if acc_coords(i)[2] // 4 == qb) for qb in range(2))
+"""Flat indices of a 64 x 64 accumulator fragment in query block qb (columns 32 qb .. 32 qb + 31)."""
+
+
+def red_add_f32(addr: Int64, value: Float32) -> None:
+    """Float32 atomic add without return (red.global.add.f32) at global address addr."""
+    inline_ptx("red.global.add.f32 [{$r0}], {$r1};", read_only_args=[addr, value])
+
+
+def bulk_reduce_add_f32(dst: Int64, src: Int32, size: int) -> None:
+    """cp.reduce.async.bulk .add.f32 of `size` bytes from shared address src to global address dst (both
+    16-byte aligned), in this thread's bulk group."""
+    inline_ptx(
+        f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [{{$r0}}], [{{$r1}}], {size};",
+        read_only_args=[dst, src],
+    )
+
+
+def bulk_commit() -> None:
+    inline_ptx("cp.async.bulk.commit_group;")
+
+
+def bulk_wait_read() -> None:
+    """Waits until this thread's committed bulk operations have read their shared-memory sources."""
+    inline_ptx("cp.async.bulk.wait_group.read 0;")
+
+
+def bulk_wait() -> None:
+    """Waits until this thread's committed bulk operations are complete."""
+    inline_ptx("cp.async.bulk.wait_group 0;")
+
+
+def st_shared_v2_f32(addr: Int32, a: Float32, b: Float32) -> None:
+    inline_ptx("st.shared.v2.f32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, a, b])
+
+
+def f32_bits(x: Float32) -> Uint32:
+    return x.bitcast(Uint32)
+
+
+def bits_f32(x: Uint32) -> Float32:
+    return x.bitcast(Float32)
+
+
+@cute.jit
+def quantize_ds_square(acc, sAmax, buf, c, warp_wg, lane, pair_barrier):
+    """acc (dS^T, 64 keys x 64 queries of this consumer) -> its 32x32 square-block MX values in place
+    (scale rule "up", E4M3 satfinite, dequantized). A block is 32 queries (nb in [4 qb, 4 qb + 4)) of
+    a warp pair's 32 keys: the lanes' amax (integer max of |x| bits: NaN/Inf blocks seen) is reduced
+    over the warp, then over the pair through shared memory (slot (buf, warp, qb))."""
+    amax = cute.make_rmem_tensor((2,), Uint32)
+    for qb in cutlass.range_constexpr(2):
+        mx = Uint32(0)
+        for i in cutlass.range_constexpr(16):
+            mx = ptx.max_u32(mx, f32_bits(acc[QB_INDICES[qb][i]]) & Uint32(0x7FFFFFFF))
+        for k in cutlass.range_constexpr(5):
+            mx = ptx.max_u32(mx, ptx.shfl_bfly(mx, 1 << k))
+        amax[qb] = mx
+    slot = (buf * 8 + c * 4 + warp_wg) * 2
+    partner = (buf * 8 + c * 4 + (warp_wg ^ 1)) * 2
+    if lane == 0:
+        sAmax[slot] = amax[0]
+        sAmax[slot + 1] = amax[1]
+    cute.arch.barrier(barrier_id=pair_barrier, number_of_threads=64)
+    for qb in cutlass.range_constexpr(2):
+        block_amax = ptx.max_u32(amax[qb], sAmax[partner + qb])
+        b8, factor = ptx.scale_and_factor(block_amax, "float8_e4m3fn", "up")
+        # the scale 2^(b - 127) from the exponent bits (b = 0: 0, the block's values are below 2^-118
+        # and flush; b = 255, a NaN/Inf block: inf, times the NaN elements)
+        inv = bits_f32(b8 << Uint32(23))
+        for k4 in cutlass.range_constexpr(4):
+            group = QB_INDICES[qb][4 * k4 : 4 * k4 + 4]
+            word = ptx.quantize4_f32([f32_bits(acc[i]) for i in group], [factor] * 4, "float8_e4m3fn")
+            vals = ptx.fp8x4_to_f32(word, "float8_e4m3fn")
+            for t in cutlass.range_constexpr(4):
+                acc[group[t]] = bits_f32(vals[t]) * inv

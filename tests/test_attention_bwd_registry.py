@@ -1,0 +1,51 @@
+"""AttentionBwdConfig (kernels/registry/attention_bwd.py): validation, names, lookup. CPU only, no DSL."""
+
+from __future__ import annotations
+
+import pytest
+
+from jax_mxfp8.kernels import registry
+from jax_mxfp8.kernels.registry.attention_bwd import UNTESTED_TUNINGS, AttentionBwdConfig
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(head_dim=96), "head_dim"),
+        (dict(p_scale="block"), "p_scale"),
+        (dict(p_scale="nope"), "p_scale"),
+        (dict(p_rounding="floor"), "p_rounding"),
+        (dict(dq_accum="fp16"), "dq_accum"),
+        (dict(deterministic=True), "deterministic"),
+        (dict(packed=True), "packed"),
+        (dict(dq_store="tma"), "dq_store"),
+        (dict(overlap=3), "overlap"),
+        (dict(q_stage=0), "q_stage"),
+    ],
+)
+def test_bad_fields_raise_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        AttentionBwdConfig(**kwargs)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_production_lookup(head_dim, causal):
+    v = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal)
+    assert v is not None and v.tune == 0 and v.dq_store == "bulk" and v.overlap == 0
+    assert v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}"
+    assert v.key == dict(
+        head_dim=head_dim, causal=int(causal), p_scale=0, p_rounding=0, dq_accum=0, deterministic=0, packed=0, tune=0
+    )
+    assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=1).dq_store == "red"
+
+
+def test_uncovered_arguments_find_nothing():
+    assert registry.find(registry.AttentionBwdConfig, head_dim=128, dq_accum="fp16") is None
+    assert registry.find(registry.AttentionBwdConfig, head_dim=128, p_scale="block") is None
+
+
+def test_untested_tunings_are_not_registered():
+    names = {v.name for v in registry.VARIANTS}
+    assert all(v.name not in names for v in UNTESTED_TUNINGS)
+    assert len({v.name for v in registry.ATTENTION_BWD_VARIANTS}) == len(registry.ATTENTION_BWD_VARIANTS)
