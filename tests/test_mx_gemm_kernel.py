@@ -6,8 +6,8 @@ partial tiles, G > 1, bias, bf16/f32 out), vmap and sharding of the call, and mx
 ValueErrors for bad inputs. GPU (@pytest.mark.gpu): the kernel within the bound of FP8-wgmma accumulation
 of each 128-K tile plus float32 promotion and one final rounding (SQNR printed), every output element
 written (NaN-poisoned buffer), NaN scales propagate to exactly their rows / columns, M and N that are not
-tile multiples, persistent scheduling (more tiles than CTAs), batch, bias, e5m2 operands, every tuning,
-bitwise identical across 3 runs.
+tile multiples, persistent scheduling (more tiles than CTAs), batch, bias, e5m2 operands, every tuning
+(and every tuning bit for bit equal to the production variant), bitwise identical across 3 runs.
 """
 
 from __future__ import annotations
@@ -208,6 +208,17 @@ def test_kernel_matches_float64(case, _needs_kernel):
 def test_kernel_tunings_match_float64(tune, _needs_kernel):
     ops = operands(_rng(), 2, 272, 592, 1152)  # 3 M tiles: a cluster pair's second CTA is past M
     _check(_run(ops, "bfloat16", "cuda", tune=tune), ops, "bfloat16", WGMMA_REL, f"kernel tune {tune}")
+
+
+@pytest.mark.gpu
+def test_kernel_tunings_bitwise_equal(_needs_kernel):
+    """Every tuning (tile shape, pingpong / handoff schedule, early scales, cluster) changes only when and
+    where the same per-element operations run (the same 4 wgmmas per 128-K tile on a fresh accumulator,
+    the same FFMA promotion in K order), never the numerics: all return the production variant's bits."""
+    ops = operands(_rng(), 2, 272, 592, 1152, nan_rows=((1, 3, 5),))
+    want = _run(ops, "bfloat16", "cuda")
+    for v in registry.MX_GEMM_TUNINGS:
+        np.testing.assert_array_equal(_run(ops, "bfloat16", "cuda", tune=v.tune), want, err_msg=f"tune {v.tune}")
 
 
 @pytest.mark.gpu

@@ -35,6 +35,11 @@ class MXGemmConfig(KernelConfig):
         that one promotes on the CUDA cores while the other's wgmmas run (False: both issue at once, the
         tensor core interleaves them, and both promote while it idles). Measured no faster on the H200
         (docs/perf-notes.md "Hopper MX GEMM"): off in production.
+      handoff: pingpong only: how many of a K tile's 4 wgmmas must have completed before a consumer
+        passes the turn (one commit group per wgmma, wait_group(4 - handoff)). 0: right after issuing
+        them (the first pingpong: the tensor core interleaves both warpgroups' wgmmas and they drift back
+        into lockstep); 1-4: the warpgroups' K tiles alternate on the tensor core, each one's promotion
+        overlapping the other's wgmmas.
       early_scales: the K tile's scale products sa[m] * sb[n] are made while its wgmmas run, so that only
         the FFMAs follow the wait (one more accumulator-sized register tensor: tile_n 128 only, 192
         spills). Measured slower on the H200 (docs/perf-notes.md): tunings only.
@@ -58,6 +63,7 @@ class MXGemmConfig(KernelConfig):
     tile_n: int = 128
     stages: int = 6
     pingpong: bool = False
+    handoff: int = 0
     early_scales: bool = False
     cluster_m: int = 1
     group_m: int = 8
@@ -76,6 +82,10 @@ class MXGemmConfig(KernelConfig):
             raise ValueError(f"tile_n={self.tile_n} not in (128, 192)")
         if not 2 <= self.stages <= 8:
             raise ValueError(f"stages={self.stages} not in [2, 8]")
+        if not 0 <= self.handoff <= GEMM_K_TILE // 32:
+            raise ValueError(f"handoff={self.handoff} not in [0, {GEMM_K_TILE // 32}]")
+        if self.handoff and not self.pingpong:
+            raise ValueError(f"handoff={self.handoff} needs pingpong=True")
         if self.early_scales and self.tile_n != 128:
             raise ValueError("early_scales needs tile_n=128 (three accumulator-sized tensors per thread)")
         if self.cluster_m not in (1, 2):
@@ -99,7 +109,7 @@ class MXGemmConfig(KernelConfig):
 
 
 # Production: the fastest of the H200 runs (benchmarks/results/h200_mx_gemm_kernel.json, docs/perf-notes.md).
-_PRODUCTION = dict(tile_n=192, stages=5, pingpong=False, cluster_m=2)
+_PRODUCTION = dict(tile_n=192, stages=5, pingpong=True, handoff=3, cluster_m=2)
 
 MX_GEMM_VARIANTS: tuple[MXGemmConfig, ...] = tuple(
     MXGemmConfig(a_dtype=a, b_dtype=b, out_dtype=o, has_bias=bias, **_PRODUCTION)
@@ -117,5 +127,11 @@ MX_GEMM_TUNINGS: tuple[MXGemmConfig, ...] = (
     MXGemmConfig(tile_n=128, stages=6, early_scales=True, cluster_m=2, tune=7),
     MXGemmConfig(tile_n=128, stages=6, early_scales=True, pingpong=True, tune=8),
     MXGemmConfig(tile_n=128, stages=6, early_scales=True, tune=9),
+    MXGemmConfig(tile_n=192, stages=5, pingpong=False, cluster_m=2, tune=10),  # production until issue 15 v3
+    MXGemmConfig(tile_n=192, stages=5, pingpong=True, handoff=2, cluster_m=2, tune=11),
+    MXGemmConfig(tile_n=192, stages=5, pingpong=True, handoff=4, cluster_m=2, tune=12),
+    MXGemmConfig(tile_n=128, stages=6, pingpong=True, handoff=3, cluster_m=2, tune=13),
+    MXGemmConfig(tile_n=192, stages=5, pingpong=True, handoff=3, tune=14),
+    MXGemmConfig(tile_n=128, stages=6, pingpong=True, handoff=3, early_scales=True, cluster_m=2, tune=15),
 )
 """Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py)."""

@@ -32,8 +32,13 @@ Structure (persistent, warp-specialized; 3 warpgroups, 384 threads, one CTA per 
   config.pingpong: the consumers take turns issuing each K tile's wgmmas (named barriers 1 and 2,
   warp_specialization.turn_wait / turn_arrive; consumer 0 first): issued together, the tensor core
   interleaves both warpgroups' wgmmas, both finish at once and both promote while it idles; in turns,
-  one promotes while the other's wgmmas run. (A variant with two temporary accumulators per warpgroup,
-  issuing K tile kt + 1 before promoting kt after wait_group(1), makes ptxas serialize every wgmma,
+  one promotes while the other's wgmmas run. Passing the turn right after issuing (config.handoff = 0)
+  only orders the issue: the tensor core still interleaves both warpgroups' wgmmas and they fall back
+  into lockstep (measured no faster). config.handoff = h > 0 commits one group per wgmma and passes the
+  turn only once h of the K tile's 4 wgmmas have completed (wait_group(4 - h)), so the two warpgroups'
+  K tiles alternate on the tensor core and each one's promotion overlaps the other's wgmmas (production).
+  (A variant with two temporary accumulators per warpgroup, issuing K tile kt + 1 before promoting kt
+  after wait_group(1), makes ptxas serialize every wgmma,
   C7514 "non wgmma instructions reading accumulator registers ... between start and end of the
   pipeline stage", with or without branches: only wait_group(0) lets the CUDA cores read an accumulator.)
   config.early_scales: the 64 (96) scale products sa[m] * sb[n] of a K tile are loaded and multiplied
@@ -72,6 +77,7 @@ WG_M = 64  # rows per consumer warpgroup
 PRODUCER_REGISTERS = 40  # the scheduler's divisions need more than attention's 24
 CONSUMER_REGISTERS = 232
 BK = GEMM_K_TILE
+K_BLOCKS = BK // 32  # wgmmas (k32 each) per K tile
 
 
 class MXGemmSm90:
@@ -332,6 +338,12 @@ class MXGemmSm90:
                 if cutlass.const_expr(self.config.early_scales):
                     # the scale products are made while the wgmmas run; after the wait only the FFMAs
                     self._scale_products(prod, sSA, sSB, base + kt, row, col)
+                if cutlass.const_expr(self.config.handoff > 0):
+                    # pass the turn once `handoff` of this K tile's wgmmas have completed: the other
+                    # warpgroup's wgmmas then run while this one promotes (never both at once)
+                    cute.nvgpu.warpgroup.wait_group(K_BLOCKS - self.config.handoff)
+                    ws.turn_arrive(c)
+                if cutlass.const_expr(self.config.early_scales):
                     cute.nvgpu.warpgroup.wait_group(0)
                     self._accumulate(pipe, main, tmp, prod, base + kt)
                 else:
@@ -345,16 +357,19 @@ class MXGemmSm90:
     @cute.jit
     def _issue(self, pipe, tmp, tCrA, tCrB, pos, c):
         """Waits for ring position pos and issues its K tile's wgmmas into tmp (fresh: the first k-block
-        does not accumulate); commits one group. pingpong: inside consumer c's turn."""
+        does not accumulate); commits one group (handoff: one per k-block). pingpong: inside consumer c's
+        turn (without handoff the turn passes here, as soon as the wgmmas are issued)."""
         state = ws.ring_state(self.stages, pos)
         pipe.consumer_wait(state)
         if cutlass.const_expr(self.config.pingpong):
             ws.turn_wait(c)
         cute.nvgpu.warpgroup.fence()
         s = state.index
-        wgmma.gemm(self._make_mma, tmp, tCrA[(None, None, None, s)], tCrB[(None, None, None, s)], False)
-        cute.nvgpu.warpgroup.commit_group()
-        if cutlass.const_expr(self.config.pingpong):
+        handoff = self.config.handoff > 0  # one commit group per K block; the caller passes the turn
+        wgmma.gemm(self._make_mma, tmp, tCrA[(None, None, None, s)], tCrB[(None, None, None, s)], False, handoff)
+        if cutlass.const_expr(not handoff):
+            cute.nvgpu.warpgroup.commit_group()
+        if cutlass.const_expr(self.config.pingpong and not handoff):
             ws.turn_arrive(c)
 
     @cute.jit
