@@ -185,6 +185,7 @@ GPU_CASES = [
     (1, 128, 384, 256, E4, E5, "float32", False),
     (4, 784, 768, 640, E5, E5, "bfloat16", False),  # 7 x 6 x 4 = 168 tiles > 132 CTAs: persistent
     (1, 2048, 2048, 4096, E4, E4, "float32", False),
+    (1, 256, 384, 128, E4, E4, "bfloat16", True),  # one K tile (config.overlap's shortest path)
 ]
 
 

@@ -40,6 +40,9 @@ class MXGemmConfig(KernelConfig):
         them (the first pingpong: the tensor core interleaves both warpgroups' wgmmas and they drift back
         into lockstep); 1-4: the warpgroups' K tiles alternate on the tensor core, each one's promotion
         overlapping the other's wgmmas.
+      overlap: two temporary accumulators per consumer: K tile kt + 1's wgmmas are issued before K tile
+        kt is promoted (wait_group(1)), so the tensor core does not drain between K tiles (tile_n 128
+        only: three accumulator-sized register tensors). Not with pingpong or early_scales.
       early_scales: the K tile's scale products sa[m] * sb[n] are made while its wgmmas run, so that only
         the FFMAs follow the wait (one more accumulator-sized register tensor: tile_n 128 only, 192
         spills). Measured slower on the H200 (docs/perf-notes.md): tunings only.
@@ -64,6 +67,7 @@ class MXGemmConfig(KernelConfig):
     stages: int = 6
     pingpong: bool = False
     handoff: int = 0
+    overlap: bool = False
     early_scales: bool = False
     cluster_m: int = 1
     group_m: int = 8
@@ -86,6 +90,8 @@ class MXGemmConfig(KernelConfig):
             raise ValueError(f"handoff={self.handoff} not in [0, {GEMM_K_TILE // 32}]")
         if self.handoff and not self.pingpong:
             raise ValueError(f"handoff={self.handoff} needs pingpong=True")
+        if self.overlap and (self.tile_n != 128 or self.pingpong or self.early_scales):
+            raise ValueError("overlap needs tile_n=128, no pingpong, no early_scales")
         if self.early_scales and self.tile_n != 128:
             raise ValueError("early_scales needs tile_n=128 (three accumulator-sized tensors per thread)")
         if self.cluster_m not in (1, 2):
@@ -109,7 +115,7 @@ class MXGemmConfig(KernelConfig):
 
 
 # Production: the fastest of the H200 runs (benchmarks/results/h200_mx_gemm_kernel.json, docs/perf-notes.md).
-_PRODUCTION = dict(tile_n=192, stages=5, pingpong=True, handoff=3, cluster_m=2)
+_PRODUCTION = dict(tile_n=128, stages=6, overlap=True, cluster_m=2)
 
 MX_GEMM_VARIANTS: tuple[MXGemmConfig, ...] = tuple(
     MXGemmConfig(a_dtype=a, b_dtype=b, out_dtype=o, has_bias=bias, **_PRODUCTION)
@@ -133,5 +139,7 @@ MX_GEMM_TUNINGS: tuple[MXGemmConfig, ...] = (
     MXGemmConfig(tile_n=128, stages=6, pingpong=True, handoff=3, cluster_m=2, tune=13),
     MXGemmConfig(tile_n=192, stages=5, pingpong=True, handoff=3, tune=14),
     MXGemmConfig(tile_n=128, stages=6, pingpong=True, handoff=3, early_scales=True, cluster_m=2, tune=15),
+    MXGemmConfig(tile_n=192, stages=5, pingpong=True, handoff=3, cluster_m=2, tune=16),
+    MXGemmConfig(tile_n=128, stages=6, overlap=True, tune=17),
 )
 """Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py)."""

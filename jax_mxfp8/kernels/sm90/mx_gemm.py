@@ -318,6 +318,7 @@ class MXGemmSm90:
         main = cute.make_rmem_tensor(acc_shape, Float32)
         tmp = cute.make_rmem_tensor(acc_shape, Float32)
         prod = cute.make_rmem_tensor(acc_shape, Float32) if self.config.early_scales else tmp
+        tmp2 = cute.make_rmem_tensor(acc_shape, Float32) if self.config.overlap else tmp
         assert cute.size(main) == self.tn // 2
         gC_all = cute.local_tile(mC, (self.tm, self.tn), (None, None, None))
 
@@ -333,7 +334,9 @@ class MXGemmSm90:
             w = self.sched.work_tile(t, m_tiles, n_tiles, rank)
             base = ((t - first) // step) * k_tiles  # ring position of this work tile's first K tile
             main.fill(0.0)
-            for kt in cutlass.range(k_tiles, unroll=1):
+            if cutlass.const_expr(self.config.overlap):
+                self._mainloop_overlap(pipe, main, tmp, tmp2, tCrA, tCrB, sSA, sSB, base, k_tiles, row, col, c)
+            for kt in cutlass.range(0 if self.config.overlap else k_tiles, unroll=1):
                 self._issue(pipe, tmp, tCrA, tCrB, base + kt, c)
                 if cutlass.const_expr(self.config.early_scales):
                     # the scale products are made while the wgmmas run; after the wait only the FFMAs
@@ -353,6 +356,31 @@ class MXGemmSm90:
         if cutlass.const_expr(self.config.pingpong):
             if c == 0:  # consume consumer 1's last arrive (or its initial one): the barriers end balanced
                 ws.turn_wait(0)
+
+    @cute.jit
+    def _mainloop_overlap(self, pipe, main, ta, tb, tCrA, tCrB, sSA, sSB, base, k_tiles, row, col, c):
+        """config.overlap: K tile kt + 1's wgmmas (into the other temporary) are issued before K tile kt is
+        promoted (wait_group(1)), so the tensor core never drains between K tiles. Even K tiles go to ta,
+        odd ones to tb; the loop body is one (odd, even) pair, the last odd tile is peeled."""
+        self._issue(pipe, ta, tCrA, tCrB, base, c)
+        for p in cutlass.range((k_tiles - 1) // 2, unroll=1):
+            k1 = base + 1 + 2 * p
+            self._issue(pipe, tb, tCrA, tCrB, k1, c)
+            cute.nvgpu.warpgroup.wait_group(1)
+            self._promote(pipe, main, ta, sSA, sSB, k1 - 1, row, col)
+            self._issue(pipe, ta, tCrA, tCrB, k1 + 1, c)
+            cute.nvgpu.warpgroup.wait_group(1)
+            self._promote(pipe, main, tb, sSA, sSB, k1, row, col)
+        last = base + k_tiles - 1
+        if k_tiles % 2 == 0:  # one odd tile left after the pairs: it goes to tb
+            self._issue(pipe, tb, tCrA, tCrB, last, c)
+            cute.nvgpu.warpgroup.wait_group(1)
+            self._promote(pipe, main, ta, sSA, sSB, last - 1, row, col)
+            cute.nvgpu.warpgroup.wait_group(0)
+            self._promote(pipe, main, tb, sSA, sSB, last, row, col)
+        else:
+            cute.nvgpu.warpgroup.wait_group(0)
+            self._promote(pipe, main, ta, sSA, sSB, last, row, col)
 
     @cute.jit
     def _issue(self, pipe, tmp, tCrA, tCrB, pos, c):
