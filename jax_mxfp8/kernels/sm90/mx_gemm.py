@@ -36,11 +36,15 @@ Structure (persistent, warp-specialized; 3 warpgroups, 384 threads, one CTA per 
   only orders the issue: the tensor core still interleaves both warpgroups' wgmmas and they fall back
   into lockstep (measured no faster). config.handoff = h > 0 commits one group per wgmma and passes the
   turn only once h of the K tile's 4 wgmmas have completed (wait_group(4 - h)), so the two warpgroups'
-  K tiles alternate on the tensor core and each one's promotion overlaps the other's wgmmas (production).
-  (A variant with two temporary accumulators per warpgroup, issuing K tile kt + 1 before promoting kt
-  after wait_group(1), makes ptxas serialize every wgmma,
-  C7514 "non wgmma instructions reading accumulator registers ... between start and end of the
-  pipeline stage", with or without branches: only wait_group(0) lets the CUDA cores read an accumulator.)
+  K tiles alternate on the tensor core and each one's promotion overlaps the other's wgmmas. Measured
+  no faster either (docs/perf-notes.md, H200 runs 6 and 7): tunings only.
+  config.overlap: two temporary accumulators per warpgroup; K tile kt + 1's wgmmas are issued before K
+  tile kt is promoted (wait_group(1)), the loop body being one (odd, even) pair of K tiles with fixed
+  register roles (_mainloop_overlap). ptxas keeps these wgmmas unserialized (SASS: one DEPBAR.LE gsb0, 1
+  after each next K tile's 4 QGMMAs, none between them), unlike the earlier two-temporary attempt of
+  docs/perf-notes.md (C7514, "non wgmma instructions reading accumulator registers ..."). tile_n 128
+  only (three accumulator-sized tensors); +11% over the same tile without it, equal to the production
+  128 x 192 tile (H200 run 7): tunings only.
   config.early_scales: the 64 (96) scale products sa[m] * sb[n] of a K tile are loaded and multiplied
   between issuing its wgmmas and waiting for them; after the wait only the FFMAs remain (costs one
   more accumulator-sized register tensor).
