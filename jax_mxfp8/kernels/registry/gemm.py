@@ -44,6 +44,9 @@ class MXGemmConfig(KernelConfig):
         kt is promoted (wait_group(1)), so the tensor core does not drain between K tiles (tile_n 128
         only: three accumulator-sized register tensors). Not with pingpong or early_scales. +11% over
         128 x 128 without it, equal to the production 128 x 192 (docs/perf-notes.md): tunings only.
+      preload_scales: the promoted K tile's row and column scales are loaded from shared memory before the
+        next wgmmas are issued (DeepGEMM's order), so the promotion after the wait does not stall on their
+        latency (tile_n // 4 + 2 more live registers across the wgmmas). Not with early_scales.
       early_scales: the K tile's scale products sa[m] * sb[n] are made while its wgmmas run, so that only
         the FFMAs follow the wait (one more accumulator-sized register tensor: tile_n 128 only, 192
         spills). Measured slower on the H200 (docs/perf-notes.md): tunings only.
@@ -69,6 +72,7 @@ class MXGemmConfig(KernelConfig):
     pingpong: bool = False
     handoff: int = 0
     overlap: bool = False
+    preload_scales: bool = False
     early_scales: bool = False
     cluster_m: int = 1
     group_m: int = 8
@@ -93,6 +97,8 @@ class MXGemmConfig(KernelConfig):
             raise ValueError(f"handoff={self.handoff} needs pingpong=True")
         if self.overlap and (self.tile_n != 128 or self.pingpong or self.early_scales):
             raise ValueError("overlap needs tile_n=128, no pingpong, no early_scales")
+        if self.preload_scales and self.early_scales:
+            raise ValueError("preload_scales and early_scales exclude each other")
         if self.early_scales and self.tile_n != 128:
             raise ValueError("early_scales needs tile_n=128 (three accumulator-sized tensors per thread)")
         if self.cluster_m not in (1, 2):

@@ -323,6 +323,8 @@ class MXGemmSm90:
         tmp = cute.make_rmem_tensor(acc_shape, Float32)
         prod = cute.make_rmem_tensor(acc_shape, Float32) if self.config.early_scales else tmp
         tmp2 = cute.make_rmem_tensor(acc_shape, Float32) if self.config.overlap else tmp
+        sa_r = cute.make_rmem_tensor((2,), Float32)  # this thread's scales of one K tile: rows row, row + 8
+        sb_c = cute.make_rmem_tensor((self.tn // 4,), Float32)  # columns col + j % 2 + 8 (j // 2)
         assert cute.size(main) == self.tn // 2
         gC_all = cute.local_tile(mC, (self.tm, self.tn), (None, None, None))
 
@@ -339,9 +341,10 @@ class MXGemmSm90:
             base = ((t - first) // step) * k_tiles  # ring position of this work tile's first K tile
             main.fill(0.0)
             if cutlass.const_expr(self.config.overlap):
-                self._mainloop_overlap(pipe, main, tmp, tmp2, tCrA, tCrB, sSA, sSB, base, k_tiles, row, col, c)
+                ring = (pipe, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c)
+                self._mainloop_overlap(ring, main, tmp, tmp2, base, k_tiles)
             for kt in cutlass.range(0 if self.config.overlap else k_tiles, unroll=1):
-                self._issue(pipe, tmp, tCrA, tCrB, base + kt, c)
+                self._issue(pipe, tmp, tCrA, tCrB, base + kt, c, (sa_r, sb_c, sSA, sSB, base + kt, row, col))
                 if cutlass.const_expr(self.config.early_scales):
                     # the scale products are made while the wgmmas run; after the wait only the FFMAs
                     self._scale_products(prod, sSA, sSB, base + kt, row, col)
@@ -355,44 +358,59 @@ class MXGemmSm90:
                     self._accumulate(pipe, main, tmp, prod, base + kt)
                 else:
                     cute.nvgpu.warpgroup.wait_group(0)
-                    self._promote(pipe, main, tmp, sSA, sSB, base + kt, row, col)
+                    self._finish(pipe, main, tmp, sa_r, sb_c, sSA, sSB, base + kt, row, col)
             self._epilogue(main, thr, gC_all, mBias, mC, w, row, col)
         if cutlass.const_expr(self.config.pingpong):
             if c == 0:  # consume consumer 1's last arrive (or its initial one): the barriers end balanced
                 ws.turn_wait(0)
 
     @cute.jit
-    def _mainloop_overlap(self, pipe, main, ta, tb, tCrA, tCrB, sSA, sSB, base, k_tiles, row, col, c):
+    def _mainloop_overlap(self, ring, main, ta, tb, base, k_tiles):
         """config.overlap: K tile kt + 1's wgmmas (into the other temporary) are issued before K tile kt is
         promoted (wait_group(1)), so the tensor core never drains between K tiles. Even K tiles go to ta,
-        odd ones to tb; the loop body is one (odd, even) pair, the last odd tile is peeled."""
+        odd ones to tb; the loop body is one (odd, even) pair, the last odd tile is peeled.
+        ring = (pipe, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c)."""
+        pipe, tCrA, tCrB, _, _, _, _, _, _, c = ring
         self._issue(pipe, ta, tCrA, tCrB, base, c)
         for p in cutlass.range((k_tiles - 1) // 2, unroll=1):
             k1 = base + 1 + 2 * p
-            self._issue(pipe, tb, tCrA, tCrB, k1, c)
-            cute.nvgpu.warpgroup.wait_group(1)
-            self._promote(pipe, main, ta, sSA, sSB, k1 - 1, row, col)
-            self._issue(pipe, ta, tCrA, tCrB, k1 + 1, c)
-            cute.nvgpu.warpgroup.wait_group(1)
-            self._promote(pipe, main, tb, sSA, sSB, k1, row, col)
+            self._overlap_step(ring, main, tb, k1, ta, k1 - 1)
+            self._overlap_step(ring, main, ta, k1 + 1, tb, k1)
         last = base + k_tiles - 1
         if k_tiles % 2 == 0:  # one odd tile left after the pairs: it goes to tb
-            self._issue(pipe, tb, tCrA, tCrB, last, c)
-            cute.nvgpu.warpgroup.wait_group(1)
-            self._promote(pipe, main, ta, sSA, sSB, last - 1, row, col)
+            self._overlap_step(ring, main, tb, last, ta, last - 1)
             cute.nvgpu.warpgroup.wait_group(0)
-            self._promote(pipe, main, tb, sSA, sSB, last, row, col)
+            self._overlap_finish(ring, main, tb, last)
         else:
             cute.nvgpu.warpgroup.wait_group(0)
-            self._promote(pipe, main, ta, sSA, sSB, last, row, col)
+            self._overlap_finish(ring, main, ta, last)
 
     @cute.jit
-    def _issue(self, pipe, tmp, tCrA, tCrB, pos, c):
+    def _overlap_step(self, ring, main, t_next, pos_next, t_prev, pos_prev):
+        """Issues ring position pos_next into t_next (preload_scales: loading pos_prev's scales first), then
+        promotes t_prev (ring position pos_prev) once its wgmmas have completed (wait_group(1))."""
+        pipe, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c = ring
+        self._issue(pipe, t_next, tCrA, tCrB, pos_next, c, (sa_r, sb_c, sSA, sSB, pos_prev, row, col))
+        cute.nvgpu.warpgroup.wait_group(1)
+        self._overlap_finish(ring, main, t_prev, pos_prev)
+
+    @cute.jit
+    def _overlap_finish(self, ring, main, tmp, pos):
+        pipe, _, _, sSA, sSB, sa_r, sb_c, row, col, _ = ring
+        self._finish(pipe, main, tmp, sa_r, sb_c, sSA, sSB, pos, row, col)
+
+    @cute.jit
+    def _issue(self, pipe, tmp, tCrA, tCrB, pos, c, pre=None):
         """Waits for ring position pos and issues its K tile's wgmmas into tmp (fresh: the first k-block
         does not accumulate); commits one group (handoff: one per k-block). pingpong: inside consumer c's
-        turn (without handoff the turn passes here, as soon as the wgmmas are issued)."""
+        turn (without handoff the turn passes here, as soon as the wgmmas are issued).
+        pre = (sa_r, sb_c, sSA, sSB, scale_pos, row, col): with config.preload_scales, the scales of ring
+        position scale_pos (a full stage not yet released) are loaded into sa_r, sb_c before the wgmmas
+        are issued (DeepGEMM's order: every shared-memory read before the fence)."""
         state = ws.ring_state(self.stages, pos)
         pipe.consumer_wait(state)
+        if cutlass.const_expr(self.config.preload_scales and pre is not None):
+            self._load_scales(*pre)
         if cutlass.const_expr(self.config.pingpong):
             ws.turn_wait(c)
         cute.nvgpu.warpgroup.fence()
@@ -405,18 +423,28 @@ class MXGemmSm90:
             ws.turn_arrive(c)
 
     @cute.jit
-    def _promote(self, pipe, main, tmp, sSA, sSB, pos, row, col):
-        """main += tmp * sa[row] * sb[col] with the scales of ring position pos (its wgmmas have completed);
-        releases the stage once its scales are in registers."""
-        state = ws.ring_state(self.stages, pos)
-        s = state.index
-        sa_r = cute.make_rmem_tensor((2,), Float32)
-        sb_c = cute.make_rmem_tensor((self.tn // 4,), Float32)
+    def _load_scales(self, sa_r, sb_c, sSA, sSB, pos, row, col):
+        """sa_r, sb_c = this thread's row and column scales of ring position pos."""
+        s = ws.ring_state(self.stages, pos).index
         for v1 in cutlass.range_constexpr(2):
             sa_r[v1] = sSA[(row + 8 * v1, 0, s)]
         for j in cutlass.range_constexpr(self.tn // 4):
             sb_c[j] = sSB[(col + j % 2 + 8 * (j // 2), 0, s)]
-        pipe.consumer_release(state)
+
+    @cute.jit
+    def _finish(self, pipe, main, tmp, sa_r, sb_c, sSA, sSB, pos, row, col):
+        """main += tmp * sa[row] * sb[col] for ring position pos, whose wgmmas have completed: loads its
+        scales (unless config.preload_scales did already), releases the stage, promotes."""
+        if cutlass.const_expr(not self.config.preload_scales):
+            sa_r = cute.make_rmem_tensor((2,), Float32)  # fresh per K tile (the kernels as measured)
+            sb_c = cute.make_rmem_tensor((self.tn // 4,), Float32)
+            self._load_scales(sa_r, sb_c, sSA, sSB, pos, row, col)
+        pipe.consumer_release(ws.ring_state(self.stages, pos))
+        self._fma(main, tmp, sa_r, sb_c)
+
+    @cute.jit
+    def _fma(self, main, tmp, sa_r, sb_c):
+        """main += tmp * (sa * sb): one FMUL of the power-of-two scales and one FFMA per element."""
         for i in cutlass.range_constexpr(cute.size(main)):
             v0, v1, nb = acc_coords(i)
             main[i] = main[i] + tmp[i] * (sa_r[v1] * sb_c[2 * nb + v0])
