@@ -46,7 +46,8 @@ class MXGemmConfig(KernelConfig):
         128 x 128 without it, equal to the production 128 x 192 (docs/perf-notes.md): tunings only.
       preload_scales: the promoted K tile's row and column scales are loaded from shared memory before the
         next wgmmas are issued (DeepGEMM's order), so the promotion after the wait does not stall on their
-        latency (tile_n // 4 + 2 more live registers across the wgmmas). Not with early_scales.
+        latency (tile_n // 4 + 2 more live registers across the wgmmas; spills at tile_n 192 and with
+        overlap, not at 128 x 128 lockstep). Not with early_scales.
       early_scales: the K tile's scale products sa[m] * sb[n] are made while its wgmmas run, so that only
         the FFMAs follow the wait (one more accumulator-sized register tensor: tile_n 128 only, 192
         spills). Measured slower on the H200 (docs/perf-notes.md): tunings only.
@@ -150,5 +151,7 @@ MX_GEMM_TUNINGS: tuple[MXGemmConfig, ...] = (
     MXGemmConfig(tile_n=192, stages=5, pingpong=True, handoff=3, cluster_m=2, tune=16),
     MXGemmConfig(tile_n=128, stages=6, overlap=True, tune=17),
     MXGemmConfig(tile_n=128, stages=6, overlap=True, cluster_m=2, tune=18),
+    # built and SASS-checked (no spills) but not yet run on the device:
+    MXGemmConfig(tile_n=128, stages=6, preload_scales=True, cluster_m=2, tune=19),
 )
 """Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py)."""
