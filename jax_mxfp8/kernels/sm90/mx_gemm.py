@@ -45,6 +45,9 @@ Structure (persistent, warp-specialized; 3 warpgroups, 384 threads, one CTA per 
   docs/perf-notes.md (C7514, "non wgmma instructions reading accumulator registers ..."). tile_n 128
   only (three accumulator-sized tensors); +11% over the same tile without it, equal to the production
   128 x 192 tile (H200 run 7): tunings only.
+  config.preload_scales: the promoted K tile's scales are read from shared memory into registers before
+  the next wgmma fence (DeepGEMM's order), not after the wait (_issue's `pre`); 128 x 128 lockstep only
+  in practice (spills elsewhere).
   config.early_scales: the 64 (96) scale products sa[m] * sb[n] of a K tile are loaded and multiplied
   between issuing its wgmmas and waiting for them; after the wait only the FFMAs remain (costs one
   more accumulator-sized register tensor).
