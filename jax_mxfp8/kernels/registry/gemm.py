@@ -48,6 +48,9 @@ class MXGemmConfig(KernelConfig):
         next wgmmas are issued (DeepGEMM's order), so the promotion after the wait does not stall on their
         latency (tile_n // 4 + 2 more live registers across the wgmmas; spills at tile_n 192 and with
         overlap, not at 128 x 128 lockstep). Not with early_scales.
+      diagnostic: "" for real kernels; benchmark-only variants that skip work and produce WRONG outputs
+        (MX_GEMM_DIAGNOSTICS, never tested for numerics): "row_scale_only" (one FFMA by the row scale
+        per element, no column scales loaded).
       early_scales: the K tile's scale products sa[m] * sb[n] are made while its wgmmas run, so that only
         the FFMAs follow the wait (one more accumulator-sized register tensor: tile_n 128 only, 192
         spills). Measured slower on the H200 (docs/perf-notes.md): tunings only.
@@ -74,6 +77,7 @@ class MXGemmConfig(KernelConfig):
     handoff: int = 0
     overlap: bool = False
     preload_scales: bool = False
+    diagnostic: str = ""
     early_scales: bool = False
     cluster_m: int = 1
     group_m: int = 8
@@ -98,6 +102,10 @@ class MXGemmConfig(KernelConfig):
             raise ValueError(f"handoff={self.handoff} needs pingpong=True")
         if self.overlap and (self.tile_n != 128 or self.pingpong or self.early_scales):
             raise ValueError("overlap needs tile_n=128, no pingpong, no early_scales")
+        if self.diagnostic not in ("", "row_scale_only"):
+            raise ValueError(f"diagnostic={self.diagnostic!r} not in ('', 'row_scale_only')")
+        if self.diagnostic and (self.tune == 0 or self.overlap or self.early_scales or self.preload_scales):
+            raise ValueError("a diagnostic is a tuning (tune > 0) of the lockstep loop")
         if self.preload_scales and self.early_scales:
             raise ValueError("preload_scales and early_scales exclude each other")
         if self.early_scales and self.tile_n != 128:
@@ -153,5 +161,10 @@ MX_GEMM_TUNINGS: tuple[MXGemmConfig, ...] = (
     MXGemmConfig(tile_n=128, stages=6, overlap=True, cluster_m=2, tune=18),
     # built and SASS-checked (no spills) but not yet run on the device:
     MXGemmConfig(tile_n=128, stages=6, preload_scales=True, cluster_m=2, tune=19),
+    # a diagnostic of production's loop (WRONG outputs; built, not yet run on the device)
+    MXGemmConfig(tile_n=192, stages=5, cluster_m=2, diagnostic="row_scale_only", tune=20),
 )
-"""Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py)."""
+"""Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py); the last ones
+(MX_GEMM_DIAGNOSTICS) are diagnostics with wrong outputs, excluded from the numerics tests."""
+
+MX_GEMM_DIAGNOSTICS: tuple[MXGemmConfig, ...] = tuple(v for v in MX_GEMM_TUNINGS if v.diagnostic)

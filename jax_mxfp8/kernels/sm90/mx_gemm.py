@@ -48,6 +48,10 @@ Structure (persistent, warp-specialized; 3 warpgroups, 384 threads, one CTA per 
   config.preload_scales: the promoted K tile's scales are read from shared memory into registers before
   the next wgmma fence (DeepGEMM's order), not after the wait (_issue's `pre`); 128 x 128 lockstep only
   in practice (spills elsewhere).
+  config.diagnostic (benchmark only, WRONG outputs on purpose): "row_scale_only" promotes with one FFMA
+  by the row scale and loads no column scales (about the cost of a contract whose B scale is one scalar
+  per 128 x 128 block, DeepGEMM's 1d2d). (A "no scale loads" diagnostic that kept the 48 column scales
+  of the first K tile in registers spilled at 128 x 192: dropped.)
   config.early_scales: the 64 (96) scale products sa[m] * sb[n] of a K tile are loaded and multiplied
   between issuing its wgmmas and waiting for them; after the wait only the FFMAs remain (costs one
   more accumulator-sized register tensor).
@@ -438,12 +442,22 @@ class MXGemmSm90:
     def _finish(self, pipe, main, tmp, sa_r, sb_c, sSA, sSB, pos, row, col):
         """main += tmp * sa[row] * sb[col] for ring position pos, whose wgmmas have completed: loads its
         scales (unless config.preload_scales did already), releases the stage, promotes."""
-        if cutlass.const_expr(not self.config.preload_scales):
+        diagnostic = self.config.diagnostic
+        if cutlass.const_expr(diagnostic == "row_scale_only"):
+            s = ws.ring_state(self.stages, pos).index
+            for v1 in cutlass.range_constexpr(2):
+                sa_r[v1] = sSA[(row + 8 * v1, 0, s)]
+        elif cutlass.const_expr(not self.config.preload_scales):
             sa_r = cute.make_rmem_tensor((2,), Float32)  # fresh per K tile (the kernels as measured)
             sb_c = cute.make_rmem_tensor((self.tn // 4,), Float32)
             self._load_scales(sa_r, sb_c, sSA, sSB, pos, row, col)
         pipe.consumer_release(ws.ring_state(self.stages, pos))
-        self._fma(main, tmp, sa_r, sb_c)
+        if cutlass.const_expr(diagnostic == "row_scale_only"):
+            for i in cutlass.range_constexpr(cute.size(main)):  # one FFMA per element: WRONG output
+                _, v1, _ = acc_coords(i)
+                main[i] = main[i] + tmp[i] * sa_r[v1]
+        else:
+            self._fma(main, tmp, sa_r, sb_c)
 
     @cute.jit
     def _fma(self, main, tmp, sa_r, sb_c):
