@@ -8,7 +8,8 @@ One process, side by side, y (M, N) = x (M, K) @ w (K, N), bf16 out, for (M, K, 
   torch_fp8   torch._scaled_mm, e4m3 per-tensor scales, bf16 out (operands pre-cast; torch with CUDA only)
   mx_tN       our kernel, registry tuning N (mx_t0 = production), on aligned operands made before timing:
               a (1, M, K), b (1, N, K) e4m3 K-major, sa (1, K/128, M), sb (1, K/128, N) powers of two
-              (the quantization pass that makes them is not timed: kernel only)
+              (the quantization pass that makes them is not timed: kernel only); the tunings in
+              registry.MX_GEMM_DIAGNOSTICS skip work and return WRONG outputs (they time a part of the loop)
 FLOPs 2*M*N*K. Timing (DESIGN.md section 6, benchmarks/timing.py): enqueue --calls calls, block once,
 divide; median of --batches batches (torch: the same with torch.cuda.synchronize). Target (issue 15 item 2):
 mx_t0 >= 1300 TFLOP/s at 8192^3 (with the quantize pass, the end-to-end GEMM at 1.6x bf16).

@@ -170,7 +170,8 @@ def test_kernel_choice_falls_back_where_not_covered():
     assert "qkv_blocks" in kernel_unsupported(mx.AttentionConfig(qkv_blocks="row"), **base)
     assert "kv_tile" in kernel_unsupported(mx.AttentionConfig(kv_tile=64), **base)
     assert "bias" in kernel_unsupported(mx.AttentionConfig(), **{**base, "has_bias": True})
-    assert "bfloat16" in kernel_unsupported(mx.AttentionConfig(), **{**base, "out_dtype": jnp.float32})
+    assert kernel_unsupported(mx.AttentionConfig(), **{**base, "out_dtype": jnp.float32}) is None
+    assert "float16" in kernel_unsupported(mx.AttentionConfig(), **{**base, "out_dtype": jnp.float16})
     assert "head_dim=256" in kernel_unsupported(mx.AttentionConfig(), **{**base, "head_dim": 256})
     if jax.default_backend() != "gpu":
         with pytest.raises(RuntimeError, match="implementation='cuda'"):

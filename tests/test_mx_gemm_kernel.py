@@ -6,8 +6,8 @@ partial tiles, G > 1, bias, bf16/f32 out), vmap and sharding of the call, and mx
 ValueErrors for bad inputs. GPU (@pytest.mark.gpu): the kernel within the bound of FP8-wgmma accumulation
 of each 128-K tile plus float32 promotion and one final rounding (SQNR printed), every output element
 written (NaN-poisoned buffer), NaN scales propagate to exactly their rows / columns, M and N that are not
-tile multiples, persistent scheduling (more tiles than CTAs), batch, bias, e5m2 operands, every tuning,
-bitwise identical across 3 runs.
+tile multiples, persistent scheduling (more tiles than CTAs), batch, bias, e5m2 operands, every tuning
+(and every tuning bit for bit equal to the production variant), bitwise identical across 3 runs.
 """
 
 from __future__ import annotations
@@ -172,6 +172,9 @@ def test_registry_variants():
         assert v is not None and v.tune == 0 and v.smem_bytes <= 227 * 1024
     with pytest.raises(ValueError, match="tile_n"):
         registry.MXGemmConfig(tile_n=256)
+    assert registry.MX_GEMM_DIAGNOSTICS and all(v.tune > 0 for v in registry.MX_GEMM_DIAGNOSTICS)
+    with pytest.raises(ValueError, match="diagnostic"):
+        registry.MXGemmConfig(diagnostic="row_scale_only")  # never a production variant
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -185,6 +188,7 @@ GPU_CASES = [
     (1, 128, 384, 256, E4, E5, "float32", False),
     (4, 784, 768, 640, E5, E5, "bfloat16", False),  # 7 x 6 x 4 = 168 tiles > 132 CTAs: persistent
     (1, 2048, 2048, 4096, E4, E4, "float32", False),
+    (1, 256, 384, 128, E4, E4, "bfloat16", True),  # one K tile (config.overlap's shortest path)
 ]
 
 
@@ -204,10 +208,23 @@ def test_kernel_matches_float64(case, _needs_kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tune", [v.tune for v in registry.MX_GEMM_TUNINGS])
+@pytest.mark.parametrize("tune", [v.tune for v in registry.MX_GEMM_TUNINGS if not v.diagnostic])
 def test_kernel_tunings_match_float64(tune, _needs_kernel):
     ops = operands(_rng(), 2, 272, 592, 1152)  # 3 M tiles: a cluster pair's second CTA is past M
     _check(_run(ops, "bfloat16", "cuda", tune=tune), ops, "bfloat16", WGMMA_REL, f"kernel tune {tune}")
+
+
+@pytest.mark.gpu
+def test_kernel_tunings_bitwise_equal(_needs_kernel):
+    """Every tuning (tile shape, pingpong / handoff schedule, early scales, cluster) changes only when and
+    where the same per-element operations run (the same 4 wgmmas per 128-K tile on a fresh accumulator,
+    the same FFMA promotion in K order), never the numerics: all return the production variant's bits."""
+    ops = operands(_rng(), 2, 272, 592, 1152, nan_rows=((1, 3, 5),))
+    want = _run(ops, "bfloat16", "cuda")
+    for v in registry.MX_GEMM_TUNINGS:
+        if v.diagnostic:  # wrong outputs on purpose
+            continue
+        np.testing.assert_array_equal(_run(ops, "bfloat16", "cuda", tune=v.tune), want, err_msg=f"tune {v.tune}")
 
 
 @pytest.mark.gpu

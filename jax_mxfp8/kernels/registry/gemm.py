@@ -35,6 +35,22 @@ class MXGemmConfig(KernelConfig):
         that one promotes on the CUDA cores while the other's wgmmas run (False: both issue at once, the
         tensor core interleaves them, and both promote while it idles). Measured no faster on the H200
         (docs/perf-notes.md "Hopper MX GEMM"): off in production.
+      handoff: pingpong only: how many of a K tile's 4 wgmmas must have completed before a consumer
+        passes the turn (one commit group per wgmma, wait_group(4 - handoff)). 0: right after issuing
+        them (the first pingpong: the tensor core interleaves both warpgroups' wgmmas and they drift back
+        into lockstep); 1-4: the warpgroups' K tiles alternate on the tensor core, each one's promotion
+        overlapping the other's wgmmas. Measured no faster than production (docs/perf-notes.md).
+      overlap: two temporary accumulators per consumer: K tile kt + 1's wgmmas are issued before K tile
+        kt is promoted (wait_group(1)), so the tensor core does not drain between K tiles (tile_n 128
+        only: three accumulator-sized register tensors). Not with pingpong or early_scales. +11% over
+        128 x 128 without it, equal to the production 128 x 192 (docs/perf-notes.md): tunings only.
+      preload_scales: the promoted K tile's row and column scales are loaded from shared memory before the
+        next wgmmas are issued (DeepGEMM's order), so the promotion after the wait does not stall on their
+        latency (tile_n // 4 + 2 more live registers across the wgmmas; spills at tile_n 192 and with
+        overlap, not at 128 x 128 lockstep). Not with early_scales.
+      diagnostic: "" for real kernels; benchmark-only variants that skip work and produce WRONG outputs
+        (MX_GEMM_DIAGNOSTICS, never tested for numerics): "row_scale_only" (one FFMA by the row scale
+        per element, no column scales loaded).
       early_scales: the K tile's scale products sa[m] * sb[n] are made while its wgmmas run, so that only
         the FFMAs follow the wait (one more accumulator-sized register tensor: tile_n 128 only, 192
         spills). Measured slower on the H200 (docs/perf-notes.md): tunings only.
@@ -58,6 +74,10 @@ class MXGemmConfig(KernelConfig):
     tile_n: int = 128
     stages: int = 6
     pingpong: bool = False
+    handoff: int = 0
+    overlap: bool = False
+    preload_scales: bool = False
+    diagnostic: str = ""
     early_scales: bool = False
     cluster_m: int = 1
     group_m: int = 8
@@ -76,6 +96,18 @@ class MXGemmConfig(KernelConfig):
             raise ValueError(f"tile_n={self.tile_n} not in (128, 192)")
         if not 2 <= self.stages <= 8:
             raise ValueError(f"stages={self.stages} not in [2, 8]")
+        if not 0 <= self.handoff <= GEMM_K_TILE // 32:
+            raise ValueError(f"handoff={self.handoff} not in [0, {GEMM_K_TILE // 32}]")
+        if self.handoff and not self.pingpong:
+            raise ValueError(f"handoff={self.handoff} needs pingpong=True")
+        if self.overlap and (self.tile_n != 128 or self.pingpong or self.early_scales):
+            raise ValueError("overlap needs tile_n=128, no pingpong, no early_scales")
+        if self.diagnostic not in ("", "row_scale_only"):
+            raise ValueError(f"diagnostic={self.diagnostic!r} not in ('', 'row_scale_only')")
+        if self.diagnostic and (self.tune == 0 or self.overlap or self.early_scales or self.preload_scales):
+            raise ValueError("a diagnostic is a tuning (tune > 0) of the lockstep loop")
+        if self.preload_scales and self.early_scales:
+            raise ValueError("preload_scales and early_scales exclude each other")
         if self.early_scales and self.tile_n != 128:
             raise ValueError("early_scales needs tile_n=128 (three accumulator-sized tensors per thread)")
         if self.cluster_m not in (1, 2):
@@ -117,5 +149,22 @@ MX_GEMM_TUNINGS: tuple[MXGemmConfig, ...] = (
     MXGemmConfig(tile_n=128, stages=6, early_scales=True, cluster_m=2, tune=7),
     MXGemmConfig(tile_n=128, stages=6, early_scales=True, pingpong=True, tune=8),
     MXGemmConfig(tile_n=128, stages=6, early_scales=True, tune=9),
+    # the production config under a tuning name, so that a benchmark times it next to a changed production
+    MXGemmConfig(tile_n=192, stages=5, pingpong=False, cluster_m=2, tune=10),
+    MXGemmConfig(tile_n=192, stages=5, pingpong=True, handoff=2, cluster_m=2, tune=11),
+    MXGemmConfig(tile_n=192, stages=5, pingpong=True, handoff=4, cluster_m=2, tune=12),
+    MXGemmConfig(tile_n=128, stages=6, pingpong=True, handoff=3, cluster_m=2, tune=13),
+    MXGemmConfig(tile_n=192, stages=5, pingpong=True, handoff=3, tune=14),
+    MXGemmConfig(tile_n=128, stages=6, pingpong=True, handoff=3, early_scales=True, cluster_m=2, tune=15),
+    MXGemmConfig(tile_n=192, stages=5, pingpong=True, handoff=3, cluster_m=2, tune=16),
+    MXGemmConfig(tile_n=128, stages=6, overlap=True, tune=17),
+    MXGemmConfig(tile_n=128, stages=6, overlap=True, cluster_m=2, tune=18),
+    # built and SASS-checked (no spills) but not yet run on the device:
+    MXGemmConfig(tile_n=128, stages=6, preload_scales=True, cluster_m=2, tune=19),
+    # a diagnostic of production's loop (WRONG outputs; built, not yet run on the device)
+    MXGemmConfig(tile_n=192, stages=5, cluster_m=2, diagnostic="row_scale_only", tune=20),
 )
-"""Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py)."""
+"""Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py); the last ones
+(MX_GEMM_DIAGNOSTICS) are diagnostics with wrong outputs, excluded from the numerics tests."""
+
+MX_GEMM_DIAGNOSTICS: tuple[MXGemmConfig, ...] = tuple(v for v in MX_GEMM_TUNINGS if v.diagnostic)

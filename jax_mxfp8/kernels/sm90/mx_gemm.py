@@ -32,10 +32,26 @@ Structure (persistent, warp-specialized; 3 warpgroups, 384 threads, one CTA per 
   config.pingpong: the consumers take turns issuing each K tile's wgmmas (named barriers 1 and 2,
   warp_specialization.turn_wait / turn_arrive; consumer 0 first): issued together, the tensor core
   interleaves both warpgroups' wgmmas, both finish at once and both promote while it idles; in turns,
-  one promotes while the other's wgmmas run. (A variant with two temporary accumulators per warpgroup,
-  issuing K tile kt + 1 before promoting kt after wait_group(1), makes ptxas serialize every wgmma,
-  C7514 "non wgmma instructions reading accumulator registers ... between start and end of the
-  pipeline stage", with or without branches: only wait_group(0) lets the CUDA cores read an accumulator.)
+  one promotes while the other's wgmmas run. Passing the turn right after issuing (config.handoff = 0)
+  only orders the issue: the tensor core still interleaves both warpgroups' wgmmas and they fall back
+  into lockstep (measured no faster). config.handoff = h > 0 commits one group per wgmma and passes the
+  turn only once h of the K tile's 4 wgmmas have completed (wait_group(4 - h)), so the two warpgroups'
+  K tiles alternate on the tensor core and each one's promotion overlaps the other's wgmmas. Measured
+  no faster either (docs/perf-notes.md, H200 runs 6 and 7): tunings only.
+  config.overlap: two temporary accumulators per warpgroup; K tile kt + 1's wgmmas are issued before K
+  tile kt is promoted (wait_group(1)), the loop body being one (odd, even) pair of K tiles with fixed
+  register roles (_mainloop_overlap). ptxas keeps these wgmmas unserialized (SASS: one DEPBAR.LE gsb0, 1
+  after each next K tile's 4 QGMMAs, none between them), unlike the earlier two-temporary attempt of
+  docs/perf-notes.md (C7514, "non wgmma instructions reading accumulator registers ..."). tile_n 128
+  only (three accumulator-sized tensors); +11% over the same tile without it, equal to the production
+  128 x 192 tile (H200 run 7): tunings only.
+  config.preload_scales: the promoted K tile's scales are read from shared memory into registers before
+  the next wgmma fence (DeepGEMM's order), not after the wait (_issue's `pre`); 128 x 128 lockstep only
+  in practice (spills elsewhere).
+  config.diagnostic (benchmark only, WRONG outputs on purpose): "row_scale_only" promotes with one FFMA
+  by the row scale and loads no column scales (about the cost of a contract whose B scale is one scalar
+  per 128 x 128 block, DeepGEMM's 1d2d). (A "no scale loads" diagnostic that kept the 48 column scales
+  of the first K tile in registers spilled at 128 x 192: dropped.)
   config.early_scales: the 64 (96) scale products sa[m] * sb[n] of a K tile are loaded and multiplied
   between issuing its wgmmas and waiting for them; after the wait only the FFMAs remain (costs one
   more accumulator-sized register tensor).
@@ -72,6 +88,7 @@ WG_M = 64  # rows per consumer warpgroup
 PRODUCER_REGISTERS = 40  # the scheduler's divisions need more than attention's 24
 CONSUMER_REGISTERS = 232
 BK = GEMM_K_TILE
+K_BLOCKS = BK // 32  # wgmmas (k32 each) per K tile
 
 
 class MXGemmSm90:
@@ -312,6 +329,9 @@ class MXGemmSm90:
         main = cute.make_rmem_tensor(acc_shape, Float32)
         tmp = cute.make_rmem_tensor(acc_shape, Float32)
         prod = cute.make_rmem_tensor(acc_shape, Float32) if self.config.early_scales else tmp
+        tmp2 = cute.make_rmem_tensor(acc_shape, Float32) if self.config.overlap else tmp
+        sa_r = cute.make_rmem_tensor((2,), Float32)  # this thread's scales of one K tile: rows row, row + 8
+        sb_c = cute.make_rmem_tensor((self.tn // 4,), Float32)  # columns col + j % 2 + 8 (j // 2)
         assert cute.size(main) == self.tn // 2
         gC_all = cute.local_tile(mC, (self.tm, self.tn), (None, None, None))
 
@@ -327,49 +347,121 @@ class MXGemmSm90:
             w = self.sched.work_tile(t, m_tiles, n_tiles, rank)
             base = ((t - first) // step) * k_tiles  # ring position of this work tile's first K tile
             main.fill(0.0)
-            for kt in cutlass.range(k_tiles, unroll=1):
-                self._issue(pipe, tmp, tCrA, tCrB, base + kt, c)
+            if cutlass.const_expr(self.config.overlap):
+                ring = (pipe, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c)
+                self._mainloop_overlap(ring, main, tmp, tmp2, base, k_tiles)
+            for kt in cutlass.range(0 if self.config.overlap else k_tiles, unroll=1):
+                self._issue(pipe, tmp, tCrA, tCrB, base + kt, c, (sa_r, sb_c, sSA, sSB, base + kt, row, col))
                 if cutlass.const_expr(self.config.early_scales):
                     # the scale products are made while the wgmmas run; after the wait only the FFMAs
                     self._scale_products(prod, sSA, sSB, base + kt, row, col)
+                if cutlass.const_expr(self.config.handoff > 0):
+                    # pass the turn once `handoff` of this K tile's wgmmas have completed: the other
+                    # warpgroup's wgmmas then run while this one promotes (never both at once)
+                    cute.nvgpu.warpgroup.wait_group(K_BLOCKS - self.config.handoff)
+                    ws.turn_arrive(c)
+                if cutlass.const_expr(self.config.early_scales):
                     cute.nvgpu.warpgroup.wait_group(0)
                     self._accumulate(pipe, main, tmp, prod, base + kt)
                 else:
                     cute.nvgpu.warpgroup.wait_group(0)
-                    self._promote(pipe, main, tmp, sSA, sSB, base + kt, row, col)
+                    self._finish(pipe, main, tmp, sa_r, sb_c, sSA, sSB, base + kt, row, col)
             self._epilogue(main, thr, gC_all, mBias, mC, w, row, col)
         if cutlass.const_expr(self.config.pingpong):
             if c == 0:  # consume consumer 1's last arrive (or its initial one): the barriers end balanced
                 ws.turn_wait(0)
 
     @cute.jit
-    def _issue(self, pipe, tmp, tCrA, tCrB, pos, c):
+    def _mainloop_overlap(self, ring, main, ta, tb, base, k_tiles):
+        """config.overlap: K tile kt + 1's wgmmas (into the other temporary) are issued before K tile kt is
+        promoted (wait_group(1)), so the tensor core never drains between K tiles. Even K tiles go to ta,
+        odd ones to tb; the loop body is one (odd, even) pair, the last odd tile is peeled.
+        ring = (pipe, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c)."""
+        pipe, tCrA, tCrB, _, _, _, _, _, _, c = ring
+        self._issue(pipe, ta, tCrA, tCrB, base, c)
+        for p in cutlass.range((k_tiles - 1) // 2, unroll=1):
+            k1 = base + 1 + 2 * p
+            self._overlap_step(ring, main, tb, k1, ta, k1 - 1)
+            self._overlap_step(ring, main, ta, k1 + 1, tb, k1)
+        last = base + k_tiles - 1
+        if k_tiles % 2 == 0:  # one odd tile left after the pairs: it goes to tb
+            self._overlap_step(ring, main, tb, last, ta, last - 1)
+            cute.nvgpu.warpgroup.wait_group(0)
+            self._overlap_finish(ring, main, tb, last)
+        else:
+            cute.nvgpu.warpgroup.wait_group(0)
+            self._overlap_finish(ring, main, ta, last)
+
+    @cute.jit
+    def _overlap_step(self, ring, main, t_next, pos_next, t_prev, pos_prev):
+        """Issues ring position pos_next into t_next (preload_scales: loading pos_prev's scales first), then
+        promotes t_prev (ring position pos_prev) once its wgmmas have completed (wait_group(1))."""
+        pipe, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c = ring
+        self._issue(pipe, t_next, tCrA, tCrB, pos_next, c, (sa_r, sb_c, sSA, sSB, pos_prev, row, col))
+        cute.nvgpu.warpgroup.wait_group(1)
+        self._overlap_finish(ring, main, t_prev, pos_prev)
+
+    @cute.jit
+    def _overlap_finish(self, ring, main, tmp, pos):
+        pipe, _, _, sSA, sSB, sa_r, sb_c, row, col, _ = ring
+        self._finish(pipe, main, tmp, sa_r, sb_c, sSA, sSB, pos, row, col)
+
+    @cute.jit
+    def _issue(self, pipe, tmp, tCrA, tCrB, pos, c, pre=None):
         """Waits for ring position pos and issues its K tile's wgmmas into tmp (fresh: the first k-block
-        does not accumulate); commits one group. pingpong: inside consumer c's turn."""
+        does not accumulate); commits one group (handoff: one per k-block). pingpong: inside consumer c's
+        turn (without handoff the turn passes here, as soon as the wgmmas are issued).
+        pre = (sa_r, sb_c, sSA, sSB, scale_pos, row, col): with config.preload_scales, the scales of ring
+        position scale_pos (a full stage not yet released) are loaded into sa_r, sb_c before the wgmmas
+        are issued (DeepGEMM's order: every shared-memory read before the fence)."""
         state = ws.ring_state(self.stages, pos)
         pipe.consumer_wait(state)
+        if cutlass.const_expr(self.config.preload_scales and pre is not None):
+            self._load_scales(*pre)
         if cutlass.const_expr(self.config.pingpong):
             ws.turn_wait(c)
         cute.nvgpu.warpgroup.fence()
         s = state.index
-        wgmma.gemm(self._make_mma, tmp, tCrA[(None, None, None, s)], tCrB[(None, None, None, s)], False)
-        cute.nvgpu.warpgroup.commit_group()
-        if cutlass.const_expr(self.config.pingpong):
+        handoff = self.config.handoff > 0  # one commit group per K block; the caller passes the turn
+        wgmma.gemm(self._make_mma, tmp, tCrA[(None, None, None, s)], tCrB[(None, None, None, s)], False, handoff)
+        if cutlass.const_expr(not handoff):
+            cute.nvgpu.warpgroup.commit_group()
+        if cutlass.const_expr(self.config.pingpong and not handoff):
             ws.turn_arrive(c)
 
     @cute.jit
-    def _promote(self, pipe, main, tmp, sSA, sSB, pos, row, col):
-        """main += tmp * sa[row] * sb[col] with the scales of ring position pos (its wgmmas have completed);
-        releases the stage once its scales are in registers."""
-        state = ws.ring_state(self.stages, pos)
-        s = state.index
-        sa_r = cute.make_rmem_tensor((2,), Float32)
-        sb_c = cute.make_rmem_tensor((self.tn // 4,), Float32)
+    def _load_scales(self, sa_r, sb_c, sSA, sSB, pos, row, col):
+        """sa_r, sb_c = this thread's row and column scales of ring position pos."""
+        s = ws.ring_state(self.stages, pos).index
         for v1 in cutlass.range_constexpr(2):
             sa_r[v1] = sSA[(row + 8 * v1, 0, s)]
         for j in cutlass.range_constexpr(self.tn // 4):
             sb_c[j] = sSB[(col + j % 2 + 8 * (j // 2), 0, s)]
-        pipe.consumer_release(state)
+
+    @cute.jit
+    def _finish(self, pipe, main, tmp, sa_r, sb_c, sSA, sSB, pos, row, col):
+        """main += tmp * sa[row] * sb[col] for ring position pos, whose wgmmas have completed: loads its
+        scales (unless config.preload_scales did already), releases the stage, promotes."""
+        diagnostic = self.config.diagnostic
+        if cutlass.const_expr(diagnostic == "row_scale_only"):
+            s = ws.ring_state(self.stages, pos).index
+            for v1 in cutlass.range_constexpr(2):
+                sa_r[v1] = sSA[(row + 8 * v1, 0, s)]
+        elif cutlass.const_expr(not self.config.preload_scales):
+            sa_r = cute.make_rmem_tensor((2,), Float32)  # fresh per K tile (the kernels as measured)
+            sb_c = cute.make_rmem_tensor((self.tn // 4,), Float32)
+            self._load_scales(sa_r, sb_c, sSA, sSB, pos, row, col)
+        pipe.consumer_release(ws.ring_state(self.stages, pos))
+        if cutlass.const_expr(diagnostic == "row_scale_only"):
+            for i in cutlass.range_constexpr(cute.size(main)):  # one FFMA per element: WRONG output
+                _, v1, _ = acc_coords(i)
+                main[i] = main[i] + tmp[i] * sa_r[v1]
+        else:
+            self._fma(main, tmp, sa_r, sb_c)
+
+    @cute.jit
+    def _fma(self, main, tmp, sa_r, sb_c):
+        """main += tmp * (sa * sb): one FMUL of the power-of-two scales and one FFMA per element."""
         for i in cutlass.range_constexpr(cute.size(main)):
             v0, v1, nb = acc_coords(i)
             main[i] = main[i] + tmp[i] * (sa_r[v1] * sb_c[2 * nb + v0])

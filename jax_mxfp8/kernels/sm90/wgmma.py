@@ -46,12 +46,14 @@ def make_fp8_rs_mma(tiler_mn: tuple[int, int]) -> cute.TiledMma:
 
 
 @cute.jit
-def gemm(make_mma: Callable[[], cute.TiledMma], acc, a, b, accumulate_first: bool):
+def gemm(make_mma: Callable[[], cute.TiledMma], acc, a, b, accumulate_first: bool, commit_each: bool = False):
     """acc (+)= a b over every K block (mode 2 of the partitioned a, b: 32 FP8 elements per wgmma).
 
     a, b: one stage of the MMA's A / B fragments (make_fragment_A/B, stage index already applied), acc its
     C fragment. The first K block accumulates onto acc iff accumulate_first (a run-time or trace-time
     Boolean), the others always. Issues the wgmmas only: the caller fences, commits and waits.
+    commit_each (trace time): commit one wgmma group after every K block instead (then the caller does
+    not commit; wait_group(n) waits until all but the last n K blocks have completed).
     make_mma builds a fresh tiled MMA per call: setting its ACCUMULATE field rebinds run-time state, which
     must not escape the staged loop or branch it was set in.
     """
@@ -59,3 +61,5 @@ def gemm(make_mma: Callable[[], cute.TiledMma], acc, a, b, accumulate_first: boo
     for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, accumulate_first or kb != 0)
         cute.gemm(tiled_mma, acc, a[None, None, kb], b[None, None, kb], acc)
+        if cutlass.const_expr(commit_each):
+            cute.nvgpu.warpgroup.commit_group()
