@@ -96,9 +96,7 @@ def prepare_packed(st: VarlenStatic, q, k, v, cu_q, cu_k):
     ops = prepare_sequence_major(
         qm, km, vm, scale=st.dense.scale, q_len=None, kv_len=None, kv_tile_seq=kv_tile_seq, path=path
     )
-    seqs, work = packed_tables(
-        lq.lengths, lk.lengths, lq.starts, lk.starts, causal=st.dense.is_causal, q_rows=lq.rows
-    )
+    seqs, work = packed_tables(lq.lengths, lk.lengths, lq.starts, lk.starts, causal=st.dense.is_causal, q_rows=lq.rows)
     return (qm, km, vm), dataclasses.replace(ops, lens=seqs), work, lq
 
 
