@@ -20,6 +20,7 @@ from jax_mxfp8.kernels.registry.attention_bwd import TUNINGS, AttentionBwdConfig
         (dict(packed=True), "packed"),
         (dict(dq_store="tma"), "dq_store"),
         (dict(overlap=3), "overlap"),
+        (dict(overlap=1, dq_store="red"), "overlap"),
         (dict(q_stage=0), "q_stage"),
         (dict(smem_stats=1), "smem_stats"),
     ],

@@ -32,9 +32,11 @@ class AttentionBwdConfig(KernelConfig):
       dq_store: how each query tile's dQ partial reaches dq: "red" (one red.global.add.f32 per element
         from the registers) or "bulk" (staged in shared memory, then cp.reduce.async.bulk .add.f32 of
         whole rows: 256-byte bulk reductions in L2 instead of scattered 4-byte ones).
-      overlap: 0, or issue the next query tile's S^T (1) or S^T and dP^T (2) wgmmas before this tile's dQ
-        store, so that the store (CUDA cores, shared memory, bulk reductions) runs while they occupy the
-        tensor cores (at H128, 2 keeps 32 more accumulator registers live and spills).
+      overlap: 0, or issue the next query tile's S^T (1) or S^T and dP^T (2) wgmmas between this tile's dQ
+        staging and its bulk reductions (waited at the end of the step), so that the dQ store's barriers and
+        reductions run while they occupy the tensor cores; with 1, dP^T is issued at the top of the step and
+        runs during the P computation as in tune 0. ("bulk" only; with global stats the next tile's LSE /
+        delta stay live across the store: H128 spills 232-256 bytes.)
       smem_stats: False: each consumer thread loads its 16 LSE and 16 delta values per query tile from
         global memory (32 LDG, live in registers from the tile's start); True: the producer copies the
         tile's 64 LSE and 64 delta values (cp.async.bulk, 2 x 256 bytes) into the Q / dO stage, and the
@@ -81,6 +83,8 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"dq_store={self.dq_store!r} not in ('red', 'bulk')")
         if self.overlap not in (0, 1, 2):
             raise ValueError(f"overlap={self.overlap} not in (0, 1, 2)")
+        if self.overlap and self.dq_store != "bulk":
+            raise ValueError(f"overlap={self.overlap} needs dq_store='bulk' (got {self.dq_store!r})")
         if not isinstance(self.smem_stats, bool):
             raise ValueError(f"smem_stats={self.smem_stats!r} is not a bool")
         if not 1 <= self.q_stage <= 4:

@@ -48,8 +48,12 @@ head), 3 warpgroups):
         goes to shared memory (double-buffered), then dQ (64 x H) = dS K is split over the two
         consumers by head-dim halves (H128; at H64 the first consumer computes all of it).
   Causal: query tiles entirely above this KV tile's diagonal are skipped; tiles past q_len are skipped.
-  config.overlap (not registered yet: registry UNTESTED_TUNINGS) issues the next tile's S^T (and dP^T)
-  before this tile's dQ store.
+  Tunings (registry TUNINGS, non-production): config.overlap issues the next tile's S^T (1; 2: and dP^T)
+  between this tile's dQ staging and its bulk reductions, waited at the end of the same step: no wgmma
+  group may stay in flight across the loop's back edge, nor may the accumulators' initial values be
+  materialized inside an open wgmma stage, or ptxas serializes EVERY wgmma of the kernel (C7514/C7515;
+  check the SASS: one WARPGROUP.DEPBAR per wait, not per HGMMA). config.smem_stats: the producer copies
+  the tile's LSE and delta into the Q / dO stage (cp.async.bulk), read from shared memory where used.
 Building blocks: kernels/sm90/attention_bwd_blocks.py (dS square quantization, dQ store PTX), warp_specialization,
 wgmma, wgmma_fragment (acc_coords).
 
