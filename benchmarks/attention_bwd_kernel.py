@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from timing import timeit  # noqa: E402
 
 from jax_mxfp8.kernels import registry  # noqa: E402
+from jax_mxfp8.kernels.registry.attention_bwd import TUNINGS  # noqa: E402
 from jax_mxfp8.primitives import library  # noqa: E402
 
 SHAPES = [
@@ -44,7 +45,7 @@ def bwd_flops(b, t, n, h, causal, **_) -> float:
     return f / 2 if causal else f
 
 
-TUNES = (0, 1, 2, 3)
+TUNES = tuple(t for t, _ in TUNINGS)
 
 
 def kernel_fn(shape, rng, tune=0):

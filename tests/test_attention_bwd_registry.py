@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jax_mxfp8.kernels import registry
-from jax_mxfp8.kernels.registry.attention_bwd import UNTESTED_TUNINGS, AttentionBwdConfig
+from jax_mxfp8.kernels.registry.attention_bwd import TUNINGS, AttentionBwdConfig
 
 
 @pytest.mark.parametrize(
@@ -20,7 +20,9 @@ from jax_mxfp8.kernels.registry.attention_bwd import UNTESTED_TUNINGS, Attention
         (dict(packed=True), "packed"),
         (dict(dq_store="tma"), "dq_store"),
         (dict(overlap=3), "overlap"),
+        (dict(overlap=1, dq_store="red"), "overlap"),
         (dict(q_stage=0), "q_stage"),
+        (dict(smem_stats=1), "smem_stats"),
     ],
 )
 def test_bad_fields_raise_naming_the_field(kwargs, field):
@@ -45,7 +47,21 @@ def test_uncovered_arguments_find_nothing():
     assert registry.find(registry.AttentionBwdConfig, head_dim=128, p_scale="block") is None
 
 
-def test_untested_tunings_are_not_registered():
-    names = {v.name for v in registry.VARIANTS}
-    assert all(v.name not in names for v in UNTESTED_TUNINGS)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tunings_registered_as_non_production(head_dim, causal):
+    """Every tuning is registered for each head_dim x causal under its own tune (the GPU test and the
+    benchmark loop over TUNINGS); only tune 0 is what the production lookup finds."""
+    for tune, fields in TUNINGS:
+        v = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=tune)
+        assert v is not None and v.tune == tune
+        assert all(getattr(v, k) == x for k, x in fields.items())
+        assert (v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}") == (tune == 0)
+    prod = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal)
+    assert prod == AttentionBwdConfig(head_dim=head_dim, causal=causal)
+    assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=len(TUNINGS)) is None
+
+
+def test_variant_names_unique():
     assert len({v.name for v in registry.ATTENTION_BWD_VARIANTS}) == len(registry.ATTENTION_BWD_VARIANTS)
+    assert [t for t, _ in TUNINGS] == list(range(len(TUNINGS)))

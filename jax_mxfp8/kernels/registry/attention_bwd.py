@@ -32,9 +32,15 @@ class AttentionBwdConfig(KernelConfig):
       dq_store: how each query tile's dQ partial reaches dq: "red" (one red.global.add.f32 per element
         from the registers) or "bulk" (staged in shared memory, then cp.reduce.async.bulk .add.f32 of
         whole rows: 256-byte bulk reductions in L2 instead of scattered 4-byte ones).
-      overlap: 0, or issue the next query tile's S^T (1) or S^T and dP^T (2) wgmmas before this tile's dQ
-        store, so that the store (CUDA cores, shared memory, bulk reductions) runs while they occupy the
-        tensor cores (at H128, 2 keeps 32 more accumulator registers live and spills).
+      overlap: 0, or issue the next query tile's S^T (1) or S^T and dP^T (2) wgmmas between this tile's dQ
+        staging and its bulk reductions (waited at the end of the step), so that the dQ store's barriers and
+        reductions run while they occupy the tensor cores; with 1, dP^T is issued at the top of the step and
+        runs during the P computation as in tune 0. ("bulk" only; with global stats the next tile's LSE /
+        delta stay live across the store: H128 spills 232-256 bytes.)
+      smem_stats: False: each consumer thread loads its 16 LSE and 16 delta values per query tile from
+        global memory (32 LDG, live in registers from the tile's start); True: the producer copies the
+        tile's 64 LSE and 64 delta values (cp.async.bulk, 2 x 256 bytes) into the Q / dO stage, and the
+        consumers read them from shared memory right where they are used (fewer live registers).
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
     """
 
@@ -53,6 +59,7 @@ class AttentionBwdConfig(KernelConfig):
     q_stage: int = 2
     dq_store: str = "bulk"
     overlap: int = 0
+    smem_stats: bool = False
     tune: int = 0
 
     def __post_init__(self):
@@ -76,6 +83,10 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"dq_store={self.dq_store!r} not in ('red', 'bulk')")
         if self.overlap not in (0, 1, 2):
             raise ValueError(f"overlap={self.overlap} not in (0, 1, 2)")
+        if self.overlap and self.dq_store != "bulk":
+            raise ValueError(f"overlap={self.overlap} needs dq_store='bulk' (got {self.dq_store!r})")
+        if not isinstance(self.smem_stats, bool):
+            raise ValueError(f"smem_stats={self.smem_stats!r} is not a bool")
         if not 1 <= self.q_stage <= 4:
             raise ValueError(f"q_stage={self.q_stage} not in [1, 4]")
 
@@ -86,22 +97,28 @@ class AttentionBwdConfig(KernelConfig):
 
 
 # Registered: the variants the GPU tests cover (tests/test_attention_bwd_kernel_gpu.py, run on the H200).
-# Production (tune 0): dq_store "bulk" (5.35 vs 6.10 ms for "red" at B4 T4k N16 H128, docs/perf-notes.md);
-# tune 1: "red" (benchmarks/attention_bwd_kernel.py).
-ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = tuple(
-    AttentionBwdConfig(head_dim=h, causal=c, dq_store=store, tune=tune)
-    for h in (128, 64)
-    for c in (False, True)
-    for tune, store in ((0, "bulk"), (1, "red"))
+# Production (tune 0): dq_store "bulk" (5.35 vs 6.10 ms for "red" at B4 T4k N16 H128, docs/perf-notes.md).
+# Alternatives for benchmarks/attention_bwd_kernel.py (non-production; the GPU test checks each against the
+# reference and against tune 0's outputs, dk and dv bit for bit):
+#   tune 1: dq_store "red"
+#   tune 2: overlap 1 (the next tile's S^T issued before this tile's dQ store)
+#   tune 3: overlap 2 (S^T and dP^T)
+#   tune 4: overlap 2 + smem_stats (LSE and delta with the Q / dO stage, read from shared memory)
+#   tune 5: smem_stats alone (tune 0's schedule)
+#   tune 6: overlap 1 + smem_stats
+TUNINGS: tuple[tuple[int, dict], ...] = (
+    (0, {}),
+    (1, dict(dq_store="red")),
+    (2, dict(overlap=1)),
+    (3, dict(overlap=2)),
+    (4, dict(overlap=2, smem_stats=True)),
+    (5, dict(smem_stats=True)),
+    (6, dict(overlap=1, smem_stats=True)),
 )
 
-UNTESTED_TUNINGS: tuple[AttentionBwdConfig, ...] = tuple(
-    AttentionBwdConfig(head_dim=h, causal=c, overlap=ov, tune=tune)
+ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = tuple(
+    AttentionBwdConfig(head_dim=h, causal=c, tune=tune, **fields)
     for h in (128, 64)
     for c in (False, True)
-    for tune, ov in ((2, 1), (3, 2))
+    for tune, fields in TUNINGS
 )
-"""overlap 1 / 2 (the next tile's S^T / S^T and dP^T issued before this tile's dQ store): implemented and
-compiled (H128: 96 / 360 bytes of spill stack vs 144 for tune 0), not yet run on the GPU, so not in
-ATTENTION_BWD_VARIANTS. To test them: append them to ATTENTION_BWD_VARIANTS, rebuild, and run
-tests/test_attention_bwd_kernel_gpu.py and benchmarks/attention_bwd_kernel.py (both loop over tunes 0-3)."""

@@ -48,8 +48,12 @@ head), 3 warpgroups):
         goes to shared memory (double-buffered), then dQ (64 x H) = dS K is split over the two
         consumers by head-dim halves (H128; at H64 the first consumer computes all of it).
   Causal: query tiles entirely above this KV tile's diagonal are skipped; tiles past q_len are skipped.
-  config.overlap (not registered yet: registry UNTESTED_TUNINGS) issues the next tile's S^T (and dP^T)
-  before this tile's dQ store.
+  Tunings (registry TUNINGS, non-production): config.overlap issues the next tile's S^T (1; 2: and dP^T)
+  between this tile's dQ staging and its bulk reductions, waited at the end of the same step: no wgmma
+  group may stay in flight across the loop's back edge, nor may the accumulators' initial values be
+  materialized inside an open wgmma stage, or ptxas serializes EVERY wgmma of the kernel (C7514/C7515;
+  check the SASS: one WARPGROUP.DEPBAR per wait, not per HGMMA). config.smem_stats: the producer copies
+  the tile's LSE and delta into the Q / dO stage (cp.async.bulk), read from shared memory where used.
 Building blocks: kernels/sm90/attention_bwd_blocks.py (dS square quantization, dQ store PTX), warp_specialization,
 wgmma, wgmma_fragment (acc_coords).
 
@@ -76,6 +80,7 @@ from jax_mxfp8.kernels.sm90 import warp_specialization as ws
 from jax_mxfp8.kernels.sm90 import wgmma
 from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
     bulk_commit,
+    bulk_load,
     bulk_reduce_add_f32,
     bulk_wait,
     bulk_wait_read,
@@ -108,6 +113,9 @@ class AttentionBackwardSm90:
         self.dq_split = self.h == 128  # dQ's head-dim halves on the two consumers; H64: consumer 0 only
         self.bulk_dq = config.dq_store == "bulk"
         self.overlap = config.overlap
+        self.smem_stats = config.smem_stats
+        # smem_stats: per Q / dO stage, the tile's 64 LSE then 64 delta values (float32), by cp.async.bulk
+        self.stats_bytes = 2 * TILE_M * 4
         # dq_store "bulk": the dQ tile (64 rows x H float32) in shared memory, rows padded by 32 bytes so that
         # the accumulator's 8-byte stores (8 rows x 4 column pairs per warp) take 2 wavefronts
         self.dq_pitch = self.h * 4 + 32
@@ -187,6 +195,26 @@ class AttentionBackwardSm90:
         ds_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.COL_MAJOR, self.dq_tiler, BF16, 2)
         return q_smem, k_smem, ds_smem
 
+    def _shared_storage(self, q_smem, k_smem, ds_smem):
+        """The kernel's shared-memory struct (plain Python: the smem_stats member exists only when used)."""
+        fields = dict(
+            q_mbar=cute.struct.MemRange[cutlass.Int64, self.q_stage * 2],
+            kv_mbar=cute.struct.MemRange[cutlass.Int64, 2],
+            amax=cute.struct.Align[cute.struct.MemRange[Uint32, 2 * 8 * 2], 16],  # (parity, warp, q block)
+            sK=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem)], 1024],
+            sV=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem)], 1024],
+            sQ=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem)], 1024],
+            sdO=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem)], 1024],
+            sdS=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(ds_smem)], 1024],
+            sdQ=cute.struct.Align[
+                cute.struct.MemRange[cutlass.Uint8, TILE_M * self.dq_pitch if self.bulk_dq else 16], 128
+            ],
+        )
+        if self.smem_stats:  # (LSE, delta) x q_stage, float32
+            words = self.q_stage * self.stats_bytes // 4
+            fields["stats"] = cute.struct.Align[cute.struct.MemRange[Float32, words], 128]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
     @cute.jit
     def launch(
         self,
@@ -228,21 +256,7 @@ class AttentionBackwardSm90:
         self.q_bytes = cute.size_in_bytes(BF16, q_one)
         self.k_bytes = cute.size_in_bytes(BF16, k_one)
 
-        @cute.struct
-        class SharedStorage:
-            q_mbar: cute.struct.MemRange[cutlass.Int64, self.q_stage * 2]
-            kv_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            amax: cute.struct.Align[cute.struct.MemRange[Uint32, 2 * 8 * 2], 16]  # (parity, warp, q block)
-            sK: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem)], 1024]
-            sQ: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem)], 1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(ds_smem)], 1024]
-            sdQ: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Uint8, TILE_M * self.dq_pitch if self.bulk_dq else 16], 128
-            ]
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = self._shared_storage(q_smem, k_smem, ds_smem)
         self.kernel(
             sdp_mma, dkv_mma, dq_mma, tma_q, tq, tma_do, tdo, tma_k, tk, tma_v, tv,
             lse, delta, lens, dq, dk, dv, scale, q_smem, k_smem, ds_smem,
@@ -306,7 +320,8 @@ class AttentionBackwardSm90:
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         consumer_warps = ws.WARPGROUP_WARPS * NUM_CONSUMERS
-        q_pipe = ws.make_tma_pipeline(storage.q_mbar.data_ptr(), self.q_stage, consumer_warps, 2 * self.q_bytes)
+        q_tx = 2 * self.q_bytes + (self.stats_bytes if self.smem_stats else 0)
+        q_pipe = ws.make_tma_pipeline(storage.q_mbar.data_ptr(), self.q_stage, consumer_warps, q_tx)
         kv_pipe = ws.make_tma_pipeline(storage.kv_mbar.data_ptr(), 1, consumer_warps, 2 * self.k_bytes)
 
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
@@ -316,6 +331,12 @@ class AttentionBackwardSm90:
         sdS = storage.sdS.get_tensor(ds_smem.outer, swizzle=ds_smem.inner)
         sAmax = storage.amax.get_tensor(cute.make_layout(2 * 8 * 2))
         sdq_base = storage.sdQ.data_ptr().toint()
+        stats_base = Int32(0)
+        sStats = sAmax  # (unused unless smem_stats)
+        if cutlass.const_expr(self.smem_stats):
+            stats_base = storage.stats.data_ptr().toint()
+            # (query column, LSE / delta, stage)
+            sStats = storage.stats.get_tensor(cute.make_layout((TILE_M, 2, self.q_stage)))
 
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -328,22 +349,23 @@ class AttentionBackwardSm90:
             if warp == 0:
                 self._produce(
                     tma_q, mQ, sQ, tma_do, mdO, sdO, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_pipe,
-                    n, bk, bn0, m_start, n_m, n_iter,
+                    n, bk, bn0, m_start, n_m, n_iter, mLse, mDelta, stats_base,
                 )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(ws.CONSUMER_REGISTERS)
             self._consume(
                 dkv_mma, sdp_mma, dq_mma, sQ, sdO, sK, sV, sdS, sAmax, q_pipe, kv_pipe,
                 mLse, mDelta, mdQ, mdK, mdV, scale, n, bk, bn0, m_start, n_m, n_iter, q_len, kv_len,
-                q_smem, k_smem, ds_smem, sdq_base, wg - 1, tidx - 128,
+                q_smem, k_smem, ds_smem, sdq_base, wg - 1, tidx - 128, sStats,
             )  # fmt: skip
 
     @cute.jit
     def _produce(
         self, tma_q, mQ, sQ, tma_do, mdO, sdO, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_pipe,
-        n, bk, bn0, m_start, n_m, n_iter,
+        n, bk, bn0, m_start, n_m, n_iter, mLse, mDelta, stats_base,
     ):  # fmt: skip
-        """Producer warp: K and V of key tile n (once), then Q and dO of every (head g, query tile m)."""
+        """Producer warp: K and V of key tile n (once), then Q and dO of every (head g, query tile m)
+        (smem_stats: and that tile's 64 LSE and 64 delta values, by lane 0, on the stage's mbarrier)."""
         h = self.h
 
         def part(atom, g_tensor, s_tensor, tile):
@@ -371,12 +393,20 @@ class AttentionBackwardSm90:
                 handle = q_prod.acquire_and_advance()
                 cute.copy(tma_q, tQgQ[(None, m, 0, bn0 + g)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
                 cute.copy(tma_do, tOgO[(None, m, 0, bn0 + g)], tOsO[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                if cutlass.const_expr(self.smem_stats):
+                    if cute.arch.lane_idx() == 0:
+                        offset = (Int64(bn0 + g) * Int64(mLse.shape[1]) + Int64(m * TILE_M)) * 4
+                        dst = stats_base + handle.index * self.stats_bytes
+                        mbar = handle.barrier.toint()
+                        half = self.stats_bytes // 2
+                        bulk_load(dst, mLse.iterator.toint() + offset, half, mbar)
+                        bulk_load(dst + half, mDelta.iterator.toint() + offset, half, mbar)
 
     @cute.jit
     def _consume(
         self, dkv_mma, sdp_mma, dq_mma, sQ, sdO, sK, sV, sdS, sAmax, q_pipe, kv_pipe,
         mLse, mDelta, mdQ, mdK, mdV, scale, n, bk, bn0, m_start, n_m, n_iter, q_len, kv_len,
-        q_smem, k_smem, ds_smem, sdq_base, c, tid,
+        q_smem, k_smem, ds_smem, sdq_base, c, tid, sStats,
     ):  # fmt: skip
         """Consumer warpgroup c (0 or 1; tid in [0, 256) over both): keys 64 c .. 64 c + 63 of the tile."""
         h = self.h
@@ -429,29 +459,39 @@ class AttentionBackwardSm90:
         tp = mdQ.shape[0]
         pair_barrier = AMAX_BARRIER0 + c * 2 + warp_wg // 2
 
-        acc_dv.fill(0.0)
-        acc_dk.fill(0.0)
+        if cutlass.const_expr(not self.overlap):
+            acc_dv.fill(0.0)
+            acc_dk.fill(0.0)
+        # overlap: no zero fill (the first step's dV, dK wgmmas do not accumulate): the fill's register moves
+        # would land inside the prologue's S^T / dP^T pipeline stage, and ptxas then serializes every wgmma
+        # (C7514/C7515); a CTA without a step writes zeros (the epilogue's `live`)
         if n_iter > 0:
             kv_pipe.consumer_wait(ws.ring_state(1, Int32(0)))
-        if cutlass.const_expr(self.overlap):
-            # the first tile's S^T and dP^T; later tiles' are issued before the previous tile's dQ store
-            if n_iter > 0:
-                m1, bn1, q1 = self._tile(Int32(0), n_m, m_start, bn0)
-                self._load_stats(mLse, mDelta, bn1, q1 + col_in, lse2, dlt)
-                q_pipe.consumer_wait(ws.ring_state(self.q_stage, Int32(0)))
-                self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, Int32(0), self.overlap)
         for it in cutlass.range(n_iter, unroll=1):
+            if cutlass.const_expr(self.overlap):
+                # the first tile's S^T (overlap 1; 2: and dP^T), in the loop: no wgmma before it, so the
+                # accumulators' initial values are not materialized inside an open wgmma stage. Later tiles'
+                # are issued during the previous step's dQ store.
+                if it == 0:
+                    m1, bn1, q1 = self._tile(Int32(0), n_m, m_start, bn0)
+                    if cutlass.const_expr(not self.smem_stats):
+                        self._load_stats(mLse, mDelta, bn1, q1 + col_in, lse2, dlt)
+                    q_pipe.consumer_wait(ws.ring_state(self.q_stage, Int32(0)))
+                    self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, Int32(0), self.overlap)
             m, bn, q0 = self._tile(it, n_m, m_start, bn0)
             stage = it % self.q_stage
             buf = it % 2
             state = ws.ring_state(self.q_stage, it)
             if cutlass.const_expr(not self.overlap):
-                self._load_stats(mLse, mDelta, bn, q0 + col_in, lse2, dlt)
+                if cutlass.const_expr(not self.smem_stats):
+                    self._load_stats(mLse, mDelta, bn, q0 + col_in, lse2, dlt)
                 q_pipe.consumer_wait(state)
                 self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, 0)
             if cutlass.const_expr(self.overlap == 1):
                 self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, -1)  # dP^T only (S^T is in flight)
             cute.nvgpu.warpgroup.wait_group(1)
+            if cutlass.const_expr(self.smem_stats):
+                self._read_stats(sStats, stage, col_in, lse2, True)
             self._probabilities(acc_s, lse2, scale_log2, key0, q0 + col_in, q_len, kv_len, n, m)
             # Pq = E4M3_satfinite(P 2^8) 2^-8, as dV's A operand (the A fragment's order is the accumulator's)
             for i in cutlass.range_constexpr(32):
@@ -462,9 +502,11 @@ class AttentionBackwardSm90:
                 a_f32[i] = a_f32[i] * Float32(1.0 / P_CONST)
             p_a.store(a_f32.load().to(BF16))
             cute.nvgpu.warpgroup.fence()
-            self._gemm(self._dkv_mma, acc_dv, p_a, tVrdOt[None, None, None, stage], True)
+            self._gemm_acc(self._dkv_mma, acc_dv, p_a, tVrdOt[None, None, None, stage], it)
             cute.nvgpu.warpgroup.commit_group()
             cute.nvgpu.warpgroup.wait_group(1)
+            if cutlass.const_expr(self.smem_stats):
+                self._read_stats(sStats, stage, col_in, dlt, False)
             for i in cutlass.range_constexpr(32):
                 v0, _, nbk = acc_coords(i)
                 acc_dp[i] = acc_s[i] * (acc_dp[i] - dlt[v0 + 2 * nbk])
@@ -477,7 +519,7 @@ class AttentionBackwardSm90:
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=DS_BARRIER, number_of_threads=NUM_CONSUMERS * ws.WARPGROUP_THREADS)
             cute.nvgpu.warpgroup.fence()
-            self._gemm(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], True)
+            self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
             cute.nvgpu.warpgroup.commit_group()
             if cutlass.const_expr(self.dq_split):
                 self._gemm(self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[None, None, None, 0], False)
@@ -488,21 +530,45 @@ class AttentionBackwardSm90:
                     cute.nvgpu.warpgroup.commit_group()
             cute.nvgpu.warpgroup.wait_group(0)
             q_pipe.consumer_release(state)
+            # overlap + "bulk": dQ goes to its staging tile before the next S^T, dP^T are issued (no
+            # register of a finished wgmma is read while they are in flight), the bulk reductions after
+            early = self.overlap and self.bulk_dq
+            if cutlass.const_expr(early):
+                if cutlass.const_expr(self.dq_split):
+                    self._store_dq(
+                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg,
+                        lane, "stage",
+                    )  # fmt: skip
+                else:
+                    if c == 0:
+                        self._store_dq(
+                            acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg,
+                            lane, "stage",
+                        )  # fmt: skip
             if cutlass.const_expr(self.overlap):
-                if it + 1 < n_iter:  # the next tile's S^T, dP^T run on the tensor cores during this dQ store
+                # the next tile's S^T (and dP^T) run on the tensor cores during this dQ store and are waited
+                # for at the end of this step: no wgmma stays in flight across the loop's back edge (ptxas
+                # serializes every wgmma of the kernel otherwise, C7514). Issued on the last step too, on a
+                # stale stage (no wait), its result unused: an issue on one path only is another such case.
+                if it + 1 < n_iter:
                     m1, bn1, q1 = self._tile(it + 1, n_m, m_start, bn0)
-                    self._load_stats(mLse, mDelta, bn1, q1 + col_in, lse2, dlt)
+                    if cutlass.const_expr(not self.smem_stats):
+                        self._load_stats(mLse, mDelta, bn1, q1 + col_in, lse2, dlt)
                     q_pipe.consumer_wait(ws.ring_state(self.q_stage, it + 1))
-                    self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, (it + 1) % self.q_stage, self.overlap)
+                self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, (it + 1) % self.q_stage, self.overlap)
+            part = "issue" if early else "all"
             if cutlass.const_expr(self.dq_split):
                 self._store_dq(
-                    acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg, lane
+                    acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg, lane, part
                 )
             else:
                 if c == 0:
                     self._store_dq(
-                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg, lane
-                    )
+                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg, lane,
+                        part,
+                    )  # fmt: skip
+            if cutlass.const_expr(self.overlap):
+                cute.nvgpu.warpgroup.wait_group(0)  # the next tile's S^T (and dP^T)
         if cutlass.const_expr(self.bulk_dq):
             if warp_wg == 0:
                 bulk_wait()  # the last tile's reductions, before the CTA (and its shared memory) goes away
@@ -511,6 +577,8 @@ class AttentionBackwardSm90:
         for i in cutlass.range_constexpr(cute.size(acc_dk)):
             _, v1, _ = acc_coords(i)
             live = key0 + 8 * v1 < kv_len
+            if cutlass.const_expr(self.overlap):
+                live = live & (n_iter > 0)
             acc_dk[i] = cutlass.select_(live, acc_dk[i] * scale, Float32(0.0))
             acc_dv[i] = cutlass.select_(live, acc_dv[i], Float32(0.0))
         cute.autovec_copy(acc_dk, tDKgDK)
@@ -532,6 +600,19 @@ class AttentionBackwardSm90:
             lv = mLse[bn, col]
             lse2[j] = cutlass.select_(lv == -Float32.inf, Float32.inf, lv * Float32(LOG2E))
             dlt[j] = mDelta[bn, col]
+
+    @cute.jit
+    def _read_stats(self, sStats, stage, col_in, out, is_lse: bool):
+        """smem_stats: this thread's 16 query columns col_in + v0 + 8 nb of stage `stage`'s LSE (is_lse:
+        as _load_stats makes lse2) or delta, from sStats (query column, LSE / delta, stage) float32 (plain
+        shared-memory loads, ordered after the stage's mbarrier wait)."""
+        for j in cutlass.range_constexpr(16):
+            col = col_in + (j % 2) + 8 * (j // 2)
+            if cutlass.const_expr(is_lse):
+                x = sStats[col, 0, stage]
+                out[j] = cutlass.select_(x == -Float32.inf, Float32.inf, x * Float32(LOG2E))
+            else:
+                out[j] = sStats[col, 1, stage]
 
     @cute.jit
     def _issue_sdp(self, acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, which: int):
@@ -568,22 +649,30 @@ class AttentionBackwardSm90:
                 acc_s[i] = cutlass.select_(bad, Float32(0.0), acc_s[i])
 
     @cute.jit
-    def _store_dq(self, acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, col0, col_in, q_len, scale, c, warp_wg, lane):
+    def _store_dq(
+        self, acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, col0, col_in, q_len, scale, c, warp_wg, lane,
+        part: str = "all",
+    ):  # fmt: skip
         """dq[bn, q0 + row, col0 + col] += tau * acc_dq for this consumer's dQ tile (64 rows, 64 head-dim
         columns from col0; rows >= q_len skipped), by dq_store: "red" (per element) or "bulk" (the tile
-        staged in shared memory, then one 256-byte bulk reduction per row, two rows per lane of warp 0)."""
+        staged in shared memory, then one 256-byte bulk reduction per row, two rows per lane of warp 0).
+        "bulk" in two parts (trace-time `part`): "stage" (registers -> staging tile), "issue" (the bulk
+        reductions); "all" both."""
         if cutlass.const_expr(not self.bulk_dq):
             self._add_dq(acc_dq, dq_base, bn, tp, q0 + row_in, col0 + col_in, q_len, scale)
         else:
             bar = DQ_BARRIER0 + c
-            if warp_wg == 0:
-                bulk_wait_read()  # the previous tile's reductions have read the staging tile
-            cute.arch.barrier(barrier_id=bar, number_of_threads=ws.WARPGROUP_THREADS)
-            for i in cutlass.range_constexpr(0, cute.size(acc_dq), 2):
-                _, v1, nbk = acc_coords(i)
-                addr = sdq_base + (row_in + 8 * v1) * self.dq_pitch + (col0 + col_in + 8 * nbk) * 4
-                st_shared_v2_f32(addr, acc_dq[i] * scale, acc_dq[i + 1] * scale)
-            cute.arch.fence_view_async_shared()
+            if cutlass.const_expr(part != "issue"):
+                if warp_wg == 0:
+                    bulk_wait_read()  # the previous tile's reductions have read the staging tile
+                cute.arch.barrier(barrier_id=bar, number_of_threads=ws.WARPGROUP_THREADS)
+                for i in cutlass.range_constexpr(0, cute.size(acc_dq), 2):
+                    _, v1, nbk = acc_coords(i)
+                    addr = sdq_base + (row_in + 8 * v1) * self.dq_pitch + (col0 + col_in + 8 * nbk) * 4
+                    st_shared_v2_f32(addr, acc_dq[i] * scale, acc_dq[i + 1] * scale)
+                cute.arch.fence_view_async_shared()
+        if cutlass.const_expr(self.bulk_dq and part != "stage"):
+            bar = DQ_BARRIER0 + c
             cute.arch.barrier(barrier_id=bar, number_of_threads=ws.WARPGROUP_THREADS)
             if warp_wg == 0:
                 for rr in cutlass.range_constexpr(TILE_M // 32):
@@ -605,6 +694,25 @@ class AttentionBackwardSm90:
                     v0, vv, nbk = acc_coords(i)
                     if cutlass.const_expr(vv == v1):
                         red_add_f32(base + Int64((col0 + v0 + 8 * nbk) * 4), acc_dq[i] * scale)
+
+    def _gemm_acc(self, make_mma, acc, a, b, it):
+        """dV / dK: acc += a b; with overlap, the first step (it = 0) overwrites acc instead (no zero fill)."""
+        if cutlass.const_expr(not self.overlap):
+            wgmma.gemm(make_mma, acc, a, b, True)
+        else:
+            self._gemm_first(make_mma, acc, a, b, it > 0)
+
+    @cute.jit
+    def _gemm_first(self, make_mma, acc, a, b, accumulate):
+        """acc = a b + (acc if the run-time Boolean `accumulate`) over the K blocks (fence/commit/wait are
+        the caller's)."""
+        tiled_mma = make_mma()
+        for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
+            if cutlass.const_expr(kb == 0):
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, accumulate)
+            else:
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+            cute.gemm(tiled_mma, acc, a[None, None, kb], b[None, None, kb], acc)
 
     def _gemm(self, make_mma, acc, a, b, accumulate_first: bool):
         """acc (+)= a b over the K blocks (16 per BF16 wgmma) on a fresh tiled MMA; fence/commit/wait are the

@@ -3,7 +3,8 @@
   quantize_ds_square   dS^T (a consumer's 64 keys x 64 queries accumulator fragment) -> its 32x32 square-block
                        MX values (scale rule "up", E4M3 satfinite), the block amax shared by a warp pair
   red_add_f32          red.global.add.f32 (dq_store "red")
-  bulk_*               cp.reduce.async.bulk .add.f32 from shared memory and its bulk-group waits ("bulk")
+  bulk_*               cp.reduce.async.bulk .add.f32 from shared memory and its bulk-group waits ("bulk");
+                       bulk_load: cp.async.bulk global -> shared on an mbarrier (smem_stats)
   st_shared_v2_f32     8-byte shared-memory store
 Accumulator coordinates: kernels/sm90/wgmma_fragment.py (acc_coords).
 """
@@ -33,6 +34,15 @@ def bulk_reduce_add_f32(dst: Int64, src: Int32, size: int) -> None:
     inline_ptx(
         f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [{{$r0}}], [{{$r1}}], {size};",
         read_only_args=[dst, src],
+    )
+
+
+def bulk_load(dst: Int32, src: Int64, size: int, mbar: Int32) -> None:
+    """cp.async.bulk of `size` bytes from global address src to shared address dst (both 16-byte aligned),
+    completing `size` transaction bytes on the mbarrier at shared address mbar (smem_stats)."""
+    inline_ptx(
+        f"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{{$r0}}], [{{$r1}}], {size}, [{{$r2}}];",
+        read_only_args=[dst, src, mbar],
     )
 
 
