@@ -70,6 +70,7 @@ BAD = {
     "quantize dtype str": (lambda: _q(dtype="abc"), "dtype"),
     "quantize 48": (lambda: _q(x=X[:, :48]), "axis 1 of x has size 48"),
     "quantize implementation": (lambda: _q(implementation="bogus"), "implementation"),
+    "quantize float64 beyond float32": (lambda: _q(x=np.asarray(X, np.float64) * 1e300), "x holds .* beyond float32"),
     # dequantize
     "dequantize array": (lambda: mx.dequantize(X), "MXArray"),
     "dequantize int32": (lambda: _deq(jnp.int32), "dtype=int32"),
@@ -160,14 +161,16 @@ def test_bad_input_raises_value_error_naming_the_argument(name):
 
 def test_documented_results_for_edge_values():
     # quantize / dequantize: NaN and Inf blocks -> scale 0xFF, NaN; float32's max rounds to 2^128 under "up" and
-    # dequantizes to inf, in the reference and the kernels alike (docs/numerics.md); tiny is finite; zero-size
+    # dequantizes saturated to float32's max (bfloat16's max in bfloat16), in the reference and the kernels
+    # alike (docs/numerics.md "Float32 range"; tests/test_float32_range.py); tiny is finite; zero-size
     x = np.ones((4, 64), np.float32)
     x[0, 3], x[1, 40], x[2, 0], x[3, 0] = np.nan, np.inf, np.finfo(np.float32).max, 1e-45
     q = mx.quantize(jnp.asarray(x))
     d = np.asarray(mx.dequantize(q))
     assert np.asarray(q.scale)[0, 0] == 0xFF and np.asarray(q.scale)[1, 1] == 0xFF
     assert np.all(np.isnan(d[0, :32])) and np.all(np.isnan(d[1, 32:])) and np.all(d[0, 32:] == 1)
-    assert d[2, 0] == np.inf and np.all(np.isfinite(d[2, 1:])) and np.all(np.isfinite(d[3]))
+    assert d[2, 0] == np.finfo(np.float32).max and np.all(np.isfinite(d[2, 1:])) and np.all(np.isfinite(d[3]))
+    assert np.asarray(mx.dequantize(q, jnp.bfloat16))[2, 0] == jnp.finfo(jnp.bfloat16).max
     e = mx.quantize(jnp.zeros((0, 64)))
     assert e.data.shape == (0, 64) and e.scale.shape == (0, 2) and mx.dequantize(e).shape == (0, 64)
     # mx_dot_general: M = 0 / N = 0 give lax's shapes and zero gradients; NaN stays in its row
