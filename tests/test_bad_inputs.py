@@ -143,6 +143,28 @@ BAD = {
     "varlen zero heads": (lambda: _var(k=P[:, :0], v=P[:, :0]), "at least one head"),
     "varlen head_dim": (lambda: _var(k=jnp.ones((32, 1, 64)), v=jnp.ones((32, 1, 64))), "head_dim"),
     "varlen scale": (lambda: _var(scale="abc"), "scale="),
+    # random_hadamard
+    "hadamard int": (lambda: mx.random_hadamard(X.astype(jnp.int32), 0), "x has dtype int32"),
+    "hadamard fp8": (lambda: mx.random_hadamard(X.astype(jnp.float8_e4m3fn), 0), "x has dtype float8"),
+    "hadamard rank 0": (lambda: mx.random_hadamard(jnp.float32(1), 0), "x must have rank"),
+    "hadamard axis range": (lambda: mx.random_hadamard(X, 0, axis=5), "axis=5"),
+    "hadamard axis float": (lambda: mx.random_hadamard(X, 0, axis=1.0), "axis=1.0"),
+    "hadamard block 0": (lambda: mx.random_hadamard(X, 0, block_size=0), "block_size=0"),
+    "hadamard block 48": (lambda: mx.random_hadamard(X, 0, block_size=48), "block_size=48"),
+    "hadamard block str": (lambda: mx.random_hadamard(X, 0, block_size="a"), "block_size='a'"),
+    "hadamard block > axis": (lambda: mx.random_hadamard(X, 0, block_size=128), "not a multiple of block_size=128"),
+    "hadamard key str": (lambda: mx.random_hadamard(X, "abc"), "key='abc'"),
+    "hadamard key float": (lambda: mx.random_hadamard(X, 1.5), "key=1.5"),
+    "hadamard inverse str": (lambda: mx.random_hadamard(X, 0, inverse="yes"), "inverse='yes'"),
+    # configs
+    "MXDotConfig hadamard_seed": (lambda: mx.MXDotConfig(hadamard_seed="a"), "hadamard_seed='a'"),
+    "MXDotConfig hadamard_block": (lambda: mx.MXDotConfig(hadamard_block=48), "hadamard_block=48"),
+    "MXDotConfig hadamard_block str": (lambda: mx.MXDotConfig(hadamard_block="a"), "hadamard_block='a'"),
+    "dot hadamard_seed": (lambda: _dot(hadamard_seed=1.5), "hadamard_seed=1.5"),
+    "AttentionConfig qkv_blocks": (lambda: mx.AttentionConfig(qkv_blocks="bogus"), "qkv_blocks"),
+    "AttentionConfig p_scale": (lambda: mx.AttentionConfig(p_scale="bogus"), "p_scale"),
+    "AttentionConfig kv_tile": (lambda: mx.AttentionConfig(kv_tile=48), "kv_tile=48"),
+    "AttentionConfig dq_accum": (lambda: mx.AttentionConfig(dq_accum="bf16"), "dq_accum"),
     # Flax
     "MXLinear in 48": (lambda: mf.MXLinear(48, 32, rngs=nnx.Rngs(0)), "in_features=48"),
     "MXLinear out 0": (lambda: mf.MXLinear(64, 0, rngs=nnx.Rngs(0)), "out_features=0"),
@@ -190,3 +212,36 @@ def test_documented_results_for_edge_values():
     ).shape == (0, 2, 32)
     out = _var(k=empty[:, :1], v=empty[:, :1], cu_k=jnp.zeros(3, jnp.int32))
     assert out.shape == P.shape and not np.any(np.asarray(out))
+
+
+def test_traced_values_under_jit():
+    """Arguments that must be static say so when traced; traced values that cannot be checked get the
+    documented result (sequence lengths clamp to [0, L]; float64 beyond float32: tests/test_float32_range.py)."""
+    with pytest.raises(ValueError, match="scale=.* must be a concrete Python number"):
+        jax.jit(lambda t: _dpa(scale=t))(0.5)
+    with pytest.raises(ValueError, match="eps=.* must be a concrete positive finite number"):
+        jax.jit(lambda e: _rms(eps=e))(1e-6)
+    # MXArray fields are validated at trace time too
+    a = mx.quantize(X)
+    with pytest.raises(ValueError, match="scale has shape"):
+        jax.jit(lambda d, sc: mx.MXArray(d, sc, (-1,), "row").dequantize())(a.data, jnp.zeros((4, 1), jnp.uint8))
+    np.testing.assert_array_equal(
+        jax.jit(lambda d, sc: mx.dequantize(mx.MXArray(d, sc, (-1,), "row")))(a.data, a.scale), mx.dequantize(a)
+    )
+    # a traced key gives the concrete key's rotation
+    key = jax.random.key(3)
+    np.testing.assert_array_equal(jax.jit(lambda k: mx.random_hadamard(X, k))(key), mx.random_hadamard(X, key))
+    # traced sequence lengths out of range act as the nearest valid ones: < 0 as 0, > L as L
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((2, 64, 2, 64)), jnp.bfloat16)
+    kv = jnp.asarray(rng.standard_normal((2, 64, 1, 64)), jnp.bfloat16)
+    for impl in ("xla", "emulated"):
+        f = jax.jit(
+            lambda ql, kl, impl=impl: mx.dot_product_attention(
+                q, kv, kv, query_seq_lengths=ql, key_value_seq_lengths=kl, implementation=impl
+            )
+        )
+        got = np.asarray(f(jnp.asarray([-3, 64]), jnp.asarray([100, -5])).astype(jnp.float32))
+        want = np.asarray(f(jnp.asarray([0, 64]), jnp.asarray([64, 0])).astype(jnp.float32))
+        assert not np.isnan(got).any(), impl
+        np.testing.assert_array_equal(got, want, err_msg=impl)
