@@ -171,6 +171,21 @@ BAD = {
     "MXLinear float size": (lambda: mf.MXLinear(64.0, 8, rngs=nnx.Rngs(0)), "in_features"),
     "MXLinear scalar x": (lambda: mf.MXLinear(64, 8, rngs=nnx.Rngs(0))(jnp.float32(1)), "x must have rank"),
     "MXLinear features": (lambda: mf.MXLinear(64, 8, rngs=nnx.Rngs(0))(X[:, :32]), "features"),
+    "MXRMSNorm 48": (lambda: mf.MXRMSNorm(48), "features=48"),
+    "MXRMSNorm float size": (lambda: mf.MXRMSNorm(64.0), "features=64.0"),
+    "MXRMSNorm eps": (lambda: mf.MXRMSNorm(64, eps=-1.0), "eps=-1"),
+    "MXAttention heads 0": (lambda: mf.MXAttention(64, 0, rngs=nnx.Rngs(0)), "num_heads=0"),
+    "MXAttention heads 3": (lambda: mf.MXAttention(64, 3, rngs=nnx.Rngs(0)), "num_heads=3 does not divide"),
+    "MXAttention kv heads 0": (lambda: mf.MXAttention(64, 2, num_kv_heads=0, rngs=nnx.Rngs(0)), "num_kv_heads=0"),
+    "MXAttention head_dim": (lambda: mf.MXAttention(64, 2, head_dim=-32, rngs=nnx.Rngs(0)), "head_dim=-32"),
+    "TransformerBlock heads 0": (lambda: mf.TransformerBlock(64, 0, rngs=nnx.Rngs(0)), "num_heads=0"),
+    "TransformerBlock mlp_ratio": (lambda: mf.TransformerBlock(64, 2, mlp_ratio=1.5, rngs=nnx.Rngs(0)), "mlp_ratio"),
+    "TransformerBlock policy": (lambda: mf.TransformerBlock(64, 2, policy="fast", rngs=nnx.Rngs(0)), "policy"),
+    "flax dot_general option": (lambda: mf.dot_general(weight_grad="x"), "weight_grad='x'"),
+    "flax dot_general unknown": (lambda: mf.dot_general(foo=1), "unknown options"),
+    "flax dot_general implementation": (lambda: mf.dot_general(implementation="tpu"), "implementation='tpu'"),
+    "flax attention_fn implementation": (lambda: mf.attention_fn(implementation="tpu"), "implementation='tpu'"),
+    "flax attention_fn config": (lambda: mf.attention_fn(config="fast"), "config must be an AttentionConfig"),
 }
 
 
