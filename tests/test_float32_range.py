@@ -235,6 +235,41 @@ def test_traced_float64_beyond_float32_gives_the_nan_block():
     assert np.all(d[:3] == 1) and np.all(d[3, :32] == 1) and np.all(d[4:] == 1)
 
 
+def test_other_entry_points_reject_concrete_float64_beyond_float32():
+    """The same class for every public op that takes float arrays (they all compute in float32): a ValueError
+    naming the argument (they returned NaN silently)."""
+    big = _f64_block(1e39)  # (32, 64)
+    q = np.ones((1, 32, 2, 32))
+    q_big = q.copy()
+    q_big[0, 5, 1, 7] = -1e39
+    dn = (((1,), (0,)), ((), ()))
+    cases = {
+        "lhs": lambda: mx.mx_dot_general(big, np.ones((64, 8)), dn),
+        "rhs": lambda: mx.mx_dot_general(np.ones((8, 32)), big, dn),
+        "x": lambda: mx.rms_norm_quantize(big, np.ones(64)),
+        "weight": lambda: mx.rms_norm_quantize(np.ones((32, 64)), big[3]),
+        "query": lambda: mx.dot_product_attention(q_big, q[:, :, :1], q[:, :, :1], implementation="xla"),
+        "value": lambda: mx.dot_product_attention(q, q[:, :, :1], q_big[:, :, 1:], implementation="xla"),
+        "bias": lambda: mx.dot_product_attention(q, q[:, :, :1], q[:, :, :1], bias=big[:, 32:], implementation="xla"),
+        "k": lambda: mx.varlen_attention(
+            q[0],
+            q_big[0, :, 1:],
+            q[0, :, :1],
+            np.asarray([0, 32]),
+            np.asarray([0, 32]),
+            max_seqlen_q=32,
+            max_seqlen_k=32,
+            implementation="xla",
+        ),
+    }
+    for name, call in cases.items():
+        with pytest.raises(ValueError, match=f"{name} holds 1 finite float64 value"):
+            call()
+    with jax.enable_x64(True):
+        with pytest.raises(ValueError, match="lhs holds 1 finite float64 value"):
+            mx.mx_dot_general(jnp.asarray(big), jnp.ones((64, 8)), dn)
+
+
 def test_kernel_variants_cover_both_output_dtypes():
     """The saturation bound is compiled per out_dtype: every dequantize variant has one of the two."""
     outs = {v.out_dtype for v in registry.DEQUANTIZE_VARIANTS}

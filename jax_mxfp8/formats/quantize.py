@@ -158,8 +158,9 @@ def check_float32_range(x, name: str = "x") -> None:
         big = float(np.max(np.abs(v[over])))
         raise ValueError(
             f"{name} holds {int(over.sum())} finite {np.dtype(dt).name} value(s) beyond float32's range (largest "
-            f"|{name}| = {big:.6g}; float32's maximum is {float(np.finfo(np.float32).max):.8g}): MX quantization "
-            f"computes in float32, where they would be Inf and their blocks NaN. Scale {name} down first."
+            f"|{name}| = {big:.6g}; float32's maximum is {float(np.finfo(np.float32).max):.8g}): jax_mxfp8 computes "
+            f"in float32 (MX quantization takes float32 amaxes), where they would be Inf and give NaN blocks. "
+            f"Scale {name} down first."
         )
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.formats.quantize import dequantize
+from jax_mxfp8.formats.quantize import check_float32_range, dequantize
 from jax_mxfp8.ops import attention_compat as compat
 from jax_mxfp8.ops.checks import check_nonnegative_lengths
 from jax_mxfp8.ops.cotangents import remat_safe
@@ -363,6 +363,7 @@ def _as_4d_operand(x, name: str):
         if x.ndim == 3:
             return MXArray(data=x.data[None], scale=x.scale[None], axes=x.axes, block=x.block), True
         return x, False
+    check_float32_range(x, name)
     x = jnp.asarray(x)
     if x.ndim not in (3, 4):
         raise ValueError(f"{name} must have rank 4 (BTNH) or 3 (TNH); got shape {x.shape}")
@@ -374,6 +375,8 @@ def _as_4d_operand(x, name: str):
 def _check_broadcast_4d(x, name: str, full: tuple[int, int, int, int], *, is_mask: bool):
     if x is None:
         return None
+    if not is_mask:
+        check_float32_range(x, name)
     x = jnp.asarray(x)
     if is_mask and x.dtype != jnp.bool_:
         raise ValueError(f"mask must be boolean (True = attend); got dtype {x.dtype}. Pass additive masks as bias")
