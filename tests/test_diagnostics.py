@@ -196,6 +196,12 @@ def test_a_nested_fallback_names_the_op_the_user_called(monkeypatch, fresh_warni
     var = lambda a, b, c, cq, ck: jax_mxfp8.varlen_attention(a, b, c, cq, ck, max_seqlen_q=192, max_seqlen_k=192)  # noqa: E731
     jax.eval_shape(var, pq_, pkv, pkv, cu, cu)
     assert _fallbacks(fresh_warnings)[-1].startswith("jax_mxfp8.varlen_attention (its internal quantize)")
+    # a call traced after the public op returned (a backward pass quantizing dO) still names the attention
+    from jax_mxfp8.ops import attention as dense
+
+    monkeypatch.setattr(impl, "_warned", set())
+    jax.eval_shape(lambda a: dense.square_sequence_major(a, None, "up"), jax.ShapeDtypeStruct((1, 64, 2, 64), bf16))
+    assert _fallbacks(fresh_warnings)[-1].startswith("jax_mxfp8.dot_product_attention (its internal quantize)")
     # the user's own quantize call is a separate cause and names quantize
     jax.eval_shape(lambda a: jax_mxfp8.quantize(a), jax.ShapeDtypeStruct((64, 64), jnp.bfloat16))
     assert _fallbacks(fresh_warnings)[-1].startswith("jax_mxfp8.quantize: implementation=None runs the XLA")
