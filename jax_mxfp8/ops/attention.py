@@ -153,23 +153,20 @@ def operand_keys(static: AttentionStatic) -> dict[str, str]:
 
 
 def square_sequence_major(
-    x: jax.Array,
-    lengths: jax.Array | None,
-    scale_rounding: str,
-    path: str = "cuda",
-    op: str = "dot_product_attention",
+    x: jax.Array, lengths: jax.Array | None, scale_rounding: str, path: str = "cuda"
 ) -> MXArray:
     """(B, L, N, H) -> square-block MXArray in the same layout (blocks over (L, H), axes (-3, -1)); L % 32 == 0.
 
     The 2-D view (B*L, N*H) has exactly the per-head 32x32 blocks when L and H are multiples of 32, so the
     square quantize kernel reads the caller's layout once and no bfloat16 transpose is materialized; the
     head-major transposes then move FP8 bytes inside the producer pass's fusions. path "emulated" quantizes
-    through the kernel call's emulation; "cuda" lets `quantize` pick the kernel where it runs. `op`: the public
-    op a fallback warning of that quantize names when no public op encloses the call (a backward pass is
-    traced after the op returned); inside one, the enclosing op's name wins.
+    through the kernel call's emulation; "cuda" lets `quantize` pick the kernel where it runs.
+    A fallback warning of that quantize names the enclosing public op (dot_product_attention or
+    varlen_attention), or dot_product_attention when none encloses the call (a backward pass is traced after
+    the op returned).
     """
     b, length, n, h = x.shape
-    with impl.public_op(op):
+    with impl.public_op("dot_product_attention"):
         a = quantize_op(
             _zero_rows(x, lengths, 1).reshape(b * length, n * h),
             axis=(-2, -1),
