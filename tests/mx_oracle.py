@@ -236,15 +236,22 @@ def quantize(x, *, axis=-1, block: str = "row", dtype=ml_dtypes.float8_e4m3fn, s
     return OracleQ(data=data, scale=scale, finite=finite, scaled=y, axes=axes, fmt=fmt)
 
 
-def dequantize(data_codes, scale, axes: tuple[int, ...], fmt: Fmt) -> np.ndarray:
-    """element * 2**(b - 127) as float32 (rounded once from the exact float64 product); NaN where b == 0xFF."""
+def dequantize(data_codes, scale, axes: tuple[int, ...], fmt: Fmt, dtype=np.float32) -> np.ndarray:
+    """element * 2**(b - 127) rounded once from the exact float64 product to float32, then to `dtype`;
+    NaN where b == 0xFF. A finite element whose product exceeds the dtype's range (448 * 2**127, or
+    256 * 2**120 = 2**128) saturates to +-min(dtype max, float32 max) (DESIGN.md section 4, dequantize)."""
     vals = decode(data_codes, fmt)
     b = expand(np.asarray(scale, dtype=np.uint8), axes).astype(np.int64)
     with np.errstate(invalid="ignore"):
         out = vals * np.exp2((b - 127).astype(np.float64))
+    bound = min(float(ml_dtypes.finfo(dtype).max), float(np.finfo(np.float32).max))
+    with np.errstate(invalid="ignore"):
+        big = np.isfinite(vals) & (np.abs(out) > bound)
+    out = np.where(big, np.copysign(bound, out), out)
     out = np.where(b == NAN_SCALE, np.nan, out)
-    with np.errstate(under="ignore", over="ignore"):  # 448 * 2**127 overflows to Inf, as in IEEE float32
-        return out.astype(np.float32)
+    with np.errstate(under="ignore", over="ignore"):
+        out32 = out.astype(np.float32)
+        return out32 if np.dtype(dtype) == np.float32 else out32.astype(dtype)
 
 
 def ulp_at(y: np.ndarray, fmt: Fmt) -> np.ndarray:

@@ -70,6 +70,7 @@ BAD = {
     "quantize dtype str": (lambda: _q(dtype="abc"), "dtype"),
     "quantize 48": (lambda: _q(x=X[:, :48]), "axis 1 of x has size 48"),
     "quantize implementation": (lambda: _q(implementation="bogus"), "implementation"),
+    "quantize float64 beyond float32": (lambda: _q(x=np.asarray(X, np.float64) * 1e300), "x holds .* beyond float32"),
     # dequantize
     "dequantize array": (lambda: mx.dequantize(X), "MXArray"),
     "dequantize int32": (lambda: _deq(jnp.int32), "dtype=int32"),
@@ -142,12 +143,49 @@ BAD = {
     "varlen zero heads": (lambda: _var(k=P[:, :0], v=P[:, :0]), "at least one head"),
     "varlen head_dim": (lambda: _var(k=jnp.ones((32, 1, 64)), v=jnp.ones((32, 1, 64))), "head_dim"),
     "varlen scale": (lambda: _var(scale="abc"), "scale="),
+    # random_hadamard
+    "hadamard int": (lambda: mx.random_hadamard(X.astype(jnp.int32), 0), "x has dtype int32"),
+    "hadamard fp8": (lambda: mx.random_hadamard(X.astype(jnp.float8_e4m3fn), 0), "x has dtype float8"),
+    "hadamard rank 0": (lambda: mx.random_hadamard(jnp.float32(1), 0), "x must have rank"),
+    "hadamard axis range": (lambda: mx.random_hadamard(X, 0, axis=5), "axis=5"),
+    "hadamard axis float": (lambda: mx.random_hadamard(X, 0, axis=1.0), "axis=1.0"),
+    "hadamard block 0": (lambda: mx.random_hadamard(X, 0, block_size=0), "block_size=0"),
+    "hadamard block 48": (lambda: mx.random_hadamard(X, 0, block_size=48), "block_size=48"),
+    "hadamard block str": (lambda: mx.random_hadamard(X, 0, block_size="a"), "block_size='a'"),
+    "hadamard block > axis": (lambda: mx.random_hadamard(X, 0, block_size=128), "not a multiple of block_size=128"),
+    "hadamard key str": (lambda: mx.random_hadamard(X, "abc"), "key='abc'"),
+    "hadamard key float": (lambda: mx.random_hadamard(X, 1.5), "key=1.5"),
+    "hadamard inverse str": (lambda: mx.random_hadamard(X, 0, inverse="yes"), "inverse='yes'"),
+    # configs
+    "MXDotConfig hadamard_seed": (lambda: mx.MXDotConfig(hadamard_seed="a"), "hadamard_seed='a'"),
+    "MXDotConfig hadamard_block": (lambda: mx.MXDotConfig(hadamard_block=48), "hadamard_block=48"),
+    "MXDotConfig hadamard_block str": (lambda: mx.MXDotConfig(hadamard_block="a"), "hadamard_block='a'"),
+    "dot hadamard_seed": (lambda: _dot(hadamard_seed=1.5), "hadamard_seed=1.5"),
+    "AttentionConfig qkv_blocks": (lambda: mx.AttentionConfig(qkv_blocks="bogus"), "qkv_blocks"),
+    "AttentionConfig p_scale": (lambda: mx.AttentionConfig(p_scale="bogus"), "p_scale"),
+    "AttentionConfig kv_tile": (lambda: mx.AttentionConfig(kv_tile=48), "kv_tile=48"),
+    "AttentionConfig dq_accum": (lambda: mx.AttentionConfig(dq_accum="bf16"), "dq_accum"),
     # Flax
     "MXLinear in 48": (lambda: mf.MXLinear(48, 32, rngs=nnx.Rngs(0)), "in_features=48"),
     "MXLinear out 0": (lambda: mf.MXLinear(64, 0, rngs=nnx.Rngs(0)), "out_features=0"),
     "MXLinear float size": (lambda: mf.MXLinear(64.0, 8, rngs=nnx.Rngs(0)), "in_features"),
     "MXLinear scalar x": (lambda: mf.MXLinear(64, 8, rngs=nnx.Rngs(0))(jnp.float32(1)), "x must have rank"),
     "MXLinear features": (lambda: mf.MXLinear(64, 8, rngs=nnx.Rngs(0))(X[:, :32]), "features"),
+    "MXRMSNorm 48": (lambda: mf.MXRMSNorm(48), "features=48"),
+    "MXRMSNorm float size": (lambda: mf.MXRMSNorm(64.0), "features=64.0"),
+    "MXRMSNorm eps": (lambda: mf.MXRMSNorm(64, eps=-1.0), "eps=-1"),
+    "MXAttention heads 0": (lambda: mf.MXAttention(64, 0, rngs=nnx.Rngs(0)), "num_heads=0"),
+    "MXAttention heads 3": (lambda: mf.MXAttention(64, 3, rngs=nnx.Rngs(0)), "num_heads=3 does not divide"),
+    "MXAttention kv heads 0": (lambda: mf.MXAttention(64, 2, num_kv_heads=0, rngs=nnx.Rngs(0)), "num_kv_heads=0"),
+    "MXAttention head_dim": (lambda: mf.MXAttention(64, 2, head_dim=-32, rngs=nnx.Rngs(0)), "head_dim=-32"),
+    "TransformerBlock heads 0": (lambda: mf.TransformerBlock(64, 0, rngs=nnx.Rngs(0)), "num_heads=0"),
+    "TransformerBlock mlp_ratio": (lambda: mf.TransformerBlock(64, 2, mlp_ratio=1.5, rngs=nnx.Rngs(0)), "mlp_ratio"),
+    "TransformerBlock policy": (lambda: mf.TransformerBlock(64, 2, policy="fast", rngs=nnx.Rngs(0)), "policy"),
+    "flax dot_general option": (lambda: mf.dot_general(weight_grad="x"), "weight_grad='x'"),
+    "flax dot_general unknown": (lambda: mf.dot_general(foo=1), "unknown options"),
+    "flax dot_general implementation": (lambda: mf.dot_general(implementation="tpu"), "implementation='tpu'"),
+    "flax attention_fn implementation": (lambda: mf.attention_fn(implementation="tpu"), "implementation='tpu'"),
+    "flax attention_fn config": (lambda: mf.attention_fn(config="fast"), "config must be an AttentionConfig"),
 }
 
 
@@ -160,14 +198,16 @@ def test_bad_input_raises_value_error_naming_the_argument(name):
 
 def test_documented_results_for_edge_values():
     # quantize / dequantize: NaN and Inf blocks -> scale 0xFF, NaN; float32's max rounds to 2^128 under "up" and
-    # dequantizes to inf, in the reference and the kernels alike (docs/numerics.md); tiny is finite; zero-size
+    # dequantizes saturated to float32's max (bfloat16's max in bfloat16), in the reference and the kernels
+    # alike (docs/numerics.md "Float32 range"; tests/test_float32_range.py); tiny is finite; zero-size
     x = np.ones((4, 64), np.float32)
     x[0, 3], x[1, 40], x[2, 0], x[3, 0] = np.nan, np.inf, np.finfo(np.float32).max, 1e-45
     q = mx.quantize(jnp.asarray(x))
     d = np.asarray(mx.dequantize(q))
     assert np.asarray(q.scale)[0, 0] == 0xFF and np.asarray(q.scale)[1, 1] == 0xFF
     assert np.all(np.isnan(d[0, :32])) and np.all(np.isnan(d[1, 32:])) and np.all(d[0, 32:] == 1)
-    assert d[2, 0] == np.inf and np.all(np.isfinite(d[2, 1:])) and np.all(np.isfinite(d[3]))
+    assert d[2, 0] == np.finfo(np.float32).max and np.all(np.isfinite(d[2, 1:])) and np.all(np.isfinite(d[3]))
+    assert np.asarray(mx.dequantize(q, jnp.bfloat16))[2, 0] == jnp.finfo(jnp.bfloat16).max
     e = mx.quantize(jnp.zeros((0, 64)))
     assert e.data.shape == (0, 64) and e.scale.shape == (0, 2) and mx.dequantize(e).shape == (0, 64)
     # mx_dot_general: M = 0 / N = 0 give lax's shapes and zero gradients; NaN stays in its row
@@ -187,3 +227,47 @@ def test_documented_results_for_edge_values():
     ).shape == (0, 2, 32)
     out = _var(k=empty[:, :1], v=empty[:, :1], cu_k=jnp.zeros(3, jnp.int32))
     assert out.shape == P.shape and not np.any(np.asarray(out))
+
+
+def test_traced_values_under_jit():
+    """Arguments that must be static say so when traced; traced values that cannot be checked get the
+    documented result (sequence lengths clamp to [0, L]; float64 beyond float32: tests/test_float32_range.py)."""
+    with pytest.raises(ValueError, match="scale=.* must be a concrete Python number"):
+        jax.jit(lambda t: _dpa(scale=t))(0.5)
+    with pytest.raises(ValueError, match="eps=.* must be a concrete positive finite number"):
+        jax.jit(lambda e: _rms(eps=e))(1e-6)
+    # MXArray fields are validated at trace time too
+    a = mx.quantize(X)
+    with pytest.raises(ValueError, match="scale has shape"):
+        jax.jit(lambda d, sc: mx.MXArray(d, sc, (-1,), "row").dequantize())(a.data, jnp.zeros((4, 1), jnp.uint8))
+    np.testing.assert_array_equal(
+        jax.jit(lambda d, sc: mx.dequantize(mx.MXArray(d, sc, (-1,), "row")))(a.data, a.scale), mx.dequantize(a)
+    )
+    # a traced key gives the concrete key's rotation
+    key = jax.random.key(3)
+    np.testing.assert_array_equal(jax.jit(lambda k: mx.random_hadamard(X, k))(key), mx.random_hadamard(X, key))
+    # traced sequence lengths out of range act as the nearest valid ones: < 0 as 0, > L as L
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((2, 64, 2, 64)), jnp.bfloat16)
+    kv = jnp.asarray(rng.standard_normal((2, 64, 1, 64)), jnp.bfloat16)
+    for impl in ("xla", "emulated"):
+        f = jax.jit(
+            lambda ql, kl, impl=impl: mx.dot_product_attention(
+                q, kv, kv, query_seq_lengths=ql, key_value_seq_lengths=kl, implementation=impl
+            )
+        )
+        got = np.asarray(f(jnp.asarray([-3, 64]), jnp.asarray([100, -5])).astype(jnp.float32))
+        want = np.asarray(f(jnp.asarray([0, 64]), jnp.asarray([64, 0])).astype(jnp.float32))
+        assert not np.isnan(got).any(), impl
+        np.testing.assert_array_equal(got, want, err_msg=impl)
+
+
+@pytest.mark.xfail(strict=True, reason="open: x * x overflows float32 for |x| >= ~1.8e19: rms Inf, y 0")
+def test_rms_norm_quantize_of_huge_finite_rows():
+    """A known gap of the huge-values class (recorded, not fixed): rows of 1e20 normalize to 0 instead of +-1
+    (flax's nnx.RMSNorm computes the same float32 mean of squares and gives 0 too). The fix (scale each row by
+    its amax before squaring) changes the reference and the fused kernel together, which are bit-exact."""
+    x = jnp.full((2, 64), 1e20, F32).at[1].multiply(-1)
+    y, q = _rms(x=x)
+    np.testing.assert_allclose(np.asarray(y), np.sign(np.asarray(x)), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(mx.dequantize(q)), np.sign(np.asarray(x)), rtol=1e-2)

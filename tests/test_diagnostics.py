@@ -161,6 +161,49 @@ def test_warns_when_the_kernel_does_not_cover_the_call(monkeypatch, fresh_warnin
     assert len(_fallbacks(fresh_warnings)) == 1
 
 
+def test_a_nested_fallback_names_the_op_the_user_called(monkeypatch, fresh_warnings):
+    """The kernel-path attention quantizes its operands with the public `quantize`: when that inner call falls
+    back, the warning names dot_product_attention / varlen_attention (it named `quantize`), once per (op, inner
+    op, cause), and a direct `quantize` call still warns for itself."""
+    from jax_mxfp8.primitives import quantize as pq
+
+    if library.load_library() is None:
+        monkeypatch.setattr(library, "load_library", lambda: object())
+    monkeypatch.setattr(library, "gpu_present", lambda: True)
+    monkeypatch.setattr(library, "gpu_major", lambda: 9)
+    monkeypatch.setattr(library, "kernels_runnable", lambda archs=(): (True, ""))
+    monkeypatch.setattr(library, "preload", lambda: None)
+    monkeypatch.setattr(pq, "_quantize_variant", lambda *a, **k: (None, "a faked coverage gap"))
+    # shapes no other test traces (the ops cache their traces: a cached trace makes no decisions)
+    bf16 = jnp.bfloat16
+    q, kv = jax.ShapeDtypeStruct((2, 96, 4, 64), bf16), jax.ShapeDtypeStruct((2, 96, 2, 64), bf16)
+    dpa = lambda a, b, c: jax_mxfp8.dot_product_attention(a, b, c, is_causal=True)  # noqa: E731
+    with impl.record() as decisions:
+        jax.eval_shape(dpa, q, kv, kv)
+        jax.eval_shape(dpa, q, kv, kv)  # the same cause again: no second warning
+    assert ("dot_product_attention", "cuda") in {(d.op, d.path) for d in decisions}  # the attention kernel runs
+    assert ("quantize", "xla") in {(d.op, d.path) for d in decisions}  # its operand quantize fell back
+    (msg,) = _fallbacks(fresh_warnings)
+    assert msg.startswith("jax_mxfp8.dot_product_attention (its internal quantize): implementation=None runs"), msg
+    assert "a faked coverage gap" in msg and "pass implementation='xla' to dot_product_attention" in msg
+    assert "jax_mxfp8.quantize:" not in msg
+    monkeypatch.setattr(impl, "_warned", set())
+    pq_, pkv = jax.ShapeDtypeStruct((384, 4, 64), bf16), jax.ShapeDtypeStruct((384, 2, 64), bf16)
+    cu = jax.ShapeDtypeStruct((4,), jnp.int32)
+    var = lambda a, b, c, cq, ck: jax_mxfp8.varlen_attention(a, b, c, cq, ck, max_seqlen_q=192, max_seqlen_k=192)  # noqa: E731
+    jax.eval_shape(var, pq_, pkv, pkv, cu, cu)
+    assert _fallbacks(fresh_warnings)[-1].startswith("jax_mxfp8.varlen_attention (its internal quantize)")
+    # a call traced after the public op returned (a backward pass quantizing dO) still names the attention
+    from jax_mxfp8.ops import attention as dense
+
+    monkeypatch.setattr(impl, "_warned", set())
+    jax.eval_shape(lambda a: dense.square_sequence_major(a, None, "up"), jax.ShapeDtypeStruct((1, 64, 2, 64), bf16))
+    assert _fallbacks(fresh_warnings)[-1].startswith("jax_mxfp8.dot_product_attention (its internal quantize)")
+    # the user's own quantize call is a separate cause and names quantize
+    jax.eval_shape(lambda a: jax_mxfp8.quantize(a), jax.ShapeDtypeStruct((64, 64), jnp.bfloat16))
+    assert _fallbacks(fresh_warnings)[-1].startswith("jax_mxfp8.quantize: implementation=None runs the XLA")
+
+
 def test_record_collects_decisions():
     with impl.record() as decisions:
         jax_mxfp8.quantize(_x(), implementation="xla")  # the public op short-cuts "xla": no decision

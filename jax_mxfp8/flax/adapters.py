@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 from collections.abc import Callable
 
 import jax
@@ -10,6 +12,9 @@ import jax.numpy as jnp
 
 from jax_mxfp8.ops.attention import dot_product_attention
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
+from jax_mxfp8.primitives import implementation as impl
+from jax_mxfp8.reference.attention_config import AttentionConfig
+from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 
 def dot_general(**options) -> Callable:
@@ -17,7 +22,21 @@ def dot_general(**options) -> Callable:
 
     `options` are MXDotConfig fields (weight_grad="bf16", hadamard_seed=0, ...), or config=MXDotConfig(...).
     Example: nnx.Linear(1024, 4096, dot_general=jax_mxfp8.flax.dot_general(weight_grad="bf16"), rngs=...)
+    Bad options raise a ValueError naming them here, not at the module's first call.
     """
+    opts = dict(options)
+    implementation = opts.pop("implementation", None)
+    impl.check(implementation)
+    config = opts.pop("config", None)
+    if config is not None and not isinstance(config, MXDotConfig):
+        raise ValueError(f"config must be an MXDotConfig or None; got {type(config).__name__}")
+    known = {f.name for f in dataclasses.fields(MXDotConfig)}
+    params = set(inspect.signature(mx_dot_general).parameters) - {"lhs", "rhs", "dimension_numbers", "options"}
+    unknown = sorted(set(opts) - known - params)
+    if unknown:
+        raise ValueError(f"unknown options {unknown}: use MXDotConfig fields {sorted(known)} or {sorted(params)}")
+    config_opts = {k: v for k, v in opts.items() if k in known}
+    dataclasses.replace(config or MXDotConfig(), **config_opts)  # validates the option values
     return functools.partial(mx_dot_general, **options)
 
 
@@ -29,7 +48,11 @@ def attention_fn(*, config=None, implementation: str | None = None) -> Callable:
     attention weights: the MXFP8 kernel never forms them). `precision`, `dtype` promotion and
     `force_fp32_for_softmax` are accepted: softmax statistics are always FP32.
     Layout: query (B, T, N, H), key/value (B, S, K, H); mask broadcastable to (B, N, T, S), True = attend.
+    A bad `config` or `implementation` raises a ValueError here, not at the module's first call.
     """
+    impl.check(implementation)
+    if config is not None and not isinstance(config, AttentionConfig):
+        raise ValueError(f"config must be an AttentionConfig or None; got {type(config).__name__}")
 
     def fn(
         query: jax.Array,

@@ -11,7 +11,7 @@ from flax import nnx
 from jax_mxfp8.flax import functional as F
 from jax_mxfp8.flax.policy import MXFP8, LayerPrecision, PrecisionPolicy
 from jax_mxfp8.formats import MXArray
-from jax_mxfp8.ops.checks import check_features, check_rank
+from jax_mxfp8.ops.checks import check_eps, check_features, check_rank
 
 DEFAULT_POLICY = PrecisionPolicy()
 default_kernel_init = nnx.initializers.lecun_normal()
@@ -111,7 +111,10 @@ class MXRMSNorm(nnx.Module):
         rngs: nnx.Rngs | None = None,
     ):
         del rngs
-        self.precision, self.eps = precision, eps
+        # the fused RMSNorm + quantize blocks the feature axis when the next GEMM runs in MXFP8 (functional.norm)
+        fused = precision.gemm == "mxfp8" and not precision.hadamard
+        features = check_features(features, "features", multiple_of_block=fused)
+        self.precision, self.eps = precision, check_eps(eps)
         self.scale = nnx.Param(jnp.ones((features,), param_dtype))
 
     def __call__(self, x: jax.Array) -> tuple[jax.Array, MXArray | None]:
@@ -148,8 +151,16 @@ class MXAttention(nnx.Module):
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
-        num_kv_heads = num_kv_heads or num_heads
-        head_dim = head_dim or features // num_heads
+        features = check_features(features, "features")
+        num_heads = check_features(num_heads, "num_heads")
+        num_kv_heads = num_heads if num_kv_heads is None else check_features(num_kv_heads, "num_kv_heads")
+        if head_dim is None:
+            if features % num_heads:
+                raise ValueError(
+                    f"num_heads={num_heads} does not divide features={features}; pass head_dim= explicitly"
+                )
+            head_dim = features // num_heads
+        head_dim = check_features(head_dim, "head_dim")
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -238,6 +249,9 @@ class TransformerBlock(nnx.Module):
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
+        if not isinstance(policy, PrecisionPolicy):
+            raise ValueError(f"policy must be a PrecisionPolicy, got {type(policy).__name__}")
+        mlp_ratio = check_features(mlp_ratio, "mlp_ratio")
         attn_p, mlp_p = policy.for_layer(f"{name}.attn"), policy.for_layer(f"{name}.mlp")
         common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.norm1 = MXRMSNorm(features, precision=attn_p, param_dtype=param_dtype)

@@ -27,9 +27,34 @@ def hadamard_matrix(size: int) -> np.ndarray:
 
 
 def _signs(key: jax.Array | int, n: int) -> jax.Array:
-    if isinstance(key, int):
-        key = jax.random.key(key)
+    if isinstance(key, (int, np.integer)):
+        key = jax.random.key(int(key))
     return jnp.where(jax.random.bernoulli(key, 0.5, (n,)), 1.0, -1.0).astype(jnp.float32)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _check_args(x, key, axis, block_size, inverse) -> tuple[jax.Array, int]:
+    """(x as an array, axis as a non-negative int); ValueError naming the argument for anything invalid."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating) or np.dtype(x.dtype).itemsize < 2:
+        raise ValueError(f"x has dtype {x.dtype}; random_hadamard takes float32, bfloat16 or float16 input")
+    if x.ndim == 0:
+        raise ValueError("x must have rank >= 1 (the transform runs along one axis), got a scalar")
+    if not _is_int(axis) or not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis={axis!r} must be an int in [-{x.ndim}, {x.ndim}) for x of rank {x.ndim}")
+    if not _is_int(block_size) or block_size < 1 or block_size & (block_size - 1):
+        raise ValueError(f"block_size={block_size!r} must be a power of two (an int >= 1)")
+    if not isinstance(inverse, (bool, np.bool_)):
+        raise ValueError(f"inverse={inverse!r} must be a bool")
+    dt = getattr(key, "dtype", None)
+    typed = dt is not None and jax.dtypes.issubdtype(dt, jax.dtypes.prng_key) and np.shape(key) == ()
+    legacy = not typed and dt is not None and np.dtype(dt) == np.uint32 and np.shape(key) == (2,)
+    if not (typed or legacy or _is_int(key)):
+        raise ValueError(f"key={key!r} must be a PRNG key (jax.random.key(...)) or an int seed")
+    return x, int(axis) % x.ndim
 
 
 def random_hadamard(
@@ -46,9 +71,13 @@ def random_hadamard(
 
     Returns:
       The transformed array, same shape and dtype (computed in float32).
+
+    Raises:
+      ValueError: naming the argument: a non-float x or a scalar, axis out of range or not an int,
+        block_size not a power of two or not dividing x.shape[axis], a key that is neither a PRNG key nor
+        an int, a non-bool inverse.
     """
-    x = jnp.asarray(x)
-    axis = axis % x.ndim
+    x, axis = _check_args(x, key, axis, block_size, inverse)
     n = x.shape[axis]
     if n % block_size:
         raise ValueError(f"axis {axis} of x has size {n}, not a multiple of block_size={block_size}")

@@ -13,7 +13,7 @@ import numpy as np
 from jax_mxfp8.formats.decode import decode_elements
 from jax_mxfp8.formats.elements import BLOCK_SIZE, SCALE_BIAS, SCALE_NAN, element_format
 from jax_mxfp8.formats.mxarray import BLOCK_KINDS, MXArray
-from jax_mxfp8.formats.scales import check_scale_rounding, decode_scale, mul_pow2, scale_bits
+from jax_mxfp8.formats.scales import check_scale_rounding, decode_scale, mul_pow2, saturate, scale_bits
 from jax_mxfp8.formats.stochastic import stochastic_round
 
 ROUNDINGS = ("nearest", "stochastic")
@@ -129,7 +129,43 @@ def _check_key(rng) -> None:
     raise ValueError(f"rng={rng!r} must be one PRNG key (jax.random.key(...)), for rounding='stochastic'")
 
 
+def check_float32_range(x, name: str = "x") -> None:
+    """ValueError naming `name` when concrete input holds finite values that overflow float32.
+
+    The contract computes amax (and the scaled elements) in float32, so x is converted to float32 first. A
+    finite float64 value at or above 2**128 - 2**103 (x64 mode, or a NumPy float64 array) converts to Inf,
+    and its block would silently become a NaN block. Concrete input raises instead; traced input (under jit,
+    where values cannot be inspected) keeps the contract's answer: that block dequantizes to NaN (scale
+    0xFF), the loud result (docs/numerics.md "Float32 range"). Only 64-bit (and wider) floats are looked at:
+    float32 / bfloat16 / float16 input always fits.
+    """
+    if isinstance(x, jax.core.Tracer):
+        return
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        try:
+            dt = np.asarray(x).dtype
+        except Exception:
+            return  # not array-like: the dtype check that follows names it
+    if not jnp.issubdtype(dt, jnp.floating) or np.dtype(dt).itemsize <= 4:
+        return
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return  # values on other hosts: treated like traced input
+    v = np.asarray(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        over = np.isfinite(v) & np.isinf(v.astype(np.float32))
+    if over.any():
+        big = float(np.max(np.abs(v[over])))
+        raise ValueError(
+            f"{name} holds {int(over.sum())} finite {np.dtype(dt).name} value(s) beyond float32's range (largest "
+            f"|{name}| = {big:.6g}; float32's maximum is {float(np.finfo(np.float32).max):.8g}): jax_mxfp8 computes "
+            f"in float32 (MX quantization takes float32 amaxes), where they would be Inf and give NaN blocks. "
+            f"Scale {name} down first."
+        )
+
+
 def _check_input(x) -> jax.Array:
+    check_float32_range(x)
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating) or np.dtype(x.dtype).itemsize < 2:
         raise ValueError(f"x has dtype {x.dtype}; quantize takes float32, bfloat16 or float16 input")
@@ -194,14 +230,38 @@ def quantize(
 
 
 def dequantize(a: MXArray, dtype=jnp.float32) -> jax.Array:
-    """Returns element * 2**(scale - 127) in `dtype` (default float32); NaN where the scale is 0xFF."""
+    """Returns element * 2**(scale - 127) in `dtype` (default float32); NaN where the scale is 0xFF.
+
+    A finite element whose product exceeds the output dtype's range (2**128 is reachable: under
+    scale_rounding="up" the element of a block with amax near float32's maximum rounds up to 256 at scale
+    2**120) saturates to +-the dtype's largest finite value (float32 3.4028235e38, bfloat16 3.3895314e38,
+    float16 65504): finite MX values stay finite. Inf elements (E5M2) stay Inf.
+    """
+    return _dequantize(a, dtype, saturated=True)
+
+
+def dequantize_products(a: MXArray, dtype=jnp.float32) -> jax.Array:
+    """element * 2**(scale - 127) as IEEE float32 products (an MX value beyond float32 overflows to +-Inf),
+    then cast to `dtype`; NaN where the scale is 0xFF.
+
+    The GEMM references' operand values: a GEMM forms these products in float32 (the MX GEMM kernel
+    multiplies the FP8 products by the scales), so they keep IEEE overflow rather than `dequantize`'s
+    saturation, and the bfloat16-operand path stays bit-identical to the float32 one.
+    """
+    return _dequantize(a, dtype, saturated=False)
+
+
+def _dequantize(a: MXArray, dtype, saturated: bool) -> jax.Array:
     if not isinstance(a, MXArray):
         raise ValueError(f"a must be an MXArray, got {type(a).__name__}")
     axes = a.positive_axes()
     split, inner = _split_shape(a.shape, axes)
     # broadcast over each block's 32 (x32) elements
     scale = _split_blocks(a.scale, tuple(1 if i in inner else d for i, d in enumerate(split)), axes)
-    out = decode_scale(scale, _split_blocks(decode_elements(a.data), split, axes))  # not astype: formats/decode.py
+    elements = _split_blocks(decode_elements(a.data), split, axes)  # not astype: formats/decode.py
+    out = decode_scale(scale, elements)
+    if saturated:
+        out = saturate(out, elements, dtype)
     return _merge_blocks(out, a.shape, a.data).astype(dtype)
 
 

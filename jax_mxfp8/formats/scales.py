@@ -1,4 +1,4 @@
-"""E8M0 scale encoding (amax -> exponent byte) and exact power-of-two arithmetic.
+"""E8M0 scale encoding (amax -> exponent byte), exact power-of-two arithmetic, dequantize saturation.
 
 XLA's CPU backend flushes float32 subnormals to zero, and 2**-127 (scale byte 0) is subnormal. Nothing
 here divides by a scale or materialises a subnormal power of two: scaling is done by two multiplications
@@ -9,6 +9,7 @@ with normal powers of two, and the one subnormal quotient of the "up" rule is re
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jax_mxfp8.formats.elements import SCALE_BIAS, SCALE_NAN, ElementFormat
@@ -73,3 +74,35 @@ def decode_scale(scale: jnp.ndarray, x: jnp.ndarray) -> jnp.ndarray:
     b = scale.astype(jnp.int32)
     out = mul_pow2(x.astype(jnp.float32), b - SCALE_BIAS)
     return jnp.where(b == SCALE_NAN, jnp.float32(jnp.nan), out)
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def saturation_bound(dtype) -> float:
+    """The largest finite value a dequantize to `dtype` produces: min(dtype's max, float32's max).
+
+    float32 3.4028235e38 (also for float64 output: the product is formed in float32), bfloat16
+    3.3895314e38, float16 65504. Exactly representable in float32 and in `dtype`.
+    """
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise ValueError(f"dtype={dtype!r} is not a dtype") from e
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(f"dtype={dt.name}: dequantize outputs a floating dtype (float32, bfloat16, float16)")
+    return min(float(jnp.finfo(dt).max), _F32_MAX)
+
+
+def saturate(y: jnp.ndarray, elements: jnp.ndarray, dtype) -> jnp.ndarray:
+    """float32 `y` (element * 2**(b - 127)) with +-saturation_bound(dtype) where the element is finite and
+    |y| exceeds it; NaN and Inf elements (and NaN blocks) pass through unchanged.
+
+    Why: under scale_rounding="up" a block of amax near float32's (or bfloat16's) maximum gets elements that
+    round up to 256 (E4M3) / 32768 (E5M2) at scale 2**120, i.e. 2**128, which float32 cannot hold; a
+    finite input must not come back as Inf (docs/numerics.md "Float32 range"). The kernel
+    (kernels/common/ptx.dequant1) applies the same rule to the same float32 product, bit for bit.
+    """
+    bound = jnp.float32(saturation_bound(dtype))
+    over = jnp.isfinite(elements) & (jnp.abs(y) > bound)
+    return jnp.where(over, jnp.copysign(bound, y), y)

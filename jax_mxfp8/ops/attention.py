@@ -16,7 +16,7 @@ import numpy as np
 
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.formats.quantize import dequantize
+from jax_mxfp8.formats.quantize import check_float32_range, dequantize
 from jax_mxfp8.ops import attention_compat as compat
 from jax_mxfp8.ops.checks import check_nonnegative_lengths
 from jax_mxfp8.ops.cotangents import remat_safe
@@ -164,15 +164,19 @@ def square_sequence_major(x: jax.Array, lengths: jax.Array | None, scale_roundin
     square quantize kernel reads the caller's layout once and no bfloat16 transpose is materialized; the
     head-major transposes then move FP8 bytes inside the producer pass's fusions. path "emulated" quantizes
     through the kernel call's emulation; "cuda" lets `quantize` pick the kernel where it runs.
+    A fallback warning of that quantize names the enclosing public op (dot_product_attention or
+    varlen_attention), or dot_product_attention when none encloses the call (a backward pass is traced after
+    the op returned).
     """
     b, length, n, h = x.shape
-    a = quantize_op(
-        _zero_rows(x, lengths, 1).reshape(b * length, n * h),
-        axis=(-2, -1),
-        block="square",
-        scale_rounding=scale_rounding,
-        implementation="emulated" if path == "emulated" else None,
-    )
+    with impl.public_op("dot_product_attention"):
+        a = quantize_op(
+            _zero_rows(x, lengths, 1).reshape(b * length, n * h),
+            axis=(-2, -1),
+            block="square",
+            scale_rounding=scale_rounding,
+            implementation="emulated" if path == "emulated" else None,
+        )
     return MXArray(a.data.reshape(b, length, n, h), a.scale.reshape(b, length // 32, n, h // 32), (-3, -1), "square")
 
 
@@ -374,6 +378,7 @@ def _as_4d_operand(x, name: str):
         if x.ndim == 3:
             return MXArray(data=x.data[None], scale=x.scale[None], axes=x.axes, block=x.block), True
         return x, False
+    check_float32_range(x, name)
     x = jnp.asarray(x)
     if x.ndim not in (3, 4):
         raise ValueError(f"{name} must have rank 4 (BTNH) or 3 (TNH); got shape {x.shape}")
@@ -385,6 +390,8 @@ def _as_4d_operand(x, name: str):
 def _check_broadcast_4d(x, name: str, full: tuple[int, int, int, int], *, is_mask: bool):
     if x is None:
         return None
+    if not is_mask:
+        check_float32_range(x, name)
     x = jnp.asarray(x)
     if is_mask and x.dtype != jnp.bool_:
         raise ValueError(f"mask must be boolean (True = attend); got dtype {x.dtype}. Pass additive masks as bias")

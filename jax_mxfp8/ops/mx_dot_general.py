@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mxfp8.formats import MXArray, dequantize
+from jax_mxfp8.formats.quantize import check_float32_range
 from jax_mxfp8.ops import mx_dot_kernel
 from jax_mxfp8.ops.cotangents import remat_safe, zero_cotangent
 from jax_mxfp8.ops.mx_dot_blackwell import cudnn_dot_general, cudnn_unsupported
@@ -173,6 +174,8 @@ def mx_dot_general(
         lhs, lhs_quantized = jax.lax.stop_gradient(dequantize(lhs)), lhs
     if isinstance(rhs, MXArray):
         rhs, rhs_quantized = jax.lax.stop_gradient(dequantize(rhs)), rhs
+    check_float32_range(lhs, "lhs")
+    check_float32_range(rhs, "rhs")
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     for name, x in (("lhs", lhs), ("rhs", rhs)):
         if not jnp.issubdtype(x.dtype, jnp.floating):

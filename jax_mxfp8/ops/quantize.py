@@ -32,6 +32,8 @@ def quantize(
     """Quantizes `x` to MXFP8: FP8 elements with one E8M0 scale per block.
 
     Same arguments and results as `jax_mxfp8.formats.quantize` (see there), plus:
+    concrete float64 input holding finite values beyond float32's range raises a ValueError (under jit
+    their blocks become NaN blocks; docs/numerics.md "Float32 range").
 
     Args:
       implementation: None (default) uses the CuTe DSL kernel when the kernel library is built, the
@@ -67,8 +69,9 @@ def dequantize(a: MXArray, dtype=jnp.float32, *, implementation: str | None = No
 
     `implementation` as for `quantize` (the kernels cover row / column / square blocks over the last
     two axes of rank >= 2 arrays, to float32 / bfloat16); bit-identical either way. A finite MX value beyond
-    the output dtype's range (possible near float32's maximum under scale_rounding="up") becomes +-inf, in
-    the reference and the kernels alike (docs/numerics.md).
+    the output dtype's range (2**128 is reached near float32's maximum under scale_rounding="up") saturates
+    to +-the dtype's largest finite value, in the reference and the kernels alike (docs/numerics.md
+    "Float32 range"); Inf elements (E5M2) stay Inf and NaN blocks NaN.
     """
     try:
         dt = np.dtype(dtype)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mxfp8.formats import MXArray, element_format
-from jax_mxfp8.formats.quantize import check_blockable
+from jax_mxfp8.formats.quantize import check_blockable, check_float32_range
 from jax_mxfp8.formats.scales import check_scale_rounding
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.ops.checks import check_eps, check_rank
@@ -80,6 +80,8 @@ def rms_norm_quantize(
     """
     impl.check(implementation)
     eps = check_eps(eps)
+    check_float32_range(x, "x")
+    check_float32_range(weight, "weight")
     x, weight = jnp.asarray(x), jnp.asarray(weight)
     check_rank(x, 1, "x")
     if not jnp.issubdtype(x.dtype, jnp.floating) or np.dtype(x.dtype).itemsize < 2:

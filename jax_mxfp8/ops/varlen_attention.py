@@ -18,6 +18,7 @@ from jax.experimental import checkify
 
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
+from jax_mxfp8.formats.quantize import check_float32_range
 from jax_mxfp8.ops.attention import (
     AttentionStatic,
     check_config,
@@ -46,6 +47,7 @@ def _check_packed(x, name: str):
                 "blocked along head_dim only (row blocks, axis -1): sequence-axis blocks would cross sequences"
             )
         return x
+    check_float32_range(x, name)
     x = jnp.asarray(x)
     if x.ndim != 3:
         raise ValueError(f"{name} must have rank 3 (T_total, heads, head_dim); got shape {x.shape}")

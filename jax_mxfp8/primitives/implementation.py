@@ -14,12 +14,17 @@
 implementation=None on a machine whose default backend is a GPU (`library.gpu_present`), a call that falls
 back to the XLA reference warns once (KernelFallbackWarning, once per op and cause) naming the cause and
 the fix: the kernel library is missing, the GPU's arch has no kernels, or the kernel does not cover the
-arguments. `record()` collects the decisions of the calls made inside it (`python -m jax_mxfp8`).
+arguments. The warning names the public op the user called: a public op that calls another one inside
+(dot_product_attention and varlen_attention quantize their operands with `quantize`) runs its body under
+`public_op(name)` (ops/scope.named_op does this for every public op), and an inner decision then warns
+as "jax_mxfp8.dot_product_attention (its internal quantize): ...". `record()` collects the decisions of
+the calls made inside it (`python -m jax_mxfp8`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import warnings
 
@@ -59,6 +64,20 @@ _recorders: list[list[Decision]] = []
 _warned: set[tuple[str, str]] = set()
 
 
+_outer_op: contextvars.ContextVar[str | None] = contextvars.ContextVar("jax_mxfp8_outer_op", default=None)
+
+
+@contextlib.contextmanager
+def public_op(name: str):
+    """Marks the body of the public op `name`; inside an outer public op the outer name is kept, so
+    `resolve` calls made by nested ops are attributed to the op the user called."""
+    token = _outer_op.set(_outer_op.get() or name)
+    try:
+        yield
+    finally:
+        _outer_op.reset(token)
+
+
 @contextlib.contextmanager
 def record():
     """Collects the Decision of every `resolve` inside the block (in call order) into the yielded list."""
@@ -76,17 +95,29 @@ def note(op: str, implementation: str | None, path: str, reason: str) -> None:
         decisions.append(Decision(op, implementation, path, reason))
 
 
-def _fallback_warning(op: str, archs: tuple[str, ...], unsupported: str | None) -> tuple[str, str] | None:
-    """(cause key, message) for a GPU call with implementation=None that runs the reference, or None."""
+def _fallback_warning(
+    op: str, archs: tuple[str, ...], unsupported: str | None, outer: str | None = None
+) -> tuple[str, str] | None:
+    """(cause key, message) for a GPU call with implementation=None that runs the reference, or None.
+
+    `outer`: the public op the user called, when `op` runs inside it (then the message names `outer`)."""
     if not library.gpu_present():
         return None
-    head = f"jax_mxfp8.{op}: implementation=None runs the XLA reference (slow) on this GPU because"
+    if outer is None or outer == op:
+        head = f"jax_mxfp8.{op}: implementation=None runs the XLA reference (slow) on this GPU because"
+        silence = _SILENCE
+    else:
+        head = (
+            f"jax_mxfp8.{outer} (its internal {op}): implementation=None runs the XLA reference (slow) for that "
+            "step on this GPU because"
+        )
+        silence = f"pass implementation='xla' to {outer} for the reference throughout (and silence this warning)"
     if library.load_library() is None:
         return "library", f"{head} the kernel library is unavailable ({library.library_error()}). Fix: {FIX_LIBRARY}."
     ok, why = library.kernels_runnable(archs)
     if not ok:
-        return "arch", f"{head} {why}. Fix: run on a GPU the kernels are built for, or {_SILENCE}."
-    fix = f"Fix: change them, or {_SILENCE}."
+        return "arch", f"{head} {why}. Fix: run on a GPU the kernels are built for, or {silence}."
+    fix = f"Fix: change them, or {silence}."
     return "arguments", f"{head} the kernel does not cover the arguments: {unsupported}. {fix}"
 
 
@@ -109,9 +140,11 @@ def resolve(
     for decisions in _recorders:
         decisions.append(Decision(op, implementation, path, reason))
     if implementation is None and path == "xla":
-        warning = _fallback_warning(op, archs, unsupported)
-        if warning is not None and (op, warning[0]) not in _warned:
-            _warned.add((op, warning[0]))
+        outer = _outer_op.get()
+        warning = _fallback_warning(op, archs, unsupported, outer)
+        key = (op if outer in (None, op) else f"{outer}/{op}", warning[0] if warning else "")
+        if warning is not None and key not in _warned:
+            _warned.add(key)
             warnings.warn(warning[1], KernelFallbackWarning, stacklevel=3)
     return path
 

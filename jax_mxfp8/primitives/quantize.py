@@ -29,7 +29,7 @@ import numpy as np
 from jax_mxfp8.formats import MXArray, element_format
 from jax_mxfp8.formats import dequantize as ref_dequantize
 from jax_mxfp8.formats import quantize as ref_quantize
-from jax_mxfp8.formats.quantize import block_axes, check_blockable
+from jax_mxfp8.formats.quantize import block_axes, check_blockable, check_float32_range
 from jax_mxfp8.formats.scales import check_scale_rounding
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import implementation as impl
@@ -175,6 +175,7 @@ def quantize(
 ) -> MXArray:
     """jax_mxfp8.quantize with an `implementation` switch (see the module docstring)."""
     impl.check(implementation)
+    check_float32_range(x)
     x = jnp.asarray(x)
     fmt = element_format(dtype)
     check_scale_rounding(scale_rounding)
@@ -208,6 +209,7 @@ def quantize_rowcol(
     Bit-identical to the two reference calls. x: rank >= 2, last two dimensions multiples of 32.
     """
     impl.check(implementation)
+    check_float32_range(x)
     x = jnp.asarray(x)
     fmt = element_format(dtype)
     check_scale_rounding(scale_rounding)

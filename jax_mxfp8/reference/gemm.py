@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_mxfp8.formats import BLOCK_SIZE, MXArray, dequantize, quantize, random_hadamard
-from jax_mxfp8.formats.quantize import check_blockable
+from jax_mxfp8.formats import BLOCK_SIZE, MXArray, quantize, random_hadamard
+from jax_mxfp8.formats.quantize import check_blockable, dequantize_products
 from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 HIGHEST = lax.Precision.HIGHEST
@@ -153,7 +153,7 @@ def quantized_3d(
         rounding="stochastic" if stochastic else "nearest",
         rng=jax.random.fold_in(rng, purpose) if stochastic else None,
     )
-    return dequantize(q, operand_dtype(operands))
+    return dequantize_products(q, operand_dtype(operands))
 
 
 def matmul_3d(a3: jax.Array, b3: jax.Array) -> jax.Array:
@@ -169,7 +169,7 @@ def matmul_3d(a3: jax.Array, b3: jax.Array) -> jax.Array:
 
 def prequantized_3d(a: MXArray, layout: OperandLayout, *, operands: str = DEFAULT_OPERANDS) -> jax.Array:
     """A caller's pre-quantized operand as `operands` dtype values (see quantized_3d) in the (B, M, K) layout."""
-    return layout.to_3d(dequantize(a, operand_dtype(operands)))
+    return layout.to_3d(dequantize_products(a, operand_dtype(operands)))
 
 
 def mx_dot_forward(

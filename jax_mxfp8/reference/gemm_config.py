@@ -47,5 +47,9 @@ class MXDotConfig:
             raise ValueError(f"grad_rounding={self.grad_rounding!r} is not one of {ROUNDINGS}")
         if self.weight_grad not in WEIGHT_GRADS:
             raise ValueError(f"weight_grad={self.weight_grad!r} is not one of {WEIGHT_GRADS}")
-        if self.hadamard_block < 1 or self.hadamard_block & (self.hadamard_block - 1):
-            raise ValueError(f"hadamard_block={self.hadamard_block} must be a power of two")
+        hb = self.hadamard_block
+        if not isinstance(hb, (int, np.integer)) or isinstance(hb, bool) or hb < 1 or hb & (hb - 1):
+            raise ValueError(f"hadamard_block={hb!r} must be a power of two")
+        seed = self.hadamard_seed
+        if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)):
+            raise ValueError(f"hadamard_seed={seed!r} must be None or an int seed")

@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_mxfp8.formats import BLOCK_SIZE, MXArray, dequantize
+from jax_mxfp8.formats import BLOCK_SIZE, MXArray
+from jax_mxfp8.formats.quantize import dequantize_products
 from jax_mxfp8.reference.gemm import (
     DEFAULT_OPERANDS,
     DGRAD,
@@ -115,7 +116,7 @@ def _matmul(a: jax.Array, b: jax.Array, n_contract: int, n_batch: int, out_shard
 
 
 def _prequantized(a: MXArray, layout: OperandLayout, operands: str) -> jax.Array:
-    return _to_nd(dequantize(a, operand_dtype(operands)), layout)
+    return _to_nd(dequantize_products(a, operand_dtype(operands)), layout)
 
 
 def forward(

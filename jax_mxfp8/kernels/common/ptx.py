@@ -298,12 +298,26 @@ def shift_factor(shift_byte: Uint32) -> Uint32:
     return inline_ptx(code, write_only_types=[Uint32], read_only_args=[shift_byte])
 
 
-def dequant1(x: Uint32, f1: Uint32, f2: Uint32, nan_mask: Uint32) -> Uint32:
+def dequant1(x: Uint32, f1: Uint32, f2: Uint32, nan_mask: Uint32, sat_bits: int) -> Uint32:
     """float32 bits of x * 2**e1 * 2**e2 (two roundings-free multiplies while the result is normal,
-    the same sequence as formats.scales.mul_pow2), NaN where nan_mask is set."""
+    the same sequence as formats.scales.mul_pow2), saturated to +-sat where x is finite and the product's
+    magnitude exceeds sat (`sat_bits`: the float32 pattern of the output dtype's largest finite value,
+    formats.scales.saturation_bound; the product may reach 2**128 = inf), NaN where nan_mask is set.
+
+    The comparisons are on magnitude bit patterns (integer order = float order for non-NaN values); a NaN
+    element (its product NaN) or an Inf element (E5M2) fails `x finite` and passes through unchanged,
+    exactly as formats.scales.saturate does."""
     code = (
-        "{\n.reg .f32 y;\n.reg .pred p;\n"
+        "{\n.reg .f32 y;\n.reg .b32 ay, ax, s;\n.reg .pred p, q;\n"
         "mul.rn.f32 y, {$r0}, {$r1};\nmul.rn.f32 y, y, {$r2};\n"
+        "and.b32 ay, y, 0x7FFFFFFF;\n"
+        f"setp.gt.u32 p, ay, {sat_bits:#x};\n"
+        "and.b32 ax, {$r0}, 0x7FFFFFFF;\n"
+        f"setp.lt.u32 q, ax, {F32_INF_BITS:#x};\n"
+        "and.pred p, p, q;\n"
+        "and.b32 s, y, 0x80000000;\n"
+        f"or.b32 s, s, {sat_bits:#x};\n"
+        "selp.b32 y, s, y, p;\n"
         "setp.ne.u32 p, {$r3}, 0;\n"
         f"selp.b32 {{$w0}}, {F32_NAN_BITS:#x}, y, p;\n}}"
     )

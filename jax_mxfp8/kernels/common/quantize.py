@@ -11,7 +11,8 @@ Supported features (see kernels/registry/ for the variant list):
                 even with saturation. Zero blocks give scale 0 and zeros; blocks holding Inf/NaN give
                 scale 0xFF and NaN elements. Bit-identical to jax_mxfp8.formats.quantize.
   MXDequantize: 2-D (M, K) FP8 data with row / col / square scales to bfloat16 or float32, bit-identical
-                to jax_mxfp8.formats.dequantize (scaling by two normal powers of two, no subnormal divide).
+                to jax_mxfp8.formats.dequantize (scaling by two normal powers of two, no subnormal divide;
+                finite values beyond the output dtype's range saturate to its largest finite value).
 Not supported here (the XLA reference handles them): stochastic rounding, float16 input, strided or
 non-2-D layouts (the primitive reshapes leading axes away), dimensions that are not multiples of 32.
 
@@ -42,8 +43,10 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import numpy as np
 from cutlass import Boolean, Int32, Int64, Uint32
 
+from jax_mxfp8.formats.scales import saturation_bound
 from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.registry import DequantizeConfig, QuantizeConfig
 
@@ -475,6 +478,8 @@ class MXDequantize:
         self.config = config
         self.threads = config.threads_per_cta
         self.out_bytes = 2 if config.out_dtype == "bfloat16" else 4
+        # finite MX values saturate to the output dtype's largest finite value (formats.scales.saturate)
+        self.sat_bits = int(np.float32(saturation_bound(config.out_dtype)).view(np.uint32))
 
     def fake_args(self):
         from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
@@ -542,7 +547,7 @@ class MXDequantize:
                 s = sb[4 * i + t]
                 if id(s) not in factors:  # row / square: one scale for all 16 elements
                     factors[id(s)] = ptx.decode_factors(s)
-                ys.append(ptx.dequant1(xs[t], *factors[id(s)]))
+                ys.append(ptx.dequant1(xs[t], *factors[id(s)], self.sat_bits))
         if cutlass.const_expr(c.out_dtype == "bfloat16"):
             out = [ptx.pack_bf16x2_rn(ys[2 * p], ys[2 * p + 1]) for p in range(8)]
         else:
