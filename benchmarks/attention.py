@@ -66,6 +66,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from attention_baselines import FP8_NO_LENGTHS, cudnn_fp8_attention, issue_shapes, shape  # noqa: E402
 from timing import timeit  # noqa: E402  (benchmarks/timing.py; the script's folder is on sys.path)
 
 import jax_mxfp8 as mx  # noqa: E402
@@ -77,11 +78,6 @@ from jax_mxfp8.primitives import attention_fwd as afwd  # noqa: E402
 from jax_mxfp8.primitives import attention_operands as operands  # noqa: E402
 from jax_mxfp8.primitives import library  # noqa: E402
 from jax_mxfp8.reference.varlen import aligned_to_padded, to_packed, to_padded  # noqa: E402
-
-FP8_PARAM_KEYS = (
-    "amax_dQ amax_dK amax_dV amax_dP descale_q descale_k descale_v descale_s scale_s scale_o descale_o "
-    "descale_dO descale_dP scale_dQ scale_dK scale_dV scale_dP"
-).split()
 
 # Issue targets: group -> [(baseline, minimum ratio ours / baseline)]
 TARGETS = {
@@ -99,14 +95,6 @@ LABELS = {
 }
 
 
-def shape(b, t, n, h, causal, group, lens_range=None):
-    tag = f"{t // 1024}k" if t >= 1024 else str(t)
-    name = f"B{b} T{tag} N{n} H{h}{' causal' if causal else ''}"
-    if lens_range:
-        name = f"jagged {b}x U[{lens_range[0]},{lens_range[1]}] pad T{tag} N{n} H{h}"
-    return dict(name=name, b=b, t=t, n=n, h=h, causal=causal, group=group, lens_range=lens_range)
-
-
 def shapes_for(mode: str) -> list[dict]:
     if mode == "cpu-smoke":
         return [
@@ -117,19 +105,7 @@ def shapes_for(mode: str) -> list[dict]:
             shape(2, 128, 2, 64, False, "h64"),
             shape(4, 256, 2, 128, False, "jagged", lens_range=(32, 256)),
         ]
-    if mode == "quick":
-        return [
-            shape(4, 4096, 16, 128, False, "noncausal"),
-            shape(2, 8192, 16, 128, True, "causal"),
-            shape(4, 8192, 16, 64, False, "h64"),
-            shape(64, 16384, 4, 128, False, "jagged", lens_range=(512, 16384)),
-        ]
-    return [
-        *(shape(b, t, 16, 128, False, "noncausal") for b, t in ((4, 4096), (2, 8192), (1, 16384))),
-        *(shape(b, t, 16, 128, True, "causal") for b, t in ((4, 4096), (2, 8192), (1, 16384))),
-        shape(4, 8192, 16, 64, False, "h64"),
-        shape(64, 16384, 4, 128, False, "jagged", lens_range=(512, 16384)),
-    ]
+    return issue_shapes(quick=mode == "quick")
 
 
 @jax.jit
@@ -254,24 +230,8 @@ def build_impls(sh, smoke: bool, kernel_ok: bool):
                     None,
                 )
 
-    fp8_skip = "cuDNN FP8 attention takes no sequence lengths (q_seqlen/kv_seqlen)" if jagged else None
-    if smoke:
-
-        def fp8_attn(q8, k8, v8):  # stand-in: jax.nn XLA attention on the fp8-rounded inputs
-            q, k, v = (x.astype(jnp.bfloat16) for x in (q8, k8, v8))
-            return jax.nn.dot_product_attention(q, k, v, is_causal=c, implementation="xla")
-
-    else:
-        from jax._src.cudnn import fused_attention_stablehlo as fa
-
-        mask_type = fa.MaskType.CAUSAL if c else fa.MaskType.NO_MASK
-        params = {key: jnp.ones((1, 1, 1, 1), jnp.float32) for key in FP8_PARAM_KEYS}
-
-        def fp8_attn(q8, k8, v8):
-            return fa.dot_product_attention(
-                q8, k8, v8, fp8_params=params, scale=scale, mask_type=mask_type, use_fp8=True
-            )[0]
-
+    fp8_skip = FP8_NO_LENGTHS if jagged else None
+    fp8_attn = cudnn_fp8_attention(c, scale, smoke)
     impls["cudnn_fp8"] = ("attn_fp8", lambda q8, k8, v8, lens: fp8_attn(q8, k8, v8), fp8_skip)
     impls["cudnn_fp8_from_bf16"] = (
         "attn",

@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from attention_baselines import FP8_NO_LENGTHS, cudnn_fp8_attention, issue_shapes, shape  # noqa: E402
 from timing import timeit  # noqa: E402
 
 import jax_mxfp8 as mx  # noqa: E402
@@ -64,10 +65,6 @@ from jax_mxfp8.primitives import implementation as impl  # noqa: E402
 from jax_mxfp8.primitives import library  # noqa: E402
 from jax_mxfp8.reference.varlen import to_packed, to_padded  # noqa: E402
 
-FP8_PARAM_KEYS = (
-    "amax_dQ amax_dK amax_dV amax_dP descale_q descale_k descale_v descale_s scale_s scale_o descale_o "
-    "descale_dO descale_dP scale_dQ scale_dK scale_dV scale_dP"
-).split()
 TARGETS = {
     "noncausal": [("cudnn_bf16", 1.3), ("cudnn_fp8", 0.95)],
     "causal": [("cudnn_bf16", 1.2)],
@@ -78,30 +75,10 @@ FWD_BWD_FACTOR = 3.5
 BWD_FACTOR = 2.5
 
 
-def shape(b, t, n, h, causal, group, lens_range=None):
-    tag = f"{t // 1024}k" if t >= 1024 else str(t)
-    name = f"B{b} T{tag} N{n} H{h}{' causal' if causal else ''}"
-    if lens_range:
-        name = f"jagged {b}x U[{lens_range[0]},{lens_range[1]}] pad T{tag} N{n} H{h}"
-    return dict(name=name, b=b, t=t, n=n, h=h, causal=causal, group=group, lens_range=lens_range)
-
-
 def shapes_for(mode: str) -> list[dict]:
     if mode == "smoke":
         return [shape(1, 128, 2, 64, True, "causal"), shape(2, 128, 2, 64, False, "jagged", lens_range=(32, 128))]
-    if mode == "quick":
-        return [
-            shape(4, 4096, 16, 128, False, "noncausal"),
-            shape(2, 8192, 16, 128, True, "causal"),
-            shape(4, 8192, 16, 64, False, "h64"),
-            shape(64, 16384, 4, 128, False, "jagged", lens_range=(512, 16384)),
-        ]
-    return [
-        *(shape(b, t, 16, 128, False, "noncausal") for b, t in ((4, 4096), (2, 8192), (1, 16384))),
-        *(shape(b, t, 16, 128, True, "causal") for b, t in ((4, 4096), (2, 8192), (1, 16384))),
-        shape(4, 8192, 16, 64, False, "h64"),
-        shape(64, 16384, 4, 128, False, "jagged", lens_range=(512, 16384)),
-    ]
+    return issue_shapes(quick=mode == "quick")
 
 
 def fwd_bwd(attn):
@@ -153,24 +130,8 @@ def build_impls(sh, smoke: bool, dq_accums: tuple[str, ...]):
         variant, why = None, f"the kernel library has no {variant.name}"
     impls["ours_bwd_kernel"] = ("bwd_kernel", variant, why)
 
-    if smoke:
-
-        def fp8_attn(q8, k8, v8):  # stand-in: jax.nn XLA attention on the fp8-rounded inputs
-            q, k, v = (x.astype(jnp.bfloat16) for x in (q8, k8, v8))
-            return jax.nn.dot_product_attention(q, k, v, is_causal=c, implementation="xla")
-
-    else:
-        from jax._src.cudnn import fused_attention_stablehlo as fa
-
-        mask_type = fa.MaskType.CAUSAL if c else fa.MaskType.NO_MASK
-        params = {key: jnp.ones((1, 1, 1, 1), jnp.float32) for key in FP8_PARAM_KEYS}
-
-        def fp8_attn(q8, k8, v8):
-            return fa.dot_product_attention(
-                q8, k8, v8, fp8_params=params, scale=scale, mask_type=mask_type, use_fp8=True
-            )[0]
-
-    skip = "cuDNN FP8 attention takes no sequence lengths (q_seqlen/kv_seqlen)" if jagged else None
+    fp8_attn = cudnn_fp8_attention(c, scale, smoke)
+    skip = FP8_NO_LENGTHS if jagged else None
     impls["cudnn_fp8"] = ("fp8", lambda lens: fp8_attn, skip)
     return impls
 
