@@ -75,26 +75,35 @@ def test_residuals_and_producer_equal_head_major_path(case):
     """Sequence-major residuals dequantize to the XLA path's operands bit for bit, and the producer pass on
     them (prepare_sequence_major, realign emulated) equals `prepare` on the head-major quantization."""
     q, k, v, q_len, kv_len = _inputs(case, fresh_rng())
-    quants = {}
-    for impl in ("cuda", "xla"):
-        st = _static(case, impl)
-        quants[impl] = (st, attn_ops._quantize_operands(st, q, k, v, q_len, kv_len))
-    (st_c, qc), (st_x, qx) = quants["cuda"], quants["xla"]
-    assert set(qc) == set(qx) == {"q:square", "k:square", "v:square"}
-    for key in qc:
-        assert qc[key].axes == (-3, -1) and qx[key].axes == (-2, -1)
-        assert_bits_equal(
-            attn_ops._operand(st_c, qc, key, q_len, kv_len), attn_ops._operand(st_x, qx, key, q_len, kv_len)
+    st_c, st_x = _static(case, "cuda"), _static(case, "xla")
+    keys = ("q:square", "k:square", "v:square")
+
+    # Each path runs under one jit (eager dispatch compiled ~1800 small programs: ~40 s per case on CI).
+    @jax.jit
+    def cuda_path(q, k, v, q_len, kv_len):
+        qc = attn_ops._quantize_operands(st_c, q, k, v, q_len, kv_len)
+        ops = tuple(attn_ops._operand(st_c, qc, key, q_len, kv_len) for key in keys)
+        seq = [attn_ops.kernel_operand(qc, key, q_len if key == "q:square" else kv_len) for key in keys]
+        got = operands.prepare_sequence_major(*seq, scale=0.125, q_len=q_len, kv_len=kv_len, path="emulated")
+        return qc, ops, got
+
+    @jax.jit
+    def xla_path(q, k, v, q_len, kv_len):
+        qx = attn_ops._quantize_operands(st_x, q, k, v, q_len, kv_len)
+        ops = tuple(attn_ops._operand(st_x, qx, key, q_len, kv_len) for key in keys)
+        b, n_kv, g, t, h = qx["q:square"].shape
+        qh = qx["q:square"]
+        qh = MXArray(
+            qh.data.reshape(b, n_kv * g, t, h), qh.scale.reshape(b, n_kv * g, t // 32, h // 32), (-2, -1), "square"
         )
-    lens = {"q:square": q_len, "k:square": kv_len, "v:square": kv_len}
-    seq = [attn_ops.kernel_operand(qc, key, lens[key]) for key in ("q:square", "k:square", "v:square")]
-    got = operands.prepare_sequence_major(*seq, scale=0.125, q_len=q_len, kv_len=kv_len, path="emulated")
-    b, n_kv, g, t, h = qx["q:square"].shape
-    qh = qx["q:square"]
-    qh = MXArray(
-        qh.data.reshape(b, n_kv * g, t, h), qh.scale.reshape(b, n_kv * g, t // 32, h // 32), (-2, -1), "square"
-    )
-    want = operands.prepare(qh, qx["k:square"], qx["v:square"], scale=0.125, q_len=q_len, kv_len=kv_len)
+        want = operands.prepare(qh, qx["k:square"], qx["v:square"], scale=0.125, q_len=q_len, kv_len=kv_len)
+        return qx, ops, want
+
+    (qc, ops_c, got), (qx, ops_x, want) = cuda_path(q, k, v, q_len, kv_len), xla_path(q, k, v, q_len, kv_len)
+    assert set(qc) == set(qx) == set(keys)
+    for key, a, w in zip(keys, ops_c, ops_x):
+        assert qc[key].axes == (-3, -1) and qx[key].axes == (-2, -1)
+        assert_bits_equal(a, w)
     for field in ("q", "k", "vt", "qs", "ks", "vs", "vi", "lens"):
         a, w = getattr(got, field), getattr(want, field)
         if a.dtype == jnp.float8_e4m3fn:
@@ -125,12 +134,18 @@ def test_kernel_path_forward_and_gradients(case, p_scale):
                 config=config,
             )
 
-        o, vjp = jax.vjp(f, q, k, v)
-        return o, vjp(do.astype(o.dtype))
+        @jax.jit  # one program per path: eager dispatch costs ~3x the time on CI's CPU
+        def fwd_bwd(q, k, v, do):
+            o, vjp = jax.vjp(f, q, k, v)
+            return o, vjp(do.astype(o.dtype))
+
+        return fwd_bwd(q, k, v, do)
 
     o_c, grads_c = run("emulated")
     o_x, grads_x = run("xla")
-    o_e, _ = emulated(q, k, v, causal=case["causal"], q_len=q_len, kv_len=kv_len, config=config)
+    o_e, _ = jax.jit(
+        lambda q, k, v, ql, kl: emulated(q, k, v, causal=case["causal"], q_len=ql, kv_len=kl, config=config)
+    )(q, k, v, q_len, kv_len)
     rows = np.arange(case["t"])[None, :, None, None] < (
         np.asarray(q_len)[:, None, None, None] if q_len is not None else case["t"]
     )
