@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jax_mxfp8.kernels import registry
-from jax_mxfp8.kernels.registry.attention_bwd import TUNINGS, AttentionBwdConfig
+from jax_mxfp8.kernels.registry.attention_bwd import TUNING_HEAD_DIMS, TUNINGS, AttentionBwdConfig
 
 
 @pytest.mark.parametrize(
@@ -23,6 +23,10 @@ from jax_mxfp8.kernels.registry.attention_bwd import TUNINGS, AttentionBwdConfig
         (dict(overlap=1, dq_store="red"), "overlap"),
         (dict(q_stage=0), "q_stage"),
         (dict(smem_stats=1), "smem_stats"),
+        (dict(amax_reduce="vote"), "amax_reduce"),
+        (dict(dq_keys="half"), "dq_keys"),
+        (dict(dq_keys="own", overlap=1), "dq_keys"),
+        (dict(dq_keys="own", head_dim=128), "dq_keys"),
     ],
 )
 def test_bad_fields_raise_naming_the_field(kwargs, field):
@@ -50,10 +54,14 @@ def test_uncovered_arguments_find_nothing():
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_tunings_registered_as_non_production(head_dim, causal):
-    """Every tuning is registered for each head_dim x causal under its own tune (the GPU test and the
-    benchmark loop over TUNINGS); only tune 0 is what the production lookup finds."""
+    """Every tuning is registered for each head_dim x causal (those of TUNING_HEAD_DIMS: its head dims only)
+    under its own tune (the GPU test and the benchmark loop over TUNINGS); only tune 0 is what the
+    production lookup finds."""
     for tune, fields in TUNINGS:
         v = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=tune)
+        if head_dim not in TUNING_HEAD_DIMS.get(tune, (head_dim,)):
+            assert v is None
+            continue
         assert v is not None and v.tune == tune
         assert all(getattr(v, k) == x for k, x in fields.items())
         assert (v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}") == (tune == 0)

@@ -41,6 +41,17 @@ class AttentionBwdConfig(KernelConfig):
         global memory (32 LDG, live in registers from the tile's start); True: the producer copies the
         tile's 64 LSE and 64 delta values (cp.async.bulk, 2 x 256 bytes) into the Q / dO stage, and the
         consumers read them from shared memory right where they are used (fewer live registers).
+      amax_reduce: the dS square block's warp amax: "shfl" (5 dependent shfl.sync.bfly + max per query
+        block) or "redux" (one redux.sync.max.u32: the same integer max of |x| bits, one instruction).
+      stats_early: smem_stats only (overlap 0): each tile's LSE shared-memory loads are issued before the
+        S^T wait instead of after it, so their latency hides under the wgmma.
+      dq_red_width: dq_store "red": floats per red.global.add (1: .f32; 2: .v2.f32, a thread's two adjacent
+        columns in one 8-byte reduction: half the instructions and L2 reduction requests).
+      dq_keys: dQ = dS K per query tile over "cta" (all 128 keys of the CTA: both consumers' dS in shared
+        memory behind a 256-thread barrier, the head-dim split over the consumers at H128, consumer 0 alone
+        at H64) or "own" (each consumer over its own 64 keys, all head-dim columns: only a 128-thread
+        barrier per consumer, so the two consumers run independently; twice the dQ reductions into dq).
+        "own" needs overlap 0, and dq_store "red" at head_dim 128 (the bulk path stages 64 columns).
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
     """
 
@@ -60,6 +71,10 @@ class AttentionBwdConfig(KernelConfig):
     dq_store: str = "bulk"
     overlap: int = 0
     smem_stats: bool = False
+    amax_reduce: str = "shfl"
+    stats_early: bool = False
+    dq_red_width: int = 1
+    dq_keys: str = "cta"
     tune: int = 0
 
     def __post_init__(self):
@@ -87,6 +102,22 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"overlap={self.overlap} needs dq_store='bulk' (got {self.dq_store!r})")
         if not isinstance(self.smem_stats, bool):
             raise ValueError(f"smem_stats={self.smem_stats!r} is not a bool")
+        if self.amax_reduce not in ("shfl", "redux"):
+            raise ValueError(f"amax_reduce={self.amax_reduce!r} not in ('shfl', 'redux')")
+        if not isinstance(self.stats_early, bool):
+            raise ValueError(f"stats_early={self.stats_early!r} is not a bool")
+        if self.stats_early and (not self.smem_stats or self.overlap):
+            raise ValueError("stats_early=True needs smem_stats=True and overlap=0")
+        if self.dq_red_width not in (1, 2):
+            raise ValueError(f"dq_red_width={self.dq_red_width} not in (1, 2)")
+        if self.dq_red_width == 2 and self.dq_store != "red":
+            raise ValueError("dq_red_width=2 needs dq_store='red'")
+        if self.dq_keys not in ("cta", "own"):
+            raise ValueError(f"dq_keys={self.dq_keys!r} not in ('cta', 'own')")
+        if self.dq_keys == "own" and self.overlap:
+            raise ValueError(f"dq_keys='own' needs overlap=0 (got {self.overlap})")
+        if self.dq_keys == "own" and self.dq_store == "bulk" and self.head_dim != 64:
+            raise ValueError("dq_keys='own' with dq_store='bulk' is only implemented for head_dim 64 (use 'red')")
         if not 1 <= self.q_stage <= 4:
             raise ValueError(f"q_stage={self.q_stage} not in [1, 4]")
 
@@ -106,6 +137,15 @@ class AttentionBwdConfig(KernelConfig):
 #   tune 4: overlap 2 + smem_stats (LSE and delta with the Q / dO stage, read from shared memory)
 #   tune 5: smem_stats alone (tune 0's schedule)
 #   tune 6: overlap 1 + smem_stats
+#   tune 7: smem_stats + amax_reduce "redux" (one redux.sync per dS block amax instead of 5 shuffles, a tree
+#           max before it) + stats_early (the LSE loads under the S^T wgmma)
+#   tune 8: tune 7 + dq_keys "own" + dq_store "red" (the consumers decoupled: no 256-thread dS barrier,
+#           each consumer's dQ over its own 64 keys)
+#   tune 9: smem_stats + dq_store "red" (the H64 candidate: tune 1 with tune 5's stats path)
+#   tune 10 (H64 only): tune 7 + dq_keys "own" + dq_store "bulk" (a staging tile per consumer)
+#   tune 11: tune 8 with dq_red_width 2 (red.global.add.v2.f32)
+#   tune 12: tune 7 + dq_store "red" with dq_red_width 2 (dQ over the CTA's keys)
+_T7 = dict(smem_stats=True, amax_reduce="redux", stats_early=True)
 TUNINGS: tuple[tuple[int, dict], ...] = (
     (0, {}),
     (1, dict(dq_store="red")),
@@ -114,11 +154,20 @@ TUNINGS: tuple[tuple[int, dict], ...] = (
     (4, dict(overlap=2, smem_stats=True)),
     (5, dict(smem_stats=True)),
     (6, dict(overlap=1, smem_stats=True)),
+    (7, dict(_T7)),
+    (8, dict(_T7, dq_keys="own", dq_store="red")),
+    (9, dict(smem_stats=True, dq_store="red")),
+    (10, dict(_T7, dq_keys="own")),
+    (11, dict(_T7, dq_keys="own", dq_store="red", dq_red_width=2)),
+    (12, dict(_T7, dq_store="red", dq_red_width=2)),
 )
+TUNING_HEAD_DIMS: dict[int, tuple[int, ...]] = {10: (64,)}
+"""Tunings registered for some head dims only (the others: every head dim)."""
 
 ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = tuple(
     AttentionBwdConfig(head_dim=h, causal=c, tune=tune, **fields)
     for h in (128, 64)
     for c in (False, True)
     for tune, fields in TUNINGS
+    if h in TUNING_HEAD_DIMS.get(tune, (h,))
 )
