@@ -128,14 +128,17 @@ class AttentionBwdConfig(KernelConfig):
 
 
 # Registered: the variants the GPU tests cover (tests/test_attention_bwd_kernel_gpu.py, run on the H200).
-# Production (tune 0): dq_store "bulk" (5.35 vs 6.10 ms for "red" at B4 T4k N16 H128, docs/perf-notes.md).
+# Production (tune 0) per head_dim, PRODUCTION (docs/perf-notes.md "Attention backward (sm90)"): H128 smem_stats
+# (run 13: 284.8 / 258.3 TFLOP/s non-causal / causal at B4 T4k N16 vs 261.9 / 229.1 for v1), H64 dq_store
+# "red" (run 12: 208.5 vs 170.9 for v1's "bulk"); both passed every GPU test case in run 14.
 # Alternatives for benchmarks/attention_bwd_kernel.py (non-production; the GPU test checks each against the
-# reference and against tune 0's outputs, dk and dv bit for bit):
+# reference and against tune 0's outputs, dk and dv bit for bit). A tuning whose config is the production one
+# of a head_dim (tune 5 at H128, tune 1 at H64) is not registered for it (tuning_fields):
 #   tune 1: dq_store "red"
 #   tune 2: overlap 1 (the next tile's S^T issued before this tile's dQ store)
 #   tune 3: overlap 2 (S^T and dP^T)
 #   tune 4: overlap 2 + smem_stats (LSE and delta with the Q / dO stage, read from shared memory)
-#   tune 5: smem_stats alone (tune 0's schedule)
+#   tune 5: smem_stats alone (v1's schedule)
 #   tune 6: overlap 1 + smem_stats
 #   tune 7: smem_stats + amax_reduce "redux" (one redux.sync per dS block amax instead of 5 shuffles, a tree
 #           max before it) + stats_early (the LSE loads under the S^T wgmma)
@@ -145,9 +148,12 @@ class AttentionBwdConfig(KernelConfig):
 #   tune 10 (H64 only): tune 7 + dq_keys "own" + dq_store "bulk" (a staging tile per consumer)
 #   tune 11: tune 8 with dq_red_width 2 (red.global.add.v2.f32)
 #   tune 12: tune 7 + dq_store "red" with dq_red_width 2 (dQ over the CTA's keys)
+#   tune 13: v1 (dq_store "bulk", LSE / delta from global memory): production until 2026-12-01
+PRODUCTION: dict[int, dict] = {128: dict(smem_stats=True), 64: dict(dq_store="red")}
+"""Tune 0's fields per head_dim."""
 _T7 = dict(smem_stats=True, amax_reduce="redux", stats_early=True)
 TUNINGS: tuple[tuple[int, dict], ...] = (
-    (0, {}),
+    (0, {}),  # production: PRODUCTION[head_dim]
     (1, dict(dq_store="red")),
     (2, dict(overlap=1)),
     (3, dict(overlap=2)),
@@ -160,14 +166,30 @@ TUNINGS: tuple[tuple[int, dict], ...] = (
     (10, dict(_T7, dq_keys="own")),
     (11, dict(_T7, dq_keys="own", dq_store="red", dq_red_width=2)),
     (12, dict(_T7, dq_store="red", dq_red_width=2)),
+    (13, dict(dq_store="bulk", smem_stats=False)),
 )
 TUNING_HEAD_DIMS: dict[int, tuple[int, ...]] = {10: (64,)}
 """Tunings registered for some head dims only (the others: every head dim)."""
 
+
+def tuning_fields(tune: int, head_dim: int) -> dict | None:
+    """The config fields of tuning `tune` at head_dim (tune 0: PRODUCTION), or None where it is not
+    registered: a head dim outside TUNING_HEAD_DIMS, or the same config as that head dim's production."""
+    fields = dict(TUNINGS)[tune]
+    if tune == 0:
+        return dict(PRODUCTION[head_dim])
+    if head_dim not in TUNING_HEAD_DIMS.get(tune, (head_dim,)):
+        return None
+    prod = AttentionBwdConfig(head_dim=head_dim, **PRODUCTION[head_dim])
+    if AttentionBwdConfig(head_dim=head_dim, **fields) == prod:
+        return None
+    return fields
+
+
 ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = tuple(
-    AttentionBwdConfig(head_dim=h, causal=c, tune=tune, **fields)
+    AttentionBwdConfig(head_dim=h, causal=c, tune=tune, **tuning_fields(tune, h))
     for h in (128, 64)
     for c in (False, True)
-    for tune, fields in TUNINGS
-    if h in TUNING_HEAD_DIMS.get(tune, (h,))
+    for tune, _ in TUNINGS
+    if tuning_fields(tune, h) is not None
 )

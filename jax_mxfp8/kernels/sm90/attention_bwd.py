@@ -33,7 +33,7 @@ wgmma (no FP8 transposes):
          formats/quantize.py; kernels/common/ptx.py scale_and_factor / quantize4_f32)
   dV  += Pq^T dO                                 (RS: Pq^T from registers, dO^T an MN-major view of sdO)
   dK  += dSq^T Q                                 (RS: dSq^T from registers, Q^T an MN-major view of sQ)
-  dQ   = dSq K  (per query tile), times tau, added into dq (config.dq_store: "bulk", production, stages the
+  dQ   = dSq K  (per query tile), times tau, added into dq (config.dq_store: "bulk", production at H128, stages the
          tile in shared memory and issues one 256-byte cp.reduce.async.bulk .add.f32 per row; "red" issues
          red.global.add.f32 per element)
   dK *= tau at the end.
@@ -53,14 +53,20 @@ head), 3 warpgroups):
   group may stay in flight across the loop's back edge, nor may the accumulators' initial values be
   materialized inside an open wgmma stage, or ptxas serializes EVERY wgmma of the kernel (C7514/C7515;
   check the SASS: one WARPGROUP.DEPBAR per wait, not per HGMMA). config.smem_stats: the producer copies
-  the tile's LSE and delta into the Q / dO stage (cp.async.bulk), read from shared memory where used.
+  the tile's LSE and delta into the Q / dO stage (cp.async.bulk), read from shared memory where used
+  (production at H128). config.amax_reduce "redux": the dS block amax's warp reduction as one redux.sync
+  after a tree max; config.stats_early: the LSE loads issued under the S^T wgmma. config.dq_keys "own":
+  each consumer's dQ over its own 64 keys and all H columns (H128: two 64-column wgmmas in sequence, one
+  accumulator), behind its own 128-thread barrier instead of the 256-thread dS barrier: the consumers run
+  independently, at twice the dQ reductions. config.dq_red_width 2: red.global.add.v2.f32.
 Building blocks: kernels/sm90/attention_bwd_blocks.py (dS square quantization, dQ store PTX), warp_specialization,
 wgmma, wgmma_fragment (acc_coords).
 
 Measured on the H200 (docs/perf-notes.md "Attention backward (sm90)", tests/test_attention_bwd_kernel_gpu.py):
 dq, dk, dv 68-156 dB SQNR against the XLA reference, their float64 SQNR equal to the reference's to 0.01 dB;
-257 TFLOP/s at B4 T4k N16 H128 non-causal (225 causal), 0.49x / 0.53x cuDNN BF16's backward: latency- and
-serialization-bound (no overlap of the CUDA-core phases with the wgmmas yet).
+production (registry PRODUCTION: smem_stats at H128, dq_store "red" at H64) 284.8 TFLOP/s at B4 T4k N16
+H128 non-causal (258.3 causal), 0.57x / 0.59x cuDNN BF16's backward; H64 208.5. Latency-bound (ncu: 0.28
+IPC per scheduler; the largest wait is the dQ bulk reductions' one-lane-at-a-time issue loop on warp 0).
 """
 
 from __future__ import annotations
