@@ -27,6 +27,8 @@ from jax_mxfp8.kernels.registry.attention_bwd import PRODUCTION, TUNINGS, Attent
         (dict(smem_stats=1), "smem_stats"),
         (dict(amax_reduce="vote"), "amax_reduce"),
         (dict(dq_keys="half"), "dq_keys"),
+        (dict(dq_red_width=3, dq_store="red"), "dq_red_width"),
+        (dict(dq_red_width=2), "dq_red_width"),
         (dict(dq_keys="own", overlap=1), "dq_keys"),
         (dict(dq_keys="own", head_dim=128), "dq_keys"),
     ],

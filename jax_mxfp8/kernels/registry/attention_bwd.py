@@ -46,7 +46,8 @@ class AttentionBwdConfig(KernelConfig):
       stats_early: smem_stats only (overlap 0): each tile's LSE shared-memory loads are issued before the
         S^T wait instead of after it, so their latency hides under the wgmma.
       dq_red_width: dq_store "red": floats per red.global.add (1: .f32; 2: .v2.f32, a thread's two adjacent
-        columns in one 8-byte reduction: half the instructions and L2 reduction requests).
+        columns in one 8-byte reduction: half the instructions and L2 reduction requests; 4: .v4.f32, lane
+        pairs swap half their values first so that each lane holds 4 adjacent columns of one row).
       dq_keys: dQ = dS K per query tile over "cta" (all 128 keys of the CTA: both consumers' dS in shared
         memory behind a 256-thread barrier, the head-dim split over the consumers at H128, consumer 0 alone
         at H64) or "own" (each consumer over its own 64 keys, all head-dim columns: only a 128-thread
@@ -108,10 +109,10 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"stats_early={self.stats_early!r} is not a bool")
         if self.stats_early and (not self.smem_stats or self.overlap):
             raise ValueError("stats_early=True needs smem_stats=True and overlap=0")
-        if self.dq_red_width not in (1, 2):
-            raise ValueError(f"dq_red_width={self.dq_red_width} not in (1, 2)")
-        if self.dq_red_width == 2 and self.dq_store != "red":
-            raise ValueError("dq_red_width=2 needs dq_store='red'")
+        if self.dq_red_width not in (1, 2, 4):
+            raise ValueError(f"dq_red_width={self.dq_red_width} not in (1, 2, 4)")
+        if self.dq_red_width != 1 and self.dq_store != "red":
+            raise ValueError(f"dq_red_width={self.dq_red_width} needs dq_store='red'")
         if self.dq_keys not in ("cta", "own"):
             raise ValueError(f"dq_keys={self.dq_keys!r} not in ('cta', 'own')")
         if self.dq_keys == "own" and self.overlap:
@@ -148,6 +149,7 @@ class AttentionBwdConfig(KernelConfig):
 #   tune 10 (H64 only): tune 7 + dq_keys "own" + dq_store "bulk" (a staging tile per consumer)
 #   tune 11: tune 8 with dq_red_width 2 (red.global.add.v2.f32)
 #   tune 12: tune 7 + dq_store "red" with dq_red_width 2 (dQ over the CTA's keys)
+#   tune 14: tune 12 with dq_red_width 4 (red.global.add.v4.f32 after a lane-pair exchange)
 #   tune 13: v1 (dq_store "bulk", LSE / delta from global memory): production until 2026-12-01
 PRODUCTION: dict[int, dict] = {128: dict(smem_stats=True), 64: dict(dq_store="red")}
 """Tune 0's fields per head_dim."""
@@ -167,6 +169,7 @@ TUNINGS: tuple[tuple[int, dict], ...] = (
     (11, dict(_T7, dq_keys="own", dq_store="red", dq_red_width=2)),
     (12, dict(_T7, dq_store="red", dq_red_width=2)),
     (13, dict(dq_store="bulk", smem_stats=False)),
+    (14, dict(_T7, dq_store="red", dq_red_width=4)),
 )
 TUNING_HEAD_DIMS: dict[int, tuple[int, ...]] = {10: (64,)}
 """Tunings registered for some head dims only (the others: every head dim)."""

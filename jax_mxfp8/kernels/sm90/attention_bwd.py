@@ -81,6 +81,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu.warpgroup import OperandMajorMode, OperandSource
 
+from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.registry import AttentionBwdConfig
 from jax_mxfp8.kernels.sm90 import warp_specialization as ws
 from jax_mxfp8.kernels.sm90 import wgmma
@@ -93,6 +94,7 @@ from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
     quantize_ds_square,
     red_add_f32,
     red_add_v2_f32,
+    red_add_v4_f32,
     st_shared_v2_f32,
 )
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
@@ -749,7 +751,9 @@ class AttentionBackwardSm90:
     def _add_dq(self, acc_dq, dq_base, bn, tp, row0, col0, q_len, scale):
         """dq[bn, row, col] += tau * acc (red.global.add.f32) for this thread's rows row0 (+ 8) < q_len."""
         h = self.h
-        for v1 in cutlass.range_constexpr(2):
+        if cutlass.const_expr(self.config.dq_red_width == 4):
+            self._add_dq_v4(acc_dq, dq_base, bn, tp, row0, col0, q_len, scale)
+        for v1 in cutlass.range_constexpr(2 if self.config.dq_red_width != 4 else 0):
             row = row0 + 8 * v1
             if row < q_len:
                 base = dq_base + (Int64(bn) * Int64(tp) + Int64(row)) * Int64(h * 4)
@@ -761,6 +765,30 @@ class AttentionBackwardSm90:
                             red_add_v2_f32(addr, acc_dq[i] * scale, acc_dq[i + 1] * scale)
                     elif cutlass.const_expr(vv == v1):
                         red_add_f32(base + Int64((col0 + v0 + 8 * nbk) * 4), acc_dq[i] * scale)
+
+    @cute.jit
+    def _add_dq_v4(self, acc_dq, dq_base, bn, tp, row0, col0, q_len, scale):
+        """dq_red_width 4: lanes 2j, 2j + 1 (columns c, c + 1 and c + 2, c + 3 of rows row0, row0 + 8) swap
+        half their values (one shfl.bfly 1 per value pair), so that the even lane holds 4 adjacent columns
+        of row row0 and the odd lane of row row0 + 8: one 16-byte red.global.add.v4.f32 per thread and
+        8-column block (half the instructions of width 2). The lane's parity is bit 1 of col0."""
+        odd = ((col0 >> 1) & 1) == 1
+        row = row0 + cutlass.select_(odd, Int32(8), Int32(0))
+        col = col0 - cutlass.select_(odd, Int32(2), Int32(0))
+        base = dq_base + (Int64(bn) * Int64(tp) + Int64(row)) * Int64(self.h * 4)
+        for nbk in cutlass.range_constexpr(cute.size(acc_dq) // 4):
+            a0 = acc_dq[4 * nbk] * scale  # row0: columns c, c + 1
+            a1 = acc_dq[4 * nbk + 1] * scale
+            b0 = acc_dq[4 * nbk + 2] * scale  # row0 + 8
+            b1 = acc_dq[4 * nbk + 3] * scale
+            r0 = Uint32(ptx.shfl_bfly(Float32(cutlass.select_(odd, a0, b0)).bitcast(Uint32), 1)).bitcast(Float32)
+            r1 = Uint32(ptx.shfl_bfly(Float32(cutlass.select_(odd, a1, b1)).bitcast(Uint32), 1)).bitcast(Float32)
+            if row < q_len:
+                red_add_v4_f32(
+                    base + Int64((col + 8 * nbk) * 4),
+                    cutlass.select_(odd, r0, a0), cutlass.select_(odd, r1, a1),
+                    cutlass.select_(odd, b0, r0), cutlass.select_(odd, b1, r1),
+                )  # fmt: skip
 
     def _gemm_acc(self, make_mma, acc, a, b, it):
         """dV / dK: acc += a b; with overlap, the first step (it = 0) overwrites acc instead (no zero fill)."""

@@ -2,7 +2,7 @@
 
   quantize_ds_square   dS^T (a consumer's 64 keys x 64 queries accumulator fragment) -> its 32x32 square-block
                        MX values (scale rule "up", E4M3 satfinite), the block amax shared by a warp pair
-  red_add_f32          red.global.add.f32 (dq_store "red"); red_add_v2_f32: two adjacent floats (dq_red_width 2)
+  red_add_f32          red.global.add.f32 (dq_store "red"); red_add_v2_f32 / _v4_f32: 2 / 4 adjacent floats
   bulk_*               cp.reduce.async.bulk .add.f32 from shared memory and its bulk-group waits ("bulk");
                        bulk_load: cp.async.bulk global -> shared on an mbarrier (smem_stats)
   st_shared_v2_f32     8-byte shared-memory store
@@ -33,6 +33,12 @@ def red_add_v2_f32(addr: Int64, a: Float32, b: Float32) -> None:
     """Float32 atomic adds without return of a, b at the 8-byte aligned global address addr, addr + 4
     (red.global.add.v2.f32, sm_90): one L2 reduction of two floats."""
     inline_ptx("red.global.add.v2.f32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, a, b])
+
+
+def red_add_v4_f32(addr: Int64, a: Float32, b: Float32, c: Float32, d: Float32) -> None:
+    """Float32 atomic adds without return of a, b, c, d at the 16-byte aligned global address addr ..
+    addr + 12 (red.global.add.v4.f32, sm_90)."""
+    inline_ptx("red.global.add.v4.f32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, a, b, c, d])
 
 
 def bulk_reduce_add_f32(dst: Int64, src: Int32, size: int) -> None:
