@@ -43,7 +43,8 @@ def test_bad_fields_raise_naming_the_field(kwargs, field):
 def test_production_lookup(head_dim, causal):
     v = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal)
     assert v is not None and v.tune == 0 and v.overlap == 0
-    assert v.dq_store == ("bulk" if head_dim == 128 else "red") and v.smem_stats == (head_dim == 128)
+    assert v.dq_store == "red" and v.smem_stats == (head_dim == 128)
+    assert v.dq_red_width == (2 if head_dim == 128 else 1)
     assert v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}"
     assert v.key == dict(
         head_dim=head_dim, causal=int(causal), p_scale=0, p_rounding=0, dq_accum=0, deterministic=0, packed=0, tune=0

@@ -129,12 +129,14 @@ class AttentionBwdConfig(KernelConfig):
 
 
 # Registered: the variants the GPU tests cover (tests/test_attention_bwd_kernel_gpu.py, run on the H200).
-# Production (tune 0) per head_dim, PRODUCTION (docs/perf-notes.md "Attention backward (sm90)"): H128 smem_stats
-# (run 13: 284.8 / 258.3 TFLOP/s non-causal / causal at B4 T4k N16 vs 261.9 / 229.1 for v1), H64 dq_store
-# "red" (run 12: 208.5 vs 170.9 for v1's "bulk"); both passed every GPU test case in run 14.
+# Production (tune 0) per head_dim, PRODUCTION (docs/perf-notes.md "Attention backward (sm90)"): H128 tune 12's
+# config (smem_stats, redux amax, LSE early, dQ by red.global.add.v2.f32; session 4 rounds A/B: 349.6 / 307.5
+# TFLOP/s non-causal / causal at B4 T4k N16, vs 285.9 / 258.3 for smem_stats alone and 262.6 / 229.1 for v1;
+# its H128 GPU test cases passed), H64 dq_store "red" (run 12: 208.5 vs 170.9 for v1's "bulk"; run 14 passed
+# every GPU test case). smem_stats alone (the H128 production of rounds A/B) is tune 5 again.
 # Alternatives for benchmarks/attention_bwd_kernel.py (non-production; the GPU test checks each against the
 # reference and against tune 0's outputs, dk and dv bit for bit). A tuning whose config is the production one
-# of a head_dim (tune 5 at H128, tune 1 at H64) is not registered for it (tuning_fields):
+# of a head_dim (tune 12 at H128, tune 1 at H64) is not registered for it (tuning_fields):
 #   tune 1: dq_store "red"
 #   tune 2: overlap 1 (the next tile's S^T issued before this tile's dQ store)
 #   tune 3: overlap 2 (S^T and dP^T)
@@ -151,9 +153,9 @@ class AttentionBwdConfig(KernelConfig):
 #   tune 12: tune 7 + dq_store "red" with dq_red_width 2 (dQ over the CTA's keys)
 #   tune 14: tune 12 with dq_red_width 4 (red.global.add.v4.f32 after a lane-pair exchange)
 #   tune 13: v1 (dq_store "bulk", LSE / delta from global memory): production until 2026-12-01
-PRODUCTION: dict[int, dict] = {128: dict(smem_stats=True), 64: dict(dq_store="red")}
-"""Tune 0's fields per head_dim."""
 _T7 = dict(smem_stats=True, amax_reduce="redux", stats_early=True)
+PRODUCTION: dict[int, dict] = {128: dict(_T7, dq_store="red", dq_red_width=2), 64: dict(dq_store="red")}
+"""Tune 0's fields per head_dim."""
 TUNINGS: tuple[tuple[int, dict], ...] = (
     (0, {}),  # production: PRODUCTION[head_dim]
     (1, dict(dq_store="red")),

@@ -64,9 +64,11 @@ wgmma, wgmma_fragment (acc_coords).
 
 Measured on the H200 (docs/perf-notes.md "Attention backward (sm90)", tests/test_attention_bwd_kernel_gpu.py):
 dq, dk, dv 68-156 dB SQNR against the XLA reference, their float64 SQNR equal to the reference's to 0.01 dB;
-production (registry PRODUCTION: smem_stats at H128, dq_store "red" at H64) 284.8 TFLOP/s at B4 T4k N16
-H128 non-causal (258.3 causal), 0.57x / 0.59x cuDNN BF16's backward; H64 208.5. Latency-bound (ncu: 0.28
-IPC per scheduler; the largest wait is the dQ bulk reductions' one-lane-at-a-time issue loop on warp 0).
+production (registry PRODUCTION: at H128 smem_stats + redux + stats_early + dq_store "red" with
+dq_red_width 2; at H64 dq_store "red") 349.6 TFLOP/s at B4 T4k N16 H128 non-causal (307.5 causal), 0.67x /
+0.72x cuDNN BF16's backward; H64 208.5 (run 12). Latency-bound (ncu of smem_stats alone: 0.28 IPC per
+scheduler; its largest wait was the dQ bulk reductions' one-lane-at-a-time issue loop on warp 0, which the
+8-byte atomics remove).
 """
 
 from __future__ import annotations
