@@ -8,7 +8,7 @@ function on a random cotangent), same shapes.
 
 FLOPs: backward = 2.5 x forward = 2.5 * 4 * B * N * T * S * H (five T x S x H GEMMs: S, dP, dV, dK, dQ),
 halved for causal. Every registered tuning (TUNES) is timed; "kernel_s" is the fastest.
-Usage: python benchmarks/attention_bwd_kernel.py [--out results.json] [--calls 10] [--batches 5]
+Usage: python benchmarks/attention_bwd_kernel.py [--out results.json] [--calls 10] [--batches 5] [--tunes 0,5]
        ncu -k regex:attention_bwd --launch-skip 1 --launch-count 1 python benchmarks/attention_bwd_kernel.py --profile 0
 """
 
@@ -94,27 +94,34 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, default=5)
     ap.add_argument("--profile", type=int, default=None, metavar="TUNE", help="run that tuning 4 times (ncu)")
     ap.add_argument("--causal", action="store_true", help="with --profile: the causal shape")
+    ap.add_argument("--shape", type=int, default=None, help="with --profile: SHAPES index (overrides --causal)")
+    ap.add_argument("--tunes", default=None, help="comma-separated tunings to time (default: all registered)")
+    ap.add_argument("--shapes", default=None, help="comma-separated SHAPES indices, in this order (default: all)")
     args = ap.parse_args(argv)
+    shapes = SHAPES if args.shapes is None else [SHAPES[int(i)] for i in args.shapes.split(",")]
+    tunes = TUNES if args.tunes is None else tuple(int(t) for t in args.tunes.split(","))
     library.load_library()
     rng = np.random.default_rng(0)
     if args.profile is not None:
-        fn, a = kernel_fn(SHAPES[1 if args.causal else 0], rng, args.profile)
+        shape = SHAPES[args.shape if args.shape is not None else (1 if args.causal else 0)]
+        fn, a = kernel_fn(shape, rng, args.profile)
         for _ in range(4):
             jax.block_until_ready(fn(*a))
         return 0
     rows = []
+    meta = dict(device=str(jax.devices()[0]), jax=jax.__version__, flops="2.5 * 4 * B * N * T * S * H (/2 causal)")
     print(
         f"{'shape':34s} {'tune':>4s} {'kernel ms':>10s} {'TFLOP/s':>8s} {'cuDNN ms':>9s} {'TFLOP/s':>8s} {'ratio':>6s}"
     )
-    for shape in SHAPES:
+    for shape in shapes:
         flops = bwd_flops(**shape)
         row = dict(shape=shape, flops=flops)
-        for tune in TUNES:
+        for tune in tunes:
             fn, a = kernel_fn(shape, rng, tune)
             if fn is not None:
                 jax.block_until_ready(fn(*a))
                 row[f"kernel_t{tune}_s"] = timeit(fn, a, args.calls, args.batches)
-        timed = [(row[f"kernel_t{t}_s"], t) for t in TUNES if f"kernel_t{t}_s" in row]
+        timed = [(row[f"kernel_t{t}_s"], t) for t in tunes if f"kernel_t{t}_s" in row]
         if timed:
             row["kernel_s"], row["kernel_best_tune"] = min(timed)
         try:
@@ -128,7 +135,7 @@ def main(argv=None) -> int:
                 row[f"{key}_tflops"] = flops / row[f"{key}_s"] / 1e12
         name = "B{b} T{t} N{n} K{n_kv} H{h}{c}".format(**shape, c=" causal" if shape["causal"] else "")
         cs = row.get("cudnn_s", float("nan"))
-        for tune in TUNES:
+        for tune in tunes:
             if f"kernel_t{tune}_s" not in row:
                 continue  # not registered
             kt = row[f"kernel_t{tune}_s"]
@@ -137,8 +144,8 @@ def main(argv=None) -> int:
                 f"{row.get('cudnn_tflops', float('nan')):8.1f} {cs / kt:6.2f}"
             )
         rows.append(row)
-    meta = dict(device=str(jax.devices()[0]), jax=jax.__version__, flops="2.5 * 4 * B * N * T * S * H (/2 causal)")
-    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+        # rewritten after every shape: a run cut short by its time limit keeps the shapes it finished
+        Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     return 0
 
 

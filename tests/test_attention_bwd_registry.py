@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from jax_mxfp8.kernels import registry
-from jax_mxfp8.kernels.registry.attention_bwd import TUNINGS, AttentionBwdConfig
+from jax_mxfp8.kernels.registry.attention_bwd import PRODUCTION, TUNINGS, AttentionBwdConfig, tuning_fields
 
 
 @pytest.mark.parametrize(
@@ -23,6 +25,12 @@ from jax_mxfp8.kernels.registry.attention_bwd import TUNINGS, AttentionBwdConfig
         (dict(overlap=1, dq_store="red"), "overlap"),
         (dict(q_stage=0), "q_stage"),
         (dict(smem_stats=1), "smem_stats"),
+        (dict(amax_reduce="vote"), "amax_reduce"),
+        (dict(dq_keys="half"), "dq_keys"),
+        (dict(dq_red_width=3, dq_store="red"), "dq_red_width"),
+        (dict(dq_red_width=2), "dq_red_width"),
+        (dict(dq_keys="own", overlap=1), "dq_keys"),
+        (dict(dq_keys="own", head_dim=128), "dq_keys"),
     ],
 )
 def test_bad_fields_raise_naming_the_field(kwargs, field):
@@ -34,12 +42,15 @@ def test_bad_fields_raise_naming_the_field(kwargs, field):
 @pytest.mark.parametrize("causal", [False, True])
 def test_production_lookup(head_dim, causal):
     v = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal)
-    assert v is not None and v.tune == 0 and v.dq_store == "bulk" and v.overlap == 0
+    assert v is not None and v.tune == 0 and v.overlap == 0
+    assert v.dq_store == "red" and v.smem_stats == (head_dim == 128)
+    assert v.dq_red_width == (2 if head_dim == 128 else 1)
     assert v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}"
     assert v.key == dict(
         head_dim=head_dim, causal=int(causal), p_scale=0, p_rounding=0, dq_accum=0, deterministic=0, packed=0, tune=0
     )
-    assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=1).dq_store == "red"
+    v1 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=13)
+    assert v1.dq_store == "bulk" and not v1.smem_stats  # the v1 production, kept as a tuning
 
 
 def test_uncovered_arguments_find_nothing():
@@ -51,14 +62,24 @@ def test_uncovered_arguments_find_nothing():
 @pytest.mark.parametrize("causal", [False, True])
 def test_tunings_registered_as_non_production(head_dim, causal):
     """Every tuning is registered for each head_dim x causal under its own tune (the GPU test and the
-    benchmark loop over TUNINGS); only tune 0 is what the production lookup finds."""
-    for tune, fields in TUNINGS:
+    benchmark loop over TUNINGS) unless tuning_fields leaves it out (another head dim only, or the same
+    config as production); only tune 0 is what the production lookup finds."""
+    prod = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal)
+    assert prod == AttentionBwdConfig(head_dim=head_dim, causal=causal, **PRODUCTION[head_dim])
+    registered = 0
+    for tune, _ in TUNINGS:
+        fields = tuning_fields(tune, head_dim)
         v = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=tune)
+        if fields is None:
+            assert v is None
+            continue
+        registered += 1
         assert v is not None and v.tune == tune
         assert all(getattr(v, k) == x for k, x in fields.items())
         assert (v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}") == (tune == 0)
-    prod = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal)
-    assert prod == AttentionBwdConfig(head_dim=head_dim, causal=causal)
+        if tune != 0:
+            assert dataclasses.replace(v, tune=0) != prod  # no tuning duplicates production
+    assert registered >= len(TUNINGS) - 2
     assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=len(TUNINGS)) is None
 
 

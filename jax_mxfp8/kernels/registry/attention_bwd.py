@@ -41,6 +41,18 @@ class AttentionBwdConfig(KernelConfig):
         global memory (32 LDG, live in registers from the tile's start); True: the producer copies the
         tile's 64 LSE and 64 delta values (cp.async.bulk, 2 x 256 bytes) into the Q / dO stage, and the
         consumers read them from shared memory right where they are used (fewer live registers).
+      amax_reduce: the dS square block's warp amax: "shfl" (5 dependent shfl.sync.bfly + max per query
+        block) or "redux" (one redux.sync.max.u32: the same integer max of |x| bits, one instruction).
+      stats_early: smem_stats only (overlap 0): each tile's LSE shared-memory loads are issued before the
+        S^T wait instead of after it, so their latency hides under the wgmma.
+      dq_red_width: dq_store "red": floats per red.global.add (1: .f32; 2: .v2.f32, a thread's two adjacent
+        columns in one 8-byte reduction: half the instructions and L2 reduction requests; 4: .v4.f32, lane
+        pairs swap half their values first so that each lane holds 4 adjacent columns of one row).
+      dq_keys: dQ = dS K per query tile over "cta" (all 128 keys of the CTA: both consumers' dS in shared
+        memory behind a 256-thread barrier, the head-dim split over the consumers at H128, consumer 0 alone
+        at H64) or "own" (each consumer over its own 64 keys, all head-dim columns: only a 128-thread
+        barrier per consumer, so the two consumers run independently; twice the dQ reductions into dq).
+        "own" needs overlap 0, and dq_store "red" at head_dim 128 (the bulk path stages 64 columns).
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
     """
 
@@ -60,6 +72,10 @@ class AttentionBwdConfig(KernelConfig):
     dq_store: str = "bulk"
     overlap: int = 0
     smem_stats: bool = False
+    amax_reduce: str = "shfl"
+    stats_early: bool = False
+    dq_red_width: int = 1
+    dq_keys: str = "cta"
     tune: int = 0
 
     def __post_init__(self):
@@ -87,6 +103,22 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"overlap={self.overlap} needs dq_store='bulk' (got {self.dq_store!r})")
         if not isinstance(self.smem_stats, bool):
             raise ValueError(f"smem_stats={self.smem_stats!r} is not a bool")
+        if self.amax_reduce not in ("shfl", "redux"):
+            raise ValueError(f"amax_reduce={self.amax_reduce!r} not in ('shfl', 'redux')")
+        if not isinstance(self.stats_early, bool):
+            raise ValueError(f"stats_early={self.stats_early!r} is not a bool")
+        if self.stats_early and (not self.smem_stats or self.overlap):
+            raise ValueError("stats_early=True needs smem_stats=True and overlap=0")
+        if self.dq_red_width not in (1, 2, 4):
+            raise ValueError(f"dq_red_width={self.dq_red_width} not in (1, 2, 4)")
+        if self.dq_red_width != 1 and self.dq_store != "red":
+            raise ValueError(f"dq_red_width={self.dq_red_width} needs dq_store='red'")
+        if self.dq_keys not in ("cta", "own"):
+            raise ValueError(f"dq_keys={self.dq_keys!r} not in ('cta', 'own')")
+        if self.dq_keys == "own" and self.overlap:
+            raise ValueError(f"dq_keys='own' needs overlap=0 (got {self.overlap})")
+        if self.dq_keys == "own" and self.dq_store == "bulk" and self.head_dim != 64:
+            raise ValueError("dq_keys='own' with dq_store='bulk' is only implemented for head_dim 64 (use 'red')")
         if not 1 <= self.q_stage <= 4:
             raise ValueError(f"q_stage={self.q_stage} not in [1, 4]")
 
@@ -97,28 +129,72 @@ class AttentionBwdConfig(KernelConfig):
 
 
 # Registered: the variants the GPU tests cover (tests/test_attention_bwd_kernel_gpu.py, run on the H200).
-# Production (tune 0): dq_store "bulk" (5.35 vs 6.10 ms for "red" at B4 T4k N16 H128, docs/perf-notes.md).
+# Production (tune 0) per head_dim, PRODUCTION (docs/perf-notes.md "Attention backward (sm90)"): H128 tune 12's
+# config (smem_stats, redux amax, LSE early, dQ by red.global.add.v2.f32; session 4 rounds A/B: 349.6 / 307.5
+# TFLOP/s non-causal / causal at B4 T4k N16, vs 285.9 / 258.3 for smem_stats alone and 262.6 / 229.1 for v1;
+# its H128 GPU test cases passed), H64 dq_store "red" (run 12: 208.5 vs 170.9 for v1's "bulk"; run 14 passed
+# every GPU test case). smem_stats alone (the H128 production of rounds A/B) is tune 5 again.
 # Alternatives for benchmarks/attention_bwd_kernel.py (non-production; the GPU test checks each against the
-# reference and against tune 0's outputs, dk and dv bit for bit):
+# reference and against tune 0's outputs, dk and dv bit for bit). A tuning whose config is the production one
+# of a head_dim (tune 12 at H128, tune 1 at H64) is not registered for it (tuning_fields):
 #   tune 1: dq_store "red"
 #   tune 2: overlap 1 (the next tile's S^T issued before this tile's dQ store)
 #   tune 3: overlap 2 (S^T and dP^T)
 #   tune 4: overlap 2 + smem_stats (LSE and delta with the Q / dO stage, read from shared memory)
-#   tune 5: smem_stats alone (tune 0's schedule)
+#   tune 5: smem_stats alone (v1's schedule)
 #   tune 6: overlap 1 + smem_stats
+#   tune 7: smem_stats + amax_reduce "redux" (one redux.sync per dS block amax instead of 5 shuffles, a tree
+#           max before it) + stats_early (the LSE loads under the S^T wgmma)
+#   tune 8: tune 7 + dq_keys "own" + dq_store "red" (the consumers decoupled: no 256-thread dS barrier,
+#           each consumer's dQ over its own 64 keys)
+#   tune 9: smem_stats + dq_store "red" (the H64 candidate: tune 1 with tune 5's stats path)
+#   tune 10 (H64 only): tune 7 + dq_keys "own" + dq_store "bulk" (a staging tile per consumer)
+#   tune 11: tune 8 with dq_red_width 2 (red.global.add.v2.f32)
+#   tune 12: tune 7 + dq_store "red" with dq_red_width 2 (dQ over the CTA's keys)
+#   tune 14: tune 12 with dq_red_width 4 (red.global.add.v4.f32 after a lane-pair exchange)
+#   tune 13: v1 (dq_store "bulk", LSE / delta from global memory): production until 2026-12-01
+_T7 = dict(smem_stats=True, amax_reduce="redux", stats_early=True)
+PRODUCTION: dict[int, dict] = {128: dict(_T7, dq_store="red", dq_red_width=2), 64: dict(dq_store="red")}
+"""Tune 0's fields per head_dim."""
 TUNINGS: tuple[tuple[int, dict], ...] = (
-    (0, {}),
+    (0, {}),  # production: PRODUCTION[head_dim]
     (1, dict(dq_store="red")),
     (2, dict(overlap=1)),
     (3, dict(overlap=2)),
     (4, dict(overlap=2, smem_stats=True)),
     (5, dict(smem_stats=True)),
     (6, dict(overlap=1, smem_stats=True)),
+    (7, dict(_T7)),
+    (8, dict(_T7, dq_keys="own", dq_store="red")),
+    (9, dict(smem_stats=True, dq_store="red")),
+    (10, dict(_T7, dq_keys="own")),
+    (11, dict(_T7, dq_keys="own", dq_store="red", dq_red_width=2)),
+    (12, dict(_T7, dq_store="red", dq_red_width=2)),
+    (13, dict(dq_store="bulk", smem_stats=False)),
+    (14, dict(_T7, dq_store="red", dq_red_width=4)),
 )
+TUNING_HEAD_DIMS: dict[int, tuple[int, ...]] = {10: (64,)}
+"""Tunings registered for some head dims only (the others: every head dim)."""
+
+
+def tuning_fields(tune: int, head_dim: int) -> dict | None:
+    """The config fields of tuning `tune` at head_dim (tune 0: PRODUCTION), or None where it is not
+    registered: a head dim outside TUNING_HEAD_DIMS, or the same config as that head dim's production."""
+    fields = dict(TUNINGS)[tune]
+    if tune == 0:
+        return dict(PRODUCTION[head_dim])
+    if head_dim not in TUNING_HEAD_DIMS.get(tune, (head_dim,)):
+        return None
+    prod = AttentionBwdConfig(head_dim=head_dim, **PRODUCTION[head_dim])
+    if AttentionBwdConfig(head_dim=head_dim, **fields) == prod:
+        return None
+    return fields
+
 
 ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = tuple(
-    AttentionBwdConfig(head_dim=h, causal=c, tune=tune, **fields)
+    AttentionBwdConfig(head_dim=h, causal=c, tune=tune, **tuning_fields(tune, h))
     for h in (128, 64)
     for c in (False, True)
-    for tune, fields in TUNINGS
+    for tune, _ in TUNINGS
+    if tuning_fields(tune, h) is not None
 )

@@ -33,7 +33,7 @@ wgmma (no FP8 transposes):
          formats/quantize.py; kernels/common/ptx.py scale_and_factor / quantize4_f32)
   dV  += Pq^T dO                                 (RS: Pq^T from registers, dO^T an MN-major view of sdO)
   dK  += dSq^T Q                                 (RS: dSq^T from registers, Q^T an MN-major view of sQ)
-  dQ   = dSq K  (per query tile), times tau, added into dq (config.dq_store: "bulk", production, stages the
+  dQ   = dSq K  (per query tile), times tau, added into dq (config.dq_store: "bulk", production at H128, stages the
          tile in shared memory and issues one 256-byte cp.reduce.async.bulk .add.f32 per row; "red" issues
          red.global.add.f32 per element)
   dK *= tau at the end.
@@ -53,14 +53,22 @@ head), 3 warpgroups):
   group may stay in flight across the loop's back edge, nor may the accumulators' initial values be
   materialized inside an open wgmma stage, or ptxas serializes EVERY wgmma of the kernel (C7514/C7515;
   check the SASS: one WARPGROUP.DEPBAR per wait, not per HGMMA). config.smem_stats: the producer copies
-  the tile's LSE and delta into the Q / dO stage (cp.async.bulk), read from shared memory where used.
+  the tile's LSE and delta into the Q / dO stage (cp.async.bulk), read from shared memory where used
+  (production at H128). config.amax_reduce "redux": the dS block amax's warp reduction as one redux.sync
+  after a tree max; config.stats_early: the LSE loads issued under the S^T wgmma. config.dq_keys "own":
+  each consumer's dQ over its own 64 keys and all H columns (H128: two 64-column wgmmas in sequence, one
+  accumulator), behind its own 128-thread barrier instead of the 256-thread dS barrier: the consumers run
+  independently, at twice the dQ reductions. config.dq_red_width 2: red.global.add.v2.f32.
 Building blocks: kernels/sm90/attention_bwd_blocks.py (dS square quantization, dQ store PTX), warp_specialization,
 wgmma, wgmma_fragment (acc_coords).
 
 Measured on the H200 (docs/perf-notes.md "Attention backward (sm90)", tests/test_attention_bwd_kernel_gpu.py):
 dq, dk, dv 68-156 dB SQNR against the XLA reference, their float64 SQNR equal to the reference's to 0.01 dB;
-257 TFLOP/s at B4 T4k N16 H128 non-causal (225 causal), 0.49x / 0.53x cuDNN BF16's backward: latency- and
-serialization-bound (no overlap of the CUDA-core phases with the wgmmas yet).
+production (registry PRODUCTION: at H128 smem_stats + redux + stats_early + dq_store "red" with
+dq_red_width 2; at H64 dq_store "red") 349.6 TFLOP/s at B4 T4k N16 H128 non-causal (307.5 causal), 0.67x /
+0.72x cuDNN BF16's backward; H64 208.5 (run 12). Latency-bound (ncu of smem_stats alone: 0.28 IPC per
+scheduler; its largest wait was the dQ bulk reductions' one-lane-at-a-time issue loop on warp 0, which the
+8-byte atomics remove).
 """
 
 from __future__ import annotations
@@ -75,6 +83,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu.warpgroup import OperandMajorMode, OperandSource
 
+from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.registry import AttentionBwdConfig
 from jax_mxfp8.kernels.sm90 import warp_specialization as ws
 from jax_mxfp8.kernels.sm90 import wgmma
@@ -86,6 +95,8 @@ from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
     bulk_wait_read,
     quantize_ds_square,
     red_add_f32,
+    red_add_v2_f32,
+    red_add_v4_f32,
     st_shared_v2_f32,
 )
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
@@ -101,6 +112,7 @@ P_CONST = 256.0  # p_scale "const": P stored as E4M3(P * 2^8)
 DS_BARRIER = 1  # named barrier: dS tile written by both consumers (256 threads)
 AMAX_BARRIER0 = 2  # named barriers 2..5: one per warp pair (64 threads), the dS block amax exchange
 DQ_BARRIER0 = 6  # named barriers 6, 7: one per consumer (128 threads), its dQ staging tile (dq_store "bulk")
+DS_OWN_BARRIER0 = 8  # dq_keys "own": named barriers 8, 9, one per consumer (128 threads), its own dS keys
 
 
 class AttentionBackwardSm90:
@@ -110,7 +122,15 @@ class AttentionBackwardSm90:
         self.config = config
         self.h = config.head_dim
         self.q_stage = config.q_stage
-        self.dq_split = self.h == 128  # dQ's head-dim halves on the two consumers; H64: consumer 0 only
+        # dq_keys "own": each consumer's dQ over its own 64 keys, all H columns (no 256-thread dS barrier)
+        self.dq_own = config.dq_keys == "own"
+        # "cta": dQ's head-dim halves on the two consumers; H64: consumer 0 only
+        self.dq_split = self.h == 128 and not self.dq_own
+        # "own": 64 head-dim columns per dQ wgmma (H128: two in sequence; a 64 x 128 float32 accumulator
+        # next to dV and dK does not fit the registers: ptxas serializes every wgmma, C7512)
+        self.dq_halves = self.h // 64 if self.dq_own else 1
+        self.redux = config.amax_reduce == "redux"
+        self.stats_early = config.stats_early
         self.bulk_dq = config.dq_store == "bulk"
         self.overlap = config.overlap
         self.smem_stats = config.smem_stats
@@ -180,6 +200,8 @@ class AttentionBackwardSm90:
         """dQ = dSq K: A (queries, keys) MN-major in shared memory (sdS), B (H, keys) an MN-major view of sK.
         H128: the consumers take head-dim halves (thread t covers columns 64 (t // 128) ..); H64: one."""
         mn = OperandMajorMode.MN
+        if self.dq_own:  # one consumer's (64 queries, 64 head-dim columns) per wgmma
+            return sm90_utils.make_trivial_tiled_mma(BF16, BF16, mn, mn, Float32, (1, 1, 1), (TILE_M, 64))
         if self.dq_split:
             return sm90_utils.make_trivial_tiled_mma(
                 BF16, BF16, mn, mn, Float32, (1, NUM_CONSUMERS, 1), (TILE_M, self.h // NUM_CONSUMERS)
@@ -206,14 +228,16 @@ class AttentionBackwardSm90:
             sQ=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem)], 1024],
             sdO=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem)], 1024],
             sdS=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(ds_smem)], 1024],
-            sdQ=cute.struct.Align[
-                cute.struct.MemRange[cutlass.Uint8, TILE_M * self.dq_pitch if self.bulk_dq else 16], 128
-            ],
+            sdQ=cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self._sdq_bytes() if self.bulk_dq else 16], 128],
         )
         if self.smem_stats:  # (LSE, delta) x q_stage, float32
             words = self.q_stage * self.stats_bytes // 4
             fields["stats"] = cute.struct.Align[cute.struct.MemRange[Float32, words], 128]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    def _sdq_bytes(self) -> int:
+        """dq_store "bulk": the dQ staging tile(s), one per consumer with dq_keys "own"."""
+        return TILE_M * self.dq_pitch * (NUM_CONSUMERS if self.dq_own else 1)
 
     @cute.jit
     def launch(
@@ -425,15 +449,23 @@ class AttentionBackwardSm90:
         tPrdO = sdp_mma.make_fragment_B(thr_sdp.partition_B(sdO))
         tVrdOt = dkv_mma.make_fragment_B(thr_dkv.partition_B(sdOt))
         tKrQt = dkv_mma.make_fragment_B(thr_dkv.partition_B(sQt))
-        tQrdS = dq_mma.make_fragment_A(thr_dq.partition_A(sdS))
-        tQrKt = dq_mma.make_fragment_B(thr_dq.partition_B(sKt))
+        if cutlass.const_expr(self.dq_own):
+            # this consumer's 64 keys of dS (queries x keys, per buffer) and of K^T (H x keys)
+            tQrdS = dq_mma.make_fragment_A(thr_dq.partition_A(cute.local_tile(sdS, (TILE_M, WG_N), (0, c, None))))
+            tQrKt = [
+                dq_mma.make_fragment_B(thr_dq.partition_B(cute.local_tile(sKt, (64, WG_N), (hh, c, None))))
+                for hh in range(self.dq_halves)
+            ]
+        else:
+            tQrdS = dq_mma.make_fragment_A(thr_dq.partition_A(sdS))
+            tQrKt = dq_mma.make_fragment_B(thr_dq.partition_B(sKt))
         tCsdS = thr_sdp.partition_C(sdSt)
 
         acc_s = cute.make_rmem_tensor(thr_sdp.partition_shape_C((CTA_N, TILE_M)), Float32)
         acc_dp = cute.make_rmem_tensor(thr_sdp.partition_shape_C((CTA_N, TILE_M)), Float32)
         acc_dv = cute.make_rmem_tensor(thr_dkv.partition_shape_C((CTA_N, h)), Float32)
         acc_dk = cute.make_rmem_tensor(thr_dkv.partition_shape_C((CTA_N, h)), Float32)
-        acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((TILE_M, h)), Float32)
+        acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((TILE_M, 64 if self.dq_own else h)), Float32)
         a_f32 = cute.make_rmem_tensor(thr_dkv.partition_shape_A((CTA_N, TILE_M)), Float32)
         a_fp8 = cute.make_rmem_tensor(thr_dkv.partition_shape_A((CTA_N, TILE_M)), FP8)
         p_a = cute.make_rmem_tensor(thr_dkv.partition_shape_A((CTA_N, TILE_M)), BF16)
@@ -458,6 +490,8 @@ class AttentionBackwardSm90:
         dq_base = mdQ.iterator.toint()
         tp = mdQ.shape[0]
         pair_barrier = AMAX_BARRIER0 + c * 2 + warp_wg // 2
+        if cutlass.const_expr(self.dq_own and self.bulk_dq):
+            sdq_base = sdq_base + c * (TILE_M * self.dq_pitch)  # this consumer's staging tile
 
         if cutlass.const_expr(not self.overlap):
             acc_dv.fill(0.0)
@@ -489,8 +523,12 @@ class AttentionBackwardSm90:
                 self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, 0)
             if cutlass.const_expr(self.overlap == 1):
                 self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, -1)  # dP^T only (S^T is in flight)
+            # stats_early: the LSE loads (LDS) are issued under the S^T wgmma instead of after its wait (not
+            # delta under dP^T: its 16 registers live across the P phase raise the H128 spills 5 -> 18)
+            if cutlass.const_expr(self.smem_stats and self.stats_early):
+                self._read_stats(sStats, stage, col_in, lse2, True)
             cute.nvgpu.warpgroup.wait_group(1)
-            if cutlass.const_expr(self.smem_stats):
+            if cutlass.const_expr(self.smem_stats and not self.stats_early):
                 self._read_stats(sStats, stage, col_in, lse2, True)
             self._probabilities(acc_s, lse2, scale_log2, key0, q0 + col_in, q_len, kv_len, n, m)
             # Pq = E4M3_satfinite(P 2^8) 2^-8, as dV's A operand (the A fragment's order is the accumulator's)
@@ -510,24 +548,48 @@ class AttentionBackwardSm90:
             for i in cutlass.range_constexpr(32):
                 v0, _, nbk = acc_coords(i)
                 acc_dp[i] = acc_s[i] * (acc_dp[i] - dlt[v0 + 2 * nbk])
-            quantize_ds_square(acc_dp, sAmax, buf, c, warp_wg, lane, pair_barrier)
+            quantize_ds_square(acc_dp, sAmax, buf, c, warp_wg, lane, pair_barrier, self.redux)
             for i in cutlass.range_constexpr(32):
                 a_f32[i] = acc_dp[i]
             ds_a.store(a_f32.load().to(BF16))
             ds_c.store(acc_dp.load().to(BF16))
             cute.autovec_copy(ds_c, tCsdS[None, None, None, buf])
             cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=DS_BARRIER, number_of_threads=NUM_CONSUMERS * ws.WARPGROUP_THREADS)
-            cute.nvgpu.warpgroup.fence()
-            self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
-            cute.nvgpu.warpgroup.commit_group()
-            if cutlass.const_expr(self.dq_split):
-                self._gemm(self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[None, None, None, 0], False)
+            if cutlass.const_expr(self.dq_own):
+                # dQ over this consumer's own keys after its own 128-thread barrier: nothing waits for the
+                # other consumer. H128: the second half's wgmma after the first half's store (one 32-register
+                # accumulator), the first half's store while dK runs.
+                cute.arch.barrier(barrier_id=DS_OWN_BARRIER0 + c, number_of_threads=ws.WARPGROUP_THREADS)
+                cute.nvgpu.warpgroup.fence()
+                self._gemm(self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[0][None, None, None, 0], False)
                 cute.nvgpu.warpgroup.commit_group()
+                self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
+                cute.nvgpu.warpgroup.commit_group()
+                for hh in cutlass.range_constexpr(1, self.dq_halves):
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    self._store_dq(
+                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, Int32(64 * (hh - 1)), col_in, q_len, scale,
+                        c, warp_wg, lane,
+                    )  # fmt: skip
+                    cute.nvgpu.warpgroup.fence()
+                    self._gemm(
+                        self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[hh][None, None, None, 0], False
+                    )
+                    cute.nvgpu.warpgroup.commit_group()
             else:
-                if c == 0:
+                cute.arch.barrier(barrier_id=DS_BARRIER, number_of_threads=NUM_CONSUMERS * ws.WARPGROUP_THREADS)
+                cute.nvgpu.warpgroup.fence()
+                self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
+                cute.nvgpu.warpgroup.commit_group()
+                if cutlass.const_expr(self.dq_split):
                     self._gemm(self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[None, None, None, 0], False)
                     cute.nvgpu.warpgroup.commit_group()
+                else:
+                    if c == 0:
+                        self._gemm(
+                            self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[None, None, None, 0], False
+                        )
+                        cute.nvgpu.warpgroup.commit_group()
             cute.nvgpu.warpgroup.wait_group(0)
             q_pipe.consumer_release(state)
             # overlap + "bulk": dQ goes to its staging tile before the next S^T, dP^T are issued (no
@@ -557,7 +619,12 @@ class AttentionBackwardSm90:
                     q_pipe.consumer_wait(ws.ring_state(self.q_stage, it + 1))
                 self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, (it + 1) % self.q_stage, self.overlap)
             part = "issue" if early else "all"
-            if cutlass.const_expr(self.dq_split):
+            if cutlass.const_expr(self.dq_own):
+                self._store_dq(
+                    acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, Int32(64 * (self.dq_halves - 1)), col_in, q_len,
+                    scale, c, warp_wg, lane, part,
+                )  # fmt: skip
+            elif cutlass.const_expr(self.dq_split):
                 self._store_dq(
                     acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg, lane, part
                 )
@@ -686,14 +753,44 @@ class AttentionBackwardSm90:
     def _add_dq(self, acc_dq, dq_base, bn, tp, row0, col0, q_len, scale):
         """dq[bn, row, col] += tau * acc (red.global.add.f32) for this thread's rows row0 (+ 8) < q_len."""
         h = self.h
-        for v1 in cutlass.range_constexpr(2):
+        if cutlass.const_expr(self.config.dq_red_width == 4):
+            self._add_dq_v4(acc_dq, dq_base, bn, tp, row0, col0, q_len, scale)
+        for v1 in cutlass.range_constexpr(2 if self.config.dq_red_width != 4 else 0):
             row = row0 + 8 * v1
             if row < q_len:
                 base = dq_base + (Int64(bn) * Int64(tp) + Int64(row)) * Int64(h * 4)
                 for i in cutlass.range_constexpr(cute.size(acc_dq)):
                     v0, vv, nbk = acc_coords(i)
-                    if cutlass.const_expr(vv == v1):
+                    if cutlass.const_expr(vv == v1 and self.config.dq_red_width == 2):
+                        if cutlass.const_expr(v0 == 0):  # columns c, c + 1: one 8-byte red.global.add.v2.f32
+                            addr = base + Int64((col0 + 8 * nbk) * 4)
+                            red_add_v2_f32(addr, acc_dq[i] * scale, acc_dq[i + 1] * scale)
+                    elif cutlass.const_expr(vv == v1):
                         red_add_f32(base + Int64((col0 + v0 + 8 * nbk) * 4), acc_dq[i] * scale)
+
+    @cute.jit
+    def _add_dq_v4(self, acc_dq, dq_base, bn, tp, row0, col0, q_len, scale):
+        """dq_red_width 4: lanes 2j, 2j + 1 (columns c, c + 1 and c + 2, c + 3 of rows row0, row0 + 8) swap
+        half their values (one shfl.bfly 1 per value pair), so that the even lane holds 4 adjacent columns
+        of row row0 and the odd lane of row row0 + 8: one 16-byte red.global.add.v4.f32 per thread and
+        8-column block (half the instructions of width 2). The lane's parity is bit 1 of col0."""
+        odd = ((col0 >> 1) & 1) == 1
+        row = row0 + cutlass.select_(odd, Int32(8), Int32(0))
+        col = col0 - cutlass.select_(odd, Int32(2), Int32(0))
+        base = dq_base + (Int64(bn) * Int64(tp) + Int64(row)) * Int64(self.h * 4)
+        for nbk in cutlass.range_constexpr(cute.size(acc_dq) // 4):
+            a0 = acc_dq[4 * nbk] * scale  # row0: columns c, c + 1
+            a1 = acc_dq[4 * nbk + 1] * scale
+            b0 = acc_dq[4 * nbk + 2] * scale  # row0 + 8
+            b1 = acc_dq[4 * nbk + 3] * scale
+            r0 = Uint32(ptx.shfl_bfly(Float32(cutlass.select_(odd, a0, b0)).bitcast(Uint32), 1)).bitcast(Float32)
+            r1 = Uint32(ptx.shfl_bfly(Float32(cutlass.select_(odd, a1, b1)).bitcast(Uint32), 1)).bitcast(Float32)
+            if row < q_len:
+                red_add_v4_f32(
+                    base + Int64((col + 8 * nbk) * 4),
+                    cutlass.select_(odd, r0, a0), cutlass.select_(odd, r1, a1),
+                    cutlass.select_(odd, b0, r0), cutlass.select_(odd, b1, r1),
+                )  # fmt: skip
 
     def _gemm_acc(self, make_mma, acc, a, b, it):
         """dV / dK: acc += a b; with overlap, the first step (it = 0) overwrites acc instead (no zero fill)."""

@@ -2,10 +2,11 @@
 
   quantize_ds_square   dS^T (a consumer's 64 keys x 64 queries accumulator fragment) -> its 32x32 square-block
                        MX values (scale rule "up", E4M3 satfinite), the block amax shared by a warp pair
-  red_add_f32          red.global.add.f32 (dq_store "red")
+  red_add_f32          red.global.add.f32 (dq_store "red"); red_add_v2_f32 / _v4_f32: 2 / 4 adjacent floats
   bulk_*               cp.reduce.async.bulk .add.f32 from shared memory and its bulk-group waits ("bulk");
                        bulk_load: cp.async.bulk global -> shared on an mbarrier (smem_stats)
   st_shared_v2_f32     8-byte shared-memory store
+  redux_max_u32        warp-wide unsigned max in one instruction (amax_reduce "redux")
 Accumulator coordinates: kernels/sm90/wgmma_fragment.py (acc_coords).
 """
 
@@ -26,6 +27,18 @@ QB_INDICES = tuple(tuple(i for i in range(32) if acc_coords(i)[2] // 4 == qb) fo
 def red_add_f32(addr: Int64, value: Float32) -> None:
     """Float32 atomic add without return (red.global.add.f32) at global address addr."""
     inline_ptx("red.global.add.f32 [{$r0}], {$r1};", read_only_args=[addr, value])
+
+
+def red_add_v2_f32(addr: Int64, a: Float32, b: Float32) -> None:
+    """Float32 atomic adds without return of a, b at the 8-byte aligned global address addr, addr + 4
+    (red.global.add.v2.f32, sm_90): one L2 reduction of two floats."""
+    inline_ptx("red.global.add.v2.f32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, a, b])
+
+
+def red_add_v4_f32(addr: Int64, a: Float32, b: Float32, c: Float32, d: Float32) -> None:
+    """Float32 atomic adds without return of a, b, c, d at the 16-byte aligned global address addr ..
+    addr + 12 (red.global.add.v4.f32, sm_90)."""
+    inline_ptx("red.global.add.v4.f32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, a, b, c, d])
 
 
 def bulk_reduce_add_f32(dst: Int64, src: Int32, size: int) -> None:
@@ -64,6 +77,19 @@ def st_shared_v2_f32(addr: Int32, a: Float32, b: Float32) -> None:
     inline_ptx("st.shared.v2.f32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, a, b])
 
 
+def redux_max_u32(x: Uint32) -> Uint32:
+    """The unsigned max of x over the full warp (redux.sync.max.u32, sm_80+): the same value as 5 butterfly
+    shuffle + max steps, one instruction (no chain of dependent shuffles)."""
+    return inline_ptx("redux.sync.max.u32 {$w0}, {$r0}, -1;", write_only_types=[Uint32], read_only_args=[x])
+
+
+def tree_max_u32(vals: list) -> Uint32:
+    """Unsigned max of a power-of-two count of values as a balanced tree (trace-time Python: no staged loop)."""
+    while len(vals) > 1:
+        vals = [ptx.max_u32(vals[j], vals[j + 1]) for j in range(0, len(vals), 2)]
+    return vals[0]
+
+
 def f32_bits(x: Float32) -> Uint32:
     return x.bitcast(Uint32)
 
@@ -73,18 +99,23 @@ def bits_f32(x: Uint32) -> Float32:
 
 
 @cute.jit
-def quantize_ds_square(acc, sAmax, buf, c, warp_wg, lane, pair_barrier):
+def quantize_ds_square(acc, sAmax, buf, c, warp_wg, lane, pair_barrier, redux: bool = False):
     """acc (dS^T, 64 keys x 64 queries of this consumer) -> its 32x32 square-block MX values in place
     (scale rule "up", E4M3 satfinite, dequantized). A block is 32 queries (nb in [4 qb, 4 qb + 4)) of
     a warp pair's 32 keys: the lanes' amax (integer max of |x| bits: NaN/Inf blocks seen) is reduced
-    over the warp, then over the pair through shared memory (slot (buf, warp, qb))."""
+    over the warp (trace-time redux: one redux.sync instead of 5 shuffles), then over the pair through
+    shared memory (slot (buf, warp, qb))."""
     amax = cute.make_rmem_tensor((2,), Uint32)
     for qb in cutlass.range_constexpr(2):
-        mx = Uint32(0)
-        for i in cutlass.range_constexpr(16):
-            mx = ptx.max_u32(mx, f32_bits(acc[QB_INDICES[qb][i]]) & Uint32(0x7FFFFFFF))
-        for k in cutlass.range_constexpr(5):
-            mx = ptx.max_u32(mx, ptx.shfl_bfly(mx, 1 << k))
+        if cutlass.const_expr(redux):
+            # a 4-level tree over the 16 values instead of a 16-long dependent chain (ILP)
+            mx = redux_max_u32(tree_max_u32([f32_bits(acc[i]) & Uint32(0x7FFFFFFF) for i in QB_INDICES[qb]]))
+        else:
+            mx = Uint32(0)
+            for i in cutlass.range_constexpr(16):
+                mx = ptx.max_u32(mx, f32_bits(acc[QB_INDICES[qb][i]]) & Uint32(0x7FFFFFFF))
+            for k in cutlass.range_constexpr(5):
+                mx = ptx.max_u32(mx, ptx.shfl_bfly(mx, 1 << k))
         amax[qb] = mx
     slot = (buf * 8 + c * 4 + warp_wg) * 2
     partner = (buf * 8 + c * 4 + (warp_wg ^ 1)) * 2
