@@ -104,7 +104,6 @@ def test_emulation_vmap():
         (48, E4, {}, "multiple of 32"),
         (64, "float8_e5m2", {}, "e4m3 x e4m3"),
         (64, E4, {"activation": "relu"}, "activation"),
-        (64, E4, {"store_pre": True}, "store_pre"),
     ],
 )
 def test_bad_arguments_raise(n, a_dtype, kwargs, fragment):

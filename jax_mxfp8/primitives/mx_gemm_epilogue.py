@@ -11,7 +11,8 @@ bfloat16 rounding, registry/gemm_epilogue.py):
   y = acc (+ bias)                    acc the MX GEMM's float32 result (emulate_mx_gemm's float32 output)
   z = jax.nn.gelu(y) if activation == "gelu" else y     (tanh form, float32)
   (q, s) = jax_mxfp8.quantize(z, axis=-1)   (E4M3, scale_rounding "up"; NaN / Inf blocks: scale 0xFF, NaN)
-  pre = y.astype(bfloat16)            store_pre only (the GELU backward's residual)
+  pre = y.astype(bfloat16)            store_pre only (the GELU backward's residual; without an activation,
+                                      the bf16 output a following GEMM's backward needs)
 The kernel is kernels/sm90/mx_gemm_epilogue.py, its handler csrc/mx_gemm.cc (RunMx). For activation ""
 its bits are quantize(the plain MX GEMM kernel's float32 output (+ bias)); with "gelu" its tanh is the
 hardware's tanh.approx.f32, so elements may differ from the emulation by one FP8 rounding step where the
@@ -140,15 +141,14 @@ def mx_gemm_quantized(
       a (G, M, Kp), b (G, N, Kp): float8_e4m3fn, K-major; sa (G, Kp/128, M), sb (G, Kp/128, N) float32;
         bias (N,) float32 or None. N must be a multiple of 32.
       activation: "" or "gelu" (tanh form, float32, after the bias).
-      store_pre: also return pre = bf16(acc + bias) (needs activation "gelu").
+      store_pre: also return pre = bf16(acc + bias) (the GELU backward's residual, or with activation ""
+        the high-precision output itself).
       path: "cuda" (the kernel) or "emulated" (emulate_mx_gemm_quantized through the same partitioning).
     Returns q (G, M, N) float8_e4m3fn and s (G, M, N/32) uint8 (blocks of 32 along N)[, pre (G, M, N) bf16].
     Raises ValueError naming the argument when the operands do not fit or the kernel does not cover them.
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation={activation!r} not in {ACTIVATIONS}")
-    if store_pre and not activation:
-        raise ValueError("store_pre=True needs activation='gelu' (without one the MX output is the pre-activation)")
     why = mx_gemm_quantized_unsupported(a.shape, b.shape, a.dtype, b.dtype, bias is not None, activation)
     if why:
         raise ValueError(f"mx_gemm_quantized: {why}")

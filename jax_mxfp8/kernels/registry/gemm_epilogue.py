@@ -37,7 +37,7 @@ class MXGemmEpilogueConfig(MXGemmConfig):
     Attributes (besides MXGemmConfig's, which keep their meaning):
       activation: "" or "gelu" (tanh form, float32, applied after the bias and before the quantization).
       store_pre: also write the pre-activation y = acc (+ bias) in out_dtype (bfloat16): the residual of the
-        GELU backward. Only with activation "gelu" (without it the MX output is y itself).
+        GELU backward, or (activation "") the high-precision output the next GEMM's backward needs.
       out_dtype: the dtype of the pre-activation output (bfloat16); unused when not store_pre.
     The quantized output is always E4M3 with scale_rounding "up" (MX_EPILOGUE_ELEM), blocks of 32 along N
     (N must be a multiple of 32; the handler checks it).
@@ -55,8 +55,6 @@ class MXGemmEpilogueConfig(MXGemmConfig):
         super().__post_init__()
         if self.activation not in EPILOGUE_ACTIVATIONS:
             raise ValueError(f"activation={self.activation!r} not in {EPILOGUE_ACTIVATIONS}")
-        if self.store_pre and not self.activation:
-            raise ValueError("store_pre needs an activation (without one the MX output is the pre-activation)")
         if self.out_dtype != "bfloat16":
             raise ValueError(f"out_dtype={self.out_dtype!r}: the pre-activation output is bfloat16")
         if self.diagnostic or self.tile_n % 32:
@@ -73,6 +71,6 @@ class MXGemmEpilogueConfig(MXGemmConfig):
 
 MX_GEMM_EPILOGUE_VARIANTS: tuple[MXGemmEpilogueConfig, ...] = tuple(
     MXGemmEpilogueConfig(has_bias=bias, activation=act, store_pre=pre, **_PRODUCTION)
-    for bias, (act, pre) in itertools.product((False, True), (("", False), ("gelu", False), ("gelu", True)))
+    for bias, act, pre in itertools.product((False, True), EPILOGUE_ACTIVATIONS, (False, True))
 )
-"""E4M3 x E4M3 (the forward GEMM) at the production tiling: {no bias, bias} x {identity, gelu, gelu + pre}."""
+"""E4M3 x E4M3 (the forward GEMM) at the production tiling: {no bias, bias} x {identity, gelu} x {pre or not}."""
