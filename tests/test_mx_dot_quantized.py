@@ -16,8 +16,9 @@ import pytest
 from seeding import test_seed
 
 import jax_mxfp8 as mx
-from jax_mxfp8.ops.mx_dot_quantized import mx_dot_general_quantized
+from jax_mxfp8.ops.mx_dot_quantized import ARCHS, mx_dot_general_quantized
 from jax_mxfp8.primitives import implementation as impl
+from jax_mxfp8.primitives import library
 
 DN = (((2,), (0,)), ((), ()))
 
@@ -87,6 +88,38 @@ def test_matches_composition(data, activation, implementation):
             a, c = np.asarray(a, np.float64), np.asarray(c, np.float64)
             rel = np.linalg.norm(a - c) / np.linalg.norm(c)
             assert rel < 2e-2, f"{name}: relative difference {rel:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_kernel_matches_composition(data, activation):
+    """On the H200: the epilogue kernel's y_q is quantize(act(p)) of the plain kernel's float32 p (bits for
+    activation None; GELU: hardware tanh, within one FP8 step), y, loss and gradients as the composition."""
+    ok, why = library.kernels_runnable(ARCHS)
+    if not ok:
+        pytest.skip(why)
+    x, w, b, ct = (jnp.tile(a, (1, 8, 1)) if a.ndim == 3 else a for a in data)  # M = 2 x 384
+
+    def op(x, w, b):
+        return mx_dot_general_quantized(
+            x, w, DN, activation=activation, bias=b, preferred_element_type=jnp.bfloat16, implementation="cuda"
+        )
+
+    with impl.record() as decisions:
+        v1, q1, g1 = _loss_and_grads(op, x, w, b, ct)
+    assert [d.path for d in decisions if d.op == "mx_dot_general_quantized"] == ["cuda"]
+    v2, q2, g2 = _loss_and_grads(lambda x, w, b: _composed(x, w, b, activation, "cuda"), x, w, b, ct)
+    if activation is None:
+        _same(q1.data, q2.data, "y_q data")
+        _same(q1.scale, q2.scale, "y_q scale")
+    else:
+        d1, d2 = np.asarray(q1.dequantize()), np.asarray(q2.dequantize())
+        assert np.mean(d1 == d2) > 0.99 and np.allclose(d1, d2, rtol=0.13, atol=1e-6)
+    np.testing.assert_allclose(float(v1), float(v2), rtol=1e-3)
+    for name, a, c in zip(("dx", "dw", "db"), g1, g2, strict=True):
+        a, c = np.asarray(a, np.float64), np.asarray(c, np.float64)
+        rel = np.linalg.norm(a - c) / np.linalg.norm(c)
+        assert rel < (1e-6 if activation is None else 2e-2), f"{name}: relative difference {rel:.3g}"
 
 
 def test_fallback_reason_and_cuda_raises(data):

@@ -137,10 +137,9 @@ def mx_dot_general_quantized(
         raise ValueError(f"preferred_element_type={preferred_element_type!r} is not a dtype") from e
     common = dict(config=config, rng=rng, lhs_quantized=lhs_quantized, rhs_quantized=rhs_quantized)
     path, why = _path(implementation, lhs, rhs, lhs_l, rhs_l, config, out_dtype, activation, bias, common)
-    if path == "kernel":
+    if path in ("cuda", "emulated"):
         views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
-        kpath = "emulated" if implementation == "emulated" else "cuda"
-        kernel = mx_dot_kernel.KernelDot(*views, np.dtype(lhs.dtype), np.dtype(rhs.dtype), config, kpath)
+        kernel = mx_dot_kernel.KernelDot(*views, np.dtype(lhs.dtype), np.dtype(rhs.dtype), config, path)
         bias = None if bias is None else jnp.asarray(bias)
         y, q, s = _kernel_dot(lhs, rhs, lhs_quantized, rhs_quantized, kernel, activation, bias)
         return y.astype(out_dtype), MXArray(data=q, scale=s, axes=(-1,), block="row")
@@ -160,7 +159,8 @@ def mx_dot_general_quantized(
 
 
 def _path(implementation, lhs, rhs, lhs_l, rhs_l, config, out_dtype, activation, bias, common) -> tuple[str, str]:
-    """("kernel" or "two-pass", the reason the epilogue kernel does not cover the call or "")."""
+    """(the path: "cuda", "emulated" or "two-pass"; the reason the epilogue kernel does not cover the call
+    or "")."""
     if implementation == "xla":
         return "two-pass", "implementation='xla'"
     views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
@@ -172,4 +172,4 @@ def _path(implementation, lhs, rhs, lhs_l, rhs_l, config, out_dtype, activation,
     if why is None and implementation is None and library.gpu_major() == 10:
         why = "Blackwell: the epilogue kernel is Hopper's (sm_90a); the GEMM runs in cuDNN"
     path = impl.resolve(implementation, why, ARCHS, op="mx_dot_general_quantized")
-    return ("kernel" if path in ("cuda", "emulated") else "two-pass"), why or ""
+    return (path if path in ("cuda", "emulated") else "two-pass"), why or ""
