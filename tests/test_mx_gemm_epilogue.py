@@ -38,9 +38,11 @@ def _args(ops):
     return args, None if ops["bias"] is None else jnp.asarray(ops["bias"])
 
 
-def _quantized(ops, path, activation="", store_pre=False):
+def _quantized(ops, path, activation="", store_pre=False, tune=0):
     args, bias = _args(ops)
-    f = jax.jit(lambda *a: me.mx_gemm_quantized(*a, bias, activation=activation, store_pre=store_pre, path=path))
+    f = jax.jit(
+        lambda *a: me.mx_gemm_quantized(*a, bias, activation=activation, store_pre=store_pre, path=path, tune=tune)
+    )
     return [np.asarray(x) for x in f(*args)]
 
 
@@ -164,3 +166,13 @@ def test_kernel_gelu_and_pre(bias, _needs_kernel):
     diff = np.abs(mag(got) - mag(ref))
     print(f"gelu: {np.mean(diff == 0):.5f} of the elements equal, max code difference {diff.max()}")
     assert diff.max() <= 1 and np.mean(diff == 0) > 0.99
+
+
+@pytest.mark.gpu
+def test_kernel_tuning_paired_stores_bits(_needs_kernel):
+    """Tuning 1 (paired 4-byte stores) writes the production variant's bits, edge tiles included."""
+    ops = _with_bad_blocks(operands(_rng(), 2, 272, 608, 640))
+    want = _quantized(ops, "cuda")
+    got = _quantized(ops, "cuda", tune=1)
+    np.testing.assert_array_equal(_bits(got[0]), _bits(want[0]))
+    np.testing.assert_array_equal(got[1], want[1])

@@ -44,7 +44,7 @@ class MXGemmQuantizedCall:
     variant: registry.MXGemmEpilogueConfig
 
 
-def _variant(a_dtype: str, b_dtype: str, has_bias: bool, activation: str, store_pre: bool):
+def _variant(a_dtype: str, b_dtype: str, has_bias: bool, activation: str, store_pre: bool, tune: int = 0):
     return registry.find(
         registry.MXGemmEpilogueConfig,
         a_dtype=a_dtype,
@@ -52,6 +52,7 @@ def _variant(a_dtype: str, b_dtype: str, has_bias: bool, activation: str, store_
         has_bias=has_bias,
         activation=activation,
         store_pre=store_pre,
+        tune=tune,
     )
 
 
@@ -134,6 +135,7 @@ def mx_gemm_quantized(
     activation: str = "",
     store_pre: bool = False,
     path: str,
+    tune: int = 0,
 ) -> tuple[jax.Array, ...]:
     """(q, s[, pre]) of the MX GEMM of the aligned operands with the quantize epilogue (module docstring).
 
@@ -144,6 +146,7 @@ def mx_gemm_quantized(
       store_pre: also return pre = bf16(acc + bias) (the GELU backward's residual, or with activation ""
         the high-precision output itself).
       path: "cuda" (the kernel) or "emulated" (emulate_mx_gemm_quantized through the same partitioning).
+      tune: a benchmark-only tuning variant (registry MX_GEMM_EPILOGUE_VARIANTS with tune > 0).
     Returns q (G, M, N) float8_e4m3fn and s (G, M, N/32) uint8 (blocks of 32 along N)[, pre (G, M, N) bf16].
     Raises ValueError naming the argument when the operands do not fit or the kernel does not cover them.
     """
@@ -153,7 +156,9 @@ def mx_gemm_quantized(
     if why:
         raise ValueError(f"mx_gemm_quantized: {why}")
     _check_scales(a, b, sa, sb, bias)
-    variant = _variant(_dtype_name(a.dtype), _dtype_name(b.dtype), bias is not None, activation, store_pre)
+    variant = _variant(_dtype_name(a.dtype), _dtype_name(b.dtype), bias is not None, activation, store_pre, tune)
+    if variant is None:
+        raise ValueError(f"mx_gemm_quantized: no tuning {tune} of the epilogue kernel for these arguments")
     if path == "cuda":
         library.load_library()
     args = (a, b, sa, sb) if bias is None else (a, b, sa, sb, bias)

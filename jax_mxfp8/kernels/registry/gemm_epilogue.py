@@ -39,6 +39,9 @@ class MXGemmEpilogueConfig(MXGemmConfig):
       store_pre: also write the pre-activation y = acc (+ bias) in out_dtype (bfloat16): the residual of the
         GELU backward, or (activation "") the high-precision output the next GEMM's backward needs.
       out_dtype: the dtype of the pre-activation output (bfloat16); unused when not store_pre.
+      paired_stores: lanes q and q ^ 1 of a quad swap 16-bit halves (one shfl.bfly) so that each lane
+        stores 4 contiguous FP8 bytes (two 32-bit stores per block and row instead of four 16-bit ones;
+        the quad writes 16 contiguous bytes per instruction, like the bf16 epilogue). Tuning (tune > 0).
     The quantized output is always E4M3 with scale_rounding "up" (MX_EPILOGUE_ELEM), blocks of 32 along N
     (N must be a multiple of 32; the handler checks it).
     """
@@ -50,6 +53,7 @@ class MXGemmEpilogueConfig(MXGemmConfig):
 
     activation: str = ""
     store_pre: bool = False
+    paired_stores: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -72,5 +76,6 @@ class MXGemmEpilogueConfig(MXGemmConfig):
 MX_GEMM_EPILOGUE_VARIANTS: tuple[MXGemmEpilogueConfig, ...] = tuple(
     MXGemmEpilogueConfig(has_bias=bias, activation=act, store_pre=pre, **_PRODUCTION)
     for bias, act, pre in itertools.product((False, True), EPILOGUE_ACTIVATIONS, (False, True))
-)
-"""E4M3 x E4M3 (the forward GEMM) at the production tiling: {no bias, bias} x {identity, gelu} x {pre or not}."""
+) + (MXGemmEpilogueConfig(paired_stores=True, tune=1, **_PRODUCTION),)
+"""E4M3 x E4M3 (the forward GEMM) at the production tiling: {no bias, bias} x {identity, gelu} x {pre or not};
+then the benchmark tuning t1 (paired_stores, identity, no bias)."""

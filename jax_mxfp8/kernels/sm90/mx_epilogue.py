@@ -52,3 +52,21 @@ def block_scale(values, elem_dtype: str, scale_rounding: str) -> tuple[Uint32, U
     for offset in (1, 2):
         amax = ptx.max_u32(amax, ptx.shfl_bfly(amax, offset))
     return ptx.scale_and_factor(amax, elem_dtype, scale_rounding)
+
+
+def pair_exchange(word: Uint32, odd: Uint32) -> Uint32:
+    """Quad lanes q, q ^ 1 swap halves of their FP8 words for groups (u, u + 1): word = [P(q, u), P(q, u + 1)]
+    (16-bit pairs of columns 8u + 2q, 8(u + 1) + 2q). An even lane returns [P(q, u), P(q + 1, u)] (columns
+    8u + 2q .. + 3), an odd lane [P(q - 1, u + 1), P(q, u + 1)] (columns 8(u + 1) + 2q - 2 .. + 3): 4
+    contiguous bytes each, one shfl.bfly(1)."""
+    code = (
+        "{\n.reg .pred p;\n.reg .b32 s, r, e, o;\n"
+        "setp.ne.u32 p, {$r1}, 0;\n"
+        "shr.b32 s, {$r0}, 16;\n"
+        "selp.b32 s, {$r0}, s, p;\n"
+        "shfl.sync.bfly.b32 r, s, 1, 31, -1;\n"
+        "prmt.b32 e, {$r0}, r, 0x5410;\n"
+        "prmt.b32 o, r, {$r0}, 0x7610;\n"
+        "selp.b32 {$w0}, o, e, p;\n}"
+    )
+    return inline_ptx(code, write_only_types=[Uint32], read_only_args=[word, odd])

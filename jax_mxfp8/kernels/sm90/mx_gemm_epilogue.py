@@ -20,7 +20,8 @@ row and block.
 
 Per thread (consumer tid; rows row, row + 8; columns col + v0 + 8 nb, col = 2 (lane % 4)): for each row
 half and 32-column block, 8 values -> amax over the quad (mx_epilogue.block_scale, 2 shuffles) -> two
-quantize4_f32 words (columns 8u + col, u = 0..3, 2 bytes each: four 16-bit stores) and one scale byte
+quantize4_f32 words (columns 8u + col, u = 0..3, 2 bytes each: four 16-bit stores; with paired_stores
+two 32-bit stores after a half-word swap within lane pairs, mx_epilogue.pair_exchange) and one scale byte
 (lane % 4 == 0).
 """
 
@@ -33,7 +34,7 @@ from cutlass import Boolean, Int64, Uint8, Uint32
 
 from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.registry import MX_EPILOGUE_ELEM, MXGemmEpilogueConfig
-from jax_mxfp8.kernels.sm90.mx_epilogue import block_scale, gelu_tanh_f32
+from jax_mxfp8.kernels.sm90.mx_epilogue import block_scale, gelu_tanh_f32, pair_exchange
 from jax_mxfp8.kernels.sm90.mx_gemm import DTYPES, MXGemmSm90, fake_2d
 from jax_mxfp8.kernels.sm90.tile_scheduler import GemmTile
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
@@ -128,6 +129,10 @@ class MXGemmEpilogueSm90(MXGemmSm90):
         first_row = Int64(w.g) * Int64(m) + Int64(w.m_tile * self.tm + row)  # row of (G*M, N)
         tile_col = w.n_tile * self.tn
         lead = Boolean(col == 0)  # lane % 4 == 0 stores the quad's scale bytes
+        odd = Uint32((col // 2) % 2)  # paired_stores: an odd lane of the quad stores 6 bytes further on
+        odd_shift = Int64(6 * ((col // 2) % 2))
+        # this thread's first column of the tile, in each row half (the blocks add constants)
+        row_addr = [q_base + (first_row + 8 * v1) * n64 + Int64(tile_col + col) for v1 in range(2)]
         for v1 in cutlass.range_constexpr(2):
             row_ok = (w.m_tile * self.tm + row + 8 * v1) < m
             r64 = first_row + 8 * v1
@@ -141,12 +146,15 @@ class MXGemmEpilogueSm90(MXGemmSm90):
                         assert acc_coords(i) == (v0, v1, 4 * j + u)
                         vals[(u, v0)] = z[i]
                 b, f = block_scale(list(vals.values()), MX_EPILOGUE_ELEM, "up")
-                addr = q_base + r64 * n64 + Int64(block_col + col)
+                addr = row_addr[v1] + BLOCK * j
                 for u in cutlass.range_constexpr(0, 4, 2):
                     xs = [vals[(u, 0)], vals[(u, 1)], vals[(u + 1, 0)], vals[(u + 1, 1)]]
                     word = ptx.quantize4_f32(xs, [f] * 4, MX_EPILOGUE_ELEM)
-                    ptx.st_global_u16(addr + 8 * u, word & Uint32(0xFFFF), pred=ok)
-                    ptx.st_global_u16(addr + 8 * (u + 1), word >> Uint32(16), pred=ok)
+                    if cutlass.const_expr(cfg.paired_stores):  # 4 contiguous bytes per lane (pair_exchange)
+                        ptx.st_global(addr + 8 * u + odd_shift, [pair_exchange(word, odd)], pred=ok)
+                    else:
+                        ptx.st_global_u16(addr + 8 * u, word & Uint32(0xFFFF), pred=ok)
+                        ptx.st_global_u16(addr + 8 * (u + 1), word >> Uint32(16), pred=ok)
                 s_addr = s_base + r64 * nb64 + Int64(block_col // BLOCK)
                 ptx.st_global_u8(s_addr, b, pred=ok & lead)
 
