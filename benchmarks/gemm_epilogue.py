@@ -6,7 +6,7 @@ aligned operands of benchmarks/mx_gemm_kernel.py (a (1, M, K), b (1, N, K) e4m3 
 scales per 128 K; made before timing):
   plain          the production MX GEMM, bf16 out (mx_gemm)
   epi            the quantize epilogue: E4M3 (M, N) + E8M0 scales (M, N/32) (mx_gemm_quantized)
-  epi_t1         its tuning 1 (paired_stores: 4-byte stores after a half-word swap in lane pairs)
+  epi_t1         its tuning 1 (the first version: four 16-bit stores per block and row, no paired_stores)
   epi_gelu       the same with GELU (tanh form) before the quantization
   epi_gelu_pre   the same, also writing the bf16 pre-activation (what a GELU backward keeps)
   then_q         the MX GEMM (bf16 out), then the quantize kernel along N (jax_mxfp8 quantize,

@@ -112,14 +112,19 @@ def test_kernel_matches_composition(data, activation):
     if activation is None:
         _same(q1.data, q2.data, "y_q data")
         _same(q1.scale, q2.scale, "y_q scale")
-    else:
+    else:  # within one FP8 step of the block (a scale may differ by 2x where the tanh crosses a power of two)
         d1, d2 = np.asarray(q1.dequantize()), np.asarray(q2.dequantize())
-        assert np.mean(d1 == d2) > 0.99 and np.allclose(d1, d2, rtol=0.13, atol=1e-6)
-    np.testing.assert_allclose(float(v1), float(v2), rtol=1e-3)
+        amax = np.repeat(np.abs(d2).reshape(*d2.shape[:-1], -1, 32).max(-1), 32, axis=-1)
+        assert np.mean(d1 == d2) > 0.99 and np.all(np.abs(d1 - d2) <= 0.13 * np.abs(d2) + 2.0**-7 * amax)
+    # XLA on the GPU may drop the composition's f32 -> bf16 -> f32 rounding of y (SimplifyFPConversions):
+    # the loss agrees to bf16 rounding of each term, relative to the sum of |terms|
+    y2 = _composed(x, w, b, activation, "cuda")[0]
+    scale = float(jnp.sum(jnp.abs(y2.astype(jnp.float32) * ct.astype(jnp.float32))))
+    assert abs(float(v1) - float(v2)) <= 2.0**-8 * scale
     for name, a, c in zip(("dx", "dw", "db"), g1, g2, strict=True):
         a, c = np.asarray(a, np.float64), np.asarray(c, np.float64)
         rel = np.linalg.norm(a - c) / np.linalg.norm(c)
-        assert rel < (1e-6 if activation is None else 2e-2), f"{name}: relative difference {rel:.3g}"
+        assert rel < (1e-4 if activation is None else 2e-2), f"{name}: relative difference {rel:.3g}"
 
 
 def test_fallback_reason_and_cuda_raises(data):

@@ -170,7 +170,8 @@ def test_kernel_gelu_and_pre(bias, _needs_kernel):
 
 @pytest.mark.gpu
 def test_kernel_tuning_paired_stores_bits(_needs_kernel):
-    """Tuning 1 (paired 4-byte stores) writes the production variant's bits, edge tiles included."""
+    """Tuning 1 (the first version's 16-bit stores) and production (paired 4-byte stores) write the same
+    bits, edge tiles included."""
     ops = _with_bad_blocks(operands(_rng(), 2, 272, 608, 640))
     want = _quantized(ops, "cuda")
     got = _quantized(ops, "cuda", tune=1)
