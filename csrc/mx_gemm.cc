@@ -6,6 +6,10 @@
 //     "mx_gemm_e4m3_e4m3_bf16", "mx_gemm_e5m2_e4m3_f32_bias", "mx_gemm_e4m3_e4m3_bf16_t1". The variant fixes
 //     the operand and output dtypes and whether it adds a bias; the handler checks the buffers against it.
 //
+//   jax_mxfp8_mx_gemm_mx[_bias][_pre]  (a, b, sa, sb[, bias]) -> (q, s[, pre])
+//     the quantize epilogue (kernels/sm90/mx_gemm_epilogue.py, op "mx_gemm_mx"), attribute kernel e.g.
+//     "mx_gemm_mx_e4m3_e4m3_bias_gelu_pre"; q (G, M, N) f8e4m3fn, s (G, M, N/32) u8, pre (G, M, N) bf16.
+//
 // Operands (the aligned form of GEMM_INTERFACE.md, from the quantize kernels' gemm_operands):
 //   a  (G, M, Kp) f8e4m3fn / f8e5m2     b  (G, N, Kp) f8e4m3fn / f8e5m2     (K-major)
 //   sa (G, Kp/128, M) f32               sb (G, Kp/128, N) f32                bias (N,) f32
@@ -24,6 +28,8 @@ namespace {
 constexpr std::string_view kOp = "mx_gemm";
 constexpr int64_t kKTile = 128;  // registry GEMM_K_TILE
 constexpr int64_t kAlign = 16;   // registry GEMM_ALIGN
+constexpr std::string_view kMxOp = "mx_gemm_mx";  // registry MXGemmEpilogueConfig.op
+constexpr int64_t kBlock = 32;  // MX block size of the quantize epilogue
 
 ffi::Error Dims(const ffi::AnyBuffer& b, const char* what, size_t rank, int64_t* out) {
   return jmx::Dims(b, kOp, what, rank, out);
@@ -34,26 +40,23 @@ std::string Shape3(int64_t a, int64_t b, int64_t c) {
   return "(" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + ")";
 }
 
-// Checks every buffer against the variant and each other; fills t (a, b, sa, sb, [bias], c) and *n.
-ffi::Error Check(int32_t device, std::string_view kernel, bool bias_target, const ffi::AnyBuffer& a,
-                 const ffi::AnyBuffer& b, const ffi::AnyBuffer& sa, const ffi::AnyBuffer& sb,
-                 const ffi::AnyBuffer* bias, ffi::Result<ffi::AnyBuffer>& c, const KernelEntry** entry,
-                 Tensor2D* t, int* n_tensors, bool* empty) {
-  JMX_RETURN_IF_ERROR(FindKernel(device, kOp, kernel, entry));
-  const bool has_bias = Param(*entry, "has_bias") == 1;
-  JMX_RETURN_IF_ERROR(Want(has_bias == bias_target,
-                           "kernel '" + std::string((*entry)->name) +
-                               (has_bias ? "' adds a bias (use jax_mxfp8_mx_gemm_bias)"
-                                         : "' adds no bias (use jax_mxfp8_mx_gemm)")));
-  JMX_RETURN_IF_ERROR(ExpectDType(*entry, "a_dtype", a.element_type(), "a"));
-  JMX_RETURN_IF_ERROR(ExpectDType(*entry, "b_dtype", b.element_type(), "b"));
-  JMX_RETURN_IF_ERROR(ExpectDType(*entry, "out_dtype", c->element_type(), "c"));
-  int64_t ad[3], bd[3], sad[3], sbd[3], cd[3];
+// Checks a, b, sa, sb and bias against the variant and each other; fills t (a, b, sa, sb, [bias]),
+// *n_tensors and the sizes gmn = (G, M, N).
+ffi::Error CheckOperands(const KernelEntry* entry, bool bias_target, const char* target,
+                         const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sa,
+                         const ffi::AnyBuffer& sb, const ffi::AnyBuffer* bias, Tensor2D* t, int* n_tensors,
+                         int64_t* gmn) {
+  const bool has_bias = Param(entry, "has_bias") == 1;
+  JMX_RETURN_IF_ERROR(Want(has_bias == bias_target, "kernel '" + std::string(entry->name) +
+                                                        (has_bias ? "' adds a bias (use " : "' adds no bias (use ") +
+                                                        target + (has_bias ? "_bias)" : ")")));
+  JMX_RETURN_IF_ERROR(ExpectDType(entry, "a_dtype", a.element_type(), "a"));
+  JMX_RETURN_IF_ERROR(ExpectDType(entry, "b_dtype", b.element_type(), "b"));
+  int64_t ad[3], bd[3], sad[3], sbd[3];
   JMX_RETURN_IF_ERROR(Dims(a, "a", 3, ad));
   JMX_RETURN_IF_ERROR(Dims(b, "b", 3, bd));
   JMX_RETURN_IF_ERROR(Dims(sa, "sa", 3, sad));
   JMX_RETURN_IF_ERROR(Dims(sb, "sb", 3, sbd));
-  JMX_RETURN_IF_ERROR(jmx::Dims(*c, kOp, "c", 3, cd));
   const int64_t g = ad[0], m = ad[1], kp = ad[2], n = bd[1], kt = kp / kKTile;
   JMX_RETURN_IF_ERROR(Want(kp > 0 && kp % kKTile == 0,
                            "a is " + Shape3(g, m, kp) + ": Kp must be a positive multiple of 128"));
@@ -65,8 +68,6 @@ ffi::Error Check(int32_t device, std::string_view kernel, bool bias_target, cons
                            "sa is " + Shape3(sad[0], sad[1], sad[2]) + ", expected " + Shape3(g, kt, m)));
   JMX_RETURN_IF_ERROR(Want(sbd[0] == g && sbd[1] == kt && sbd[2] == n,
                            "sb is " + Shape3(sbd[0], sbd[1], sbd[2]) + ", expected " + Shape3(g, kt, n)));
-  JMX_RETURN_IF_ERROR(Want(cd[0] == g && cd[1] == m && cd[2] == n,
-                           "c is " + Shape3(cd[0], cd[1], cd[2]) + ", expected " + Shape3(g, m, n)));
   JMX_RETURN_IF_ERROR(Want(sa.element_type() == ffi::DataType::F32 && sb.element_type() == ffi::DataType::F32,
                            "sa and sb must be f32"));
   if (bias != nullptr) {
@@ -75,8 +76,8 @@ ffi::Error Check(int32_t device, std::string_view kernel, bool bias_target, cons
     JMX_RETURN_IF_ERROR(Want(bias->element_type() == ffi::DataType::F32 && biasd[0] == n,
                              "bias must be f32 (N,) with N = " + std::to_string(n)));
   }
-  *empty = g == 0 || m == 0 || n == 0;
-  if (*empty) return ffi::Error::Success();
+  gmn[0] = g, gmn[1] = m, gmn[2] = n;
+  if (g == 0 || m == 0 || n == 0) return ffi::Error::Success();
   int i = 0;
   JMX_RETURN_IF_ERROR(As2D(a, "a", &t[i++]));
   JMX_RETURN_IF_ERROR(As2D(b, "b", &t[i++]));
@@ -87,21 +88,92 @@ ffi::Error Check(int32_t device, std::string_view kernel, bool bias_target, cons
     JMX_RETURN_IF_ERROR(Want(reinterpret_cast<uintptr_t>(data) % 16 == 0, "bias must be 16-byte aligned"));
     t[i++] = Tensor2D{data, 1, static_cast<int32_t>(n)};
   }
-  JMX_RETURN_IF_ERROR(As2D(c, "c", &t[i++]));
   *n_tensors = i;
   return ffi::Error::Success();
 }
+
+// One result buffer of shape (G, M, cols) and dtype `want`, appended to t when the call is not empty.
+ffi::Error CheckResult(ffi::Result<ffi::AnyBuffer>& r, const char* what, ffi::DataType want, const int64_t* gmn,
+                       int64_t cols, Tensor2D* t, int* n_tensors) {
+  int64_t d[3];
+  JMX_RETURN_IF_ERROR(jmx::Dims(*r, kOp, what, 3, d));
+  JMX_RETURN_IF_ERROR(Want(d[0] == gmn[0] && d[1] == gmn[1] && d[2] == cols,
+                           std::string(what) + " is " + Shape3(d[0], d[1], d[2]) + ", expected " +
+                               Shape3(gmn[0], gmn[1], cols)));
+  JMX_RETURN_IF_ERROR(Want(r->element_type() == want, std::string(what) + " has dtype " +
+                                                          DTypeName(r->element_type()) + ", expected " +
+                                                          DTypeName(want)));
+  if (gmn[0] == 0 || gmn[1] == 0 || gmn[2] == 0) return ffi::Error::Success();
+  return As2D(r, what, &t[(*n_tensors)++]);
+}
+
+bool Empty(const int64_t* gmn) { return gmn[0] == 0 || gmn[1] == 0 || gmn[2] == 0; }
 
 ffi::Error Run(cudaStream_t stream, int32_t device, std::string_view kernel, const ffi::AnyBuffer& a,
                const ffi::AnyBuffer& b, const ffi::AnyBuffer& sa, const ffi::AnyBuffer& sb,
                const ffi::AnyBuffer* bias, ffi::Result<ffi::AnyBuffer>& c) {
   const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(FindKernel(device, kOp, kernel, &entry));
+  JMX_RETURN_IF_ERROR(ExpectDType(entry, "out_dtype", c->element_type(), "c"));
   Tensor2D t[6];
   int n = 0;
-  bool empty = false;
-  JMX_RETURN_IF_ERROR(Check(device, kernel, bias != nullptr, a, b, sa, sb, bias, c, &entry, t, &n, &empty));
-  if (empty) return ffi::Error::Success();
+  int64_t gmn[3];
+  JMX_RETURN_IF_ERROR(CheckOperands(entry, bias != nullptr, "jax_mxfp8_mx_gemm", a, b, sa, sb, bias, t, &n, gmn));
+  JMX_RETURN_IF_ERROR(CheckResult(c, "c", c->element_type(), gmn, gmn[2], t, &n));
+  if (Empty(gmn)) return ffi::Error::Success();
   return Launch(entry, device, t, n, stream);
+}
+
+// The quantize epilogue (kernels/sm90/mx_gemm_epilogue.py, op "mx_gemm_mx"): q (G, M, N) f8e4m3fn and
+// s (G, M, N/32) u8 = quantize(acc (+ bias) (-> gelu)) along N; pre (G, M, N) bf16 = acc (+ bias) when the
+// variant has store_pre. N must be a multiple of 32.
+ffi::Error RunMx(cudaStream_t stream, int32_t device, std::string_view kernel, const ffi::AnyBuffer& a,
+                 const ffi::AnyBuffer& b, const ffi::AnyBuffer& sa, const ffi::AnyBuffer& sb,
+                 const ffi::AnyBuffer* bias, ffi::Result<ffi::AnyBuffer>& q, ffi::Result<ffi::AnyBuffer>& s,
+                 ffi::Result<ffi::AnyBuffer>* pre) {
+  const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(FindKernel(device, kMxOp, kernel, &entry));
+  const bool store_pre = Param(entry, "store_pre") == 1;
+  JMX_RETURN_IF_ERROR(Want(store_pre == (pre != nullptr),
+                           "kernel '" + std::string(entry->name) +
+                               (store_pre ? "' writes the pre-activation (use jax_mxfp8_mx_gemm_mx[_bias]_pre)"
+                                          : "' writes no pre-activation (use jax_mxfp8_mx_gemm_mx[_bias])")));
+  Tensor2D t[8];
+  int n = 0;
+  int64_t gmn[3];
+  JMX_RETURN_IF_ERROR(CheckOperands(entry, bias != nullptr, "jax_mxfp8_mx_gemm_mx", a, b, sa, sb, bias, t, &n, gmn));
+  JMX_RETURN_IF_ERROR(Want(gmn[2] % kBlock == 0, "N = " + std::to_string(gmn[2]) +
+                                                     " must be a multiple of 32 (MX blocks along N)"));
+  JMX_RETURN_IF_ERROR(CheckResult(q, "q", ffi::DataType::F8E4M3FN, gmn, gmn[2], t, &n));
+  JMX_RETURN_IF_ERROR(CheckResult(s, "s", ffi::DataType::U8, gmn, gmn[2] / kBlock, t, &n));
+  if (pre != nullptr) JMX_RETURN_IF_ERROR(CheckResult(*pre, "pre", ffi::DataType::BF16, gmn, gmn[2], t, &n));
+  if (Empty(gmn)) return ffi::Error::Success();
+  return Launch(entry, device, t, n, stream);
+}
+
+ffi::Error MxGemmMxImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer sa,
+                        ffi::AnyBuffer sb, ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> s,
+                        std::string_view kernel) {
+  return RunMx(stream, device, kernel, a, b, sa, sb, nullptr, q, s, nullptr);
+}
+
+ffi::Error MxGemmMxBiasImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                            ffi::AnyBuffer sa, ffi::AnyBuffer sb, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> q,
+                            ffi::Result<ffi::AnyBuffer> s, std::string_view kernel) {
+  return RunMx(stream, device, kernel, a, b, sa, sb, &bias, q, s, nullptr);
+}
+
+ffi::Error MxGemmMxPreImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                           ffi::AnyBuffer sa, ffi::AnyBuffer sb, ffi::Result<ffi::AnyBuffer> q,
+                           ffi::Result<ffi::AnyBuffer> s, ffi::Result<ffi::AnyBuffer> pre, std::string_view kernel) {
+  return RunMx(stream, device, kernel, a, b, sa, sb, nullptr, q, s, &pre);
+}
+
+ffi::Error MxGemmMxBiasPreImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                               ffi::AnyBuffer sa, ffi::AnyBuffer sb, ffi::AnyBuffer bias,
+                               ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> s,
+                               ffi::Result<ffi::AnyBuffer> pre, std::string_view kernel) {
+  return RunMx(stream, device, kernel, a, b, sa, sb, &bias, q, s, &pre);
 }
 
 ffi::Error MxGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer sa,
@@ -155,5 +227,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_mx_gemm_bias_into, jmx::MxGemmBiasIntoIm
                               (jmx::BindBuffers<6, 1>().Attr<std::string_view>("kernel")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_mx_gemm_bias_into);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_mx_gemm_mx, jmx::MxGemmMxImpl,
+                              (jmx::BindBuffers<4, 2>().Attr<std::string_view>("kernel")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_mx_gemm_mx);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_mx_gemm_mx_bias, jmx::MxGemmMxBiasImpl,
+                              (jmx::BindBuffers<5, 2>().Attr<std::string_view>("kernel")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_mx_gemm_mx_bias);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_mx_gemm_mx_pre, jmx::MxGemmMxPreImpl,
+                              (jmx::BindBuffers<4, 3>().Attr<std::string_view>("kernel")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_mx_gemm_mx_pre);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_mx_gemm_mx_bias_pre, jmx::MxGemmMxBiasPreImpl,
+                              (jmx::BindBuffers<5, 3>().Attr<std::string_view>("kernel")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_mx_gemm_mx_bias_pre);
 
 #pragma GCC visibility pop

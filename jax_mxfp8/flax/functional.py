@@ -17,6 +17,7 @@ from jax_mxfp8.formats import MXArray
 from jax_mxfp8.ops.attention import dot_product_attention
 from jax_mxfp8.ops.checks import check_rank
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
+from jax_mxfp8.ops.mx_dot_quantized import mx_dot_general_quantized
 from jax_mxfp8.ops.rms_norm_quantize import rms_norm_quantize
 from jax_mxfp8.ops.varlen_attention import varlen_attention
 from jax_mxfp8.parallel.fsdp import fsdp_mx_dot, fsdp_supported, gather_quantized
@@ -77,6 +78,43 @@ def linear(
             ),
         )
     return bf16_linear(x, kernel, bias, np.dtype(out_dtype))
+
+
+def linear_gelu(
+    x: jax.Array,
+    kernel: jax.Array,
+    bias: jax.Array | None,
+    precision: LayerPrecision,
+    *,
+    dtype=None,
+    x_quantized: MXArray | None = None,
+    rng: jax.Array | None = None,
+    gather_sharding: jax.sharding.Sharding | None = None,
+) -> tuple[jax.Array, MXArray | None]:
+    """(gelu(x @ kernel + bias), its MXArray or None): the MLP's up projection and activation.
+
+    (..., D_in) x (D_in, D_out) -> (..., D_out) in `dtype` (default x's). With precision.fuses_quantize
+    (and no FSDP gather) the GEMM's epilogue quantizes gelu of the float32 result (+ bias) into row blocks
+    along D_out (mx_dot_general_quantized), the MXArray the down projection takes as x_quantized; else
+    jax.nn.gelu(linear(...)) and None (the down projection quantizes it itself).
+    """
+    out_dtype = dtype or x.dtype
+    if not precision.fuses_quantize or gather_sharding is not None or kernel.shape[-1] % 32:
+        y = linear(x, kernel, bias, precision, dtype=dtype, x_quantized=x_quantized, rng=rng,
+                   gather_sharding=gather_sharding)  # fmt: skip
+        return jax.nn.gelu(y), None
+    check_rank(x, 1, "x")
+    return mx_dot_general_quantized(
+        x,
+        kernel,
+        (((x.ndim - 1,), (0,)), ((), ())),
+        activation="gelu",
+        preferred_element_type=out_dtype,
+        bias=bias,
+        config=precision.dot_config(),
+        rng=rng if precision.grad_rounding == "stochastic" else None,
+        lhs_quantized=x_quantized,
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

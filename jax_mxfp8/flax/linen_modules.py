@@ -28,13 +28,19 @@ class MXDense(nn.Module):
     hadamard_seed: int = 0
 
     @nn.compact
-    def __call__(self, x: jax.Array, *, x_quantized: MXArray | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array, *, x_quantized: MXArray | None = None, activation: str | None = None):
+        """y = x @ kernel + bias; activation="gelu": (gelu(y), its MXArray or None), functional.linear_gelu
+        (the GEMM's quantize epilogue hands the next MX GEMM its operand when precision.fuses_quantize)."""
+        if activation not in (None, "gelu"):
+            raise ValueError(f"activation={activation!r} is not one of (None, 'gelu')")
         check_features(self.features, "features")
         check_rank(x, 1, "x")
         kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype)
         bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
         stochastic = self.precision.gemm == "mxfp8" and self.precision.grad_rounding == "stochastic"
         rng = self.make_rng("quant") if stochastic else None
+        if activation == "gelu":
+            return F.linear_gelu(x, kernel, bias, self.precision, dtype=self.dtype, x_quantized=x_quantized, rng=rng)
         return F.linear(
             x,
             kernel,
@@ -118,5 +124,7 @@ class TransformerBlock(nn.Module):
             name="attn",
         )(h, x_quantized=h_q, is_causal=is_causal, mask=mask)
         h, h_q = MXRMSNorm(precision=mlp_p, name="norm2")(x)
-        up = MXDense(self.mlp_ratio * d, precision=mlp_p, dtype=self.dtype, name="up")(h, x_quantized=h_q)
-        return x + MXDense(d, precision=mlp_p, dtype=self.dtype, name="down")(jax.nn.gelu(up))
+        g, g_q = MXDense(self.mlp_ratio * d, precision=mlp_p, dtype=self.dtype, name="up")(
+            h, x_quantized=h_q, activation="gelu"
+        )
+        return x + MXDense(d, precision=mlp_p, dtype=self.dtype, name="down")(g, x_quantized=g_q)

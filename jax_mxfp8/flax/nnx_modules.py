@@ -57,17 +57,21 @@ class MXLinear(nnx.Module):
         self.gather_sharding = None  # set by jax_mxfp8.flax.use_quantized_gather (FSDP)
         self.quant_rngs = rngs.fork() if precision.grad_rounding == "stochastic" and precision.gemm == "mxfp8" else None
 
-    def __call__(self, x: jax.Array, *, x_quantized: MXArray | None = None) -> jax.Array:
+    def _inputs(self, x: jax.Array):
         check_rank(x, 1, "x")
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x has {x.shape[-1]} features on its last axis; this layer takes {self.in_features}")
         rng = None
         if self.quant_rngs is not None:
             rng = self.quant_rngs.quant() if "quant" in self.quant_rngs else self.quant_rngs.default()
+        return self.kernel[...], None if self.bias is None else self.bias[...], rng
+
+    def __call__(self, x: jax.Array, *, x_quantized: MXArray | None = None) -> jax.Array:
+        kernel, bias, rng = self._inputs(x)
         return F.linear(
             x,
-            self.kernel[...],
-            None if self.bias is None else self.bias[...],
+            kernel,
+            bias,
             self.precision,
             dtype=self.dtype,
             x_quantized=x_quantized,
@@ -75,6 +79,15 @@ class MXLinear(nnx.Module):
             hadamard_seed=self.hadamard_seed,
             gather_sharding=self.gather_sharding,
         )
+
+    def gelu(self, x: jax.Array, *, x_quantized: MXArray | None = None) -> tuple[jax.Array, MXArray | None]:
+        """(jax.nn.gelu(self(x)), its MXArray for the next MX GEMM or None): functional.linear_gelu (the
+        GEMM's quantize epilogue when precision.fuses_quantize)."""
+        kernel, bias, rng = self._inputs(x)
+        return F.linear_gelu(
+            x, kernel, bias, self.precision, dtype=self.dtype, x_quantized=x_quantized, rng=rng,
+            gather_sharding=self.gather_sharding,
+        )  # fmt: skip
 
 
 def use_quantized_gather(
@@ -226,7 +239,9 @@ class MXMLP(nnx.Module):
         self.down = MXLinear(hidden, features, **common)
 
     def __call__(self, x: jax.Array, *, x_quantized: MXArray | None = None) -> jax.Array:
-        return self.down(jax.nn.gelu(self.up(x, x_quantized=x_quantized)))
+        # with precision.fuses_quantize the up GEMM's epilogue quantizes gelu(h) for the down GEMM
+        h, h_q = self.up.gelu(x, x_quantized=x_quantized)
+        return self.down(h, x_quantized=h_q)
 
 
 class TransformerBlock(nnx.Module):

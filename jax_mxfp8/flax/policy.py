@@ -22,6 +22,11 @@ class LayerPrecision:
       weight_grad: "mxfp8" or "bf16" weight gradient of MX GEMMs.
       grad_rounding: "nearest" or "stochastic" rounding of incoming gradients in MX GEMMs.
       hadamard: apply a random Hadamard transform on the contracted axis of MX GEMMs.
+      quantize_epilogue: an MX GEMM whose output feeds another MX GEMM (the MLP's up -> GELU -> down)
+        quantizes that output in its epilogue (jax_mxfp8.ops.mx_dot_quantized) and hands the MXArray
+        over, instead of a separate quantize pass; the quantized values are then those of the float32
+        GEMM result (+ bias, GELU) rather than of its rounding to the activation dtype (identical for
+        float32 activations). Not with hadamard (the next GEMM rotates its operand first).
     """
 
     gemm: str = "mxfp8"
@@ -29,6 +34,7 @@ class LayerPrecision:
     weight_grad: str = "mxfp8"
     grad_rounding: str = "nearest"
     hadamard: bool = False
+    quantize_epilogue: bool = True
 
     def __post_init__(self):
         for field in ("gemm", "attention"):
@@ -43,6 +49,11 @@ class LayerPrecision:
             grad_rounding=self.grad_rounding,
             hadamard_seed=seed if self.hadamard else None,
         )
+
+    @property
+    def fuses_quantize(self) -> bool:
+        """Whether this layer's MX GEMMs hand their outputs to the next MX GEMM as MXArrays (quantize_epilogue)."""
+        return self.gemm == "mxfp8" and self.quantize_epilogue and not self.hadamard
 
     def describe(self) -> tuple[str, str]:
         """(GEMM description, attention description) for PrecisionPolicy.table."""

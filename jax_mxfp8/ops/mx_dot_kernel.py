@@ -34,6 +34,7 @@ from jax_mxfp8.formats import MXArray
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives.gemm_operands import gemm_operands, gemm_operands_unsupported
 from jax_mxfp8.primitives.mx_gemm import mx_gemm, mx_gemm_unsupported
+from jax_mxfp8.primitives.mx_gemm_epilogue import mx_gemm_quantized, mx_gemm_quantized_unsupported
 from jax_mxfp8.reference.gemm import OperandLayout, matmul_3d
 from jax_mxfp8.reference.gemm_align import align128, padded
 from jax_mxfp8.reference.gemm_config import MXDotConfig
@@ -135,6 +136,23 @@ def kernel_unsupported(
     return None
 
 
+def kernel_unsupported_quantized(
+    lhs_view: MatrixView, rhs_view: MatrixView, config: MXDotConfig, out_dtype, activation: str, has_bias: bool
+) -> str | None:
+    """Why the quantize-epilogue GEMM does not cover a call that kernel_unsupported accepts (None when it
+    does): the MX output is E4M3 with scale_rounding "up" in row blocks of N, the rhs's single free dim."""
+    if len(rhs_view.layout.free) != 1:
+        return f"the quantized output needs one rhs free dim (the output's last axis), got {rhs_view.layout.free}"
+    if np.dtype(config.dtype) != np.dtype(jnp.float8_e4m3fn) or config.scale_rounding != "up":
+        return "the epilogue quantizes to float8_e4m3fn with scale_rounding='up' (the config asks otherwise)"
+    if np.dtype(out_dtype) != np.dtype(jnp.bfloat16):
+        return f"the epilogue's high-precision output is bfloat16, not {np.dtype(out_dtype).name}"
+    g, m, _ = lhs_view.sizes
+    n = rhs_view.sizes[1]
+    why = mx_gemm_quantized_unsupported((g, m, 128), (g, n, 128), config.dtype, config.dtype, has_bias, activation)
+    return f"the forward GEMM's epilogue: {why}" if why else None
+
+
 def _operands(view: MatrixView, x: jax.Array, along: tuple[str, ...], dtype, config: MXDotConfig, path: str):
     """{along: (data, scale)} for the GEMMs that contract `view` along "k" and/or "x", one producer pass."""
     orient = {a: view.orientation(a) for a in along}
@@ -179,9 +197,8 @@ class KernelDot:
         lo, ro = self.lhs.layout, self.rhs.layout
         return lo.dims(lo.batch) + lo.dims(lo.free) + ro.dims(ro.free)
 
-    def forward(self, lhs, rhs, lhs_q, rhs_q, out_dtype, *, residuals: bool, bias=None):
-        """y (+ bias) in `out_dtype` (lax.dot_general's output layout) and, when `residuals`, what backward
-        needs."""
+    def _forward_operands(self, lhs, rhs, lhs_q, rhs_q, residuals: bool):
+        """(a_k, b_k): the forward GEMM's aligned operands; residuals (or None): what backward needs."""
         cfg = self.config
         need_bwd = ("x",) if residuals else ()
         if lhs_q is not None:
@@ -196,12 +213,31 @@ class KernelDot:
         else:
             b = _operands(self.rhs, rhs, ("k",) + need_bwd, cfg.dtype, cfg, self.path)
             b_k = b["k"]
-        y = _gemm(a_k, b_k, out_dtype, self.path, bias).reshape(self.out_shape)
         if not residuals:
-            return y, None
+            return a_k, b_k, None
         # the bf16 weight gradient multiplies the unquantized lhs: keep it (bf16) instead of its FP8 copy
         lhs_res = lhs.astype(jnp.bfloat16) if cfg.weight_grad == "bf16" else a["x"]
-        return y, (lhs_res, b["x"])
+        return a_k, b_k, (lhs_res, b["x"])
+
+    def forward(self, lhs, rhs, lhs_q, rhs_q, out_dtype, *, residuals: bool, bias=None):
+        """y (+ bias) in `out_dtype` (lax.dot_general's output layout) and, when `residuals`, what backward
+        needs."""
+        a_k, b_k, res = self._forward_operands(lhs, rhs, lhs_q, rhs_q, residuals)
+        return _gemm(a_k, b_k, out_dtype, self.path, bias).reshape(self.out_shape), res
+
+    def forward_quantized(self, lhs, rhs, lhs_q, rhs_q, activation: str, *, residuals: bool, bias=None):
+        """The forward GEMM with the quantize epilogue (primitives/mx_gemm_epilogue.py): (q, s, pre) in the
+        output layout (q (..., N) E4M3 and s (..., N/32) uint8 = quantize(activation(acc + bias)) along the
+        last axis, pre (..., N) bf16 = acc + bias) and, when `residuals`, what backward needs. The rhs has
+        one free dim (N, the output's last axis: kernel_unsupported_quantized)."""
+        a_k, b_k, res = self._forward_operands(lhs, rhs, lhs_q, rhs_q, residuals)
+        bias = None if bias is None else bias.astype(jnp.float32).reshape(-1)
+        q, s, pre = mx_gemm_quantized(
+            a_k[0], b_k[0], a_k[1], b_k[1], bias, activation=activation, store_pre=True, path=self.path
+        )
+        shape = self.out_shape
+        scale_shape = shape[:-1] + (shape[-1] // 32,)
+        return (q.reshape(shape), s.reshape(scale_shape), pre.reshape(shape)), res
 
     def backward(self, res, g: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(d_lhs, d_rhs) in the operands' shapes and dtypes from forward's residuals and the cotangent g."""

@@ -52,6 +52,12 @@ from jax_mxfp8.kernels.registry.gemm import (
     MX_GEMM_VARIANTS,
     MXGemmConfig,
 )
+from jax_mxfp8.kernels.registry.gemm_epilogue import (
+    EPILOGUE_ACTIVATIONS,
+    MX_EPILOGUE_ELEM,
+    MX_GEMM_EPILOGUE_VARIANTS,
+    MXGemmEpilogueConfig,
+)
 from jax_mxfp8.kernels.registry.gemm_operands import GEMM_OPERANDS_TUNINGS, GEMM_OPERANDS_VARIANTS, GemmOperandsConfig
 from jax_mxfp8.kernels.registry.quantize import (
     DEQUANTIZE_VARIANTS,
@@ -73,6 +79,7 @@ __all__ = [
     "DEQUANTIZE_VARIANTS",
     "DTYPE_CODE",
     "ELEM_DTYPES",
+    "EPILOGUE_ACTIVATIONS",
     "GEMM_ALIGN",
     "GEMM_K_TILE",
     "GEMM_OUT_DTYPES",
@@ -81,7 +88,9 @@ __all__ = [
     "IN_DTYPES",
     "LOG2_E4M3_MAX",
     "MODE_CODE",
+    "MX_EPILOGUE_ELEM",
     "MX_GEMM_DIAGNOSTICS",
+    "MX_GEMM_EPILOGUE_VARIANTS",
     "MX_GEMM_TUNINGS",
     "MX_GEMM_VARIANTS",
     "P_CONST_OFFSET",
@@ -102,6 +111,7 @@ __all__ = [
     "GemmOperandsConfig",
     "KernelConfig",
     "MXGemmConfig",
+    "MXGemmEpilogueConfig",
     "QuantizeConfig",
     "RMSNormQuantizeConfig",
     "find",
@@ -120,6 +130,7 @@ VARIANTS: tuple[KernelConfig, ...] = (
     + ATTENTION_BWD_VARIANTS
     + MX_GEMM_VARIANTS
     + MX_GEMM_TUNINGS
+    + MX_GEMM_EPILOGUE_VARIANTS
 )
 """Every compiled variant, in table order."""
 
@@ -132,6 +143,7 @@ CONFIG_CLASSES: tuple[type[KernelConfig], ...] = (
     AttentionRealignConfig,
     AttentionBwdConfig,
     MXGemmConfig,
+    MXGemmEpilogueConfig,
 )
 
 C = TypeVar("C", bound=KernelConfig)

@@ -91,6 +91,13 @@ BK = GEMM_K_TILE
 K_BLOCKS = BK // 32  # wgmmas (k32 each) per K tile
 
 
+def fake_2d(dtype, rows, cols):
+    """A fake row-major 2-D tensor of the AOT signature (16-byte aligned base)."""
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    return make_fake_compact_tensor(dtype, (rows, cols), stride_order=(1, 0), assumed_align=16)
+
+
 class MXGemmSm90:
     """Host entry: (a, b, sa, sb, [bias], c, stream); see the module docstring for shapes."""
 
@@ -114,22 +121,24 @@ class MXGemmSm90:
     # ------------------------------------------------------------------------------------------------
 
     def fake_args(self):
-        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
-
-        def t(dtype, rows, cols):
-            return make_fake_compact_tensor(dtype, (rows, cols), stride_order=(1, 0), assumed_align=16)
+        from cutlass.cute.runtime import make_fake_stream
 
         s = cute.sym_int32
+        c = fake_2d(self.c_dtype, s(divisibility=16), s(divisibility=16))  # c (G*M, N)
+        return (*self.fake_inputs(), c, make_fake_stream())
+
+    def fake_inputs(self) -> list:
+        """The fake a, b, sa, sb[, bias] of the AOT signature (shared with the epilogue subclasses)."""
+        s = cute.sym_int32
         args = [
-            t(self.a_dtype, s(divisibility=16), s(divisibility=BK)),  # a (G*M, Kp)
-            t(self.b_dtype, s(divisibility=16), s(divisibility=BK)),  # b (G*N, Kp)
-            t(Float32, s(), s(divisibility=16)),  # sa (G*Kt, M)
-            t(Float32, s(), s(divisibility=16)),  # sb (G*Kt, N)
+            fake_2d(self.a_dtype, s(divisibility=16), s(divisibility=BK)),  # a (G*M, Kp)
+            fake_2d(self.b_dtype, s(divisibility=16), s(divisibility=BK)),  # b (G*N, Kp)
+            fake_2d(Float32, s(), s(divisibility=16)),  # sa (G*Kt, M)
+            fake_2d(Float32, s(), s(divisibility=16)),  # sb (G*Kt, N)
         ]
         if self.config.has_bias:
-            args.append(t(Float32, s(), s(divisibility=16)))  # bias (1, N)
-        args.append(t(self.c_dtype, s(divisibility=16), s(divisibility=16)))  # c (G*M, N)
-        return (*args, make_fake_stream())
+            args.append(fake_2d(Float32, s(), s(divisibility=16)))  # bias (1, N)
+        return args
 
     def tensor_names(self) -> tuple[str, ...]:
         return ("a", "b", "sa", "sb", *(("bias",) if self.config.has_bias else ()), "c")
@@ -164,7 +173,7 @@ class MXGemmSm90:
         b = cute.make_tensor(b2.iterator, cute.make_layout((n, kp, g), stride=(kp, 1, n * kp)))
         sa = cute.make_tensor(sa2.iterator, cute.make_layout((m, kt, g), stride=(1, m, kt * m)))
         sb = cute.make_tensor(sb2.iterator, cute.make_layout((n, kt, g), stride=(1, n, kt * n)))
-        c = cute.make_tensor(c2.iterator, cute.make_layout((m, n, g), stride=(n, 1, m * n)))
+        c = self._out_views(c2, m, n, g)
         bias = cute.make_tensor(bias2.iterator, cute.make_layout((n,), stride=(1,)))
 
         kmajor = utils.LayoutEnum.ROW_MAJOR
@@ -207,6 +216,10 @@ class MXGemmSm90:
             min_blocks_per_mp=1,
         )  # fmt: skip
 
+    def _out_views(self, c2: cute.Tensor, m, n, g):
+        """The kernel's output argument: c (M, N, G) over the 2-D buffer (epilogue subclasses override it)."""
+        return cute.make_tensor(c2.iterator, cute.make_layout((m, n, g), stride=(n, 1, m * n)))
+
     # ------------------------------------------------------------------------------------------------
     # Device side
     # ------------------------------------------------------------------------------------------------
@@ -223,7 +236,7 @@ class MXGemmSm90:
         tma_sb: cute.CopyAtom,
         mSB: cute.Tensor,
         mBias: cute.Tensor,
-        mC: cute.Tensor,
+        mC,  # a cute.Tensor; a tuple of them for the epilogue subclasses (_out_views)
         a_smem: cute.ComposedLayout,
         b_smem: cute.ComposedLayout,
         sa_smem: cute.Layout,
@@ -333,7 +346,7 @@ class MXGemmSm90:
         sa_r = cute.make_rmem_tensor((2,), Float32)  # this thread's scales of one K tile: rows row, row + 8
         sb_c = cute.make_rmem_tensor((self.tn // 4,), Float32)  # columns col + j % 2 + 8 (j // 2)
         assert cute.size(main) == self.tn // 2
-        gC_all = cute.local_tile(mC, (self.tm, self.tn), (None, None, None))
+        gC_all = self._out_tiles(mC)
 
         c = tid // ws.WARPGROUP_THREADS  # consumer warpgroup 0 or 1
         lane = tid % 32
@@ -370,6 +383,10 @@ class MXGemmSm90:
         if cutlass.const_expr(self.config.pingpong):
             if c == 0:  # consume consumer 1's last arrive (or its initial one): the barriers end balanced
                 ws.turn_wait(0)
+
+    def _out_tiles(self, mC):
+        """The consumers' (tile_m, tile_n) tiles of c, for _epilogue (epilogue subclasses override both)."""
+        return cute.local_tile(mC, (self.tm, self.tn), (None, None, None))
 
     @cute.jit
     def _mainloop_overlap(self, ring, main, ta, tb, base, k_tiles):
