@@ -54,6 +54,12 @@ class MXGemmConfig(KernelConfig):
       early_scales: the K tile's scale products sa[m] * sb[n] are made while its wgmmas run, so that only
         the FFMAs follow the wait (one more accumulator-sized register tensor: tile_n 128 only, 192
         spills). Measured slower on the H200 (docs/perf-notes.md): tunings only.
+      unroll_stages: the consumer's K loop is unrolled by `stages` (one ring lap per iteration, stage
+        indices trace-time constants), each work tile starting at stage 0; the k_tiles % stages tiles left
+        over run in a plain loop. Cuts the descriptor / barrier / address instructions of each K tile.
+        Lockstep, pingpong or handoff loops (not overlap).
+      uniform_desc: the wgmma operand descriptors are built from the warpgroup's first thread marked
+        warp-uniform (they are the same for all its threads), so ptxas keeps them in uniform registers.
       cluster_m: CTAs per cluster along M (1 or 2); with 2, the pair shares each B tile: each CTA loads
         half of it by TMA multicast into both (halves B's L2 -> SM traffic).
       group_m: rasterization: consecutive work tiles walk group_m M tiles before the next N tile (L2 reuse).
@@ -79,6 +85,8 @@ class MXGemmConfig(KernelConfig):
     preload_scales: bool = False
     diagnostic: str = ""
     early_scales: bool = False
+    unroll_stages: bool = False
+    uniform_desc: bool = False
     cluster_m: int = 1
     group_m: int = 8
     max_ctas: int = 132
@@ -106,6 +114,8 @@ class MXGemmConfig(KernelConfig):
             raise ValueError(f"diagnostic={self.diagnostic!r} not in ('', 'row_scale_only')")
         if self.diagnostic and (self.tune == 0 or self.overlap or self.early_scales or self.preload_scales):
             raise ValueError("a diagnostic is a tuning (tune > 0) of the lockstep loop")
+        if self.unroll_stages and self.overlap:
+            raise ValueError("unroll_stages and overlap exclude each other (overlap has its own K loop)")
         if self.preload_scales and self.early_scales:
             raise ValueError("preload_scales and early_scales exclude each other")
         if self.early_scales and self.tile_n != 128:
@@ -159,12 +169,20 @@ MX_GEMM_TUNINGS: tuple[MXGemmConfig, ...] = (
     MXGemmConfig(tile_n=192, stages=5, pingpong=True, handoff=3, cluster_m=2, tune=16),
     MXGemmConfig(tile_n=128, stages=6, overlap=True, tune=17),
     MXGemmConfig(tile_n=128, stages=6, overlap=True, cluster_m=2, tune=18),
-    # built and SASS-checked (no spills) but not yet run on the device:
+    # coordinator run 1 (session 4): 850 / 807 / 832, slower than production
     MXGemmConfig(tile_n=128, stages=6, preload_scales=True, cluster_m=2, tune=19),
-    # a diagnostic of production's loop (WRONG outputs; built, not yet run on the device)
+    # a diagnostic of production's loop (WRONG outputs; coordinator run 1: +18.5% over production)
     MXGemmConfig(tile_n=192, stages=5, cluster_m=2, diagnostic="row_scale_only", tune=20),
+    # production with the K loop unrolled by the ring (stages 5: K % 640 tiles left over; stages 4: none
+    # at K a multiple of 512); tune 23 = tune 21 on 8 CTAs (several work tiles per CTA in the tests)
+    MXGemmConfig(tile_n=192, stages=5, cluster_m=2, unroll_stages=True, tune=21),
+    MXGemmConfig(tile_n=192, stages=4, cluster_m=2, unroll_stages=True, tune=22),
+    MXGemmConfig(tile_n=192, stages=5, cluster_m=2, unroll_stages=True, max_ctas=8, tune=23),
+    MXGemmConfig(tile_n=192, stages=5, cluster_m=2, uniform_desc=True, tune=24),
+    MXGemmConfig(tile_n=192, stages=5, cluster_m=2, unroll_stages=True, uniform_desc=True, tune=25),
+    MXGemmConfig(tile_n=192, stages=4, cluster_m=2, unroll_stages=True, uniform_desc=True, tune=26),
 )
-"""Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py); the last ones
-(MX_GEMM_DIAGNOSTICS) are diagnostics with wrong outputs, excluded from the numerics tests."""
+"""Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py); those with a
+`diagnostic` (MX_GEMM_DIAGNOSTICS) have wrong outputs on purpose and are excluded from the numerics tests."""
 
 MX_GEMM_DIAGNOSTICS: tuple[MXGemmConfig, ...] = tuple(v for v in MX_GEMM_TUNINGS if v.diagnostic)
