@@ -177,6 +177,8 @@ def test_registry_variants():
         registry.MXGemmConfig(diagnostic="row_scale_only")  # never a production variant
     with pytest.raises(ValueError, match="unroll_stages"):
         registry.MXGemmConfig(overlap=True, unroll_stages=True)
+    with pytest.raises(ValueError, match="split_n"):
+        registry.MXGemmConfig(split_n=True, unroll_stages=True)
 
 
 # ---------------------------------------------------------------------------------------------------------

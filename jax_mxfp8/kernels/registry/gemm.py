@@ -60,6 +60,10 @@ class MXGemmConfig(KernelConfig):
         Lockstep, pingpong or handoff loops (not overlap).
       uniform_desc: the wgmma operand descriptors are built from the warpgroup's first thread marked
         warp-uniform (they are the same for all its threads), so ptxas keeps them in uniform registers.
+      split_n: each K tile's wgmmas in two column halves (m64 n{tile_n / 2}) into two half-width
+        temporaries, both issued at once, half 0 promoted while half 1's wgmmas run (the registers of
+        main + tmp, as lockstep). Its own K loop: lockstep only (no pingpong, overlap, early_scales,
+        preload_scales, unroll_stages, diagnostic).
       cluster_m: CTAs per cluster along M (1 or 2); with 2, the pair shares each B tile: each CTA loads
         half of it by TMA multicast into both (halves B's L2 -> SM traffic).
       group_m: rasterization: consecutive work tiles walk group_m M tiles before the next N tile (L2 reuse).
@@ -87,6 +91,7 @@ class MXGemmConfig(KernelConfig):
     early_scales: bool = False
     unroll_stages: bool = False
     uniform_desc: bool = False
+    split_n: bool = False
     cluster_m: int = 1
     group_m: int = 8
     max_ctas: int = 132
@@ -116,6 +121,9 @@ class MXGemmConfig(KernelConfig):
             raise ValueError("a diagnostic is a tuning (tune > 0) of the lockstep loop")
         if self.unroll_stages and self.overlap:
             raise ValueError("unroll_stages and overlap exclude each other (overlap has its own K loop)")
+        if self.split_n and (self.pingpong or self.overlap or self.early_scales or self.preload_scales
+                             or self.unroll_stages or self.diagnostic):  # fmt: skip
+            raise ValueError("split_n has its own K loop: no pingpong, overlap, early/preload scales, unroll")
         if self.preload_scales and self.early_scales:
             raise ValueError("preload_scales and early_scales exclude each other")
         if self.early_scales and self.tile_n != 128:
@@ -181,6 +189,9 @@ MX_GEMM_TUNINGS: tuple[MXGemmConfig, ...] = (
     MXGemmConfig(tile_n=192, stages=5, cluster_m=2, uniform_desc=True, tune=24),
     MXGemmConfig(tile_n=192, stages=5, cluster_m=2, unroll_stages=True, uniform_desc=True, tune=25),
     MXGemmConfig(tile_n=192, stages=4, cluster_m=2, unroll_stages=True, uniform_desc=True, tune=26),
+    # half of the promotion under the tensor core: two n96 halves per K tile, half 0 promoted while
+    # half 1's wgmmas run
+    MXGemmConfig(tile_n=192, stages=5, cluster_m=2, split_n=True, uniform_desc=True, tune=27),
 )
 """Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py); those with a
 `diagnostic` (MX_GEMM_DIAGNOSTICS) have wrong outputs on purpose and are excluded from the numerics tests."""
