@@ -394,10 +394,14 @@ class MXGemmSm90(MXGemmSplitN):
                 ring = (pipe, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c)
                 self._mainloop_overlap(ring, main, tmp, tmp2, base, k_tiles)
             ktile = (pipe, main, tmp, prod, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c)
-            if cutlass.const_expr(self.config.split_n):
+            if cutlass.const_expr(self.config.split_n and not self.config.unroll_stages):
                 self._mainloop_split((pipe, *split, sSA, sSB, row, col), main, base, k_tiles)
             if cutlass.const_expr(self.config.unroll_stages):
-                phases = self._mainloop_unrolled(ktile, k_tiles, phases)
+                if cutlass.const_expr(self.config.split_n):
+                    split_tile = lambda pos: self._split_tile((pipe, *split, sSA, sSB, row, col), main, pos)  # noqa: E731
+                    phases = self._mainloop_unrolled(split_tile, k_tiles, phases)
+                else:
+                    phases = self._mainloop_unrolled(lambda pos, kt=ktile: self._ktile(kt, pos), k_tiles, phases)
             if cutlass.const_expr(not self.config.split_n):  # (split_n has no full-width temporary)
                 own_loop = self.config.overlap or self.config.unroll_stages
                 for kt in cutlass.range(0 if own_loop else k_tiles, unroll=1):
@@ -430,19 +434,20 @@ class MXGemmSm90(MXGemmSplitN):
             self._finish(pipe, main, tmp, sa_r, sb_c, sSA, sSB, pos, row, col)
 
     @cute.jit
-    def _mainloop_unrolled(self, ktile, k_tiles, phases):
+    def _mainloop_unrolled(self, step, k_tiles, phases):
         """config.unroll_stages: one work tile's K tiles, its first one at stage 0; the loop body is one lap
         of the ring (`stages` K tiles, stage indices 0 .. stages - 1 trace-time constants, so barrier
         addresses, smem descriptors and scale addresses are immediates), then the k_tiles % stages left
-        over at run-time stages 0 .. . phases (bit s: parity of stage s's uses so far) -> the new phases."""
+        over at run-time stages 0 .. . step(state): one K tile (_ktile, or split_n's _split_tile).
+        phases (bit s: parity of stage s's uses so far) -> the new phases."""
         n = self.stages
         for _ in cutlass.range(k_tiles // n, unroll=1):
             for s in cutlass.range_constexpr(n):
-                self._ktile(ktile, self._stage_state(s, phases, 0))
+                step(self._stage_state(s, phases, 0))
             phases = phases ^ ((1 << n) - 1)
         rem = k_tiles % n
         for s in cutlass.range(rem, unroll=1):
-            self._ktile(ktile, self._stage_state(s, phases, 0))
+            step(self._stage_state(s, phases, 0))
         return phases ^ ((Int32(1) << rem) - 1)
 
     def _stage_state(self, s, phases, flip: int) -> pipeline.PipelineState:

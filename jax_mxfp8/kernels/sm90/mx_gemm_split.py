@@ -2,7 +2,8 @@
 
 Supported features: what mx_gemm.py supports (any FP8 mix, bf16 / float32 out, bias, batch, edge tiles:
 the epilogue and the producer are mx_gemm.py's), tile_n 128 or 192, lockstep consumers only (registry
-MXGemmConfig.split_n excludes pingpong, overlap, early / preload scales, unroll_stages, diagnostics).
+MXGemmConfig.split_n excludes pingpong, overlap, early / preload scales, diagnostics; with unroll_stages
+mx_gemm.py's lap loop runs _split_tile with constant stage indices).
 
 Per K tile and consumer warpgroup: the 4 m64 n{tile_n / 2} k32 wgmmas of column half 0 into temporary ta
 and those of half 1 into tb are issued together (two commit groups); after wait_group(1) half 0 is promoted
@@ -58,19 +59,23 @@ class MXGemmSplitN:
         wgmma stays in flight across the loop's back edge (a loop-carried one, issued a half ahead as in
         config.overlap, made ptxas serialize every wgmma: C7514).
         sp = (pipe, tCrA, tCrB0, tCrB1, ta, tb, sSA, sSB, row, col)."""
-        pipe, tCrA, tCrB0, tCrB1, ta, tb, sSA, sSB, row, col = sp
         for kt in cutlass.range(k_tiles, unroll=1):
-            pos = base + kt
-            self._issue_half(pipe, ta, tCrA, tCrB0, pos, True)
-            self._issue_half(pipe, tb, tCrA, tCrB1, pos, False)
-            cute.nvgpu.warpgroup.wait_group(1)
-            s = self._state(pos).index
-            sa_r = cute.make_rmem_tensor((2,), Float32)
-            for v1 in cutlass.range_constexpr(2):
-                sa_r[v1] = sSA[(row + 8 * v1, 0, s)]
-            self._promote_half(main, ta, sa_r, sSB, s, col, 0)
-            cute.nvgpu.warpgroup.wait_group(0)
-            self._promote_half(main, tb, sa_r, sSB, s, col, 1, (pipe, self._state(pos)))
+            self._split_tile(sp, main, base + kt)
+
+    @cute.jit
+    def _split_tile(self, sp, main, pos):
+        """One K tile at ring position pos (or, with unroll_stages, a state with a constant stage index)."""
+        pipe, tCrA, tCrB0, tCrB1, ta, tb, sSA, sSB, row, col = sp
+        self._issue_half(pipe, ta, tCrA, tCrB0, pos, True)
+        self._issue_half(pipe, tb, tCrA, tCrB1, pos, False)
+        cute.nvgpu.warpgroup.wait_group(1)
+        s = self._state(pos).index
+        sa_r = cute.make_rmem_tensor((2,), Float32)
+        for v1 in cutlass.range_constexpr(2):
+            sa_r[v1] = sSA[(row + 8 * v1, 0, s)]
+        self._promote_half(main, ta, sa_r, sSB, s, col, 0)
+        cute.nvgpu.warpgroup.wait_group(0)
+        self._promote_half(main, tb, sa_r, sSB, s, col, 1, (pipe, self._state(pos)))
 
     @cute.jit
     def _issue_half(self, pipe, acc, tCrA, tCrB, pos, wait: bool):
