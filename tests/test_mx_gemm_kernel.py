@@ -178,7 +178,7 @@ def test_registry_variants():
     with pytest.raises(ValueError, match="unroll_stages"):
         registry.MXGemmConfig(overlap=True, unroll_stages=True)
     with pytest.raises(ValueError, match="split_n"):
-        registry.MXGemmConfig(split_n=True, unroll_stages=True)
+        registry.MXGemmConfig(split_n=True, pingpong=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
