@@ -175,6 +175,10 @@ def test_registry_variants():
     assert registry.MX_GEMM_DIAGNOSTICS and all(v.tune > 0 for v in registry.MX_GEMM_DIAGNOSTICS)
     with pytest.raises(ValueError, match="diagnostic"):
         registry.MXGemmConfig(diagnostic="row_scale_only")  # never a production variant
+    with pytest.raises(ValueError, match="unroll_stages"):
+        registry.MXGemmConfig(overlap=True, unroll_stages=True)
+    with pytest.raises(ValueError, match="split_n"):
+        registry.MXGemmConfig(split_n=True, pingpong=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -219,12 +223,15 @@ def test_kernel_tunings_bitwise_equal(_needs_kernel):
     """Every tuning (tile shape, pingpong / handoff schedule, early scales, cluster) changes only when and
     where the same per-element operations run (the same 4 wgmmas per 128-K tile on a fresh accumulator,
     the same FFMA promotion in K order), never the numerics: all return the production variant's bits."""
-    ops = operands(_rng(), 2, 272, 592, 1152, nan_rows=((1, 3, 5),))
-    want = _run(ops, "bfloat16", "cuda")
-    for v in registry.MX_GEMM_TUNINGS:
-        if v.diagnostic:  # wrong outputs on purpose
-            continue
-        np.testing.assert_array_equal(_run(ops, "bfloat16", "cuda", tune=v.tune), want, err_msg=f"tune {v.tune}")
+    # K tiles: 9 (unroll_stages: laps + a remainder), 1 (no lap), 20 (whole laps of 4 and of 5 stages)
+    for shape in [(2, 272, 592, 1152), (1, 256, 384, 128), (1, 144, 400, 2560)]:
+        ops = operands(_rng(), *shape, nan_rows=((0, 0, 5),))
+        want = _run(ops, "bfloat16", "cuda")
+        for v in registry.MX_GEMM_TUNINGS:
+            if v.diagnostic:  # wrong outputs on purpose
+                continue
+            got = _run(ops, "bfloat16", "cuda", tune=v.tune)
+            np.testing.assert_array_equal(got, want, err_msg=f"tune {v.tune} at {shape}")
 
 
 @pytest.mark.gpu

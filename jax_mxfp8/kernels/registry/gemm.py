@@ -54,6 +54,16 @@ class MXGemmConfig(KernelConfig):
       early_scales: the K tile's scale products sa[m] * sb[n] are made while its wgmmas run, so that only
         the FFMAs follow the wait (one more accumulator-sized register tensor: tile_n 128 only, 192
         spills). Measured slower on the H200 (docs/perf-notes.md): tunings only.
+      unroll_stages: the consumer's K loop is unrolled by `stages` (one ring lap per iteration, stage
+        indices trace-time constants), each work tile starting at stage 0; the k_tiles % stages tiles left
+        over run in a plain loop. Cuts the descriptor / barrier / address instructions of each K tile.
+        Lockstep, pingpong or handoff loops (not overlap).
+      uniform_desc: the wgmma operand descriptors are built from the warpgroup's first thread marked
+        warp-uniform (they are the same for all its threads), so ptxas keeps them in uniform registers.
+      split_n: each K tile's wgmmas in two column halves (m64 n{tile_n / 2}) into two half-width
+        temporaries, both issued at once, half 0 promoted while half 1's wgmmas run (the registers of
+        main + tmp, as lockstep). Its own K tile: lockstep only (no pingpong, overlap, early_scales,
+        preload_scales, diagnostic); with unroll_stages, unrolled by the ring as the lockstep loop.
       cluster_m: CTAs per cluster along M (1 or 2); with 2, the pair shares each B tile: each CTA loads
         half of it by TMA multicast into both (halves B's L2 -> SM traffic).
       group_m: rasterization: consecutive work tiles walk group_m M tiles before the next N tile (L2 reuse).
@@ -79,6 +89,9 @@ class MXGemmConfig(KernelConfig):
     preload_scales: bool = False
     diagnostic: str = ""
     early_scales: bool = False
+    unroll_stages: bool = False
+    uniform_desc: bool = False
+    split_n: bool = False
     cluster_m: int = 1
     group_m: int = 8
     max_ctas: int = 132
@@ -106,6 +119,11 @@ class MXGemmConfig(KernelConfig):
             raise ValueError(f"diagnostic={self.diagnostic!r} not in ('', 'row_scale_only')")
         if self.diagnostic and (self.tune == 0 or self.overlap or self.early_scales or self.preload_scales):
             raise ValueError("a diagnostic is a tuning (tune > 0) of the lockstep loop")
+        if self.unroll_stages and self.overlap:
+            raise ValueError("unroll_stages and overlap exclude each other (overlap has its own K loop)")
+        if self.split_n and (self.pingpong or self.overlap or self.early_scales or self.preload_scales
+                             or self.diagnostic):  # fmt: skip
+            raise ValueError("split_n has its own K loop: no pingpong, overlap, early/preload scales")
         if self.preload_scales and self.early_scales:
             raise ValueError("preload_scales and early_scales exclude each other")
         if self.early_scales and self.tile_n != 128:
@@ -130,8 +148,10 @@ class MXGemmConfig(KernelConfig):
         return f"{base}_t{self.tune}" if self.tune else base
 
 
-# Production: the fastest of the H200 runs (benchmarks/results/h200_mx_gemm_kernel.json, docs/perf-notes.md).
-_PRODUCTION = dict(tile_n=192, stages=5, pingpong=False, cluster_m=2)
+# Production: the fastest of the H200 runs (docs/perf-notes.md "Session 4"): tune 26's config, 128x192,
+# cluster pair, K loop unrolled by a 4-stage ring, warp-uniform descriptors (bit-identical to tune 10, the
+# previous production; +0.4-5.3% in round A, +4-12% in round B, same process).
+_PRODUCTION = dict(tile_n=192, stages=4, pingpong=False, cluster_m=2, unroll_stages=True, uniform_desc=True)
 
 MX_GEMM_VARIANTS: tuple[MXGemmConfig, ...] = tuple(
     MXGemmConfig(a_dtype=a, b_dtype=b, out_dtype=o, has_bias=bias, **_PRODUCTION)
@@ -149,7 +169,7 @@ MX_GEMM_TUNINGS: tuple[MXGemmConfig, ...] = (
     MXGemmConfig(tile_n=128, stages=6, early_scales=True, cluster_m=2, tune=7),
     MXGemmConfig(tile_n=128, stages=6, early_scales=True, pingpong=True, tune=8),
     MXGemmConfig(tile_n=128, stages=6, early_scales=True, tune=9),
-    # the production config under a tuning name, so that a benchmark times it next to a changed production
+    # the previous production config (until session 4) under a tuning name, timed next to production
     MXGemmConfig(tile_n=192, stages=5, pingpong=False, cluster_m=2, tune=10),
     MXGemmConfig(tile_n=192, stages=5, pingpong=True, handoff=2, cluster_m=2, tune=11),
     MXGemmConfig(tile_n=192, stages=5, pingpong=True, handoff=4, cluster_m=2, tune=12),
@@ -159,12 +179,24 @@ MX_GEMM_TUNINGS: tuple[MXGemmConfig, ...] = (
     MXGemmConfig(tile_n=192, stages=5, pingpong=True, handoff=3, cluster_m=2, tune=16),
     MXGemmConfig(tile_n=128, stages=6, overlap=True, tune=17),
     MXGemmConfig(tile_n=128, stages=6, overlap=True, cluster_m=2, tune=18),
-    # built and SASS-checked (no spills) but not yet run on the device:
+    # coordinator run 1 (session 4): 850 / 807 / 832, slower than production
     MXGemmConfig(tile_n=128, stages=6, preload_scales=True, cluster_m=2, tune=19),
-    # a diagnostic of production's loop (WRONG outputs; built, not yet run on the device)
+    # a diagnostic of production's loop (WRONG outputs; coordinator run 1: +18.5% over production)
     MXGemmConfig(tile_n=192, stages=5, cluster_m=2, diagnostic="row_scale_only", tune=20),
+    # production with the K loop unrolled by the ring (stages 5: K % 640 tiles left over; stages 4: none
+    # at K a multiple of 512); tune 23 = tune 21 on 8 CTAs (several work tiles per CTA in the tests)
+    MXGemmConfig(tile_n=192, stages=5, cluster_m=2, unroll_stages=True, tune=21),
+    MXGemmConfig(tile_n=192, stages=4, cluster_m=2, unroll_stages=True, tune=22),
+    MXGemmConfig(tile_n=192, stages=5, cluster_m=2, unroll_stages=True, max_ctas=8, tune=23),
+    MXGemmConfig(tile_n=192, stages=5, cluster_m=2, uniform_desc=True, tune=24),
+    MXGemmConfig(tile_n=192, stages=5, cluster_m=2, unroll_stages=True, uniform_desc=True, tune=25),
+    MXGemmConfig(tile_n=192, stages=4, cluster_m=2, unroll_stages=True, uniform_desc=True, tune=26),
+    # half of the promotion under the tensor core: two n96 halves per K tile, half 0 promoted while
+    # half 1's wgmmas run
+    MXGemmConfig(tile_n=192, stages=5, cluster_m=2, split_n=True, uniform_desc=True, tune=27),
+    MXGemmConfig(tile_n=192, stages=4, cluster_m=2, split_n=True, uniform_desc=True, unroll_stages=True, tune=28),
 )
-"""Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py); the last ones
-(MX_GEMM_DIAGNOSTICS) are diagnostics with wrong outputs, excluded from the numerics tests."""
+"""Benchmark-only tunings of the e4m3 x e4m3 -> bf16 kernel (benchmarks/mx_gemm_kernel.py); those with a
+`diagnostic` (MX_GEMM_DIAGNOSTICS) have wrong outputs on purpose and are excluded from the numerics tests."""
 
 MX_GEMM_DIAGNOSTICS: tuple[MXGemmConfig, ...] = tuple(v for v in MX_GEMM_TUNINGS if v.diagnostic)

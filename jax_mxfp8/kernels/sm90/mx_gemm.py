@@ -52,6 +52,19 @@ Structure (persistent, warp-specialized; 3 warpgroups, 384 threads, one CTA per 
   by the row scale and loads no column scales (about the cost of a contract whose B scale is one scalar
   per 128 x 128 block, DeepGEMM's 1d2d). (A "no scale loads" diagnostic that kept the 48 column scales
   of the first K tile in registers spilled at 128 x 192: dropped.)
+  config.unroll_stages: the consumer's K loop body is one lap of the ring (`stages` K tiles with
+  trace-time stage indices: barrier addresses, smem descriptors and scale addresses become immediates,
+  DeepGEMM's unrolling), so every work tile starts at stage 0 (the producer wraps its stage per tile) and
+  the ring phases are tracked per stage (a bit mask: stage s's uses differ by the k_tiles % stages tiles
+  of a lap left over, which run in a plain loop after the laps). Same per-element operations in the same
+  order as without it (bit-identical).
+  config.uniform_desc: the A / B fragments (smem descriptors) are partitioned with the warpgroup's first
+  thread marked warp-uniform, so their per-K-block descriptors are uniform-register adds.
+  config.split_n: each K tile's wgmmas in two column halves (m64 n{tile_n / 2}) into two half-width
+  temporaries, both issued at once; half 0 is promoted while half 1's wgmmas run (mx_gemm_split.py), so
+  half of the promotion overlaps the tensor core (main + two halves = the registers of lockstep's main +
+  tmp). A is read from shared memory twice per K tile. Issuing a half one step ahead across the loop's
+  back edge (the full overlap) made ptxas serialize every wgmma (C7514).
   config.early_scales: the 64 (96) scale products sa[m] * sb[n] of a K tile are loaded and multiplied
   between issuing its wgmmas and waiting for them; after the wait only the FFMAs remain (costs one
   more accumulator-sized register tensor).
@@ -74,6 +87,7 @@ from cutlass import Float32, Int32
 from jax_mxfp8.kernels.registry import GEMM_K_TILE, MXGemmConfig
 from jax_mxfp8.kernels.sm90 import warp_specialization as ws
 from jax_mxfp8.kernels.sm90 import wgmma
+from jax_mxfp8.kernels.sm90.mx_gemm_split import MXGemmSplitN
 from jax_mxfp8.kernels.sm90.tile_scheduler import GemmTile, GemmTileScheduler
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
 
@@ -98,7 +112,7 @@ def fake_2d(dtype, rows, cols):
     return make_fake_compact_tensor(dtype, (rows, cols), stride_order=(1, 0), assumed_align=16)
 
 
-class MXGemmSm90:
+class MXGemmSm90(MXGemmSplitN):
     """Host entry: (a, b, sa, sb, [bias], c, stream); see the module docstring for shapes."""
 
     def __init__(self, config: MXGemmConfig):
@@ -309,16 +323,31 @@ class MXGemmSm90:
         tSsB, tSgB = part(tma_sb, sSB, mSB, (self.tn, 1))
         prod = pipe.make_producer()
         first, step = self._cluster_range()
+        phases = Int32(0)  # unroll_stages: bit s = parity of stage s's uses so far
         for t in cutlass.range(first, total, step, unroll=1):
             w = self.sched.work_tile(t, m_tiles, n_tiles, rank)
+            s = Int32(0)  # unroll_stages: every work tile starts at stage 0 (the consumers' unrolled laps)
             for kt in cutlass.range(k_tiles, unroll=1):
-                h = prod.acquire_and_advance()
-                cute.copy(tma_a, tAgA[(None, w.m_tile, kt, w.g)], tAsA[(None, h.index)], tma_bar_ptr=h.barrier)
-                cute.copy(tma_b, tBgB[(None, w.n_tile, kt, w.g)], tBsB[(None, h.index)], tma_bar_ptr=h.barrier,
+                if cutlass.const_expr(self.config.unroll_stages):
+                    state = self._stage_state(s, phases, 1)
+                    pipe.producer_acquire(state)
+                    index, bar = s, pipe.producer_get_barrier(state)
+                    phases = phases ^ (Int32(1) << s)
+                    s = (s + 1) % self.stages
+                else:
+                    h = prod.acquire_and_advance()
+                    index, bar = h.index, h.barrier
+                cute.copy(tma_a, tAgA[(None, w.m_tile, kt, w.g)], tAsA[(None, index)], tma_bar_ptr=bar)
+                cute.copy(tma_b, tBgB[(None, w.n_tile, kt, w.g)], tBsB[(None, index)], tma_bar_ptr=bar,
                           mcast_mask=b_mask)  # fmt: skip
-                cute.copy(tma_sa, tSgA[(None, w.m_tile, kt, w.g)], tSsA[(None, h.index)], tma_bar_ptr=h.barrier)
-                cute.copy(tma_sb, tSgB[(None, w.n_tile, kt, w.g)], tSsB[(None, h.index)], tma_bar_ptr=h.barrier)
-        prod.tail()
+                cute.copy(tma_sa, tSgA[(None, w.m_tile, kt, w.g)], tSsA[(None, index)], tma_bar_ptr=bar)
+                cute.copy(tma_sb, tSgB[(None, w.n_tile, kt, w.g)], tSsB[(None, index)], tma_bar_ptr=bar)
+        if cutlass.const_expr(self.config.unroll_stages):
+            # the consumers' last release of every stage (what prod.tail() waits for on an even ring)
+            for s in cutlass.range_constexpr(self.stages):
+                pipe.sync_object_empty.wait(s, self._stage_state(s, phases, 1).phase)
+        else:
+            prod.tail()
 
     def _cluster_range(self) -> tuple[Int32, Int32]:
         """(this cluster's first work item, the number of clusters): the persistent loop's start and step."""
@@ -336,11 +365,24 @@ class MXGemmSm90:
         tile; per K tile: wgmma into a temporary accumulator, promotion into the main one; then the epilogue."""
         mma = self._make_mma()
         thr = mma.get_slice(tid)
-        tCrA = mma.make_fragment_A(thr.partition_A(sA))
-        tCrB = mma.make_fragment_B(thr.partition_B(sB))
+        thr_ab = thr
+        if cutlass.const_expr(self.config.uniform_desc):
+            # the SS operands' descriptors are the same for every thread of a warpgroup: partitioned with
+            # the warpgroup's first thread, marked warp-uniform, they stay in uniform registers (no
+            # per-K-block 64-bit vector adds + R2UR for A, whose slice depends on the warpgroup)
+            thr_ab = mma.get_slice(cute.arch.make_warp_uniform(tid // ws.WARPGROUP_THREADS) * ws.WARPGROUP_THREADS)
+        tCrA = mma.make_fragment_A(thr_ab.partition_A(sA))
+        tCrB = mma.make_fragment_B(thr_ab.partition_B(sB))
         acc_shape = thr.partition_shape_C((self.tm, self.tn))
         main = cute.make_rmem_tensor(acc_shape, Float32)
-        tmp = cute.make_rmem_tensor(acc_shape, Float32)
+        if cutlass.const_expr(self.config.split_n):  # two half-width temporaries instead of one
+            half_shape = self._make_mma_half().get_slice(tid).partition_shape_C((self.tm, self.tn // 2))
+            ta = cute.make_rmem_tensor(half_shape, Float32)
+            tb = cute.make_rmem_tensor(half_shape, Float32)
+            split = (*self._split_operands(sA, sB, tid), ta, tb)
+            tmp = None
+        else:
+            tmp = cute.make_rmem_tensor(acc_shape, Float32)
         prod = cute.make_rmem_tensor(acc_shape, Float32) if self.config.early_scales else tmp
         tmp2 = cute.make_rmem_tensor(acc_shape, Float32) if self.config.overlap else tmp
         sa_r = cute.make_rmem_tensor((2,), Float32)  # this thread's scales of one K tile: rows row, row + 8
@@ -356,6 +398,7 @@ class MXGemmSm90:
             if c == 1:  # consumer 0 issues first
                 ws.turn_arrive(1)
         first, step = self._cluster_range()
+        phases = Int32(0)  # unroll_stages: bit s = parity of stage s's uses so far (each tile starts at stage 0)
         for t in cutlass.range(first, total, step, unroll=1):
             w = self.sched.work_tile(t, m_tiles, n_tiles, rank)
             base = ((t - first) // step) * k_tiles  # ring position of this work tile's first K tile
@@ -363,22 +406,19 @@ class MXGemmSm90:
             if cutlass.const_expr(self.config.overlap):
                 ring = (pipe, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c)
                 self._mainloop_overlap(ring, main, tmp, tmp2, base, k_tiles)
-            for kt in cutlass.range(0 if self.config.overlap else k_tiles, unroll=1):
-                self._issue(pipe, tmp, tCrA, tCrB, base + kt, c, (sa_r, sb_c, sSA, sSB, base + kt, row, col))
-                if cutlass.const_expr(self.config.early_scales):
-                    # the scale products are made while the wgmmas run; after the wait only the FFMAs
-                    self._scale_products(prod, sSA, sSB, base + kt, row, col)
-                if cutlass.const_expr(self.config.handoff > 0):
-                    # pass the turn once `handoff` of this K tile's wgmmas have completed: the other
-                    # warpgroup's wgmmas then run while this one promotes (never both at once)
-                    cute.nvgpu.warpgroup.wait_group(K_BLOCKS - self.config.handoff)
-                    ws.turn_arrive(c)
-                if cutlass.const_expr(self.config.early_scales):
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    self._accumulate(pipe, main, tmp, prod, base + kt)
+            ktile = (pipe, main, tmp, prod, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c)
+            if cutlass.const_expr(self.config.split_n and not self.config.unroll_stages):
+                self._mainloop_split((pipe, *split, sSA, sSB, row, col), main, base, k_tiles)
+            if cutlass.const_expr(self.config.unroll_stages):
+                if cutlass.const_expr(self.config.split_n):
+                    split_tile = lambda pos: self._split_tile((pipe, *split, sSA, sSB, row, col), main, pos)  # noqa: E731
+                    phases = self._mainloop_unrolled(split_tile, k_tiles, phases)
                 else:
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    self._finish(pipe, main, tmp, sa_r, sb_c, sSA, sSB, base + kt, row, col)
+                    phases = self._mainloop_unrolled(lambda pos, kt=ktile: self._ktile(kt, pos), k_tiles, phases)
+            if cutlass.const_expr(not self.config.split_n):  # (split_n has no full-width temporary)
+                own_loop = self.config.overlap or self.config.unroll_stages
+                for kt in cutlass.range(0 if own_loop else k_tiles, unroll=1):
+                    self._ktile(ktile, base + kt)
             self._epilogue(main, thr, gC_all, mBias, mC, w, row, col)
         if cutlass.const_expr(self.config.pingpong):
             if c == 0:  # consume consumer 1's last arrive (or its initial one): the barriers end balanced
@@ -387,6 +427,54 @@ class MXGemmSm90:
     def _out_tiles(self, mC):
         """The consumers' (tile_m, tile_n) tiles of c, for _epilogue (epilogue subclasses override both)."""
         return cute.local_tile(mC, (self.tm, self.tn), (None, None, None))
+
+    @cute.jit
+    def _ktile(self, ktile, pos):
+        """One K tile of the lockstep loop at ring position pos (an absolute position, or with
+        unroll_stages a PipelineState whose stage index is a trace-time constant): issue, wait, promote.
+        ktile = (pipe, main, tmp, prod, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c)."""
+        pipe, main, tmp, prod, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c = ktile
+        self._issue(pipe, tmp, tCrA, tCrB, pos, c, (sa_r, sb_c, sSA, sSB, pos, row, col))
+        if cutlass.const_expr(self.config.early_scales):
+            # the scale products are made while the wgmmas run; after the wait only the FFMAs
+            self._scale_products(prod, sSA, sSB, pos, row, col)
+        if cutlass.const_expr(self.config.handoff > 0):
+            # pass the turn once `handoff` of this K tile's wgmmas have completed: the other
+            # warpgroup's wgmmas then run while this one promotes (never both at once)
+            cute.nvgpu.warpgroup.wait_group(K_BLOCKS - self.config.handoff)
+            ws.turn_arrive(c)
+        if cutlass.const_expr(self.config.early_scales):
+            cute.nvgpu.warpgroup.wait_group(0)
+            self._accumulate(pipe, main, tmp, prod, pos)
+        else:
+            cute.nvgpu.warpgroup.wait_group(0)
+            self._finish(pipe, main, tmp, sa_r, sb_c, sSA, sSB, pos, row, col)
+
+    @cute.jit
+    def _mainloop_unrolled(self, step, k_tiles, phases):
+        """config.unroll_stages: one work tile's K tiles, its first one at stage 0; the loop body is one lap
+        of the ring (`stages` K tiles, stage indices 0 .. stages - 1 trace-time constants, so barrier
+        addresses, smem descriptors and scale addresses are immediates), then the k_tiles % stages left
+        over at run-time stages 0 .. . step(state): one K tile (_ktile, or split_n's _split_tile).
+        phases (bit s: parity of stage s's uses so far) -> the new phases."""
+        n = self.stages
+        for _ in cutlass.range(k_tiles // n, unroll=1):
+            for s in cutlass.range_constexpr(n):
+                step(self._stage_state(s, phases, 0))
+            phases = phases ^ ((1 << n) - 1)
+        rem = k_tiles % n
+        for s in cutlass.range(rem, unroll=1):
+            step(self._stage_state(s, phases, 0))
+        return phases ^ ((Int32(1) << rem) - 1)
+
+    def _stage_state(self, s, phases, flip: int) -> pipeline.PipelineState:
+        """unroll_stages: the pipeline state of stage s at its next use (phase: bit s of phases, xor flip:
+        1 for the producer, whose first wait on an empty barrier passes)."""
+        return pipeline.PipelineState(self.stages, Int32(0), s, ((phases >> s) & 1) ^ flip)
+
+    def _state(self, pos) -> pipeline.PipelineState:
+        """The pipeline state of pos: an absolute ring position, or already a state (unroll_stages)."""
+        return pos if isinstance(pos, pipeline.PipelineState) else ws.ring_state(self.stages, pos)
 
     @cute.jit
     def _mainloop_overlap(self, ring, main, ta, tb, base, k_tiles):
@@ -431,7 +519,7 @@ class MXGemmSm90:
         pre = (sa_r, sb_c, sSA, sSB, scale_pos, row, col): with config.preload_scales, the scales of ring
         position scale_pos (a full stage not yet released) are loaded into sa_r, sb_c before the wgmmas
         are issued (DeepGEMM's order: every shared-memory read before the fence)."""
-        state = ws.ring_state(self.stages, pos)
+        state = self._state(pos)
         pipe.consumer_wait(state)
         if cutlass.const_expr(self.config.preload_scales and pre is not None):
             self._load_scales(*pre)
@@ -449,7 +537,7 @@ class MXGemmSm90:
     @cute.jit
     def _load_scales(self, sa_r, sb_c, sSA, sSB, pos, row, col):
         """sa_r, sb_c = this thread's row and column scales of ring position pos."""
-        s = ws.ring_state(self.stages, pos).index
+        s = self._state(pos).index
         for v1 in cutlass.range_constexpr(2):
             sa_r[v1] = sSA[(row + 8 * v1, 0, s)]
         for j in cutlass.range_constexpr(self.tn // 4):
@@ -461,14 +549,14 @@ class MXGemmSm90:
         scales (unless config.preload_scales did already), releases the stage, promotes."""
         diagnostic = self.config.diagnostic
         if cutlass.const_expr(diagnostic == "row_scale_only"):
-            s = ws.ring_state(self.stages, pos).index
+            s = self._state(pos).index
             for v1 in cutlass.range_constexpr(2):
                 sa_r[v1] = sSA[(row + 8 * v1, 0, s)]
         elif cutlass.const_expr(not self.config.preload_scales):
             sa_r = cute.make_rmem_tensor((2,), Float32)  # fresh per K tile (the kernels as measured)
             sb_c = cute.make_rmem_tensor((self.tn // 4,), Float32)
             self._load_scales(sa_r, sb_c, sSA, sSB, pos, row, col)
-        pipe.consumer_release(ws.ring_state(self.stages, pos))
+        pipe.consumer_release(self._state(pos))
         if cutlass.const_expr(diagnostic == "row_scale_only"):
             for i in cutlass.range_constexpr(cute.size(main)):  # one FFMA per element: WRONG output
                 _, v1, _ = acc_coords(i)
@@ -487,7 +575,7 @@ class MXGemmSm90:
     def _scale_products(self, prod, sSA, sSB, pos, row, col):
         """prod[i] = sa[row(i)] * sb[col(i)] of ring position pos (its stage is full; its wgmmas may still
         be running: only the scales are read)."""
-        s = ws.ring_state(self.stages, pos).index
+        s = self._state(pos).index
         sa_r = cute.make_rmem_tensor((2,), Float32)
         for v1 in cutlass.range_constexpr(2):
             sa_r[v1] = sSA[(row + 8 * v1, 0, s)]
@@ -499,7 +587,7 @@ class MXGemmSm90:
     @cute.jit
     def _accumulate(self, pipe, main, tmp, prod, pos):
         """main += tmp * prod once ring position pos's wgmmas have completed; releases its stage."""
-        pipe.consumer_release(ws.ring_state(self.stages, pos))
+        pipe.consumer_release(self._state(pos))
         for i in cutlass.range_constexpr(cute.size(main)):
             main[i] = main[i] + tmp[i] * prod[i]
 
