@@ -81,10 +81,10 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"dq_accum={self.dq_accum!r} not in {DQ_ACCUMS}")
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic={self.deterministic!r} is not a bool")
-        if self.dq_mode and (self.dq_store != "red" or self.overlap or self.smem_stats):
+        if self.dq_mode and self.dq_store != "red":  # (so no overlap either: it needs "bulk")
             raise ValueError(
-                f"dq_accum={self.dq_accum!r}, deterministic={self.deterministic} take dq_store='red' without "
-                f"overlap or smem_stats (got {self.dq_store!r}, {self.overlap}, {self.smem_stats})"
+                f"dq_accum={self.dq_accum!r}, deterministic={self.deterministic} take dq_store='red' (per-element "
+                f"adds; got {self.dq_store!r})"
             )
         if self.packed:
             raise ValueError("packed=True is not implemented (dense padded batches only)")

@@ -1,8 +1,8 @@
 """dQ accumulation modes of the Hopper attention backward (kernels/sm90/attention_bwd.py): float16 dq and
 the deterministic (ordered) adds.
 
-Supported (AttentionBwdConfig.dq_mode: dq_accum "fp16" and/or deterministic; dq_store "red", overlap 0,
-smem_stats off), per consumer's dQ tile (64 query rows x its head-dim columns), tau 2^e dQ added into dq:
+Supported (AttentionBwdConfig.dq_mode: dq_accum "fp16" and/or deterministic; dq_store "red", so overlap 0;
+smem_stats either way), per consumer's dQ tile (64 query rows x its head-dim columns), tau 2^e dQ added into dq:
   "fp32", deterministic    red.global.add.f32 per element, the KV tiles' adds into each query tile in
                            ascending KV-tile order (float32 adds in a fixed order: bit-identical runs)
   "fp16"                   red.global.add.noftz.f16x2 of RN_f16(tau 2^e dQ) per column pair: two roundings
