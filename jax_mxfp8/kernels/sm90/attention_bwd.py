@@ -143,21 +143,10 @@ class AttentionBackwardSm90:
 
         s = cute.sym_int32
         rows_h = 128 * self.h  # Tp * H and Sp * H are multiples of 128 H
-        if self.dq_mode:
-            dq_t = cutlass.Float16 if self.config.dq_accum == "fp16" else Float32
-            return (
-                *(t(BF16, s(), s(divisibility=rows_h)) for _ in range(4)),  # q, k, v, do
-                t(Float32, s(), s(divisibility=128)),  # lse
-                t(Float32, s(), s(divisibility=128)),  # delta
-                t(Int32, s(), s()),  # lens
-                t(dq_t, s(), s(divisibility=rows_h)),  # dq (B*N, Tp*H)
-                t(Float32, s(), s(divisibility=rows_h)),  # dk
-                t(Float32, s(), s(divisibility=rows_h)),  # dv
-                t(Int32, s(), s(divisibility=4)),  # dq_sem (B*N, Tp/32)
-                Float32(1.0),  # scale (tau)
-                Float32(1.0),  # dq_scale (tau 2^e)
-                make_fake_stream(),
-            )
+        dq_t = cutlass.Float16 if self.config.dq_accum == "fp16" else Float32  # "fp16": dQ * 2^e
+        # the dQ modes' extra operands: dq_sem (B*N, Tp/32) int32 after dv, dq_scale (tau 2^e) after scale
+        sem = (t(Int32, s(), s(divisibility=4)),) if self.dq_mode else ()
+        dq_scale = (Float32(1.0),) if self.dq_mode else ()
         return (
             t(BF16, s(), s(divisibility=rows_h)),  # q (B*N, Tp*H)
             t(BF16, s(), s(divisibility=rows_h)),  # k (B*K, Sp*H)
@@ -166,10 +155,12 @@ class AttentionBackwardSm90:
             t(Float32, s(), s(divisibility=128)),  # lse (B*N, Tp)
             t(Float32, s(), s(divisibility=128)),  # delta
             t(Int32, s(), s()),  # lens (2, B)
-            t(Float32, s(), s(divisibility=rows_h)),  # dq (B*N, Tp*H)
+            t(dq_t, s(), s(divisibility=rows_h)),  # dq (B*N, Tp*H)
             t(Float32, s(), s(divisibility=rows_h)),  # dk (B*K, Sp*H)
             t(Float32, s(), s(divisibility=rows_h)),  # dv
+            *sem,
             Float32(1.0),  # scale (tau)
+            *dq_scale,
             make_fake_stream(),
         )
 
