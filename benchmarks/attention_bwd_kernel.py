@@ -54,23 +54,14 @@ MODES = {"fp16": DQ_MODES[0], "det": DQ_MODES[1], "fp16_det": DQ_MODES[2]}
 DQ_E = 12  # dq_accum "fp16": the default dq_fp16_scale_log2
 
 
-def kernel_fn(shape, rng, tune=0, mode=None):
+def kernel_fn(shape, rng, tune=0, mode=None, inputs=None):
     """(jit of one kernel call -> (dq, dk, dv, dq_sem) as the kernel leaves them (dq_accum "fp16": dq holds
-    dQ * 2^DQ_E in float16); its inputs), or (None, None) when the variant is not registered. The inputs
-    depend on rng only (the same for every tune and mode)."""
+    dQ * 2^DQ_E in float16); its inputs: `inputs`, else kernel_inputs(shape, rng)), or (None, None) when the
+    variant is not registered."""
     b, t, n, n_kv, h = shape["b"], shape["t"], shape["n"], shape["n_kv"], shape["h"]
     variant = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=shape["causal"], tune=tune, **(mode or {}))
     if variant is None:
         return None, None
-    bf = jnp.bfloat16
-    q = jnp.asarray(rng.standard_normal((b, n, t, h)), bf)
-    k = jnp.asarray(rng.standard_normal((b, n_kv, t, h)), bf)
-    v = jnp.asarray(rng.standard_normal((b, n_kv, t, h)), bf)
-    do = jnp.asarray(rng.standard_normal((b, n, t, h)), bf)
-    # a plausible LSE (log of the row sum of exp(S) for |S| ~ 1) and delta
-    lse = jnp.asarray(np.full((b, n, t), math.log(t), np.float32))
-    delta = jnp.asarray(rng.standard_normal((b, n, t)).astype(np.float32) * 0.1)
-    lens = jnp.asarray(np.full((2, b), t, np.int32))
     outs = (
         jax.ShapeDtypeStruct((b, n, t, h), jnp.float16 if variant.dq_accum == "fp16" else jnp.float32),
         jax.ShapeDtypeStruct((b, n_kv, t, h), jnp.float32),
@@ -80,7 +71,22 @@ def kernel_fn(shape, rng, tune=0, mode=None):
     call = jax.ffi.ffi_call("jax_mxfp8_attention_bwd", outs)
     e = DQ_E if variant.dq_accum == "fp16" else 0
     attrs = dict(kernel=variant.name, scale=np.float32(1.0 / math.sqrt(h)), dq_scale_log2=np.int32(e))
-    return jax.jit(lambda *a: call(*a, **attrs)), (q, k, v, do, lse, delta, lens)
+    return jax.jit(lambda *a: call(*a, **attrs)), (inputs if inputs is not None else kernel_inputs(shape, rng))
+
+
+def kernel_inputs(shape, rng) -> tuple[jax.Array, ...]:
+    """The kernel call's operands (q, k, v, do, lse, delta, lens) for `shape`, random from rng."""
+    b, t, n, n_kv, h = shape["b"], shape["t"], shape["n"], shape["n_kv"], shape["h"]
+    bf = jnp.bfloat16
+    q = jnp.asarray(rng.standard_normal((b, n, t, h)), bf)
+    k = jnp.asarray(rng.standard_normal((b, n_kv, t, h)), bf)
+    v = jnp.asarray(rng.standard_normal((b, n_kv, t, h)), bf)
+    do = jnp.asarray(rng.standard_normal((b, n, t, h)), bf)
+    # a plausible LSE (log of the row sum of exp(S) for |S| ~ 1) and delta
+    lse = jnp.asarray(np.full((b, n, t), math.log(t), np.float32))
+    delta = jnp.asarray(rng.standard_normal((b, n, t)).astype(np.float32) * 0.1)
+    lens = jnp.asarray(np.full((2, b), t, np.int32))
+    return q, k, v, do, lse, delta, lens
 
 
 def cudnn_fn(shape, rng):
@@ -124,10 +130,10 @@ def main(argv=None) -> int:
     for shape in shapes:
         flops = bwd_flops(**shape)
         row = dict(shape=shape, flops=flops)
-        seed = int(rng.integers(1 << 31))  # the same inputs for every tune and mode of this shape
+        inputs = kernel_inputs(shape, rng)  # the same inputs for every tune and mode of this shape
         dq0 = None
         for tune in tunes:
-            fn, a = kernel_fn(shape, np.random.default_rng(seed), tune)
+            fn, a = kernel_fn(shape, rng, tune, inputs=inputs)
             if fn is not None:
                 out = jax.block_until_ready(fn(*a))
                 dq0 = np.asarray(out[0], np.float64) if tune == 0 else dq0
@@ -136,7 +142,7 @@ def main(argv=None) -> int:
         if timed:
             row["kernel_s"], row["kernel_best_tune"] = min(timed)
         for key, mode in MODES.items():
-            fn, a = kernel_fn(shape, np.random.default_rng(seed), 0, mode)
+            fn, a = kernel_fn(shape, rng, 0, mode, inputs=inputs)
             if fn is not None:
                 e = DQ_E if mode.get("dq_accum") == "fp16" else 0
                 dq = np.asarray(jax.block_until_ready(fn(*a))[0], np.float64) * 2.0**-e
@@ -170,8 +176,8 @@ def main(argv=None) -> int:
                     f"{row.get('cudnn_tflops', float('nan')):8.1f} {cs / kt:6.2f}  dq vs t0 {db:.1f} dB"
                 )
         rows.append(row)
-    meta = dict(device=str(jax.devices()[0]), jax=jax.__version__, flops="2.5 * 4 * B * N * T * S * H (/2 causal)")
-    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+        meta = dict(device=str(jax.devices()[0]), jax=jax.__version__, flops="2.5 * 4 * B * N * T * S * H (/2 causal)")
+        Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))  # after every shape
     return 0
 
 
