@@ -14,6 +14,8 @@ Helpers (inputs, references, the `_into` call) from tests/test_attention_bwd_ker
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from attention_testutil import fresh_rng
@@ -118,14 +120,17 @@ def test_deterministic_runs_are_bit_identical(name):
     case = make_case(fresh_rng(), **spec)
     ops = mx_operands(case)
     o, lse = forward_f32(case, ops)
+    t0 = time.perf_counter()
     first, raw0 = kernel_bwd(case, ops, o, lse, mode=mode, dq_scale_log2=e)
+    print(f"{name}: first run done after {time.perf_counter() - t0:.2f} s", flush=True)
     for _ in range(RUNS - 1):
         got, raw = kernel_bwd(case, ops, o, lse, mode=mode, dq_scale_log2=e)
         assert np.array_equal(raw["dq_raw"].view(np.uint8), raw0["dq_raw"].view(np.uint8)), f"{name}: dq differs"
         assert np.array_equal(got[1], first[1]) and np.array_equal(got[2], first[2])
     loose = {k: v for k, v in mode.items() if k != "deterministic"}
     seen = {kernel_bwd(case, ops, o, lse, mode=loose, dq_scale_log2=e)[1]["dq_raw"].tobytes() for _ in range(5)}
-    print(f"{name}: {RUNS} runs bit-identical; non-deterministic {loose or 'fp32'}: {len(seen)} distinct dq of 5")
+    dt = time.perf_counter() - t0
+    print(f"{name}: {RUNS} runs in {dt:.2f} s, bit-identical; non-deterministic {loose or 'fp32'}: {len(seen)} of 5")
 
 
 @pytest.mark.parametrize("name", ["fp16", "fp16_det"])
