@@ -12,7 +12,8 @@ jax.vjp(attention, q, k, v)[1](ct)): the forward and the backward with the forwa
                     with sequence lengths
   ours_varlen       jagged only: jax_mxfp8.varlen_attention(implementation="cuda") on the packed rows (packed
                     once, untimed; cotangent packed the same way)
-  ours_dq_fp16      --dq-accum fp32,fp16: `ours` with AttentionConfig(dq_accum="fp16") (speed and SQNR study)
+  ours_dq_fp16      --dq-accum fp32,fp16,fp32_det,fp16_det: `ours` with AttentionConfig(dq_accum="fp16")
+  ours_dq_*_det     (and / or deterministic=True): the backward kernel's dQ modes (speed and SQNR study)
   ours_bwd_kernel   the backward call alone (primitives.attention_bwd.attention_bwd) on operands prepared once
                     (FLOPs 2.5x forward), when a backward variant exists
   cudnn_bf16        jax.nn.dot_product_attention(implementation="cudnn") (with sequence lengths when jagged)
@@ -110,9 +111,10 @@ def build_impls(sh, smoke: bool, dq_accums: tuple[str, ...]):
     for accum in dq_accums:
 
         def ours(lens, accum=accum):
+            cfg = mx.AttentionConfig(dq_accum=accum.removesuffix("_det"), deterministic=accum.endswith("_det"))
             return lambda q, k, v: mx.dot_product_attention(
                 q, k, v, is_causal=c, implementation=ours_impl, query_seq_lengths=lens,
-                key_value_seq_lengths=lens, config=mx.AttentionConfig(dq_accum=accum),
+                key_value_seq_lengths=lens, config=cfg,
             )  # fmt: skip
 
         impls["ours" if accum == "fp32" else f"ours_dq_{accum}"] = ("dense", ours, None)
@@ -289,12 +291,14 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=None, help="calls per batch (default 30; 10 quick; 1 smoke)")
     ap.add_argument("--batches", type=int, default=3)
     ap.add_argument("--only", default=None, help="run only shapes whose name contains this substring")
-    ap.add_argument("--dq-accum", default="fp32", help="comma list of dq_accum columns for ours: fp32,fp16")
+    ap.add_argument(
+        "--dq-accum", default="fp32", help="comma list of dQ-mode columns for ours: fp32,fp16,fp32_det,fp16_det"
+    )
     ap.add_argument("--budget-s", type=float, default=280.0, help="skip shapes not started after this many s")
     args = ap.parse_args(argv)
     args.dq_accum = tuple(dict.fromkeys(a.strip() for a in args.dq_accum.split(",")))
-    if not set(args.dq_accum) <= {"fp32", "fp16"}:
-        ap.error(f"--dq-accum {args.dq_accum}: each must be fp32 or fp16")
+    if not set(args.dq_accum) <= {"fp32", "fp16", "fp32_det", "fp16_det"}:
+        ap.error(f"--dq-accum {args.dq_accum}: each must be fp32, fp16, fp32_det or fp16_det")
     mode = "smoke" if args.smoke else ("quick" if args.quick else "full")
     args.calls = args.calls or {"smoke": 1, "quick": 10, "full": 30}[mode]
     t_start = time.perf_counter()

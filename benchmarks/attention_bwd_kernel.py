@@ -7,8 +7,12 @@ jax.nn.dot_product_attention(implementation="cudnn") in bfloat16 (jax.vjp once, 
 function on a random cotangent), same shapes.
 
 FLOPs: backward = 2.5 x forward = 2.5 * 4 * B * N * T * S * H (five T x S x H GEMMs: S, dP, dV, dK, dQ),
-halved for causal. Every registered tuning (TUNES) is timed; "kernel_s" is the fastest.
+halved for causal. Every registered tuning (TUNES) is timed; "kernel_s" is the fastest. The dQ modes (MODES:
+dq_accum "fp16" with e = 12, deterministic "fp32" and "fp16"; kernels/sm90/attention_bwd_dq.py) are timed on
+the same inputs, with their dq's SQNR against tune 0's float32 dq ("kernel_<mode>_dq_db"; dk, dv are the
+same math).
 Usage: python benchmarks/attention_bwd_kernel.py [--out results.json] [--calls 10] [--batches 5] [--tunes 0,5]
+             [--shapes 0,2]
        ncu -k regex:attention_bwd --launch-skip 1 --launch-count 1 python benchmarks/attention_bwd_kernel.py --profile 0
 """
 
@@ -30,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from timing import timeit  # noqa: E402
 
 from jax_mxfp8.kernels import registry  # noqa: E402
-from jax_mxfp8.kernels.registry.attention_bwd import TUNINGS  # noqa: E402
+from jax_mxfp8.kernels.registry.attention_bwd import DQ_MODES, TUNINGS  # noqa: E402
+from jax_mxfp8.metrics import sqnr_db  # noqa: E402
 from jax_mxfp8.primitives import library  # noqa: E402
 
 SHAPES = [
@@ -46,13 +51,33 @@ def bwd_flops(b, t, n, h, causal, **_) -> float:
 
 
 TUNES = tuple(t for t, _ in TUNINGS)
+MODES = {"fp16": DQ_MODES[0], "det": DQ_MODES[1], "fp16_det": DQ_MODES[2]}
+DQ_E = 12  # dq_accum "fp16": the default dq_fp16_scale_log2
 
 
-def kernel_fn(shape, rng, tune=0):
+def kernel_fn(shape, rng, tune=0, mode=None, inputs=None):
+    """(jit of one kernel call -> (dq, dk, dv, dq_sem) as the kernel leaves them (dq_accum "fp16": dq holds
+    dQ * 2^DQ_E in float16); its inputs: `inputs`, else kernel_inputs(shape, rng)), or (None, None) when the
+    variant is not registered."""
     b, t, n, n_kv, h = shape["b"], shape["t"], shape["n"], shape["n_kv"], shape["h"]
-    variant = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=shape["causal"], tune=tune)
+    variant = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=shape["causal"], tune=tune, **(mode or {}))
     if variant is None:
         return None, None
+    outs = (
+        jax.ShapeDtypeStruct((b, n, t, h), jnp.float16 if variant.dq_accum == "fp16" else jnp.float32),
+        jax.ShapeDtypeStruct((b, n_kv, t, h), jnp.float32),
+        jax.ShapeDtypeStruct((b, n_kv, t, h), jnp.float32),
+        jax.ShapeDtypeStruct((b, n, t // 32), jnp.int32),
+    )
+    call = jax.ffi.ffi_call("jax_mxfp8_attention_bwd", outs)
+    e = DQ_E if variant.dq_accum == "fp16" else 0
+    attrs = dict(kernel=variant.name, scale=np.float32(1.0 / math.sqrt(h)), dq_scale_log2=np.int32(e))
+    return jax.jit(lambda *a: call(*a, **attrs)), (inputs if inputs is not None else kernel_inputs(shape, rng))
+
+
+def kernel_inputs(shape, rng) -> tuple[jax.Array, ...]:
+    """The kernel call's operands (q, k, v, do, lse, delta, lens) for `shape`, random from rng."""
+    b, t, n, n_kv, h = shape["b"], shape["t"], shape["n"], shape["n_kv"], shape["h"]
     bf = jnp.bfloat16
     q = jnp.asarray(rng.standard_normal((b, n, t, h)), bf)
     k = jnp.asarray(rng.standard_normal((b, n_kv, t, h)), bf)
@@ -62,14 +87,7 @@ def kernel_fn(shape, rng, tune=0):
     lse = jnp.asarray(np.full((b, n, t), math.log(t), np.float32))
     delta = jnp.asarray(rng.standard_normal((b, n, t)).astype(np.float32) * 0.1)
     lens = jnp.asarray(np.full((2, b), t, np.int32))
-    outs = (
-        jax.ShapeDtypeStruct((b, n, t, h), jnp.float32),
-        jax.ShapeDtypeStruct((b, n_kv, t, h), jnp.float32),
-        jax.ShapeDtypeStruct((b, n_kv, t, h), jnp.float32),
-    )
-    call = jax.ffi.ffi_call("jax_mxfp8_attention_bwd", outs)
-    fn = jax.jit(lambda *a: call(*a, kernel=variant.name, scale=np.float32(1.0 / math.sqrt(h))))
-    return fn, (q, k, v, do, lse, delta, lens)
+    return q, k, v, do, lse, delta, lens
 
 
 def cudnn_fn(shape, rng):
@@ -116,14 +134,25 @@ def main(argv=None) -> int:
     for shape in shapes:
         flops = bwd_flops(**shape)
         row = dict(shape=shape, flops=flops)
+        inputs = kernel_inputs(shape, rng)  # the same inputs for every tune and mode of this shape
+        dq0 = None
         for tune in tunes:
-            fn, a = kernel_fn(shape, rng, tune)
+            fn, a = kernel_fn(shape, rng, tune, inputs=inputs)
             if fn is not None:
-                jax.block_until_ready(fn(*a))
+                out = jax.block_until_ready(fn(*a))
+                dq0 = np.asarray(out[0], np.float64) if tune == 0 else dq0
                 row[f"kernel_t{tune}_s"] = timeit(fn, a, args.calls, args.batches)
         timed = [(row[f"kernel_t{t}_s"], t) for t in tunes if f"kernel_t{t}_s" in row]
         if timed:
             row["kernel_s"], row["kernel_best_tune"] = min(timed)
+        for key, mode in MODES.items():
+            fn, a = kernel_fn(shape, rng, 0, mode, inputs=inputs)
+            if fn is not None:
+                e = DQ_E if mode.get("dq_accum") == "fp16" else 0
+                dq = np.asarray(jax.block_until_ready(fn(*a))[0], np.float64) * 2.0**-e
+                row[f"kernel_{key}_s"] = timeit(fn, a, args.calls, args.batches)
+                if dq0 is not None:
+                    row[f"kernel_{key}_dq_db"] = sqnr_db(dq0, dq)
         try:
             fn, a = cudnn_fn(shape, rng)
             jax.block_until_ready(fn(*a))
@@ -143,6 +172,13 @@ def main(argv=None) -> int:
                 f"{name:34s} {tune:4d} {kt * 1e3:10.3f} {flops / kt / 1e12:8.1f} {cs * 1e3:9.3f} "
                 f"{row.get('cudnn_tflops', float('nan')):8.1f} {cs / kt:6.2f}"
             )
+        for key in MODES:
+            if f"kernel_{key}_s" in row:
+                kt, db = row[f"kernel_{key}_s"], row.get(f"kernel_{key}_dq_db", float("nan"))
+                print(
+                    f"{name:34s} {key:>8s} {kt * 1e3:10.3f} {flops / kt / 1e12:8.1f} {cs * 1e3:9.3f} "
+                    f"{row.get('cudnn_tflops', float('nan')):8.1f} {cs / kt:6.2f}  dq vs t0 {db:.1f} dB"
+                )
         rows.append(row)
         # rewritten after every shape: a run cut short by its time limit keeps the shapes it finished
         Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))

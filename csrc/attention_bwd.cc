@@ -1,17 +1,21 @@
 // XLA FFI handler for the Hopper MXFP8 attention backward (jax_mxfp8/kernels/sm90/attention_bwd.py).
 //
-//   jax_mxfp8_attention_bwd  (q, k, v, do, lse, delta, lens) -> (dq, dk, dv)
+//   jax_mxfp8_attention_bwd  (q, k, v, do, lse, delta, lens) -> (dq, dk, dv, dq_sem)
 //     attributes: kernel (string) = the registry variant name, e.g. "attention_bwd_h128_causal" (it fixes
-//     causal masking and head_dim, checked against the buffers' H); scale (f32) = tau.
-//   jax_mxfp8_attention_bwd_into  the same with dq, dk, dv passed in as three more operands (aliased to the
-//     results): the test hook that NaN-poisons the outputs.
+//     causal masking, head_dim, dq_accum and deterministic; H checked against the buffers'); scale (f32) =
+//     tau; dq_scale_log2 (s32) = e of dq_accum "fp16" (dq holds dQ * 2^e; 0..15), 0 for "fp32".
+//   jax_mxfp8_attention_bwd_into  the same with dq, dk, dv, dq_sem passed in as four more operands (aliased
+//     to the results): the test hook that NaN-poisons the outputs.
 //
 // Operands (/work/coord/ATTN_BWD_INTERFACE.md; Tp, Sp multiples of 128, H 64 or 128, N a multiple of K):
 //   q, do (B, N, Tp, H) bf16   k, v (B, K, Sp, H) bf16   lse, delta (B, N, Tp) f32   lens (2, B) s32
-//   dq (B, N, Tp, H) f32       dk, dv (B, K, Sp, H) f32
-// dq is accumulated with float32 atomics: the handler zero-fills it first (cudaMemsetAsync on XLA's
-// stream); the kernel writes every element of dk and dv. Every failure is returned as an ffi::Error; the
+//   dq (B, N, Tp, H) f32 (f16 for dq_accum "fp16")   dk, dv (B, K, Sp, H) f32   dq_sem (B, N, Tp / 32) s32
+// dq is accumulated with atomics (or, deterministic, ordered adds): the handler zero-fills it first
+// (cudaMemsetAsync on XLA's stream); the kernel writes every element of dk and dv. dq_sem holds the
+// deterministic variants' per-query-tile counters (zero-filled for them; untouched by the others, which
+// take neither it nor the second scalar tau 2^e: kernels/sm90/attention_bwd_dq.py). Every failure is returned as an ffi::Error; the
 // handler only enqueues work on XLA's stream (CUDA-graph compatible).
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -40,8 +44,9 @@ ffi::Error HeadRows(void* data, int64_t heads, int64_t length, int64_t h, const 
 ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                             ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta, ffi::AnyBuffer lens,
                             ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                            ffi::Result<ffi::AnyBuffer> dv, std::string_view kernel, float scale) {
-  int64_t qd[4], kd[4], vd[4], od[4], ld[3], dd[3], gq[4], gk[4], gv[4];
+                            ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
+                            std::string_view kernel, float scale, int32_t dq_scale_log2) {
+  int64_t qd[4], kd[4], vd[4], od[4], ld[3], dd[3], gq[4], gk[4], gv[4], gs[3];
   JMX_RETURN_IF_ERROR(Dims(q, "q", 4, qd));
   JMX_RETURN_IF_ERROR(Dims(k, "k", 4, kd));
   JMX_RETURN_IF_ERROR(Dims(v, "v", 4, vd));
@@ -51,6 +56,7 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(jmx::Dims(*dq, kOp, "dq", 4, gq));
   JMX_RETURN_IF_ERROR(jmx::Dims(*dk, kOp, "dk", 4, gk));
   JMX_RETURN_IF_ERROR(jmx::Dims(*dv, kOp, "dv", 4, gv));
+  JMX_RETURN_IF_ERROR(jmx::Dims(*dq_sem, kOp, "dq_sem", 3, gs));
   const int64_t b = qd[0], n = qd[1], tp = qd[2], h = qd[3], nk = kd[1], sp = kd[2];
   JMX_RETURN_IF_ERROR(Want(q.element_type() == ffi::DataType::BF16 && k.element_type() == ffi::DataType::BF16 &&
                                v.element_type() == ffi::DataType::BF16 && d_o.element_type() == ffi::DataType::BF16,
@@ -58,9 +64,10 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(Want(lse.element_type() == ffi::DataType::F32 && delta.element_type() == ffi::DataType::F32,
                            "lse and delta must be f32"));
   JMX_RETURN_IF_ERROR(Want(lens.element_type() == ffi::DataType::S32, "lens must be s32"));
-  JMX_RETURN_IF_ERROR(Want(dq->element_type() == ffi::DataType::F32 && dk->element_type() == ffi::DataType::F32 &&
-                               dv->element_type() == ffi::DataType::F32,
-                           "dq, dk and dv must be f32"));
+  JMX_RETURN_IF_ERROR(Want(dk->element_type() == ffi::DataType::F32 && dv->element_type() == ffi::DataType::F32,
+                           "dk and dv must be f32"));
+  JMX_RETURN_IF_ERROR(Want(dq_sem->element_type() == ffi::DataType::S32, "dq_sem must be s32"));
+  JMX_RETURN_IF_ERROR(Want(gs[0] == b && gs[1] == n && gs[2] * 32 == tp, "dq_sem must be (B, N, Tp / 32)"));
   JMX_RETURN_IF_ERROR(Want(h == 64 || h == 128, "head_dim must be 64 or 128, got " + std::to_string(h)));
   JMX_RETURN_IF_ERROR(Want(tp % 128 == 0 && sp % 128 == 0, "padded lengths must be multiples of 128"));
   JMX_RETURN_IF_ERROR(Want(kd[0] == b && kd[3] == h && nk > 0 && n % nk == 0, "k must be (B, K, Sp, H) with K | N"));
@@ -81,15 +88,30 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(Want(kh == h, "kernel '" + std::string(entry->name) + "' has head_dim " + std::to_string(kh) +
                                         ", the buffers have H = " + std::to_string(h)));
 
-  const size_t dq_bytes = static_cast<size_t>(b * n * tp * h) * sizeof(float);
+  // dQ modes (registry AttentionBwdConfig.dq_mode): dq_accum "fp16" (code 1) and / or deterministic
+  const bool fp16 = Param(entry, "dq_accum") == 1;
+  const bool ordered = Param(entry, "deterministic") == 1;
+  const ffi::DataType dq_type = fp16 ? ffi::DataType::F16 : ffi::DataType::F32;
+  JMX_RETURN_IF_ERROR(Want(dq->element_type() == dq_type, "kernel '" + std::string(entry->name) + "' needs dq " +
+                                                              DTypeName(dq_type) + ", got " +
+                                                              DTypeName(dq->element_type())));
+  JMX_RETURN_IF_ERROR(Want(fp16 ? (0 <= dq_scale_log2 && dq_scale_log2 <= 15) : dq_scale_log2 == 0,
+                           "dq_scale_log2 must be in [0, 15] for dq_accum fp16 and 0 for fp32, got " +
+                               std::to_string(dq_scale_log2)));
+  const size_t dq_bytes = static_cast<size_t>(b * n * tp * h) * (fp16 ? 2 : sizeof(float));
   if (dq_bytes > 0) {
     cudaError_t err = cudaMemsetAsync(dq->untyped_data(), 0, dq_bytes, stream);
     JMX_RETURN_IF_ERROR(Want(err == cudaSuccess, std::string("zero-filling dq failed: ") + cudaGetErrorString(err)));
   }
+  const size_t sem_bytes = static_cast<size_t>(b * n * (tp / 32)) * sizeof(int32_t);
+  if (ordered && sem_bytes > 0) {
+    cudaError_t err = cudaMemsetAsync(dq_sem->untyped_data(), 0, sem_bytes, stream);
+    JMX_RETURN_IF_ERROR(Want(err == cudaSuccess, std::string("zero-filling dq_sem failed: ") + cudaGetErrorString(err)));
+  }
   if (b == 0 || n == 0 || tp == 0 || sp == 0) return ffi::Error::Success();
   JMX_RETURN_IF_ERROR(Want(b * nk <= 65535, "grid too large (B*K must be <= 65535)"));
 
-  Tensor2D t[10];
+  Tensor2D t[11];
   JMX_RETURN_IF_ERROR(HeadRows(q.untyped_data(), b * n, tp, h, "q", &t[0]));
   JMX_RETURN_IF_ERROR(HeadRows(k.untyped_data(), b * nk, sp, h, "k", &t[1]));
   JMX_RETURN_IF_ERROR(HeadRows(v.untyped_data(), b * nk, sp, h, "v", &t[2]));
@@ -100,17 +122,24 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(HeadRows(dq->untyped_data(), b * n, tp, h, "dq", &t[7]));
   JMX_RETURN_IF_ERROR(HeadRows(dk->untyped_data(), b * nk, sp, h, "dk", &t[8]));
   JMX_RETURN_IF_ERROR(HeadRows(dv->untyped_data(), b * nk, sp, h, "dv", &t[9]));
-  const float scalars[1] = {scale};
-  return Launch(entry, device, t, 10, stream, scalars, 1);
+  if (!fp16 && !ordered) {
+    const float scalars[1] = {scale};
+    return Launch(entry, device, t, 10, stream, scalars, 1);
+  }
+  JMX_RETURN_IF_ERROR(As2D(*dq_sem, "dq_sem", &t[10]));
+  const float scalars[2] = {scale, std::ldexp(scale, dq_scale_log2)};  // tau, tau 2^e
+  return Launch(entry, device, t, 11, stream, scalars, 2);
 }
 
 // Test hook: the same launch with dq, dk, dv passed in as well (aliased to the results).
 ffi::Error AttentionBwdIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                 ffi::AnyBuffer v, ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta,
-                                ffi::AnyBuffer lens, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer,
+                                ffi::AnyBuffer lens, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer,
                                 ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                                ffi::Result<ffi::AnyBuffer> dv, std::string_view kernel, float scale) {
-  return AttentionBwdImpl(stream, device, q, k, v, d_o, lse, delta, lens, dq, dk, dv, kernel, scale);
+                                ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
+                                std::string_view kernel, float scale, int32_t dq_scale_log2) {
+  return AttentionBwdImpl(stream, device, q, k, v, d_o, lse, delta, lens, dq, dk, dv, dq_sem, kernel, scale,
+                          dq_scale_log2);
 }
 
 }  // namespace
@@ -121,12 +150,18 @@ namespace ffi = xla::ffi;
 #pragma GCC visibility push(default)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd, jmx::AttentionBwdImpl,
-                              (jmx::BindBuffers<7, 3>().Attr<std::string_view>("kernel").Attr<float>("scale")),
+                              (jmx::BindBuffers<7, 4>()
+                                   .Attr<std::string_view>("kernel")
+                                   .Attr<float>("scale")
+                                   .Attr<int32_t>("dq_scale_log2")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_bwd);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd_into, jmx::AttentionBwdIntoImpl,
-                              (jmx::BindBuffers<10, 3>().Attr<std::string_view>("kernel").Attr<float>("scale")),
+                              (jmx::BindBuffers<11, 4>()
+                                   .Attr<std::string_view>("kernel")
+                                   .Attr<float>("scale")
+                                   .Attr<int32_t>("dq_scale_log2")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_bwd_into);
 

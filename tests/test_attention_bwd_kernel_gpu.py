@@ -13,6 +13,7 @@ the float32 reductions across KV tiles (SQNR >= SAME_MATH_DQ_DB).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -129,7 +130,7 @@ def exact_bwd(case):
     return dq, dk, dv
 
 
-def reference_bwd(case, ops, o, lse):
+def reference_bwd(case, ops, o, lse, config=None):
     masking = Masking(
         is_causal=case["causal"],
         s_real=case["k"].shape[2],
@@ -141,21 +142,24 @@ def reference_bwd(case, ops, o, lse):
     do = jnp.asarray(case["do"], jnp.float32)
     fn = jax.jit(
         lambda q, k, v, o, lse, do: attention_bwd(
-            q, k, v, q, k, o, lse, do, None, masking, scale=case["tau"], config=AttentionConfig()
+            q, k, v, q, k, o, lse, do, None, masking, scale=case["tau"], config=config or AttentionConfig()
         )[:3]
     )
     return tuple(np.asarray(x, np.float64) for x in fn(ops["q"], ops["k"], ops["v"], o, lse, do))
 
 
-def kernel_bwd(case, ops, o, lse, *, tune=0, poison=True):
-    """The kernel's dq (B, K, G, T, H), dk, dv (B, K, S, H) float64, and the raw padded outputs."""
+def kernel_bwd(case, ops, o, lse, *, tune=0, poison=True, mode=None, dq_scale_log2=0):
+    """The kernel's dq (B, K, G, T, H), dk, dv (B, K, S, H) float64, and the raw padded outputs (dq as the
+    kernel left it: float16 dQ * 2^e for dq_accum "fp16"; dq_sem). mode: the dQ mode's registry fields
+    (dq_accum, deterministic; tests/test_attention_bwd_dq_modes_gpu.py), dq_scale_log2 its e."""
     b, n_kv, g, t, h = case["q"].shape
     s = case["k"].shape[2]
     tp, sp = _round_up(t), _round_up(s)
     n = n_kv * g
-    variant = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=case["causal"], tune=tune)
+    mode = mode or {}
+    variant = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=case["causal"], tune=tune, **mode)
     if variant is None:
-        pytest.skip(f"no attention_bwd variant for head_dim={h} causal={case['causal']} tune={tune}")
+        pytest.skip(f"no attention_bwd variant for head_dim={h} causal={case['causal']} tune={tune} {mode}")
     do = jnp.asarray(case["do"], jnp.float32)
     do_q = fake_quant_square(do)
     delta = jnp.sum(do * o, axis=-1)  # from the unquantized dO (rows >= q_len are 0)
@@ -174,22 +178,36 @@ def kernel_bwd(case, ops, o, lse, *, tune=0, poison=True):
     delta_p[:, :, :t] = np.asarray(delta, np.float32).reshape(b, n, t)
     lens = np.stack([case["q_len"], case["kv_len"]]).astype(np.int32)
     fill = np.nan if poison else 0.0
+    fp16 = variant.dq_accum == "fp16"
     outs = (
-        jnp.full((b, n, tp, h), fill, jnp.float32),
+        jnp.full((b, n, tp, h), fill, jnp.float16 if fp16 else jnp.float32),
         jnp.full((b, n_kv, sp, h), fill, jnp.float32),
         jnp.full((b, n_kv, sp, h), fill, jnp.float32),
+        jnp.full((b, n, tp // 32), -1, jnp.int32),  # dq_sem: zero-filled by the handler when used
     )
-    call = jax.ffi.ffi_call(
-        "jax_mxfp8_attention_bwd_into",
-        tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in outs),
-        input_output_aliases={7: 0, 8: 1, 9: 2},
-    )
-    fn = jax.jit(lambda *a: call(*a, kernel=variant.name, scale=np.float32(case["tau"])))
-    dq, dk, dv = fn(qh, kh, vh, doh, jnp.asarray(lse_p), jnp.asarray(delta_p), jnp.asarray(lens), *outs)
+    specs = tuple((x.shape, str(x.dtype)) for x in outs)
+    fn = _into_fn(variant.name, float(case["tau"]), int(dq_scale_log2), specs)
+    dq, dk, dv, sem = fn(qh, kh, vh, doh, jnp.asarray(lse_p), jnp.asarray(delta_p), jnp.asarray(lens), *outs)
+    raw_dq = np.asarray(dq)
     dq, dk, dv = (np.asarray(x, np.float64) for x in (dq, dk, dv))
-    raw = dict(dq=dq, dk=dk, dv=dv, tp=tp, sp=sp)
+    if fp16:
+        dq = dq * 2.0**-dq_scale_log2
+    raw = dict(dq=dq, dk=dk, dv=dv, tp=tp, sp=sp, dq_raw=raw_dq, dq_sem=np.asarray(sem))
     dq = dq[:, :, :t].reshape(b, n_kv, g, t, h)
     return (dq, dk[:, :, :s], dv[:, :, :s]), raw
+
+
+@functools.cache
+def _into_fn(kernel: str, tau: float, dq_scale_log2: int, specs: tuple):
+    """jit of the `_into` call (outputs aliased to the last four operands), compiled once per variant, tau,
+    e and output shapes (the 20-run determinism test calls it repeatedly)."""
+    call = jax.ffi.ffi_call(
+        "jax_mxfp8_attention_bwd_into",
+        tuple(jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in specs),
+        input_output_aliases={7: 0, 8: 1, 9: 2, 10: 3},
+    )
+    attrs = dict(kernel=kernel, scale=np.float32(tau), dq_scale_log2=np.int32(dq_scale_log2))
+    return jax.jit(lambda *a: call(*a, **attrs))
 
 
 def check_written(case, raw):

@@ -124,8 +124,9 @@ def test_kernel_variant_lookup():
 
 
 def test_uncovered_configs_keep_the_reference_backward(monkeypatch):
-    """dq_accum="fp16" (no variant yet) and the reference forward take the reference backward; a path
-    "cuda" variant the loaded library lacks does too (recorded under kbwd.OP), with one warning per cause."""
+    """A config without a variant (dq_accum="fp16" before its variants existed) and the reference forward
+    take the reference backward; a path "cuda" variant the loaded library lacks does too (recorded under
+    kbwd.OP), with one warning per cause."""
     case = CASES[0]
     fp16 = AttentionConfig(dq_accum="fp16")
     if abwd.kernel_variant(head_dim=64, causal=True, dq_accum="fp16")[0] is None:
@@ -374,14 +375,17 @@ def test_mha_and_mqa_rules_partition(n, n_kv):
 
 def test_ffi_lowering_and_into_hook():
     """For the GPU (lowered here without one): the plain call and the `_into` hook lower to the interface's
-    FFI target with attributes kernel (the variant name) and scale (f32), the hook aliasing its three
-    NaN-filled output buffers to the results (the GPU tests check that the kernel writes every element)."""
+    FFI target with attributes kernel (the variant name), scale (f32) and dq_scale_log2 (s32), the hook
+    aliasing its four NaN-filled output buffers to the results (the GPU tests check that the kernel writes
+    every element)."""
     variant = _need_variant(dict(h=64, causal=True))
     ops = _call_operands(fresh_rng(), b=1, n=2, n_kv=1)
     outs = tuple(jnp.full(x.shape, jnp.nan, jnp.float32) for x in (ops.q, ops.k, ops.v))
+    outs += (jnp.zeros(ops.lse.shape[:2] + (ops.lse.shape[2] // 32,), jnp.int32),)
     hook = jax.jit(lambda ops, outs: abwd.attention_bwd(ops, variant=variant, scale=0.125, out=outs))
     text = hook.trace(ops, outs).lower(lowering_platforms=("cuda",)).as_text()
-    assert "@jax_mxfp8_attention_bwd_into(" in text and text.count("output_operand_alias<") == 3
+    assert "@jax_mxfp8_attention_bwd_into(" in text and text.count("output_operand_alias<") == 4
     assert f'kernel = "{variant.name}"' in text and "scale = 1.250000e-01 : f32" in text
+    assert "dq_scale_log2 = 0 : i32" in text
     plain = jax.jit(functools.partial(_run, variant=variant, path="cuda"))
     assert "@jax_mxfp8_attention_bwd(" in plain.trace(ops).lower(lowering_platforms=("cuda",)).as_text()

@@ -17,8 +17,10 @@ from jax_mxfp8.kernels.registry.attention_bwd import PRODUCTION, TUNINGS, Attent
         (dict(p_scale="block"), "p_scale"),
         (dict(p_scale="nope"), "p_scale"),
         (dict(p_rounding="floor"), "p_rounding"),
-        (dict(dq_accum="fp16"), "dq_accum"),
-        (dict(deterministic=True), "deterministic"),
+        (dict(dq_accum="bf16"), "dq_accum"),
+        (dict(dq_accum="fp16"), "dq_store"),  # the dQ modes take per-element adds
+        (dict(deterministic=True), "dq_store"),
+        (dict(deterministic=1, dq_store="red"), "deterministic"),
         (dict(packed=True), "packed"),
         (dict(dq_store="tma"), "dq_store"),
         (dict(overlap=3), "overlap"),
@@ -54,8 +56,26 @@ def test_production_lookup(head_dim, causal):
 
 
 def test_uncovered_arguments_find_nothing():
-    assert registry.find(registry.AttentionBwdConfig, head_dim=128, dq_accum="fp16") is None
+    assert registry.find(registry.AttentionBwdConfig, head_dim=128, packed=True) is None
     assert registry.find(registry.AttentionBwdConfig, head_dim=128, p_scale="block") is None
+    assert registry.find(registry.AttentionBwdConfig, head_dim=128, dq_accum="fp16", tune=1) is None
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dq_mode_variants(head_dim, causal):
+    """dq_accum "fp16" and deterministic ("fp32", "fp16") are registered for each head_dim x causal, tune 0
+    of their own key, per-element adds (kernels/sm90/attention_bwd_dq.py)."""
+    base = f"attention_bwd_h{head_dim}{'_causal' if causal else ''}"
+    for fields, suffix in (
+        (dict(dq_accum="fp16"), "_fp16"),
+        (dict(deterministic=True), "_det"),
+        (dict(dq_accum="fp16", deterministic=True), "_fp16_det"),
+    ):
+        v = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, **fields)
+        assert v is not None and v.name == base + suffix and v.dq_mode and v.dq_store == "red" and v.tune == 0
+        assert v.key["dq_accum"] == (1 if "fp16" in suffix else 0) and v.key["deterministic"] == ("det" in suffix)
+    assert not registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal).dq_mode
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

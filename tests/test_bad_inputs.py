@@ -165,6 +165,8 @@ BAD = {
     "AttentionConfig p_scale": (lambda: mx.AttentionConfig(p_scale="bogus"), "p_scale"),
     "AttentionConfig kv_tile": (lambda: mx.AttentionConfig(kv_tile=48), "kv_tile=48"),
     "AttentionConfig dq_accum": (lambda: mx.AttentionConfig(dq_accum="bf16"), "dq_accum"),
+    "AttentionConfig dq_fp16_scale_log2": (lambda: mx.AttentionConfig(dq_fp16_scale_log2=16), "dq_fp16_scale_log2"),
+    "AttentionConfig deterministic": (lambda: mx.AttentionConfig(deterministic="yes"), "deterministic"),
     # Flax
     "MXLinear in 48": (lambda: mf.MXLinear(48, 32, rngs=nnx.Rngs(0)), "in_features=48"),
     "MXLinear out 0": (lambda: mf.MXLinear(64, 0, rngs=nnx.Rngs(0)), "out_features=0"),

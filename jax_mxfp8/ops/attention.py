@@ -64,9 +64,15 @@ def choose_implementation(
 
 def kernel_unsupported(config, *, head_dim, is_causal, has_bias, has_mask, out_dtype, mx_inputs) -> str | None:
     """Why the Hopper kernel does not cover these arguments (None when it does); see kernels/sm90/attention_fwd.py."""
-    # scale_rounding (operands and block-scaled P), dq_accum (backward only) and p_scale may vary; the rest
-    # must be the defaults
-    default = AttentionConfig(scale_rounding=config.scale_rounding, dq_accum=config.dq_accum, p_scale=config.p_scale)
+    # scale_rounding (operands and block-scaled P), the backward's dQ options (dq_accum, dq_fp16_scale_log2,
+    # deterministic) and p_scale may vary; the rest must be the defaults
+    default = AttentionConfig(
+        scale_rounding=config.scale_rounding,
+        dq_accum=config.dq_accum,
+        p_scale=config.p_scale,
+        dq_fp16_scale_log2=config.dq_fp16_scale_log2,
+        deterministic=config.deterministic,
+    )
     if config != default:
         return f"the kernel implements AttentionConfig's defaults (qkv_blocks, kv_tile, causal_safe); got {config}"
     if has_bias or has_mask:

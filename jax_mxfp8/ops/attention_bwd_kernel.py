@@ -33,7 +33,7 @@ def backward_variant(static: dense.AttentionStatic, head_dim: int):
     """(the backward kernel variant, None) when the backward takes the kernel path, else (None, why not).
 
     It does when the forward took the kernel path (static.kernel_path), a variant covers (head_dim,
-    is_causal, p_scale, scale_rounding, dq_accum), and, on path "cuda", the loaded library holds that
+    is_causal, p_scale, scale_rounding, dq_accum, deterministic), and, on path "cuda", the loaded library holds that
     variant (a library built before the backward kernel keeps the reference backward). The decision is
     recorded for implementation.record() under OP; on path "cuda" a reference backward warns once per cause
     (KernelFallbackWarning: the forward ran the kernel, so the slow backward would otherwise go unnoticed).
@@ -47,6 +47,7 @@ def backward_variant(static: dense.AttentionStatic, head_dim: int):
         p_scale=cfg.p_scale,
         p_rounding=cfg.scale_rounding,
         dq_accum=cfg.dq_accum,
+        deterministic=cfg.deterministic,
     )
     if variant is not None and static.impl == "cuda" and variant.name not in {n for n, _ in library.kernel_names()}:
         variant, why = None, f"the kernel library has no {variant.name} (rebuild it: tools/build_library.py)"
@@ -55,8 +56,9 @@ def backward_variant(static: dense.AttentionStatic, head_dim: int):
         _warned.add(why)
         msg = (
             f"jax_mxfp8.dot_product_attention: the forward ran the Hopper kernel but the backward runs the XLA "
-            f"reference (slow) because {why}. Fix: the AttentionConfig defaults (p_scale='const', "
-            "dq_accum='fp32') have backward kernels; a library built before them needs tools/build_library.py."
+            f"reference (slow) because {why}. Fix: p_scale='const' (the default) has backward kernels for "
+            "dq_accum 'fp32' and 'fp16', deterministic or not; a library built before them needs "
+            "tools/build_library.py."
         )
         warnings.warn(msg, impl.KernelFallbackWarning, stacklevel=2)
     return variant, why
@@ -78,7 +80,8 @@ def kernel_backward(static: dense.AttentionStatic, variant, res, cts):
     v = dense.kernel_operand(quants, keys["v_dp"], kv_len)
     do_q = dense.square_sequence_major(do, q_len, static.config.scale_rounding, static.impl)
     ops = abwd.bwd_operands(q, k, v, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len)
-    dq, dk, dv = abwd.attention_bwd(ops, variant=variant, scale=static.scale, path=static.impl)
+    e = static.config.dq_fp16_scale_log2
+    dq, dk, dv = abwd.attention_bwd(ops, variant=variant, scale=static.scale, dq_scale_log2=e, path=static.impl)
     t, s = q.shape[1], k.shape[1]
     out = static.out_dtype
     dq = None if static.is_mx[0] else jnp.swapaxes(dq[:, :, :t], 1, 2).astype(out)

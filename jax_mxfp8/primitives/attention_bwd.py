@@ -1,16 +1,20 @@
 """FFI-backed Hopper MXFP8 attention backward (layer 5): the kernel call, its pre-pass and its XLA emulation.
 
-  kernel_variant(head_dim=, causal=, p_scale=, p_rounding=, dq_accum=, ...) -> (variant | None, why)
+  kernel_variant(head_dim=, causal=, p_scale=, p_rounding=, dq_accum=, deterministic=, ...) -> (variant | None, why)
   bwd_operands(q, k, v, do_q, do, o, lse, dlse, *, q_len, kv_len) -> BwdOperands      the pre-pass (XLA)
-  attention_bwd(ops, *, variant, scale, out=None, path="cuda") -> (dq, dk, dv) padded, head-major, float32
-  emulate_bwd(ops, *, causal, scale, p_scale, p_rounding, dq_accum) -> the same, in XLA
+  attention_bwd(ops, *, variant, scale, dq_scale_log2, out=None, path="cuda") -> (dq, dk, dv) padded,
+      head-major, float32
+  emulate_bwd(ops, *, causal, scale, p_scale, p_rounding, dq_accum, dq_scale_log2) -> the same, in XLA
 
 The interface is /work/coord/ATTN_BWD_INTERFACE.md (issue 17): target `jax_mxfp8_attention_bwd`, attributes
-`kernel` (the registry variant's name) and `scale` (tau); the kernel is jax_mxfp8/kernels/sm90/attention_bwd.py
-(variants: AttentionBwdConfig in kernels/registry/attention_bwd.py), its handler csrc/attention_bwd.cc. Shapes
-(Tp = T, Sp = S rounded up to 128; N = K * G):
+`kernel` (the registry variant's name), `scale` (tau) and `dq_scale_log2` (e of dq_accum "fp16", 0 for
+"fp32"); the kernel is jax_mxfp8/kernels/sm90/attention_bwd.py (variants: AttentionBwdConfig in
+kernels/registry/attention_bwd.py; the dQ modes in attention_bwd_dq.py), its handler csrc/attention_bwd.cc.
+Shapes (Tp = T, Sp = S rounded up to 128; N = K * G):
   q, do (B, N, Tp, H) bfloat16; k, v (B, K, Sp, H) bfloat16; lse, delta (B, N, Tp) float32; lens (2, B) int32
-  -> dq (B, N, Tp, H), dk, dv (B, K, Sp, H) float32 (dk, dv summed over each KV head's G query heads).
+  -> the call's dq (B, N, Tp, H) float32 (dq_accum "fp16": float16 holding dQ * 2^e), dk, dv (B, K, Sp, H)
+  float32 (dk, dv summed over each KV head's G query heads), dq_sem (B, N, Tp / 32) int32 (the
+  deterministic variants' counters; garbage for the others). attention_bwd returns dq / 2^e in float32.
 Every operand is an MX value (E4M3 element x 2^e), exact in bfloat16 (docs/numerics.md "Hopper attention
 backward"), so the emulation is the contract itself: reference/attention_bwd.py's attention_bwd_quantized
 run on these operands, which equals the reference backward on the same values bit for bit. Under jit with
@@ -33,10 +37,16 @@ from jax_mxfp8.primitives.attention_emulation import p_options
 from jax_mxfp8.primitives.attention_layout import TILE_M, TILE_N, round_up
 from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
 from jax_mxfp8.reference.attention_bwd import attention_bwd_quantized, bwd_delta
-from jax_mxfp8.reference.attention_config import DQ_ACCUMS, AttentionConfig
+from jax_mxfp8.reference.attention_config import (
+    DQ_ACCUMS,
+    DQ_FP16_SCALE_LOG2,
+    DQ_FP16_SCALE_LOG2_RANGE,
+    AttentionConfig,
+)
 from jax_mxfp8.reference.attention_tiling import Masking
 
 TARGET = "jax_mxfp8_attention_bwd"
+BWD_QUERY_TILE = 64  # the backward kernel's query rows per step (one dq_sem counter pair per tile)
 
 
 # ------------------------------------------------------------------------------------------- the variants
@@ -53,6 +63,7 @@ def kernel_variant(
 ) -> tuple[registry.AttentionBwdConfig | None, str | None]:
     """(the registry variant, None) when a backward kernel covers these arguments, else (None, why not).
 
+    deterministic: dQ bit-identical across runs (the kernel orders its KV tiles' adds; slower).
     p_rounding is ignored for p_scale="const" (one scale, no rule), as in the forward's lookup."""
     p_scale, p_rounding = p_options(p_scale, p_rounding)
     if dq_accum not in DQ_ACCUMS:
@@ -164,17 +175,21 @@ def emulate_bwd(
     p_scale: str = "const",
     p_rounding: str = "up",
     dq_accum: str = "fp32",
+    dq_scale_log2: int = DQ_FP16_SCALE_LOG2,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The interface's numerics in XLA: reference/attention_bwd.py on the kernel's operands.
 
     The padding rows and columns (>= q_len, >= kv_len, and the 128-padding) are masked by the lengths, so
-    they produce exact zeros in dq, dk, dv. Returns dq (B, N, Tp, H), dk, dv (B, K, Sp, H) float32."""
+    they produce exact zeros in dq, dk, dv. Returns dq (B, N, Tp, H), dk, dv (B, K, Sp, H) float32 (dq_accum
+    "fp16": the float16 accumulator's dQ * 2^e times 2^-e, e = dq_scale_log2)."""
     b, n, tp, h = ops.q.shape
     nk, sp = ops.k.shape[1], ops.k.shape[2]
     g = n // nk
     hm = lambda x: x.reshape(b, nk, g, *x.shape[2:])
     masking = Masking(is_causal=causal, s_real=sp, q_len=ops.lens[0], kv_len=ops.lens[1], mask=None, bias=None)
-    config = AttentionConfig(p_scale=p_scale, scale_rounding=p_rounding, dq_accum=dq_accum, kv_tile=TILE_N)
+    config = AttentionConfig(
+        p_scale=p_scale, scale_rounding=p_rounding, dq_accum=dq_accum, kv_tile=TILE_N, dq_fp16_scale_log2=dq_scale_log2
+    )
     q = hm(ops.q)
     dq, dk, dv, _ = attention_bwd_quantized(
         q, ops.k, ops.v, q, ops.k, hm(ops.lse), hm(ops.do), hm(ops.delta), masking, scale=scale, config=config
@@ -191,27 +206,59 @@ class AttentionBwdCall:
     scale: float
     group: int  # G = N // K query heads per KV head
     n_kv: int  # K
+    dq_scale_log2: int = 0  # e of dq_accum "fp16" (the call's dq holds dQ * 2^e); 0 for "fp32"
+
+    @property
+    def dq_dtype(self):
+        return jnp.float16 if self.variant.dq_accum == "fp16" else jnp.float32
 
 
 def _outputs(call: AttentionBwdCall, q, k, *rest):
+    b, n, tp, _ = q.shape
     return (
-        jax.ShapeDtypeStruct(q.shape, jnp.float32),
+        jax.ShapeDtypeStruct(q.shape, call.dq_dtype),
         jax.ShapeDtypeStruct(k.shape, jnp.float32),
         jax.ShapeDtypeStruct(k.shape, jnp.float32),
+        jax.ShapeDtypeStruct((b, n, tp // 32), jnp.int32),
     )
 
 
 def _emulation(call: AttentionBwdCall, q, k, v, do, lse, delta, lens):
     var = call.variant
     p_scale, p_rounding = p_options(var.p_scale, var.p_rounding)
-    return emulate_bwd(
+    e = call.dq_scale_log2
+    dq, dk, dv = emulate_bwd(
         BwdOperands(q, k, v, do, lse, delta, lens),
         causal=var.causal,
         scale=call.scale,
         p_scale=p_scale,
         p_rounding=p_rounding,
         dq_accum=var.dq_accum,
+        dq_scale_log2=e if var.dq_accum == "fp16" else DQ_FP16_SCALE_LOG2,
     )
+    # the call's dq: the float16 accumulator itself for "fp16" (dq 2^e is exact: dq is that float16 value
+    # times 2^-e); dq_sem as the kernel leaves it for the deterministic variants (every counter at its
+    # query tile's number of KV tiles), zeros otherwise (XLA's output is unspecified there)
+    dq = (dq * jnp.float32(2.0**e)).astype(jnp.float16) if var.dq_accum == "fp16" else dq
+    return dq, dk, dv, _emulated_sem(call, q.shape, lens)
+
+
+def _emulated_sem(call: AttentionBwdCall, q_shape, lens) -> jax.Array:
+    """dq_sem (B, N, Tp / 32) int32 after a deterministic kernel call: counter [b, n, 2 m + c] = the number
+    of KV tiles with keys < kv_len (causal: also tiles n <= (64 m + 63) / 128) for query tiles m with rows
+    < q_len, and for both head-dim halves c at H128 (c = 0 only at H64); 0 elsewhere and for the others."""
+    b, n, tp, h = q_shape
+    if not call.variant.deterministic:
+        return jnp.zeros((b, n, tp // 32), jnp.int32)
+    rows = BWD_QUERY_TILE
+    slot = jnp.arange(tp // 32, dtype=jnp.int32)  # 2 m + c (an iota: custom_partitioning takes no constants)
+    m, c = slot // 2, slot % 2
+    count = jnp.broadcast_to(((lens[1] + TILE_N - 1) // TILE_N)[:, None], (b, slot.size))
+    if call.variant.causal:
+        count = jnp.minimum(count, (rows * m + rows - 1) // TILE_N + 1)
+    live = (m[None, :] * rows < lens[0][:, None]) & ((c == 0) | (h == 128))[None, :]
+    sem = jnp.where(live, count, 0)[:, None, :]
+    return jnp.broadcast_to(sem, (b, n, tp // 32)).astype(jnp.int32)
 
 
 def _sharding(call: AttentionBwdCall) -> ShardingRule:
@@ -226,9 +273,9 @@ def _sharding(call: AttentionBwdCall) -> ShardingRule:
         n, sizes = "(k g)", (("g", call.group),)
     return ShardingRule(
         operands=(f"b {n} t h", "b k s h", "b k s h", f"b {n} t h", f"b {n} t", f"b {n} t", "l b"),
-        results=(f"b {n} t h", "b k s h", "b k s h"),
+        results=(f"b {n} t h", "b k s h", "b k s h", f"b {n} u"),
         factor_sizes=sizes,
-        replicated=("g", "t", "h", "s", "l"),
+        replicated=("g", "t", "h", "s", "l", "u"),
     )
 
 
@@ -238,10 +285,15 @@ ATTENTION_BWD = FfiOp(
     emulation=_emulation,
     sharding=_sharding,
     batch_dims=(0, 0, 0, 0, 0, 0, 1),  # lens is (2, B)
-    result_batch_dims=(0, 0, 0),
-    attrs=lambda call: {"kernel": call.variant.name, "scale": np.float32(call.scale)},
+    result_batch_dims=(0, 0, 0, 0),
+    attrs=lambda call: {
+        "kernel": call.variant.name,
+        "scale": np.float32(call.scale),
+        "dq_scale_log2": np.int32(call.dq_scale_log2),
+    },
 )
-"""(q, k, v, do, lse, delta, lens) -> (dq, dk, dv); shapes in the module docstring and csrc/attention_bwd.cc."""
+"""(q, k, v, do, lse, delta, lens) -> (dq, dk, dv, dq_sem); shapes in the module docstring and
+csrc/attention_bwd.cc."""
 
 
 def attention_bwd(
@@ -249,18 +301,30 @@ def attention_bwd(
     *,
     variant,
     scale: float,
-    out: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+    dq_scale_log2: int = DQ_FP16_SCALE_LOG2,
+    out: tuple[jax.Array, ...] | None = None,
     path: str = "cuda",
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Runs the backward kernel variant (kernel_variant) on the pre-pass's operands.
 
-    Returns dq (B, N, Tp, H), dk, dv (B, K, Sp, H) float32, padding rows 0. out: optional (dq, dk, dv)
-    buffers the kernel writes into (the `_into` test hook, aliased; tests pass NaN-filled ones to check
-    that every element is written; no partitioning or batching). path "emulated" runs emulate_bwd
-    through the same partitioning and batching (CPU tests).
+    Returns dq (B, N, Tp, H), dk, dv (B, K, Sp, H) float32, padding rows 0; for dq_accum "fp16" dq is the
+    kernel's float16 dQ * 2^e times 2^-e (e = dq_scale_log2 in [0, 15]; ignored for "fp32"). out: optional
+    (dq, dk, dv, dq_sem) buffers the kernel writes into (the call's dtypes and shapes; the `_into` test
+    hook, aliased; tests pass NaN-filled ones to check that every element is written; no partitioning or
+    batching). path "emulated" runs emulate_bwd through the same partitioning and batching (CPU tests).
     """
+    fp16 = variant.dq_accum == "fp16"
+    lo, hi = DQ_FP16_SCALE_LOG2_RANGE
+    bad = isinstance(dq_scale_log2, bool) or not isinstance(dq_scale_log2, int) or not lo <= dq_scale_log2 <= hi
+    if fp16 and bad:
+        raise ValueError(f"dq_scale_log2={dq_scale_log2!r} must be an int in [{lo}, {hi}]")
+    e = int(dq_scale_log2) if fp16 else 0
     n_kv = ops.k.shape[1]
-    call = AttentionBwdCall(variant, float(scale), ops.q.shape[1] // n_kv, n_kv)
+    call = AttentionBwdCall(variant, float(scale), ops.q.shape[1] // n_kv, n_kv, e)
     if out is None:
-        return ATTENTION_BWD.call(call, path, *ops.args())
-    return ATTENTION_BWD.ffi_into(call, ops.args(), out)
+        dq, dk, dv, _ = ATTENTION_BWD.call(call, path, *ops.args())
+    else:
+        dq, dk, dv, _ = ATTENTION_BWD.ffi_into(call, ops.args(), out)
+    if fp16:
+        dq = dq.astype(jnp.float32) * jnp.float32(2.0**-e)
+    return dq, dk, dv

@@ -2,7 +2,8 @@
 
 Numerics (DESIGN.md section 4): dO^ in 32x32 square blocks; Delta = rowsum(dO * O) from the unquantized
 dO and O; P = exp(S - LSE); dV = quant(P)^T @ dO^; dP = dO^ @ V^T; dS = P * (dP - Delta) in 32x32 square
-blocks (scale rounding "up"); dQ = tau dS^ @ K^ accumulated over KV tiles in float32 or float16 (x 2^12);
+blocks (scale rounding "up"); dQ = tau dS^ @ K^ accumulated over KV tiles in float32 or float16 (x 2^e,
+e = config.dq_fp16_scale_log2, one rounding per tile, tiles in ascending order);
 dK = tau dS^T @ Q^. GQA: dK and dV sum the G query heads of a group in float32.
 """
 
@@ -12,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_mxfp8.reference.attention_config import DQ_FP16_SCALE_LOG2, AttentionConfig
+from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.attention_quant import fake_quant_p, fake_quant_square
 from jax_mxfp8.reference.attention_tiling import (
     Masking,
@@ -123,7 +124,8 @@ def attention_bwd_quantized(
         tiled(bias, kt),
     )
     fp16 = config.dq_accum == "fp16"
-    up = jnp.float32(2.0**DQ_FP16_SCALE_LOG2)
+    e = config.dq_fp16_scale_log2
+    up = jnp.float32(2.0**e)
 
     def step(dq_acc, x):
         k_t, v_t, kdq_t, j, mask_t, bias_t = x
@@ -140,7 +142,8 @@ def attention_bwd_quantized(
         dsq = fake_quant_square(ds, "up")
         dq_part = mm("bkgts,bksh->bkgth", dsq, kdq_t) * jnp.float32(scale)
         if fp16:
-            # Emulates the kernel's float16 accumulator holding dQ * 2^12 (one rounding per KV tile).
+            # The float16 accumulator holding dQ * 2^e: one rounding per KV tile, tiles in ascending order
+            # (the kernel's deterministic mode; beyond float16's range: +-Inf, then NaN, never clamped).
             dq_acc = (dq_acc.astype(jnp.float32) + dq_part * up).astype(jnp.float16)
         else:
             dq_acc = dq_acc + dq_part
@@ -154,7 +157,7 @@ def attention_bwd_quantized(
 
     dq0 = jnp.zeros_like(q_s, jnp.float16 if fp16 else jnp.float32)  # *_like: shard_map-varying like q
     dq_acc, (dk, dv, db) = lax.scan(step, dq0, xs)
-    dq = dq_acc.astype(jnp.float32) * jnp.float32(2.0**-DQ_FP16_SCALE_LOG2) if fp16 else dq_acc
+    dq = dq_acc.astype(jnp.float32) * jnp.float32(2.0**-e) if fp16 else dq_acc
     dk = from_tiles(dk, -2)[..., :s_len, :]
     dv = from_tiles(dv, -2)[..., :s_len, :]
     dbias = None

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.scales import SCALE_ROUNDINGS
 
@@ -21,7 +23,9 @@ HEAD = "head"  # 1x32 along head_dim: one position per block (no block spans two
 SEQ = "seq"  # 32x1 along the sequence axis
 
 DQ_FP16_SCALE_LOG2 = 12
-"""dq_accum="fp16" keeps dQ * 2**12 in float16 (the static scale of the contract)."""
+"""dq_accum="fp16" keeps dQ * 2**12 in float16 by default (the static scale of the contract;
+AttentionConfig.dq_fp16_scale_log2 changes it)."""
+DQ_FP16_SCALE_LOG2_RANGE = (0, 15)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +41,15 @@ class AttentionConfig:
       p_scale: "const" (default): the softmax numerator P~ <= 1 is quantized with the fixed scale 2^-8
         (256 P~ rounded to E4M3). "block": one E8M0 scale per 32 elements along the GEMM's contracting axis
         (KV for P V in the forward, the query axis for dV = P^T dO in the backward).
-      dq_accum: "fp32" (default) or "fp16": dQ is accumulated over KV tiles in float16 holding dQ * 2^12.
+      dq_accum: "fp32" (default) or "fp16": dQ is accumulated over KV tiles in float16 holding dQ * 2^e,
+        e = dq_fp16_scale_log2; one float16 rounding per KV tile, tiles in ascending order (the Hopper
+        kernel's deterministic mode exactly; its atomics round twice, in any order: docs/numerics.md).
+        Beyond float16's range (|dQ| 2^e >= 65520) the accumulator holds +-Inf (or NaN): dq comes out Inf /
+        NaN, never clamped.
+      dq_fp16_scale_log2: e of dq_accum="fp16", an int in [0, 15] (default 12); ignored for "fp32". Larger e
+        keeps more of small gradients (float16's subnormals start at 2^-14 / 2^e), smaller e more headroom.
+      deterministic: False (default). True: dQ's accumulation over KV tiles is bit-identical across runs
+        (the Hopper backward kernel orders its adds; the XLA reference always is).
       scale_rounding: "up" (default) or "floor" (OCP) for Q, K, V, dO and block-scaled P. dS always uses "up"
         (the contract fixes it: "floor" saturates up to 2x the element max, a bias gradients should not get).
       kv_tile: KV columns per online-softmax step (a positive multiple of 32; default 128, the kernel's tile).
@@ -55,6 +67,8 @@ class AttentionConfig:
     scale_rounding: str = "up"
     kv_tile: int = 128
     causal_safe: bool = False
+    dq_fp16_scale_log2: int = DQ_FP16_SCALE_LOG2
+    deterministic: bool = False
 
     def __post_init__(self):
         _check_choice("qkv_blocks", self.qkv_blocks, QKV_BLOCKS)
@@ -70,6 +84,12 @@ class AttentionConfig:
             raise ValueError(f"kv_tile={self.kv_tile!r} must be a positive multiple of {BLOCK_SIZE}")
         if not isinstance(self.causal_safe, bool):
             raise ValueError(f"causal_safe={self.causal_safe!r} must be a bool")
+        lo, hi = DQ_FP16_SCALE_LOG2_RANGE
+        e = self.dq_fp16_scale_log2
+        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or not lo <= e <= hi:
+            raise ValueError(f"AttentionConfig.dq_fp16_scale_log2={e!r} must be an int in [{lo}, {hi}]")
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(f"AttentionConfig.deterministic={self.deterministic!r} must be a bool")
 
 
 def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:

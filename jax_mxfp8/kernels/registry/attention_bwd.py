@@ -11,7 +11,7 @@ import dataclasses
 
 from jax_mxfp8.kernels.registry.base import P_SCALE_CODE, P_SCALES, ROUNDING_CODE, SCALE_ROUNDINGS, KernelConfig
 
-DQ_ACCUMS = ("fp32",)
+DQ_ACCUMS = ("fp32", "fp16")
 DQ_ACCUM_CODE = {"fp32": 0, "fp16": 1}
 
 
@@ -25,8 +25,12 @@ class AttentionBwdConfig(KernelConfig):
       p_scale: the contract's AttentionConfig.p_scale for dV's P operand; only "const" (E4M3(P 2^8) 2^-8)
         is implemented.
       p_rounding: the P scale rule for p_scale="block" (unused for "const": must be "up").
-      dq_accum: dQ accumulation across KV tiles: "fp32" (float32 atomics into a zero-filled dq).
-      deterministic: dQ accumulated in a fixed order (not implemented: False).
+      dq_accum: dQ accumulation across KV tiles: "fp32" (float32 adds into a zero-filled float32 dq) or
+        "fp16" (a zero-filled float16 dq holding dQ * 2^e; e is the call's attribute dq_scale_log2, the
+        kernel gets tau 2^e as its second scalar; kernels/sm90/attention_bwd_dq.py).
+      deterministic: dQ's adds of the KV tiles in ascending tile order (a per-query-tile semaphore, the
+        kernel's dq_sem operand), so dq is bit-identical across runs; False: in whatever order the CTAs
+        reach them (atomics).
       packed: packed jagged sequences (not implemented: False).
       q_stage: Q / dO tiles (64 query rows each) in flight in shared memory.
       dq_store: how each query tile's dQ partial reaches dq: "red" (one red.global.add.f32 per element
@@ -91,8 +95,13 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError("p_rounding only applies to p_scale='block' (leave it 'up' for 'const')")
         if self.dq_accum not in DQ_ACCUMS:
             raise ValueError(f"dq_accum={self.dq_accum!r} not in {DQ_ACCUMS}")
-        if self.deterministic:
-            raise ValueError("deterministic=True is not implemented (dQ uses float32 atomics)")
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(f"deterministic={self.deterministic!r} is not a bool")
+        if self.dq_mode and self.dq_store != "red":  # (so no overlap either: it needs "bulk")
+            raise ValueError(
+                f"dq_accum={self.dq_accum!r}, deterministic={self.deterministic} take dq_store='red' (per-element "
+                f"adds; got {self.dq_store!r})"
+            )
         if self.packed:
             raise ValueError("packed=True is not implemented (dense padded batches only)")
         if self.dq_store not in ("red", "bulk"):
@@ -123,8 +132,15 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"q_stage={self.q_stage} not in [1, 4]")
 
     @property
+    def dq_mode(self) -> bool:
+        """True for the dQ paths of kernels/sm90/attention_bwd_dq.py (float16 dq or the ordered adds): the
+        kernel then takes the dq_sem operand and the dq scale tau 2^e as well."""
+        return self.dq_accum != "fp32" or self.deterministic
+
+    @property
     def name(self) -> str:
         base = f"attention_bwd_h{self.head_dim}{'_causal' if self.causal else ''}"
+        base += ("_fp16" if self.dq_accum == "fp16" else "") + ("_det" if self.deterministic else "")
         return f"{base}_t{self.tune}" if self.tune else base
 
 
@@ -191,10 +207,23 @@ def tuning_fields(tune: int, head_dim: int) -> dict | None:
     return fields
 
 
+# dQ modes (kernels/sm90/attention_bwd_dq.py; tune 0 of their own key): dq_accum "fp16", deterministic
+# "fp32" and "fp16"; per-element adds (dq_store "red"), tune 0's schedule otherwise.
+DQ_MODES: tuple[dict, ...] = (
+    dict(dq_accum="fp16"),
+    dict(deterministic=True),
+    dict(dq_accum="fp16", deterministic=True),
+)
+
 ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = tuple(
     AttentionBwdConfig(head_dim=h, causal=c, tune=tune, **tuning_fields(tune, h))
     for h in (128, 64)
     for c in (False, True)
     for tune, _ in TUNINGS
     if tuning_fields(tune, h) is not None
+) + tuple(
+    AttentionBwdConfig(head_dim=h, causal=c, dq_store="red", **mode)
+    for h in (128, 64)
+    for c in (False, True)
+    for mode in DQ_MODES
 )

@@ -2,8 +2,9 @@
 
 Supported (kernels/registry/attention_bwd.py, AttentionBwdConfig): head_dim 64 and 128; non-causal or causal
 (top-left); GQA/MQA (query head n reads KV head n // G); per-batch query and KV lengths (dense padded batch);
-p_scale "const"; dq_accum "fp32" (not deterministic). Not here (the XLA reference takes them): p_scale
-"block", dq_accum "fp16", packed sequences, bias / boolean masks.
+p_scale "const"; dq_accum "fp32" and "fp16" (dQ * 2^e in float16), deterministic or not (the dQ modes:
+kernels/sm90/attention_bwd_dq.py). Not here (the XLA reference takes them): p_scale "block", packed
+sequences, bias / boolean masks.
 
 Operands (the FFI call jax_mxfp8_attention_bwd, /work/coord/ATTN_BWD_INTERFACE.md; the handler passes
 each (B, heads, L, H) buffer as a 2-D (B * heads, L * H) row-major view, so the kernel reads N, K, Tp, Sp
@@ -18,6 +19,9 @@ from the shapes):
   scale              float32   tau (kernel argument)
 Outputs:
   dq    (B*N, Tp*H)  float32   accumulated by float32 reductions: the caller (the FFI handler) zero-fills it
+                     (float16 dQ * 2^e for dq_accum "fp16")
+  dq_sem (B*N, Tp/32) int32    dQ modes only: the deterministic mode's counters (zero-filled by the caller)
+  dq_scale           float32   dQ modes only: tau 2^e (kernel argument)
   dk    (B*K, Sp*H)  float32   written once per CTA, rows >= kv_len 0
   dv    (B*K, Sp*H)  float32
 
@@ -99,6 +103,7 @@ from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
     red_add_v4_f32,
     st_shared_v2_f32,
 )
+from jax_mxfp8.kernels.sm90.attention_bwd_dq import store_dq_mode
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
 
 BF16 = cutlass.BFloat16
@@ -132,6 +137,7 @@ class AttentionBackwardSm90:
         self.redux = config.amax_reduce == "redux"
         self.stats_early = config.stats_early
         self.bulk_dq = config.dq_store == "bulk"
+        self.dq_mode = config.dq_mode  # float16 dq and / or ordered adds (kernels/sm90/attention_bwd_dq.py)
         self.overlap = config.overlap
         self.smem_stats = config.smem_stats
         # smem_stats: per Q / dO stage, the tile's 64 LSE then 64 delta values (float32), by cp.async.bulk
@@ -157,6 +163,10 @@ class AttentionBackwardSm90:
 
         s = cute.sym_int32
         rows_h = 128 * self.h  # Tp * H and Sp * H are multiples of 128 H
+        dq_t = cutlass.Float16 if self.config.dq_accum == "fp16" else Float32  # "fp16": dQ * 2^e
+        # the dQ modes' extra operands: dq_sem (B*N, Tp/32) int32 after dv, dq_scale (tau 2^e) after scale
+        sem = (t(Int32, s(), s(divisibility=4)),) if self.dq_mode else ()
+        dq_scale = (Float32(1.0),) if self.dq_mode else ()
         return (
             t(BF16, s(), s(divisibility=rows_h)),  # q (B*N, Tp*H)
             t(BF16, s(), s(divisibility=rows_h)),  # k (B*K, Sp*H)
@@ -165,18 +175,21 @@ class AttentionBackwardSm90:
             t(Float32, s(), s(divisibility=128)),  # lse (B*N, Tp)
             t(Float32, s(), s(divisibility=128)),  # delta
             t(Int32, s(), s()),  # lens (2, B)
-            t(Float32, s(), s(divisibility=rows_h)),  # dq (B*N, Tp*H)
+            t(dq_t, s(), s(divisibility=rows_h)),  # dq (B*N, Tp*H)
             t(Float32, s(), s(divisibility=rows_h)),  # dk (B*K, Sp*H)
             t(Float32, s(), s(divisibility=rows_h)),  # dv
+            *sem,
             Float32(1.0),  # scale (tau)
+            *dq_scale,
             make_fake_stream(),
         )
 
     def tensor_names(self) -> tuple[str, ...]:
-        return ("q", "k", "v", "do", "lse", "delta", "lens", "dq", "dk", "dv")
+        names = ("q", "k", "v", "do", "lse", "delta", "lens", "dq", "dk", "dv")
+        return names + ("dq_sem",) if self.dq_mode else names
 
     def entry(self):
-        return self.launch
+        return self.launch_dq if self.dq_mode else self.launch
 
     # ------------------------------------------------------------------------------------------------
     # Host side
@@ -256,6 +269,31 @@ class AttentionBackwardSm90:
         stream: cuda.CUstream,
     ):
         """Grid (Sp / 128, B * K): one CTA per (128-key tile, batch and KV head)."""
+        self._launch(q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, None, scale, None, stream)
+
+    @cute.jit
+    def launch_dq(
+        self,
+        q2: cute.Tensor,
+        k2: cute.Tensor,
+        v2: cute.Tensor,
+        do2: cute.Tensor,
+        lse: cute.Tensor,
+        delta: cute.Tensor,
+        lens: cute.Tensor,
+        dq2: cute.Tensor,
+        dk2: cute.Tensor,
+        dv2: cute.Tensor,
+        sem: cute.Tensor,
+        scale: Float32,
+        dq_scale: Float32,
+        stream: cuda.CUstream,
+    ):
+        """The dQ modes' entry (config.dq_mode): launch's operands plus dq_sem and dq_scale."""
+        self._launch(q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, sem, scale, dq_scale, stream)
+
+    def _launch(self, q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, sem, scale, dq_scale, stream):
+        """launch's body (traced inside launch / launch_dq); sem, dq_scale None outside the dQ modes."""
         h = self.h
         bn = q2.shape[0]
         tp = q2.shape[1] // h
@@ -283,7 +321,7 @@ class AttentionBackwardSm90:
         self.shared_storage = self._shared_storage(q_smem, k_smem, ds_smem)
         self.kernel(
             sdp_mma, dkv_mma, dq_mma, tma_q, tq, tma_do, tdo, tma_k, tk, tma_v, tv,
-            lse, delta, lens, dq, dk, dv, scale, q_smem, k_smem, ds_smem,
+            lse, delta, lens, dq, dk, dv, scale, q_smem, k_smem, ds_smem, sem, dq_scale,
         ).launch(
             grid=[sp // CTA_N, bk, 1],
             block=[self.threads, 1, 1],
@@ -319,6 +357,8 @@ class AttentionBackwardSm90:
         q_smem: cute.ComposedLayout,
         k_smem: cute.ComposedLayout,
         ds_smem: cute.ComposedLayout,
+        mSem,
+        dq_scale,
     ):
         """One CTA: key tile n (128 keys) of KV head bk = b * K + kv; loops over the G query heads of the
         group and the 64-row query tiles that can see this key tile."""
@@ -340,6 +380,9 @@ class AttentionBackwardSm90:
             n_m = Int32(0)
         n_iter = g_size * n_m
         bn0 = bk * g_size  # query head of (b, kv, g) is b * N + kv * G + g = bk * G + g
+        if cutlass.const_expr(self.dq_mode):
+            # _store_dq's extra operands, kept off _consume's argument list (None outside the dQ modes)
+            self.dq_extra = (mSem.iterator.toint(), dq_scale)
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -725,7 +768,13 @@ class AttentionBackwardSm90:
         staged in shared memory, then one 256-byte bulk reduction per row, two rows per lane of warp 0).
         "bulk" in two parts (trace-time `part`): "stage" (registers -> staging tile), "issue" (the bulk
         reductions); "all" both."""
-        if cutlass.const_expr(not self.bulk_dq):
+        if cutlass.const_expr(self.dq_mode):
+            sem_base, dq_scale = self.dq_extra
+            store_dq_mode(
+                self.config, acc_dq, dq_base, sem_base, bn, tp, q0 + row_in, col0 + col_in, q0, q_len, dq_scale, c,
+                warp_wg * 32 + lane, DQ_BARRIER0 + c,
+            )  # fmt: skip
+        elif cutlass.const_expr(not self.bulk_dq):
             self._add_dq(acc_dq, dq_base, bn, tp, q0 + row_in, col0 + col_in, q_len, scale)
         else:
             bar = DQ_BARRIER0 + c
