@@ -78,7 +78,7 @@ def test_residuals_and_producer_equal_head_major_path(case):
     quants = {}
     for impl in ("cuda", "xla"):
         st = _static(case, impl)
-        quants[impl] = (st, attn_ops._quantize_operands(st, q, k, v, q_len, kv_len))
+        quants[impl] = (st, attn_ops.quantize_operands(st, q, k, v, q_len, kv_len))
     (st_c, qc), (st_x, qx) = quants["cuda"], quants["xla"]
     assert set(qc) == set(qx) == {"q:square", "k:square", "v:square"}
     for key in qc:

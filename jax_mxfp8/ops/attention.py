@@ -180,7 +180,7 @@ def square_sequence_major(x: jax.Array, lengths: jax.Array | None, scale_roundin
     return MXArray(a.data.reshape(b, length, n, h), a.scale.reshape(b, length // 32, n, h // 32), (-3, -1), "square")
 
 
-def _quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
+def quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
     """Quantizes every (operand, layout) pair the config needs, once each (the custom_vjp residuals).
 
     Residuals are head-major, except on the kernel path, where the square-block residuals stay sequence-major
@@ -280,7 +280,15 @@ def _fwd_kernel(static: AttentionStatic, quants, q_len, kv_len):
 
 
 def mx_attention_fwd(static: AttentionStatic, q, k, v, bias, mask, q_len, kv_len):
-    quants = _quantize_operands(static, q, k, v, q_len, kv_len)
+    quants = quantize_operands(static, q, k, v, q_len, kv_len)
+    return forward_from_quants(static, quants, bias, mask, q_len, kv_len)
+
+
+def forward_from_quants(static: AttentionStatic, quants, bias, mask, q_len, kv_len):
+    """The forward on already quantized operands (quantize_operands' dict): ((o, lse), residuals).
+
+    Separate from the quantization so that ops/broadcast_attention.py can quantize one query sequence once
+    and hand its MXArrays broadcast over the batch (an FP8 broadcast, not a tiled float query)."""
     keys = operand_keys(static)
     if static.kernel_path:
         o, lse = _fwd_kernel(static, quants, q_len, kv_len)
