@@ -1,0 +1,147 @@
+"""broadcast_query_attention: one query sequence against B key/value sequences (issue 17).
+
+The contract (ops/broadcast_attention.py): varlen_attention on the query tiled B times, O and dK, dV bit for
+bit, dQ the float32 sum of the copies' gradients; checked against that tiling (the library's own op, on
+each implementation) and against an independent float64 formulation (tests/attention_emulation.py).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from attention_emulation import exact_attention, mx_attention, sqnr_db
+from attention_testutil import fresh_rng
+
+import jax_mxfp8 as mx
+from jax_mxfp8.ops.broadcast_attention import broadcast_query_attention
+
+LK = (70, 33, 128)  # key/value sequence lengths (B = 3): partial blocks, a full tile
+TQ, N, NK, H = 40, 2, 1, 64
+AGREEMENT_DB = 55.0  # vs the float64 emulation of the MX contract (as tests/test_attention_varlen.py)
+EXACT_DB = 20.0  # vs exact float64 attention (MXFP8 error: measured 23-36 dB at N(0, 1) inputs)
+
+
+def _inputs(rng, dtype=jnp.float32):
+    tk = sum(LK) + 3  # 3 rows in no sequence
+    q = jnp.asarray(rng.standard_normal((TQ, N, H)), dtype)
+    k = jnp.asarray(rng.standard_normal((tk, NK, H)), dtype)
+    v = jnp.asarray(rng.standard_normal((tk, NK, H)), dtype)
+    do = jnp.asarray(rng.standard_normal((len(LK), TQ, N, H)), dtype)
+    cu_k = jnp.asarray(np.concatenate([[0], np.cumsum(LK)]), jnp.int32)
+    return q, k, v, do, cu_k
+
+
+@functools.cache
+def _broadcast(impl: str, causal: bool):
+    def run(q, k, v, do, cu_k):
+        f = lambda q, k, v: broadcast_query_attention(
+            q, k, v, cu_k, max_seqlen_k=max(LK), is_causal=causal, implementation=impl
+        )
+        o, vjp = jax.vjp(f, q, k, v)
+        return (o, *vjp(do))
+
+    return jax.jit(run)
+
+
+@functools.cache
+def _tiled(impl: str, causal: bool):
+    """The contract's definition: varlen_attention on the query tiled once per key/value sequence."""
+
+    def run(q, k, v, do, cu_k):
+        b = cu_k.shape[0] - 1
+        cu_q = jnp.arange(b + 1, dtype=jnp.int32) * TQ
+        f = lambda qt, k, v: mx.varlen_attention(
+            qt, k, v, cu_q, cu_k, max_seqlen_q=TQ, max_seqlen_k=max(LK), is_causal=causal, implementation=impl
+        )
+        o, vjp = jax.vjp(f, jnp.tile(q, (b, 1, 1)), k, v)
+        dqt, dk, dv = vjp(do.reshape(b * TQ, N, H))
+        return o.reshape(b, TQ, N, H), dqt.reshape(b, TQ, N, H), dk, dv
+
+    return jax.jit(run)
+
+
+@pytest.mark.parametrize("impl,causal", [("xla", False), pytest.param("emulated", True, marks=pytest.mark.slow)])
+def test_equals_tiled_query(impl, causal):
+    q, k, v, do, cu_k = _inputs(fresh_rng())
+    o, dq, dk, dv = _broadcast(impl, causal)(q, k, v, do, cu_k)
+    o_t, dq_t, dk_t, dv_t = _tiled(impl, causal)(q, k, v, do, cu_k)
+    assert o.shape == (len(LK), TQ, N, H) and dq.shape == q.shape
+    np.testing.assert_array_equal(np.asarray(o), np.asarray(o_t))
+    np.testing.assert_array_equal(np.asarray(dk), np.asarray(dk_t))
+    np.testing.assert_array_equal(np.asarray(dv), np.asarray(dv_t))
+    # dq: the float32 sum of the copies' float32 gradients (order of 3 addends: within a few ulps)
+    want = np.asarray(dq_t, np.float64).sum(0)
+    np.testing.assert_allclose(np.asarray(dq, np.float64), want, rtol=0, atol=4e-6 * np.abs(want).max())
+    assert np.all(np.isfinite(np.asarray(o))) and np.all(np.isfinite(np.asarray(dq)))
+
+
+def test_float64_and_padded_form():
+    """The packed and the padded key/value forms agree bit for bit, and both track float64 attention."""
+    q, k, v, do, cu_k = _inputs(fresh_rng())
+    o, dq, dk, dv = _broadcast("xla", False)(q, k, v, do, cu_k)
+    b, s = len(LK), 128
+    kp = np.zeros((b, s, NK, H), np.float32)
+    vp = np.zeros_like(kp)
+    for i, (a, e) in enumerate(zip(np.asarray(cu_k[:-1]), np.asarray(cu_k[1:]), strict=True)):
+        kp[i, : e - a], vp[i, : e - a] = np.asarray(k[a:e]), np.asarray(v[a:e])
+    lens = jnp.asarray(LK, jnp.int32)
+    f = lambda q, k, v: broadcast_query_attention(q, k, v, key_value_seq_lengths=lens, implementation="xla")
+    o_p, vjp = jax.vjp(f, q, jnp.asarray(kp), jnp.asarray(vp))
+    dq_p, dk_p, _ = vjp(do)
+    np.testing.assert_array_equal(np.asarray(o_p), np.asarray(o))
+    np.testing.assert_array_equal(np.asarray(dq_p), np.asarray(dq))
+    tp = 64  # the emulation quantizes whole 32-row blocks: pad the query rows, mark them padding
+    qt = np.zeros((b, tp, N, H))
+    qt[:, :TQ] = np.asarray(q, np.float64)
+    dop = np.zeros((b, tp, N, H))
+    dop[:, :TQ] = np.asarray(do)
+    mo, _, mdq, mdk, mdv = mx_attention(qt, kp, vp, dop, q_len=[TQ] * b, kv_len=list(LK))
+    eo, _, edq, _, _ = exact_attention(qt, kp, vp, dop, q_len=np.full(b, TQ), kv_len=np.asarray(LK))
+    assert sqnr_db(o, mo[:, :TQ]) > AGREEMENT_DB
+    assert sqnr_db(dq, mdq[:, :TQ].sum(0)) > AGREEMENT_DB
+    valid = lambda x: np.concatenate([np.asarray(x[i, :n]) for i, n in enumerate(LK)])
+    assert sqnr_db(dk[: sum(LK)], valid(mdk)) > AGREEMENT_DB
+    assert sqnr_db(dv[: sum(LK)], valid(mdv)) > AGREEMENT_DB
+    np.testing.assert_array_equal(np.asarray(dk_p[:, 0]), np.asarray(dk[np.asarray(cu_k[:-1])]))
+    np.testing.assert_array_equal(np.asarray(dk[sum(LK) :]), 0.0)  # rows in no sequence: no gradient
+    assert sqnr_db(o, eo[:, :TQ]) > EXACT_DB and sqnr_db(dq, edq[:, :TQ].sum(0)) > EXACT_DB
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(query_rank=4), "query must have rank 3"),
+        (dict(max_seqlen_k=None), "need max_seqlen_k"),
+        (dict(key_value_seq_lengths=jnp.ones((3,), jnp.int32)), "key_value_seq_lengths is for padded"),
+        (dict(heads=1), "not a multiple"),
+    ],
+)
+def test_bad_inputs(kwargs, match):
+    q, k, v, _, cu_k = _inputs(fresh_rng())
+    if kwargs.pop("query_rank", 3) == 4:
+        q = q[None]
+    if kwargs.pop("heads", None):
+        k, v = jnp.concatenate([k, k], 1), jnp.concatenate([v, v], 1)  # 2 KV heads for 2 query heads
+        q = q[:, :1]
+    args = dict(max_seqlen_k=max(LK), implementation="xla") | kwargs
+    with pytest.raises(ValueError, match=match):
+        broadcast_query_attention(q, k, v, cu_k, **args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_equals_tiled_query(causal):
+    """On the kernels (forward and backward kernel paths): the same bits as the tiled query."""
+    q, k, v, do, cu_k = _inputs(fresh_rng(), jnp.bfloat16)
+    o, dq, dk, dv = _broadcast("cuda", causal)(q, k, v, do, cu_k)
+    o_t, dq_t, dk_t, dv_t = _tiled("cuda", causal)(q, k, v, do, cu_k)
+    np.testing.assert_array_equal(np.asarray(o, np.float32), np.asarray(o_t, np.float32))
+    np.testing.assert_array_equal(np.asarray(dk, np.float32), np.asarray(dk_t, np.float32))
+    np.testing.assert_array_equal(np.asarray(dv, np.float32), np.asarray(dv_t, np.float32))
+    want = np.asarray(dq_t, np.float64).sum(0)  # the copies' bfloat16 gradients summed: 3 bf16 roundings apart
+    assert sqnr_db(dq, want) > 45.0
+    assert np.all(np.isfinite(np.asarray(dq, np.float32)))
