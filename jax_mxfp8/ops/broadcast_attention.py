@@ -55,9 +55,7 @@ def _broadcast_quants(quants: dict[str, MXArray], b: int) -> dict[str, MXArray]:
 def _fwd(static: dense.AttentionStatic, q1, k, v, q_len, kv_len):
     """q1 (1, Tp, N, H); k, v (B, S, K, H); q_len (B,) (all Tq), kv_len (B,) or None -> o (B, Tp, N, H)."""
     quants = dense.quantize_operands(static, q1, k, v, q_len[:1], kv_len)  # the query once, at batch 1
-    (o, lse), _ = dense.forward_from_quants(
-        static, _broadcast_quants(quants, k.shape[0]), None, None, q_len, kv_len
-    )
+    (o, lse), _ = dense.forward_from_quants(static, _broadcast_quants(quants, k.shape[0]), None, None, q_len, kv_len)
     return o, (quants, o, lse, q_len, kv_len)
 
 
@@ -76,9 +74,7 @@ def _bwd(static: dense.AttentionStatic, res, do):
     return jnp.sum(dq, axis=0, keepdims=True).astype(out), dk.astype(out), dv.astype(out), None, None
 
 
-_broadcast_attention.defvjp(
-    *remat_safe(guard_fwd(_fwd, OP, argnums=(1, 2, 3)), guard_bwd(_bwd, OP))
-)
+_broadcast_attention.defvjp(*remat_safe(guard_fwd(_fwd, OP, argnums=(1, 2, 3)), guard_bwd(_bwd, OP)))
 _broadcast_jit = jax.jit(_broadcast_attention, static_argnums=(0,))
 
 
