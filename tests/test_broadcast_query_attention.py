@@ -7,6 +7,7 @@ each implementation) and against an independent float64 formulation (tests/atten
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -18,6 +19,8 @@ from attention_testutil import fresh_rng
 
 import jax_mxfp8 as mx
 from jax_mxfp8.ops.broadcast_attention import broadcast_query_attention
+from jax_mxfp8.primitives import attention_fwd as afwd
+from jax_mxfp8.primitives import attention_operands as operands
 
 LK = (70, 33, 128)  # key/value sequence lengths (B = 3): partial blocks, a full tile
 TQ, N, NK, H = 40, 2, 1, 64
@@ -145,3 +148,43 @@ def test_cuda_equals_tiled_query(causal):
     want = np.asarray(dq_t, np.float64).sum(0)  # the copies' bfloat16 gradients summed: 3 bf16 roundings apart
     assert sqnr_db(dq, want) > 45.0
     assert np.all(np.isfinite(np.asarray(dq, np.float32)))
+
+
+def _kernel_call_pair(path: str, causal: bool, p_scale: str):
+    """attention_fwd with broadcast_q on one query row vs the same call on its tiled copy, NaN-poisoned outputs."""
+    rng = fresh_rng()
+    b, t, s = 3, 160, 256
+    q = jnp.asarray(rng.standard_normal((1, N, t, H)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((b, NK, s, H)), jnp.bfloat16) for _ in range(2))
+    sq = lambda x: mx.quantize(x, axis=(-2, -1), block="square", implementation="xla")
+    ql, kl = jnp.full((b,), 150, jnp.int32), jnp.asarray([256, 70, 0], jnp.int32)  # one empty KV sequence
+    k, v = (jnp.where(jnp.arange(s)[None, None, :, None] < kl[:, None, None, None], x, 0) for x in (k, v))
+    ops = operands.prepare(sq(q), sq(k), sq(v), scale=H**-0.5, q_len=ql, kv_len=kl)
+    tiled = dataclasses.replace(ops, q=jnp.broadcast_to(ops.q, (b,) + ops.q.shape[1:]), qs=jnp.tile(ops.qs, (b, 1, 1)))
+    tp = ops.q.shape[2]
+    kw = dict(causal=causal, t=tp, p_scale=p_scale, path=path)
+    if path == "cuda":
+        poison = (jnp.full((b, tp, N, H), jnp.nan, jnp.bfloat16), jnp.full((b, N, tp), jnp.nan, jnp.float32))
+        got = jax.jit(lambda ops, out: afwd.attention_fwd(ops, broadcast_q=True, out=out, **kw))(ops, poison)
+    else:
+        got = jax.jit(lambda ops: afwd.attention_fwd(ops, broadcast_q=True, **kw))(ops)
+    want = jax.jit(lambda ops: afwd.attention_fwd(ops, **kw))(tiled)
+    return [np.asarray(x, np.float32) for x in (*got, *want)]
+
+
+def test_broadcast_q_call_emulated():
+    o, lse, o_t, lse_t = _kernel_call_pair("emulated", True, "const")
+    np.testing.assert_array_equal(o, o_t)
+    np.testing.assert_array_equal(lse, lse_t)
+    assert np.all(o[2] == 0) and np.all(np.isneginf(lse[2]))  # the empty KV sequence
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal,p_scale", [(False, "const"), (True, "const"), (False, "block")])
+def test_broadcast_q_kernel_reads_batch_zero(causal, p_scale):
+    """The broadcast_q kernel on q (1, N, Tp, H) = the production kernel on its tiled copy, bit for bit, and it
+    writes every output element (NaN-poisoned buffers)."""
+    o, lse, o_t, lse_t = _kernel_call_pair("cuda", causal, p_scale)
+    assert not np.isnan(o).any() and not np.isnan(lse).any()
+    np.testing.assert_array_equal(o, o_t)
+    np.testing.assert_array_equal(lse, lse_t)

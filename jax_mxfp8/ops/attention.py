@@ -255,8 +255,11 @@ def kernel_operand(quants, key: str, lengths) -> MXArray:
     return MXArray(data, scale, x.axes, x.block)
 
 
-def _fwd_kernel(static: AttentionStatic, quants, q_len, kv_len):
-    """Forward on the Hopper kernel: the producer pass on the sequence-major square MXArrays, then the kernel."""
+def fwd_kernel(static: AttentionStatic, quants, q_len, kv_len, broadcast_q: bool = False):
+    """Forward on the Hopper kernel: the producer pass on the sequence-major square MXArrays, then the kernel.
+
+    broadcast_q: the query residuals hold one batch row for all of k's (ops/broadcast_attention.py); the
+    kernel reads it at batch 0 (q_len (B,) must be given)."""
     keys = operand_keys(static)
     q = kernel_operand(quants, keys["q_s"], q_len)
     ops = prepare_sequence_major(
@@ -275,6 +278,7 @@ def _fwd_kernel(static: AttentionStatic, quants, q_len, kv_len):
         p_scale=static.config.p_scale,
         p_rounding=static.config.scale_rounding,
         path=static.impl,
+        broadcast_q=broadcast_q,
     )
     return o.astype(static.out_dtype), lse  # the kernel writes O in BTNH
 
@@ -291,7 +295,7 @@ def forward_from_quants(static: AttentionStatic, quants, bias, mask, q_len, kv_l
     and hand its MXArrays broadcast over the batch (an FP8 broadcast, not a tiled float query)."""
     keys = operand_keys(static)
     if static.kernel_path:
-        o, lse = _fwd_kernel(static, quants, q_len, kv_len)
+        o, lse = fwd_kernel(static, quants, q_len, kv_len)
         return (o, lse), (quants, o, lse, bias, mask, q_len, kv_len)
     qs = _operand(static, quants, keys["q_s"], q_len, kv_len)
     ks = _operand(static, quants, keys["k_s"], q_len, kv_len)

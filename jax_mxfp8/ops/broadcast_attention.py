@@ -55,7 +55,11 @@ def _broadcast_quants(quants: dict[str, MXArray], b: int) -> dict[str, MXArray]:
 def _fwd(static: dense.AttentionStatic, q1, k, v, q_len, kv_len):
     """q1 (1, Tp, N, H); k, v (B, S, K, H); q_len (B,) (all Tq), kv_len (B,) or None -> o (B, Tp, N, H)."""
     quants = dense.quantize_operands(static, q1, k, v, q_len[:1], kv_len)  # the query once, at batch 1
-    (o, lse), _ = dense.forward_from_quants(static, _broadcast_quants(quants, k.shape[0]), None, None, q_len, kv_len)
+    if static.kernel_path:  # the broadcast_q kernel variant reads the one query row for every batch row
+        o, lse = dense.fwd_kernel(static, quants, q_len, kv_len, broadcast_q=True)
+    else:
+        bq = _broadcast_quants(quants, k.shape[0])
+        (o, lse), _ = dense.forward_from_quants(static, bq, None, None, q_len, kv_len)
     return o, (quants, o, lse, q_len, kv_len)
 
 
