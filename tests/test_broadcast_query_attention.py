@@ -18,7 +18,9 @@ from attention_emulation import exact_attention, mx_attention, sqnr_db
 from attention_testutil import fresh_rng
 
 import jax_mxfp8 as mx
+from jax_mxfp8.ops.attention import square_sequence_major
 from jax_mxfp8.ops.broadcast_attention import broadcast_query_attention
+from jax_mxfp8.primitives import attention_bwd as abwd
 from jax_mxfp8.primitives import attention_fwd as afwd
 from jax_mxfp8.primitives import attention_operands as operands
 
@@ -188,3 +190,50 @@ def test_broadcast_q_kernel_reads_batch_zero(causal, p_scale):
     assert not np.isnan(o).any() and not np.isnan(lse).any()
     np.testing.assert_array_equal(o, o_t)
     np.testing.assert_array_equal(lse, lse_t)
+
+
+def _bwd_call_pair(path: str, causal: bool):
+    """The backward call with broadcast_q on one query row vs the production call on its tiled copy."""
+    rng = fresh_rng()
+    b, t, s = 3, 160, 256
+    q = jnp.asarray(rng.standard_normal((1, t, N, H)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((b, s, NK, H)), jnp.bfloat16) for _ in range(2))
+    do, o = (jnp.asarray(rng.standard_normal((b, t, N, H)), jnp.bfloat16) for _ in range(2))
+    ql, kl = jnp.full((b,), 150, jnp.int32), jnp.asarray([256, 70, 0], jnp.int32)  # one empty KV sequence
+    sq = lambda x, lens: square_sequence_major(x, lens, "up", path)
+    qm, km, vm, dom = sq(q, ql[:1]), sq(k, kl), sq(v, kl), sq(do, ql)
+    # the forward's LSE of these operands (any finite values would do for the bits comparison)
+    kk = jnp.repeat(mx.dequantize(km, jnp.float32), N // NK, axis=2)
+    logits = jnp.einsum("tnh,bsnh->bnts", mx.dequantize(qm, jnp.float32)[0], kk) * H**-0.5
+    keep = jnp.arange(s)[None, None, None, :] < kl[:, None, None, None]
+    if causal:
+        keep = keep & (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None])
+    lse = jax.nn.logsumexp(jnp.where(keep, logits, -jnp.inf), axis=-1)
+    args = (km, vm, dom, do, o, lse, None)
+    ops = abwd.bwd_operands(qm, *args, q_len=ql, kv_len=kl, broadcast_q=True)
+    tiled = dataclasses.replace(ops, q=jnp.broadcast_to(ops.q, (b,) + ops.q.shape[1:]))
+    var_b, _ = abwd.kernel_variant(head_dim=H, causal=causal, broadcast_q=True)
+    var_t, _ = abwd.kernel_variant(head_dim=H, causal=causal)
+    run = lambda var: jax.jit(lambda ops: abwd.attention_bwd(ops, variant=var, scale=H**-0.5, path=path))
+    got, want = run(var_b)(ops), run(var_t)(tiled)
+    return [np.asarray(x) for x in got], [np.asarray(x) for x in want]
+
+
+def _check_bwd_pair(got, want):
+    (dq, dk, dv), (dq_t, dk_t, dv_t) = got, want
+    assert dq.shape == dq_t.shape and np.all(np.isfinite(dq)) and np.all(np.isfinite(dk))
+    np.testing.assert_array_equal(dk, dk_t)  # written once per CTA: the same bits
+    np.testing.assert_array_equal(dv, dv_t)
+    assert sqnr_db(dq, dq_t) > 110.0  # float32 atomics: the same partials, maybe in another order
+    assert np.all(dk[2] == 0) and np.all(dq[2] == 0)  # the empty KV sequence
+
+
+def test_broadcast_q_bwd_call_emulated():
+    _check_bwd_pair(*_bwd_call_pair("emulated", True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_broadcast_q_bwd_kernel_reads_batch_zero(causal):
+    """The broadcast_q backward kernel on q (1, N, Tp, H) = the production kernel on its tiled copy."""
+    _check_bwd_pair(*_bwd_call_pair("cuda", causal))

@@ -32,6 +32,7 @@ from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import check_float32_range
 from jax_mxfp8.ops import attention as dense
+from jax_mxfp8.ops import attention_bwd_kernel as kernel_bwd
 from jax_mxfp8.ops.cotangents import remat_safe
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.ops.scope import named_op
@@ -69,11 +70,20 @@ def _broadcast_attention(static: dense.AttentionStatic, q1, k, v, q_len, kv_len)
 
 
 def _bwd(static: dense.AttentionStatic, res, do):
-    """dot_product_attention's backward on the broadcast residuals in float32; dq summed over the batch."""
+    """dot_product_attention's backward in float32 (the broadcast_q backward kernel where one covers the
+    call, else on the broadcast residuals); dq summed over the batch."""
     quants, o, lse, q_len, kv_len = res
-    res_dense = (_broadcast_quants(quants, o.shape[0]), o, lse, None, None, q_len, kv_len)
     f32 = dataclasses.replace(static, out_dtype=np.dtype(np.float32))  # out_dtype only casts the cotangents
-    dq, dk, dv, *_ = dense.mx_attention_bwd(f32, res_dense, (do, jnp.zeros_like(lse)))
+    cts = (do, jnp.zeros_like(lse))
+    variant = None
+    if static.kernel_path:
+        variant, _ = kernel_bwd.backward_variant(static, o.shape[-1], broadcast_q=True)
+    if variant is not None:
+        res_kernel = (quants, o, lse, None, None, q_len, kv_len)
+        dq, dk, dv, *_ = kernel_bwd.kernel_backward(f32, variant, res_kernel, cts, broadcast_q=True)
+    else:
+        res_dense = (_broadcast_quants(quants, o.shape[0]), o, lse, None, None, q_len, kv_len)
+        dq, dk, dv, *_ = dense.mx_attention_bwd(f32, res_dense, cts)
     out = static.out_dtype
     return jnp.sum(dq, axis=0, keepdims=True).astype(out), dk.astype(out), dv.astype(out), None, None
 

@@ -41,12 +41,15 @@ class AttentionBwdConfig(KernelConfig):
         global memory (32 LDG, live in registers from the tile's start); True: the producer copies the
         tile's 64 LSE and 64 delta values (cp.async.bulk, 2 x 256 bytes) into the Q / dO stage, and the
         consumers read them from shared memory right where they are used (fewer live registers).
+      broadcast_q: one query sequence for every batch row (broadcast_query_attention): q holds batch 1 and
+        the producer loads each query head's Q tiles at batch 0; dO, LSE, delta and dq stay per batch row
+        (the caller sums dq over the batch).
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
     """
 
     op = "attention_bwd"
     kernels = {"sm_90a": "jax_mxfp8.kernels.sm90.attention_bwd:make_kernel"}  # wgmma: Hopper only
-    key_fields = ("head_dim", "causal", "p_scale", "p_rounding", "dq_accum", "deterministic", "packed")
+    key_fields = ("head_dim", "causal", "p_scale", "p_rounding", "dq_accum", "deterministic", "packed", "broadcast_q")
     codes = {"p_scale": P_SCALE_CODE, "p_rounding": ROUNDING_CODE, "dq_accum": DQ_ACCUM_CODE}
 
     head_dim: int = 128
@@ -60,6 +63,7 @@ class AttentionBwdConfig(KernelConfig):
     dq_store: str = "bulk"
     overlap: int = 0
     smem_stats: bool = False
+    broadcast_q: bool = False
     tune: int = 0
 
     def __post_init__(self):
@@ -93,6 +97,8 @@ class AttentionBwdConfig(KernelConfig):
     @property
     def name(self) -> str:
         base = f"attention_bwd_h{self.head_dim}{'_causal' if self.causal else ''}"
+        if self.broadcast_q:
+            base += "_bcastq"
         return f"{base}_t{self.tune}" if self.tune else base
 
 
@@ -116,9 +122,10 @@ TUNINGS: tuple[tuple[int, dict], ...] = (
     (6, dict(overlap=1, smem_stats=True)),
 )
 
+# broadcast_q (broadcast_query_attention): the production schedule only.
 ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = tuple(
     AttentionBwdConfig(head_dim=h, causal=c, tune=tune, **fields)
     for h in (128, 64)
     for c in (False, True)
     for tune, fields in TUNINGS
-)
+) + tuple(AttentionBwdConfig(head_dim=h, causal=c, broadcast_q=True) for h in (128, 64) for c in (False, True))

@@ -234,6 +234,9 @@ class AttentionBackwardSm90:
         """Grid (Sp / 128, B * K): one CTA per (128-key tile, batch and KV head)."""
         h = self.h
         bn = q2.shape[0]
+        q_heads = bn
+        if cutlass.const_expr(self.config.broadcast_q):
+            bn = do2.shape[0]  # q holds one batch row (N heads); dO, dq, LSE and delta have B * N
         tp = q2.shape[1] // h
         bk = k2.shape[0]
         sp = k2.shape[1] // h
@@ -241,7 +244,7 @@ class AttentionBackwardSm90:
         def rows(x, length, heads):  # (rows, H, heads) view of a (heads, rows * H) buffer
             return cute.make_tensor(x.iterator, cute.make_layout((length, h, heads), stride=(h, 1, length * h)))
 
-        q, do, dq = rows(q2, tp, bn), rows(do2, tp, bn), rows(dq2, tp, bn)
+        q, do, dq = rows(q2, tp, q_heads), rows(do2, tp, bn), rows(dq2, tp, bn)
         k, v, dk, dv = rows(k2, sp, bk), rows(v2, sp, bk), rows(dk2, sp, bk), rows(dv2, sp, bk)
 
         sdp_mma, dkv_mma, dq_mma = self._sdp_mma(), self._dkv_mma(), self._dq_mma()
@@ -391,7 +394,10 @@ class AttentionBackwardSm90:
                 g = i // n_m
                 m = m_start + i - g * n_m
                 handle = q_prod.acquire_and_advance()
-                cute.copy(tma_q, tQgQ[(None, m, 0, bn0 + g)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                q_head = bn0 + g
+                if cutlass.const_expr(self.config.broadcast_q):
+                    q_head = q_head % mQ.shape[2]  # batch 0's head n: the one query sequence
+                cute.copy(tma_q, tQgQ[(None, m, 0, q_head)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
                 cute.copy(tma_do, tOgO[(None, m, 0, bn0 + g)], tOsO[(None, handle.index)], tma_bar_ptr=handle.barrier)
                 if cutlass.const_expr(self.smem_stats):
                     if cute.arch.lane_idx() == 0:
