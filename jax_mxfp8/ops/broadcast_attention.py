@@ -9,14 +9,14 @@ sum of the B per-sequence gradients, accumulated in float32 and rounded once to 
   broadcast_query_attention(query (Tq, N, H), key, value, cu_seqlens_k=None, *, max_seqlen_k=None,
                             key_value_seq_lengths=None, ...) -> (B, Tq, N, H)
 
-What is still materialized per sequence (B copies): on the XLA path the broadcast FP8 query feeds the
-reference's dequantize-and-GEMM fusions; on the kernel path the producer pass re-encodes the broadcast FP8
-query for the forward kernel (1 byte per element and copy) and the backward's pre-pass dequantizes it to
-bfloat16 (2 bytes) for the backward kernel, whose float32 dq (B, N, Tp, H) is then summed over B in XLA.
-A kernel that reads Q (and its scales) at batch 0 for every KV sequence and accumulates dq across them
-(a `broadcast_q` field of the kernel configs) would remove those copies; it is not implemented yet.
+On the kernel path the forward and backward kernels' `broadcast_q` variants (kernels/registry: the
+production schedules with the Q coordinate at batch 0) read the one query row for every KV sequence: the
+producer pass re-encodes the query once (1, N, Tp, H) and the backward's pre-pass dequantizes it once.
+What is still per sequence: the backward kernel's float32 dq (B, N, Tp, H), summed over B in XLA
+(accumulating across batch rows inside the kernel's dQ reductions would remove it: the dQ store path, not
+changed here); on the XLA path the broadcast FP8 query feeds the reference's dequantize-and-GEMM fusions.
 Packed key/value sequences run on the padded batch (B, ceil32(max_seqlen_k)), as varlen_attention's XLA
-route does.
+route does (the packed kernel has no broadcast_q variant).
 """
 
 from __future__ import annotations

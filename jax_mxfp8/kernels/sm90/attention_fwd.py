@@ -6,7 +6,8 @@ Supported features (kernels/registry.py, AttentionFwdConfig):
   (config.packed: one batch row holding every sequence from a 128-row tile boundary, a work list of
   (sequence, query tile) items; ops/varlen_kernel.py); kv tile 128 (= the contract's
   AttentionConfig.kv_tile default, visited in ascending order, as the reference does); p_scale "const"
-  and "block" (scale rule "up"; "floor" is implemented but not registered, see below).
+  and "block" (scale rule "up"; "floor" is implemented but not registered, see below); one query
+  sequence for every batch row (config.broadcast_q: q, qs of batch 1 read at batch 0; O, LSE per row).
   Not here (the XLA reference takes them): bias and boolean masks, causal_safe, p_scale "block" with
   scale_rounding "floor", qkv_blocks "row", other kv tiles, head_dim 256.
 
