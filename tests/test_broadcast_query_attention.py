@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from attention_emulation import exact_attention, mx_attention, sqnr_db
 from attention_testutil import fresh_rng
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import jax_mxfp8 as mx
 from jax_mxfp8.ops.attention import square_sequence_major
@@ -237,3 +239,32 @@ def test_broadcast_q_bwd_call_emulated():
 def test_broadcast_q_bwd_kernel_reads_batch_zero(causal):
     """The broadcast_q backward kernel on q (1, N, Tp, H) = the production kernel on its tiled copy."""
     _check_bwd_pair(*_bwd_call_pair("cuda", causal))
+
+
+def test_broadcast_q_call_shards_over_batch_and_vmaps():
+    """The broadcast_q forward call (emulated) partitioned over batch and KV heads (the one query row whole
+    on every device) and under vmap equals the plain call."""
+    if len(jax.devices()) < 4:
+        pytest.skip("needs the 8 CPU host devices of tests/conftest.py")
+    rng = fresh_rng()
+    sq = lambda shape: mx.quantize(jnp.asarray(rng.standard_normal(shape), jnp.bfloat16), axis=(-2, -1), block="square")
+    b, t, s = 4, 128, 256
+    ops = operands.prepare(
+        sq((1, 4, t, H)),
+        sq((b, 2, s, H)),
+        sq((b, 2, s, H)),
+        scale=H**-0.5,
+        q_len=jnp.full((b,), 100),
+        kv_len=jnp.asarray([256, 100, 37, 200]),
+    )
+    call = lambda ops: afwd.attention_fwd(ops, causal=True, t=t, path="emulated", broadcast_q=True)
+    want = jax.jit(call)(ops)
+    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    q4, b4, b3 = P(None, "model", None, None), P("data", "model", None, None), P("data", "model", None)
+    specs = operands.AlignedOperands(q4, b4, b4, P(None, "model", None), b3, b3, b3, P(None, "data"))
+    placed = jax.tree.map(lambda x, sp: jax.device_put(x, NamedSharding(mesh, sp)), ops, specs)
+    got = jax.jit(call)(placed)
+    mapped = jax.jit(jax.vmap(call))(jax.tree.map(lambda x: jnp.stack([x, x]), ops))
+    for g, m, w in zip(got, mapped, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+        np.testing.assert_array_equal(np.asarray(m[1]), np.asarray(w))
