@@ -126,5 +126,10 @@ def varlen_attention_vjp(q, k, v, cu_seqlens_q, cu_seqlens_k, *, grad_scale_roun
     T_total_k must be a multiple of 32.
     """
     _check_options(grad_scale_rounding, kwargs, (("k", k), ("v", v)))
+    if getattr(k, "shape", (0,))[0] % BLOCK_SIZE:  # before the forward runs: the vjp could not block dK
+        raise ValueError(
+            f"k has {k.shape[0]} packed rows; MX gradients block the token rows in 32s for dW = X^T G: pad "
+            f"the packed k, v to a multiple of {BLOCK_SIZE} rows (rows in no sequence get zero gradients)"
+        )
     fn = lambda q_, k_, v_: varlen_attention(q_, k_, v_, cu_seqlens_q, cu_seqlens_k, **kwargs)
     return _with_mx_kv_grads(fn, q, k, v, grad_scale_rounding, kwargs.get("implementation"))

@@ -3,8 +3,9 @@
 Supported (kernels/registry/attention_bwd.py, AttentionBwdConfig): head_dim 64 and 128; non-causal or causal
 (top-left); GQA/MQA (query head n reads KV head n // G); per-batch query and KV lengths (dense padded batch);
 p_scale "const"; dq_accum "fp32" (not deterministic); one query sequence for every batch row
-(config.broadcast_q: q of batch 1, loaded by the producer at batch 0; dO, LSE, delta, dq per row). Not here (the XLA reference takes them): p_scale
-"block", dq_accum "fp16", packed sequences, bias / boolean masks.
+(config.broadcast_q: q of batch 1, loaded by the producer at batch 0; dO, LSE, delta, dq per row).
+Not here (the XLA reference takes them): p_scale "block", dq_accum "fp16", packed sequences, bias /
+boolean masks.
 
 Operands (the FFI call jax_mxfp8_attention_bwd, /work/coord/ATTN_BWD_INTERFACE.md; the handler passes
 each (B, heads, L, H) buffer as a 2-D (B * heads, L * H) row-major view, so the kernel reads N, K, Tp, Sp
