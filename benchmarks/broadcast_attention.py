@@ -72,12 +72,13 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--batches", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None, help="JSON results")
+    ap.add_argument("--shapes", type=int, default=len(SHAPES), help="run only the first N shapes")
     args = ap.parse_args(argv)
     impl = "xla" if args.smoke else "cuda"
     calls, batches = (1, 1) if args.smoke else (args.calls, args.batches)
     rng = np.random.default_rng(0)
     rows = []
-    for b, lens_range, tq, n, n_kv, h in SMOKE if args.smoke else SHAPES:
+    for b, lens_range, tq, n, n_kv, h in SMOKE if args.smoke else SHAPES[: args.shapes]:
         q, k, v, do, cu_k, max_k, lens = _inputs(rng, b, lens_range, tq, n, n_kv, h)
         fwd, fb = _fns(impl, b, tq, max_k)
         row = dict(b=b, lens_range=list(lens_range), tq=tq, n=n, n_kv=n_kv, h=h, tokens_k=int(lens.sum()))
@@ -92,6 +93,9 @@ def main(argv=None) -> int:
         err = np.asarray(dq_b, np.float64) - ref
         row["dq_sqnr_db"] = float(10 * np.log10(np.sum(ref**2) / max(np.sum(err**2), 1e-300)))
         rows.append(row)
+        if args.out:  # after every shape: a run cut short keeps what it measured
+            meta = dict(device=str(jax.devices()[0]), implementation=impl, calls=calls, batches=batches, unit="ms")
+            args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     cols = ("fwd bcast", "fwd tiled", "f+b bcast", "f+b tiled")
     print(f"{'shape':34} " + " ".join(f"{c:>10}" for c in cols) + f" {'O bits':>7} {'dQ dB':>6}")
     for r in rows:
@@ -100,9 +104,6 @@ def main(argv=None) -> int:
             f"{name:34} {r['broadcast_fwd_ms']:10.3f} {r['tiled_fwd_ms']:10.3f} {r['broadcast_fwd_bwd_ms']:10.3f} "
             f"{r['tiled_fwd_bwd_ms']:10.3f} {str(r['o_bits_equal']):>7} {r['dq_sqnr_db']:6.1f}"
         )
-    if args.out:
-        meta = dict(device=str(jax.devices()[0]), implementation=impl, calls=calls, batches=batches, unit="ms")
-        args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     return 0
 
 

@@ -172,6 +172,8 @@ def _kernel_call_pair(path: str, causal: bool, p_scale: str):
     tp = ops.q.shape[2]
     kw = dict(causal=causal, t=tp, p_scale=p_scale, path=path)
     if path == "cuda":
+        ok, why = library.kernels_runnable(afwd.ARCHS)  # loads the library: the _into hook is registered then
+        assert ok, why
         poison = (jnp.full((b, tp, N, H), jnp.nan, jnp.bfloat16), jnp.full((b, N, tp), jnp.nan, jnp.float32))
         got = jax.jit(lambda ops, out: afwd.attention_fwd(ops, broadcast_q=True, out=out, **kw))(ops, poison)
     else:
