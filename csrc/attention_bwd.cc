@@ -57,7 +57,13 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(jmx::Dims(*dk, kOp, "dk", 4, gk));
   JMX_RETURN_IF_ERROR(jmx::Dims(*dv, kOp, "dv", 4, gv));
   JMX_RETURN_IF_ERROR(jmx::Dims(*dq_sem, kOp, "dq_sem", 3, gs));
-  const int64_t b = qd[0], n = qd[1], tp = qd[2], h = qd[3], nk = kd[1], sp = kd[2];
+  const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(FindKernel(device, kOp, kernel, &entry));
+  // broadcast_q variants: q (1, N, Tp, H) is one query sequence for all B batch rows of k, v, do and dq
+  const bool broadcast_q = Param(entry, "broadcast_q") == 1;
+  JMX_RETURN_IF_ERROR(Want(!broadcast_q || qd[0] == 1, "a broadcast_q variant takes q of batch 1"));
+  const int64_t b = broadcast_q ? kd[0] : qd[0], n = qd[1], tp = qd[2], h = qd[3], nk = kd[1], sp = kd[2];
+  const int64_t q_rows = broadcast_q ? 1 : b;
   JMX_RETURN_IF_ERROR(Want(q.element_type() == ffi::DataType::BF16 && k.element_type() == ffi::DataType::BF16 &&
                                v.element_type() == ffi::DataType::BF16 && d_o.element_type() == ffi::DataType::BF16,
                            "q, k, v and do must be bf16"));
@@ -73,17 +79,17 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(Want(kd[0] == b && kd[3] == h && nk > 0 && n % nk == 0, "k must be (B, K, Sp, H) with K | N"));
   for (int i = 0; i < 4; ++i) {
     JMX_RETURN_IF_ERROR(Want(vd[i] == kd[i] && gk[i] == kd[i] && gv[i] == kd[i], "v, dk and dv must match k's shape"));
-    JMX_RETURN_IF_ERROR(Want(od[i] == qd[i] && gq[i] == qd[i], "do and dq must match q's shape"));
+    const int64_t want = i == 0 ? b : qd[i];  // q's shape with k's batch
+    JMX_RETURN_IF_ERROR(Want(od[i] == want && gq[i] == want, "do and dq must match q's shape (B, N, Tp, H)"));
   }
   for (int i = 0; i < 3; ++i) {
-    JMX_RETURN_IF_ERROR(Want(ld[i] == qd[i] && dd[i] == qd[i], "lse and delta must be (B, N, Tp)"));
+    const int64_t want = i == 0 ? b : qd[i];
+    JMX_RETURN_IF_ERROR(Want(ld[i] == want && dd[i] == want, "lse and delta must be (B, N, Tp)"));
   }
   int64_t lens_dims[2];
   JMX_RETURN_IF_ERROR(Dims(lens, "lens", 2, lens_dims));
   JMX_RETURN_IF_ERROR(Want(lens_dims[0] == 2 && lens_dims[1] == b, "lens must be (2, B)"));
 
-  const KernelEntry* entry = nullptr;
-  JMX_RETURN_IF_ERROR(FindKernel(device, kOp, kernel, &entry));
   const int64_t kh = Param(entry, "head_dim");
   JMX_RETURN_IF_ERROR(Want(kh == h, "kernel '" + std::string(entry->name) + "' has head_dim " + std::to_string(kh) +
                                         ", the buffers have H = " + std::to_string(h)));
@@ -112,7 +118,7 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(Want(b * nk <= 65535, "grid too large (B*K must be <= 65535)"));
 
   Tensor2D t[11];
-  JMX_RETURN_IF_ERROR(HeadRows(q.untyped_data(), b * n, tp, h, "q", &t[0]));
+  JMX_RETURN_IF_ERROR(HeadRows(q.untyped_data(), q_rows * n, tp, h, "q", &t[0]));
   JMX_RETURN_IF_ERROR(HeadRows(k.untyped_data(), b * nk, sp, h, "k", &t[1]));
   JMX_RETURN_IF_ERROR(HeadRows(v.untyped_data(), b * nk, sp, h, "v", &t[2]));
   JMX_RETURN_IF_ERROR(HeadRows(d_o.untyped_data(), b * n, tp, h, "do", &t[3]));

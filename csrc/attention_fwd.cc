@@ -12,8 +12,9 @@
 //   qs (B, N, Tp/32) f32          ks (B, K, Sp/32) f32         vs, vi (B, K, Sp/128 * H/32) f32
 //   lens (2, B) s32 (query lengths, KV lengths)
 //   o  (B, Tp, N, H) bf16         lse (B, N, Tp) f32   (o in the caller's sequence-major layout)
-// Tp and Sp are multiples of 128, H is 64 or 128 and N a multiple of K. Every failure is returned as an
-// ffi::Error; the handler only enqueues work on XLA's stream (CUDA-graph compatible).
+// Tp and Sp are multiples of 128, H is 64 or 128 and N a multiple of K. A broadcast_q variant
+// (broadcast_query_attention) takes q (1, N, Tp, H) and qs (1, N, Tp/32): one query sequence for all B rows.
+// Every failure is returned as an ffi::Error; the handler only enqueues work on XLA's stream (CUDA-graph compatible).
 #include <string>
 #include <string_view>
 #include <utility>
@@ -41,12 +42,15 @@ struct FwdShape {
 ffi::Error CheckOperands(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& vt,
                          const ffi::AnyBuffer& qs, const ffi::AnyBuffer& ks, const ffi::AnyBuffer& vs,
                          const ffi::AnyBuffer& vi, ffi::Result<ffi::AnyBuffer>& o,
-                         ffi::Result<ffi::AnyBuffer>& lse, FwdShape* shape, Tensor2D* t) {
+                         ffi::Result<ffi::AnyBuffer>& lse, FwdShape* shape, Tensor2D* t, bool broadcast_q = false) {
   int64_t qd[4], kd[4], vd[4];
   JMX_RETURN_IF_ERROR(Dims(q, "q", 4, qd));
   JMX_RETURN_IF_ERROR(Dims(k, "k", 4, kd));
   JMX_RETURN_IF_ERROR(Dims(vt, "vt", 4, vd));
-  const int64_t b = qd[0], n = qd[1], tp = qd[2], h = qd[3], nk = kd[1], sp = kd[2];
+  // broadcast_q: q holds one batch row that every one of k's B rows attends with
+  JMX_RETURN_IF_ERROR(Want(!broadcast_q || qd[0] == 1, "a broadcast_q variant takes q of batch 1"));
+  const int64_t b = broadcast_q ? kd[0] : qd[0], n = qd[1], tp = qd[2], h = qd[3], nk = kd[1], sp = kd[2];
+  const int64_t q_rows = broadcast_q ? 1 : b;
   *shape = FwdShape{b, n, tp, h, nk, sp};
   JMX_RETURN_IF_ERROR(Want(q.element_type() == ffi::DataType::F8E4M3FN && k.element_type() == ffi::DataType::F8E4M3FN &&
                                vt.element_type() == ffi::DataType::F8E4M3FN,
@@ -70,7 +74,8 @@ ffi::Error CheckOperands(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const
   JMX_RETURN_IF_ERROR(As2D(vi, "vi", &t[6]));
   JMX_RETURN_IF_ERROR(As2D(o, "o", &t[7]));
   JMX_RETURN_IF_ERROR(As2D(lse, "lse", &t[8]));
-  JMX_RETURN_IF_ERROR(Want(t[3].rows == b * n && t[3].cols == tp / 32, "qs must be (B, N, Tp/32)"));
+  JMX_RETURN_IF_ERROR(
+      Want(t[3].rows == q_rows * n && t[3].cols == tp / 32, "qs must be (B, N, Tp/32) (B = 1 for broadcast_q)"));
   JMX_RETURN_IF_ERROR(Want(t[4].rows == b * nk && t[4].cols == sp / 32, "ks must be (B, K, Sp/32)"));
   JMX_RETURN_IF_ERROR(Want(t[5].rows == b * nk && t[5].cols == sp / 128 * (h / 32), "vs must be (B, K, Sp/128*H/32)"));
   JMX_RETURN_IF_ERROR(Want(t[6].rows == t[5].rows && t[6].cols == t[5].cols, "vi must match vs"));
@@ -111,8 +116,10 @@ ffi::Error AttentionFwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
                             std::string_view kernel) {
   FwdShape shape;
   Tensor2D t[9];
-  JMX_RETURN_IF_ERROR(CheckOperands(q, k, vt, qs, ks, vs, vi, o, lse, &shape, t));
   const KernelEntry* entry = nullptr;
+  JMX_RETURN_IF_ERROR(FindKernel(device, kOp, kernel, &entry));
+  const bool broadcast_q = Param(entry, "broadcast_q") == 1;
+  JMX_RETURN_IF_ERROR(CheckOperands(q, k, vt, qs, ks, vs, vi, o, lse, &shape, t, broadcast_q));
   JMX_RETURN_IF_ERROR(FindVariant(device, kernel, 0, shape, &entry));
   JMX_RETURN_IF_ERROR(Want(lens.element_type() == ffi::DataType::S32, "lens must be s32"));
   if (shape.b == 0 || shape.n == 0 || shape.tp == 0) return ffi::Error::Success();

@@ -49,10 +49,14 @@ def test_production_lookup(head_dim, causal):
     assert v.dq_red_width == (2 if head_dim == 128 else 1)
     assert v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}"
     assert v.key == dict(
-        head_dim=head_dim, causal=int(causal), p_scale=0, p_rounding=0, dq_accum=0, deterministic=0, packed=0, tune=0
-    )
+        head_dim=head_dim, causal=int(causal), p_scale=0, p_rounding=0, dq_accum=0, deterministic=0, packed=0,
+        broadcast_q=0, tune=0,
+    )  # fmt: skip
     v1 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=13)
     assert v1.dq_store == "bulk" and not v1.smem_stats  # the v1 production, kept as a tuning
+    # broadcast_query_attention's variant: the production schedule with the Q coordinate at batch 0
+    bq = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, broadcast_q=True)
+    assert bq.name == v.name + "_bcastq" and bq == dataclasses.replace(v, broadcast_q=True)
 
 
 def test_uncovered_arguments_find_nothing():

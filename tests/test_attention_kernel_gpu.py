@@ -147,7 +147,7 @@ def test_scheduling_variants_are_bit_identical(h, causal):
     variants = [
         v
         for v in registry.ATTENTION_FWD_VARIANTS
-        if (v.head_dim, v.causal, v.packed, v.p_scale) == (h, causal, False, "const")
+        if (v.head_dim, v.causal, v.packed, v.p_scale, v.broadcast_q) == (h, causal, False, "const", False)
     ]
     production = registry.find(registry.AttentionFwdConfig, head_dim=h, causal=causal, p_scale="const", packed=False)
     tunes = sorted(v.tune for v in variants if v.poly_exp2 == 0 and v.pv_fp32 == production.pv_fp32)

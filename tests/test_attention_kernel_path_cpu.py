@@ -81,7 +81,7 @@ def test_residuals_and_producer_equal_head_major_path(case):
     # Each path runs under one jit (eager dispatch compiled ~1800 small programs: ~40 s per case on CI).
     @jax.jit
     def cuda_path(q, k, v, q_len, kv_len):
-        qc = attn_ops._quantize_operands(st_c, q, k, v, q_len, kv_len)
+        qc = attn_ops.quantize_operands(st_c, q, k, v, q_len, kv_len)
         ops = tuple(attn_ops._operand(st_c, qc, key, q_len, kv_len) for key in keys)
         seq = [attn_ops.kernel_operand(qc, key, q_len if key == "q:square" else kv_len) for key in keys]
         got = operands.prepare_sequence_major(*seq, scale=0.125, q_len=q_len, kv_len=kv_len, path="emulated")
@@ -89,7 +89,7 @@ def test_residuals_and_producer_equal_head_major_path(case):
 
     @jax.jit
     def xla_path(q, k, v, q_len, kv_len):
-        qx = attn_ops._quantize_operands(st_x, q, k, v, q_len, kv_len)
+        qx = attn_ops.quantize_operands(st_x, q, k, v, q_len, kv_len)
         ops = tuple(attn_ops._operand(st_x, qx, key, q_len, kv_len) for key in keys)
         b, n_kv, g, t, h = qx["q:square"].shape
         qh = qx["q:square"]

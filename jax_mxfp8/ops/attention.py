@@ -186,7 +186,7 @@ def square_sequence_major(x: jax.Array, lengths: jax.Array | None, scale_roundin
     return MXArray(a.data.reshape(b, length, n, h), a.scale.reshape(b, length // 32, n, h // 32), (-3, -1), "square")
 
 
-def _quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
+def quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
     """Quantizes every (operand, layout) pair the config needs, once each (the custom_vjp residuals).
 
     Residuals are head-major, except on the kernel path, where the square-block residuals stay sequence-major
@@ -261,8 +261,11 @@ def kernel_operand(quants, key: str, lengths) -> MXArray:
     return MXArray(data, scale, x.axes, x.block)
 
 
-def _fwd_kernel(static: AttentionStatic, quants, q_len, kv_len):
-    """Forward on the Hopper kernel: the producer pass on the sequence-major square MXArrays, then the kernel."""
+def fwd_kernel(static: AttentionStatic, quants, q_len, kv_len, broadcast_q: bool = False):
+    """Forward on the Hopper kernel: the producer pass on the sequence-major square MXArrays, then the kernel.
+
+    broadcast_q: the query residuals hold one batch row for all of k's (ops/broadcast_attention.py); the
+    kernel reads it at batch 0 (q_len (B,) must be given)."""
     keys = operand_keys(static)
     q = kernel_operand(quants, keys["q_s"], q_len)
     ops = prepare_sequence_major(
@@ -281,15 +284,24 @@ def _fwd_kernel(static: AttentionStatic, quants, q_len, kv_len):
         p_scale=static.config.p_scale,
         p_rounding=static.config.scale_rounding,
         path=static.impl,
+        broadcast_q=broadcast_q,
     )
     return o.astype(static.out_dtype), lse  # the kernel writes O in BTNH
 
 
 def mx_attention_fwd(static: AttentionStatic, q, k, v, bias, mask, q_len, kv_len):
-    quants = _quantize_operands(static, q, k, v, q_len, kv_len)
+    quants = quantize_operands(static, q, k, v, q_len, kv_len)
+    return forward_from_quants(static, quants, bias, mask, q_len, kv_len)
+
+
+def forward_from_quants(static: AttentionStatic, quants, bias, mask, q_len, kv_len):
+    """The forward on already quantized operands (quantize_operands' dict): ((o, lse), residuals).
+
+    Separate from the quantization so that ops/broadcast_attention.py can quantize one query sequence once
+    and hand its MXArrays broadcast over the batch (an FP8 broadcast, not a tiled float query)."""
     keys = operand_keys(static)
     if static.kernel_path:
-        o, lse = _fwd_kernel(static, quants, q_len, kv_len)
+        o, lse = fwd_kernel(static, quants, q_len, kv_len)
         return (o, lse), (quants, o, lse, bias, mask, q_len, kv_len)
     qs = _operand(static, quants, keys["q_s"], q_len, kv_len)
     ks = _operand(static, quants, keys["k_s"], q_len, kv_len)

@@ -1,7 +1,8 @@
 """dot_product_attention's backward on the Hopper kernel path (the custom_vjp's bwd when the forward ran the kernel).
 
-  backward_variant(static, head_dim) -> (variant | None, why)      whether the backward takes the kernel
-  kernel_backward(static, variant, res, cts) -> (dq, dk, dv, None, None, None, None)
+  backward_variant(static, head_dim, broadcast_q=False) -> (variant | None, why)   whether the backward takes
+                                                                                    the kernel
+  kernel_backward(static, variant, res, cts, broadcast_q=False) -> (dq, dk, dv, None, None, None, None)
 
 Dataflow (/work/coord/ATTN_BWD_INTERFACE.md): the forward's residuals (sequence-major square MXArrays q, k,
 v; O (B, T, N, H); LSE (B, N, T)) and the cotangents (dO, dLSE) -> dO square-quantized (the CUDA square
@@ -29,7 +30,7 @@ OP = "dot_product_attention_bwd"
 _warned: set[str] = set()
 
 
-def backward_variant(static: dense.AttentionStatic, head_dim: int):
+def backward_variant(static: dense.AttentionStatic, head_dim: int, broadcast_q: bool = False):
     """(the backward kernel variant, None) when the backward takes the kernel path, else (None, why not).
 
     It does when the forward took the kernel path (static.kernel_path), a variant covers (head_dim,
@@ -48,6 +49,7 @@ def backward_variant(static: dense.AttentionStatic, head_dim: int):
         p_rounding=cfg.scale_rounding,
         dq_accum=cfg.dq_accum,
         deterministic=cfg.deterministic,
+        broadcast_q=broadcast_q,
     )
     if variant is not None and static.impl == "cuda" and variant.name not in {n for n, _ in library.kernel_names()}:
         variant, why = None, f"the kernel library has no {variant.name} (rebuild it: tools/build_library.py)"
@@ -64,11 +66,13 @@ def backward_variant(static: dense.AttentionStatic, head_dim: int):
     return variant, why
 
 
-def kernel_backward(static: dense.AttentionStatic, variant, res, cts):
+def kernel_backward(static: dense.AttentionStatic, variant, res, cts, broadcast_q: bool = False):
     """The custom_vjp bwd on the kernel (see the module docstring); returns mx_attention_bwd's 7 cotangents.
 
     res, cts: mx_attention_fwd's residuals (quants, o, lse, bias, mask, q_len, kv_len) with bias and mask
     None (the kernel path has neither), and the cotangents (dO (B, T, N, H), dLSE (B, N, T)).
+    broadcast_q (ops/broadcast_attention.py, with a broadcast_q variant): the query residuals hold batch 1
+    for all B rows; dq comes back per batch row, (B, T, N, H).
     """
     quants, o, lse, bias, mask, q_len, kv_len = res
     if bias is not None or mask is not None:  # kernel_unsupported keeps them off the kernel path
@@ -79,7 +83,7 @@ def kernel_backward(static: dense.AttentionStatic, variant, res, cts):
     k = dense.kernel_operand(quants, keys["k_s"], kv_len)
     v = dense.kernel_operand(quants, keys["v_dp"], kv_len)
     do_q = dense.square_sequence_major(do, q_len, static.config.scale_rounding, static.impl)
-    ops = abwd.bwd_operands(q, k, v, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len)
+    ops = abwd.bwd_operands(q, k, v, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len, broadcast_q=broadcast_q)
     e = static.config.dq_fp16_scale_log2
     dq, dk, dv = abwd.attention_bwd(ops, variant=variant, scale=static.scale, dq_scale_log2=e, path=static.impl)
     t, s = q.shape[1], k.shape[1]

@@ -20,6 +20,9 @@ backward"), so the emulation is the contract itself: reference/attention_bwd.py'
 run on these operands, which equals the reference backward on the same values bit for bit. Under jit with
 sharded operands the call partitions over batch and KV-head groups like the forward (attention_fwd.py);
 sequences and head_dim are replicated. Under vmap the mapped axis joins the batch.
+broadcast_q variants (broadcast_query_attention): q (1, N, Tp, H) is one query sequence for all B batch rows;
+the kernel loads it at batch 0, the emulation broadcasts it; dq stays (B, N, Tp, H) (the caller sums it); q's
+batch factor is its own (replicated) and vmap maps the call.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def kernel_variant(
     dq_accum: str = "fp32",
     deterministic: bool = False,
     packed: bool = False,
+    broadcast_q: bool = False,
     tune: int = 0,
 ) -> tuple[registry.AttentionBwdConfig | None, str | None]:
     """(the registry variant, None) when a backward kernel covers these arguments, else (None, why not).
@@ -70,6 +74,7 @@ def kernel_variant(
         raise ValueError(f"dq_accum={dq_accum!r} is not one of {DQ_ACCUMS}")
     fields = dict(head_dim=head_dim, causal=bool(causal), p_scale=p_scale, p_rounding=p_rounding)
     fields.update(dq_accum=dq_accum, deterministic=bool(deterministic), packed=bool(packed))
+    fields.update(broadcast_q=bool(broadcast_q))
     variant = registry.find(registry.AttentionBwdConfig, **fields, tune=tune)
     if variant is None:
         args = ", ".join(f"{k}={v!r}" for k, v in {**fields, "tune": tune}.items())
@@ -131,6 +136,7 @@ def bwd_operands(
     *,
     q_len: jax.Array | None,
     kv_len: jax.Array | None,
+    broadcast_q: bool = False,
 ) -> BwdOperands:
     """The backward's pre-pass (XLA; one elementwise + transpose + pad fusion per operand).
 
@@ -142,8 +148,11 @@ def bwd_operands(
       do: (B, T, N, H) the unquantized output cotangent; o: (B, T, N, H) the forward's output.
       lse: (B, N, T) float32, the forward's LSE; dlse: its cotangent (B, N, T) or None.
       q_len, kv_len: (B,) int32 or None (= T, S).
+      broadcast_q: q (and nothing else) has batch 1, one query sequence for all B rows; q_len must then be
+        the same for every row (its first entry zeroes q's rows). The operands' q keeps batch 1.
     """
-    b, t, n, h = q.shape
+    _, t, n, h = q.shape
+    b = do.shape[0]
     s = k.shape[1]
     tp, sp = round_up(t, TILE_M), round_up(s, TILE_N)
     keep_q, keep_k = _keep_rows(t, q_len), _keep_rows(s, kv_len)
@@ -156,7 +165,7 @@ def bwd_operands(
     ql = jnp.full((b,), t, jnp.int32) if q_len is None else q_len.astype(jnp.int32)
     kl = jnp.full((b,), s, jnp.int32) if kv_len is None else kv_len.astype(jnp.int32)
     return BwdOperands(
-        q=_operand(q, keep_q, tp),
+        q=_operand(q, keep_q[:1] if broadcast_q and keep_q is not None else keep_q, tp),
         k=_operand(k, keep_k, sp),
         v=_operand(v, keep_k, sp),
         do=_operand(do_q, keep_q, tp),
@@ -213,10 +222,10 @@ class AttentionBwdCall:
         return jnp.float16 if self.variant.dq_accum == "fp16" else jnp.float32
 
 
-def _outputs(call: AttentionBwdCall, q, k, *rest):
-    b, n, tp, _ = q.shape
+def _outputs(call: AttentionBwdCall, q, k, v, do, *rest):
+    b, n, tp, _ = do.shape  # q's shape with the batch of k (broadcast_q: q has batch 1)
     return (
-        jax.ShapeDtypeStruct(q.shape, call.dq_dtype),
+        jax.ShapeDtypeStruct(do.shape, call.dq_dtype),
         jax.ShapeDtypeStruct(k.shape, jnp.float32),
         jax.ShapeDtypeStruct(k.shape, jnp.float32),
         jax.ShapeDtypeStruct((b, n, tp // 32), jnp.int32),
@@ -227,6 +236,8 @@ def _emulation(call: AttentionBwdCall, q, k, v, do, lse, delta, lens):
     var = call.variant
     p_scale, p_rounding = p_options(var.p_scale, var.p_rounding)
     e = call.dq_scale_log2
+    if var.broadcast_q:  # the kernel loads batch 0's Q for every batch row: the values of a broadcast copy
+        q = jnp.broadcast_to(q, do.shape)
     dq, dk, dv = emulate_bwd(
         BwdOperands(q, k, v, do, lse, delta, lens),
         causal=var.causal,
@@ -271,11 +282,12 @@ def _sharding(call: AttentionBwdCall) -> ShardingRule:
         n, sizes = "g", ()
     else:
         n, sizes = "(k g)", (("g", call.group),)
+    qb = "a" if call.variant.broadcast_q else "b"  # broadcast_q: the one query row, whole on every device
     return ShardingRule(
-        operands=(f"b {n} t h", "b k s h", "b k s h", f"b {n} t h", f"b {n} t", f"b {n} t", "l b"),
+        operands=(f"{qb} {n} t h", "b k s h", "b k s h", f"b {n} t h", f"b {n} t", f"b {n} t", "l b"),
         results=(f"b {n} t h", "b k s h", "b k s h", f"b {n} u"),
         factor_sizes=sizes,
-        replicated=("g", "t", "h", "s", "l", "u"),
+        replicated=("a", "g", "t", "h", "s", "l", "u"),
     )
 
 
@@ -294,6 +306,9 @@ ATTENTION_BWD = FfiOp(
 )
 """(q, k, v, do, lse, delta, lens) -> (dq, dk, dv, dq_sem); shapes in the module docstring and
 csrc/attention_bwd.cc."""
+
+ATTENTION_BWD_BROADCAST_Q = dataclasses.replace(ATTENTION_BWD, batch_dims=None, result_batch_dims=None)
+"""The same target for the broadcast_q variants: q has batch 1, so vmap maps the call."""
 
 
 def attention_bwd(
@@ -321,10 +336,13 @@ def attention_bwd(
     e = int(dq_scale_log2) if fp16 else 0
     n_kv = ops.k.shape[1]
     call = AttentionBwdCall(variant, float(scale), ops.q.shape[1] // n_kv, n_kv, e)
+    op = ATTENTION_BWD_BROADCAST_Q if variant.broadcast_q else ATTENTION_BWD
+    if variant.broadcast_q and ops.q.shape[0] != 1:
+        raise ValueError(f"a broadcast_q variant takes q of batch 1; got {ops.q.shape}")
     if out is None:
-        dq, dk, dv, _ = ATTENTION_BWD.call(call, path, *ops.args())
+        dq, dk, dv, _ = op.call(call, path, *ops.args())
     else:
-        dq, dk, dv, _ = ATTENTION_BWD.ffi_into(call, ops.args(), out)
+        dq, dk, dv, _ = op.ffi_into(call, ops.args(), out)
     if fp16:
         dq = dq.astype(jnp.float32) * jnp.float32(2.0**-e)
     return dq, dk, dv

@@ -1,7 +1,8 @@
 """FFI-backed Hopper MXFP8 attention forward (layer 5): the kernel calls, dense and packed.
 
-  kernel_variant(head_dim=, causal=, p_scale=, p_rounding=, packed=, tune=) -> (AttentionFwdConfig | None, why)
-  attention_fwd(ops, *, causal, t, p_scale, p_rounding, tune=0, out=None, path="cuda") -> (o (B, T, N, H), lse)
+  kernel_variant(head_dim=, causal=, p_scale=, p_rounding=, packed=, broadcast_q=, tune=) -> (variant | None, why)
+  attention_fwd(ops, *, causal, t, p_scale, p_rounding, tune=0, out=None, path="cuda", broadcast_q=False)
+      -> (o (B, T, N, H), lse)
   attention_fwd_packed(ops, work, *, causal, p_scale, p_rounding, tune=0, out=None, path="cuda") -> (o, lse)
 
 Operands come from the producer pass (attention_operands.py); the kernel is
@@ -10,6 +11,9 @@ attention_emulation.py (path "emulated" runs that instead of the FFI call, throu
 and batching). Under jit with sharded operands the calls partition over batch and KV-head groups (heads
 shard as whole KV groups: query head n = kv * G + g); sequences and head_dim are replicated (each device
 runs whole sequences). Under vmap the mapped axis joins the batch (dense); the packed call maps over it.
+broadcast_q (broadcast_query_attention): ops.q / ops.qs hold ONE batch row that every batch row of k, v
+attends with; the kernel reads it at batch 0 (no tiled copy), the emulation broadcasts it; its batch factor
+is its own (size 1, replicated) and vmap maps the call.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def kernel_variant(
     p_scale: str = "const",
     p_rounding: str = "up",
     packed: bool = False,
+    broadcast_q: bool = False,
     tune: int = 0,
 ) -> tuple[registry.AttentionFwdConfig | None, str | None]:
     """(the registry variant, None) when a kernel covers these arguments, else (None, why not).
@@ -45,8 +50,11 @@ def kernel_variant(
     find = lambda **kw: registry.find(registry.AttentionFwdConfig, head_dim=head_dim, causal=bool(causal), **kw)
     if find(p_scale="const", p_rounding="up", packed=False) is None:
         return None, f"no attention kernel for head_dim={head_dim} (the kernel covers 64 and 128)"
-    variant = find(p_scale=p_scale, p_rounding=p_rounding, packed=bool(packed), tune=tune)
-    if variant is None and find(p_scale=p_scale, p_rounding=p_rounding, packed=bool(packed)) is not None:
+    if broadcast_q and packed:
+        return None, "broadcast_q runs on the dense (padded batch) kernel, not the packed one"
+    kind = dict(p_scale=p_scale, p_rounding=p_rounding, packed=bool(packed), broadcast_q=bool(broadcast_q))
+    variant = find(**kind, tune=tune)
+    if variant is None and find(**kind) is not None:
         return None, f"no attention kernel tuning {tune} for these arguments"
     if variant is None:
         return None, (
@@ -66,16 +74,20 @@ class AttentionFwdCall:
     n_kv: int  # K
 
 
-def _outputs(call: AttentionFwdCall, q, *rest):
-    """o (B, Tp, N, H) bfloat16 (the caller's layout) and lse (B, N, Tp) float32, for Q' (B, N, Tp, H)."""
-    b, n, tp, h = q.shape
+def _outputs(call: AttentionFwdCall, q, k, *rest):
+    """o (B, Tp, N, H) bfloat16 (the caller's layout) and lse (B, N, Tp) float32, for Q' (B, N, Tp, H) (or
+    (1, N, Tp, H) with broadcast_q) and K' (B, K, Sp, H)."""
+    _, n, tp, h = q.shape
+    b = k.shape[0]
     return jax.ShapeDtypeStruct((b, tp, n, h), jnp.bfloat16), jax.ShapeDtypeStruct((b, n, tp), jnp.float32)
 
 
 def _emulation(call: AttentionFwdCall, q, k, vt, qs, ks, vs, vi, *tables):
     """The same contract as the kernel call, computed by emulate_fwd / emulate_packed_fwd."""
-    ops = AlignedOperands(q, k, vt, qs, ks, vs, vi, tables[0])
     v = call.variant
+    if v.broadcast_q:  # the kernel reads batch 0 for every batch row: the same values as a broadcast copy
+        q, qs = (jnp.broadcast_to(x, (k.shape[0],) + x.shape[1:]) for x in (q, qs))
+    ops = AlignedOperands(q, k, vt, qs, ks, vs, vi, tables[0])
     p = dict(p_scale=v.p_scale, p_rounding=v.p_rounding)
     if v.packed:
         o, lse = emulate_packed_fwd(ops, causal=v.causal, **p)
@@ -95,11 +107,12 @@ def _sharding(call: AttentionFwdCall) -> ShardingRule:
     else:
         n, sizes = "(k g)", (("g", call.group),)
     tables = ("l z", "y x") if call.variant.packed else ("l b",)
+    qb = "a" if call.variant.broadcast_q else "b"  # broadcast_q: the one query row, whole on every device
     return ShardingRule(
-        operands=(f"b {n} t h", "b k s h", "b k h s", f"b {n} u", "b k v", "b k w", "b k w", *tables),
+        operands=(f"{qb} {n} t h", "b k s h", "b k h s", f"{qb} {n} u", "b k v", "b k w", "b k w", *tables),
         results=(f"b t {n} h", f"b {n} t"),
         factor_sizes=sizes,
-        replicated=("g", "t", "h", "s", "u", "v", "w", "l", "z", "y", "x"),
+        replicated=("a", "g", "t", "h", "s", "u", "v", "w", "l", "z", "y", "x"),
     )
 
 
@@ -114,6 +127,9 @@ ATTENTION_FWD = FfiOp(
 )
 """(q, k, vt, qs, ks, vs, vi, lens) -> (o, lse); shapes in csrc/attention_fwd.cc."""
 
+ATTENTION_FWD_BROADCAST_Q = dataclasses.replace(ATTENTION_FWD, batch_dims=None, result_batch_dims=None)
+"""The same target for the broadcast_q variants: q and qs have batch 1, so vmap maps the call."""
+
 ATTENTION_FWD_PACKED = FfiOp(
     target="jax_mxfp8_attention_fwd_packed",
     outputs=_outputs,
@@ -125,10 +141,11 @@ ATTENTION_FWD_PACKED = FfiOp(
 """(q, k, vt, qs, ks, vs, vi, seqs, work) -> (o, lse) over packed sequences (B = 1)."""
 
 
-def _call(ops: AlignedOperands, packed: bool, causal: bool, p_scale: str, p_rounding: str, tune: int):
+def _call(ops: AlignedOperands, packed: bool, causal: bool, p_scale: str, p_rounding: str, tune: int, bq=False):
     variant, why = kernel_variant(
-        head_dim=ops.q.shape[-1], causal=causal, p_scale=p_scale, p_rounding=p_rounding, packed=packed, tune=tune
-    )
+        head_dim=ops.q.shape[-1], causal=causal, p_scale=p_scale, p_rounding=p_rounding, packed=packed, tune=tune,
+        broadcast_q=bq,
+    )  # fmt: skip
     if variant is None:
         raise ValueError(why)
     n_kv = ops.k.shape[1]
@@ -145,6 +162,7 @@ def attention_fwd(
     tune: int = 0,
     out: tuple[jax.Array, jax.Array] | None = None,
     path: str = "cuda",
+    broadcast_q: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Runs the kernel. Returns o (B, T, N, H) bfloat16 and lse (B, N, T) float32 (padding rows dropped).
 
@@ -152,14 +170,18 @@ def attention_fwd(
     "floor", AttentionConfig.scale_rounding; ignored for "const"). tune: a benchmark-only tuning variant.
     out: optional (o (B, Tp, N, H) bfloat16, lse (B, N, Tp) float32) buffers the kernel writes into
     (aliased; tests pass NaN-filled ones to check that every element is written). path "emulated" runs
-    the emulation through the same partitioning and batching (CPU tests).
+    the emulation through the same partitioning and batching (CPU tests). broadcast_q: ops.q (1, N, Tp, H)
+    and ops.qs (1, N, Tp/32) are one query sequence for all B batch rows of k, v (module docstring).
     """
     args = (ops.q, ops.k, ops.vt, ops.qs, ops.ks, ops.vs, ops.vi, ops.lens)
-    call = _call(ops, False, causal, p_scale, p_rounding, tune)
+    call = _call(ops, False, causal, p_scale, p_rounding, tune, broadcast_q)
+    op = ATTENTION_FWD_BROADCAST_Q if broadcast_q else ATTENTION_FWD
+    if broadcast_q and (ops.q.shape[0] != 1 or ops.qs.shape[0] != 1):
+        raise ValueError(f"broadcast_q takes q and qs of batch 1; got q {ops.q.shape}, qs {ops.qs.shape}")
     if out is None:
-        o, lse = ATTENTION_FWD.call(call, path, *args)
+        o, lse = op.call(call, path, *args)
     else:
-        o, lse = ATTENTION_FWD.ffi_into(call, args, out)
+        o, lse = op.ffi_into(call, args, out)
     return o[:, :t], lse[:, :, :t]
 
 

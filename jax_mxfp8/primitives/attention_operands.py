@@ -206,9 +206,11 @@ def prepare_sequence_major(
     The exponent arithmetic runs in XLA on the scales; the FP8 data is re-encoded and transposed to the
     kernel's layouts by the realign kernel (kernels/sm90/attention_realign.py), one read and one write per
     byte. path="emulated" runs that call's XLA emulation through the same partitioning (CPU tests).
+    q may hold one batch row for all of k's (broadcast_q, primitives/attention_fwd.py): its operands then
+    keep batch 1 and q_len must be given (B,).
     """
-    b, t, n, h = q.shape
-    s = k.shape[1]
+    _, t, n, h = q.shape
+    b, s = k.shape[:2]
     tp, sp = round_up(t, TILE_M), round_up(s, TILE_N)
     eq, nq, shq, nanq = row_exponents(_head_major_scale(q, tp))
     ek, nk, shk, nank = row_exponents(_head_major_scale(k, sp))

@@ -45,12 +45,14 @@ class AttentionFwdConfig(KernelConfig):
       packed: packed jagged sequences (varlen): one batch row holds every sequence, each starting on a
         128-row tile, and the grid runs a work list of (sequence, query tile) items instead of the padded
         (B, Tp) grid.
+      broadcast_q: one query sequence for every batch row (broadcast_query_attention): q and qs hold batch 1
+        and every CTA reads its head's Q tile and Q scales at batch 0; O and LSE stay per batch row.
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
     """
 
     op = "attention_fwd"
     kernels = {"sm_90a": "jax_mxfp8.kernels.sm90.attention_fwd:make_kernel"}  # wgmma: Hopper only
-    key_fields = ("head_dim", "causal", "p_scale", "p_rounding", "packed")
+    key_fields = ("head_dim", "causal", "p_scale", "p_rounding", "packed", "broadcast_q")
     codes = {"p_scale": P_SCALE_CODE, "p_rounding": ROUNDING_CODE}
 
     head_dim: int = 128
@@ -63,11 +65,14 @@ class AttentionFwdConfig(KernelConfig):
     pv_fp32: bool = True
     poly_exp2: int = 0
     packed: bool = False
+    broadcast_q: bool = False
     tune: int = 0
 
     def __post_init__(self):
         if self.head_dim not in (64, 128):
             raise ValueError(f"head_dim={self.head_dim} not in (64, 128)")
+        if self.broadcast_q and self.packed:
+            raise ValueError("broadcast_q is a dense-batch variant (packed=False)")
         if not 2 <= self.kv_stage <= 12 or self.kv_stage % 2:
             raise ValueError(f"kv_stage={self.kv_stage} must be even in [2, 12]")
         if self.pingpong and not self.overlap:
@@ -88,6 +93,8 @@ class AttentionFwdConfig(KernelConfig):
             base += "_pblock" if self.p_rounding == "up" else f"_pblock_{self.p_rounding}"
         if self.packed:
             base += "_packed"
+        if self.broadcast_q:
+            base += "_bcastq"
         if self.pv_fp32 != (self.head_dim == 64):  # not the production accumulation (see _pv_fp32)
             base += "_pvfp32" if self.pv_fp32 else "_pvchain"
         return f"{base}_t{self.tune}" if self.tune else base
@@ -167,12 +174,19 @@ _ATTENTION_FWD_CONST: tuple[AttentionFwdConfig, ...] = (
 # per row-tile cannot reproduce that rule's saturation of P elements (a 32-key block whose amax has a
 # mantissa >= 1.75 clips it to 448 * 2^(floor(log2 amax) - 8)): 36.8-40.5 dB from the reference, below the
 # 40 dB gate (docs/numerics.md), so "floor" takes the XLA path.
-# Packed sequences (varlen_attention): the production scheduling with either P scale.
+# Packed sequences (varlen_attention): the production scheduling with either P scale. One query sequence
+# broadcast over the batch (broadcast_query_attention): the production dense scheduling with either P scale.
 ATTENTION_FWD_VARIANTS: tuple[AttentionFwdConfig, ...] = _ATTENTION_FWD_CONST + tuple(
-    dataclasses.replace(v, p_scale=p_scale, packed=packed)
+    dataclasses.replace(v, p_scale=p_scale, packed=packed, broadcast_q=bcast)
     for v in _ATTENTION_FWD_CONST
     if v.tune == 0
-    for p_scale, packed in (("block", False), ("const", True), ("block", True))
+    for p_scale, packed, bcast in (
+        ("block", False, False),
+        ("const", True, False),
+        ("block", True, False),
+        ("const", False, True),
+        ("block", False, True),
+    )
 )
 ATTENTION_REALIGN_VARIANTS: tuple[AttentionRealignConfig, ...] = tuple(
     AttentionRealignConfig(head_dim=h, operand=o) for h, o in itertools.product((64, 128), ("rows", "v"))

@@ -57,12 +57,15 @@ class AttentionBwdConfig(KernelConfig):
         at H64) or "own" (each consumer over its own 64 keys, all head-dim columns: only a 128-thread
         barrier per consumer, so the two consumers run independently; twice the dQ reductions into dq).
         "own" needs overlap 0, and dq_store "red" at head_dim 128 (the bulk path stages 64 columns).
+      broadcast_q: one query sequence for every batch row (broadcast_query_attention): q holds batch 1 and
+        the producer loads each query head's Q tiles at batch 0; dO, LSE, delta and dq stay per batch row
+        (the caller sums dq over the batch).
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
     """
 
     op = "attention_bwd"
     kernels = {"sm_90a": "jax_mxfp8.kernels.sm90.attention_bwd:make_kernel"}  # wgmma: Hopper only
-    key_fields = ("head_dim", "causal", "p_scale", "p_rounding", "dq_accum", "deterministic", "packed")
+    key_fields = ("head_dim", "causal", "p_scale", "p_rounding", "dq_accum", "deterministic", "packed", "broadcast_q")
     codes = {"p_scale": P_SCALE_CODE, "p_rounding": ROUNDING_CODE, "dq_accum": DQ_ACCUM_CODE}
 
     head_dim: int = 128
@@ -80,6 +83,7 @@ class AttentionBwdConfig(KernelConfig):
     stats_early: bool = False
     dq_red_width: int = 1
     dq_keys: str = "cta"
+    broadcast_q: bool = False
     tune: int = 0
 
     def __post_init__(self):
@@ -141,6 +145,8 @@ class AttentionBwdConfig(KernelConfig):
     def name(self) -> str:
         base = f"attention_bwd_h{self.head_dim}{'_causal' if self.causal else ''}"
         base += ("_fp16" if self.dq_accum == "fp16" else "") + ("_det" if self.deterministic else "")
+        if self.broadcast_q:
+            base += "_bcastq"
         return f"{base}_t{self.tune}" if self.tune else base
 
 
@@ -215,15 +221,24 @@ DQ_MODES: tuple[dict, ...] = (
     dict(dq_accum="fp16", deterministic=True),
 )
 
-ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = tuple(
-    AttentionBwdConfig(head_dim=h, causal=c, tune=tune, **tuning_fields(tune, h))
-    for h in (128, 64)
-    for c in (False, True)
-    for tune, _ in TUNINGS
-    if tuning_fields(tune, h) is not None
-) + tuple(
-    AttentionBwdConfig(head_dim=h, causal=c, dq_store="red", **mode)
-    for h in (128, 64)
-    for c in (False, True)
-    for mode in DQ_MODES
+# broadcast_q (broadcast_query_attention): the production schedule only.
+ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = (
+    tuple(
+        AttentionBwdConfig(head_dim=h, causal=c, tune=tune, **tuning_fields(tune, h))
+        for h in (128, 64)
+        for c in (False, True)
+        for tune, _ in TUNINGS
+        if tuning_fields(tune, h) is not None
+    )
+    + tuple(
+        AttentionBwdConfig(head_dim=h, causal=c, dq_store="red", **mode)
+        for h in (128, 64)
+        for c in (False, True)
+        for mode in DQ_MODES
+    )
+    + tuple(
+        AttentionBwdConfig(head_dim=h, causal=c, broadcast_q=True, **PRODUCTION[h])
+        for h in (128, 64)
+        for c in (False, True)
+    )
 )

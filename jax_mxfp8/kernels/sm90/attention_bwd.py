@@ -3,8 +3,9 @@
 Supported (kernels/registry/attention_bwd.py, AttentionBwdConfig): head_dim 64 and 128; non-causal or causal
 (top-left); GQA/MQA (query head n reads KV head n // G); per-batch query and KV lengths (dense padded batch);
 p_scale "const"; dq_accum "fp32" and "fp16" (dQ * 2^e in float16), deterministic or not (the dQ modes:
-kernels/sm90/attention_bwd_dq.py). Not here (the XLA reference takes them): p_scale "block", packed
-sequences, bias / boolean masks.
+kernels/sm90/attention_bwd_dq.py); one query sequence for every batch row (config.broadcast_q: q of batch 1,
+loaded by the producer at batch 0; dO, LSE, delta, dq per row). Not here (the XLA reference takes them):
+p_scale "block", packed sequences, bias / boolean masks.
 
 Operands (the FFI call jax_mxfp8_attention_bwd, /work/coord/ATTN_BWD_INTERFACE.md; the handler passes
 each (B, heads, L, H) buffer as a 2-D (B * heads, L * H) row-major view, so the kernel reads N, K, Tp, Sp
@@ -296,6 +297,9 @@ class AttentionBackwardSm90:
         """launch's body (traced inside launch / launch_dq); sem, dq_scale None outside the dQ modes."""
         h = self.h
         bn = q2.shape[0]
+        q_heads = bn
+        if cutlass.const_expr(self.config.broadcast_q):
+            bn = do2.shape[0]  # q holds one batch row (N heads); dO, dq, LSE and delta have B * N
         tp = q2.shape[1] // h
         bk = k2.shape[0]
         sp = k2.shape[1] // h
@@ -303,7 +307,7 @@ class AttentionBackwardSm90:
         def rows(x, length, heads):  # (rows, H, heads) view of a (heads, rows * H) buffer
             return cute.make_tensor(x.iterator, cute.make_layout((length, h, heads), stride=(h, 1, length * h)))
 
-        q, do, dq = rows(q2, tp, bn), rows(do2, tp, bn), rows(dq2, tp, bn)
+        q, do, dq = rows(q2, tp, q_heads), rows(do2, tp, bn), rows(dq2, tp, bn)
         k, v, dk, dv = rows(k2, sp, bk), rows(v2, sp, bk), rows(dk2, sp, bk), rows(dv2, sp, bk)
 
         sdp_mma, dkv_mma, dq_mma = self._sdp_mma(), self._dkv_mma(), self._dq_mma()
@@ -458,7 +462,10 @@ class AttentionBackwardSm90:
                 g = i // n_m
                 m = m_start + i - g * n_m
                 handle = q_prod.acquire_and_advance()
-                cute.copy(tma_q, tQgQ[(None, m, 0, bn0 + g)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                q_head = bn0 + g
+                if cutlass.const_expr(self.config.broadcast_q):
+                    q_head = q_head % mQ.shape[2]  # batch 0's head n: the one query sequence
+                cute.copy(tma_q, tQgQ[(None, m, 0, q_head)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
                 cute.copy(tma_do, tOgO[(None, m, 0, bn0 + g)], tOsO[(None, handle.index)], tma_bar_ptr=handle.barrier)
                 if cutlass.const_expr(self.smem_stats):
                     if cute.arch.lane_idx() == 0:

@@ -6,7 +6,8 @@ Supported features (kernels/registry.py, AttentionFwdConfig):
   (config.packed: one batch row holding every sequence from a 128-row tile boundary, a work list of
   (sequence, query tile) items; ops/varlen_kernel.py); kv tile 128 (= the contract's
   AttentionConfig.kv_tile default, visited in ascending order, as the reference does); p_scale "const"
-  and "block" (scale rule "up"; "floor" is implemented but not registered, see below).
+  and "block" (scale rule "up"; "floor" is implemented but not registered, see below); one query
+  sequence for every batch row (config.broadcast_q: q, qs of batch 1 read at batch 0; O, LSE per row).
   Not here (the XLA reference takes them): bias and boolean masks, causal_safe, p_scale "block" with
   scale_rounding "floor", qkv_blocks "row", other kv tiles, head_dim 256.
 
@@ -231,11 +232,14 @@ class AttentionForwardSm90:
     ):
         h = self.h
         bn = qs.shape[0]
+        q_heads = bn
+        if cutlass.const_expr(self.config.broadcast_q):
+            bn = lse.shape[0]  # q and qs hold one batch row (N heads); the grid and O, LSE have B * N
         bk = ks.shape[0]
         tp = qs.shape[1] * 32
         sp = ks.shape[1] * 32
         # (rows, H, heads) views of the 2-D buffers
-        q = cute.make_tensor(q2.iterator, cute.make_layout((tp, h, bn), stride=(h, 1, tp * h)))
+        q = cute.make_tensor(q2.iterator, cute.make_layout((tp, h, q_heads), stride=(h, 1, tp * h)))
         k = cute.make_tensor(k2.iterator, cute.make_layout((sp, h, bk), stride=(h, 1, sp * h)))
         vt = cute.make_tensor(vt2.iterator, cute.make_layout((h, sp, bk), stride=(sp, 1, sp * h)))
         # O is written in the caller's (B, Tp, N, H) layout: head bn = b * N + n, rows N * H apart
@@ -311,7 +315,9 @@ class AttentionForwardSm90:
                     q_smem, k_smem, v_smem, w,
                 )  # fmt: skip
         else:
-            w = DenseTileScheduler(self.config.causal).work_tile(mLen, mQs.shape[0], mKs.shape[0])
+            # q_heads = B * N: with broadcast_q only LSE (and O) have every batch row's heads
+            q_heads = mLse.shape[0] if cutlass.const_expr(self.config.broadcast_q) else mQs.shape[0]
+            w = DenseTileScheduler(self.config.causal).work_tile(mLen, q_heads, mKs.shape[0])
             self._cta(
                 qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, mQs, mKs, mVs, mVi, mO, mLse, q_smem, k_smem, v_smem, w
             )
@@ -352,14 +358,20 @@ class AttentionForwardSm90:
             cute.arch.setmaxregister_decrease(ws.PRODUCER_REGISTERS)
             if warp == 0:
                 self._produce(
-                    tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_prod, qt0 + m_tile, bn, bkv, kt0, n_tiles
-                )
+                    tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_prod, qt0 + m_tile, self._q_head(bn, mQs),
+                    bkv, kt0, n_tiles,
+                )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(ws.CONSUMER_REGISTERS)
             self._consume(
                 qk_mma, pv_mma, sQ, sK, sV, q_pipe, kv_pipe, mQs, mKs, mVs, mVi, mO, mLse,
                 m_tile, bn, bkv, q_len, kv_len, n_tiles, qt0, kt0, wg - 1, tidx % 128,
             )  # fmt: skip
+
+    def _q_head(self, bn, mQs):
+        """The Q (and qs) head row of CTA head bn = b * N + n: bn itself, or with config.broadcast_q batch 0's
+        head n (mQs then holds the N heads of the one query sequence). Traced inline (a trace-time branch)."""
+        return bn % mQs.shape[0] if self.config.broadcast_q else bn
 
     @cute.jit
     def _produce(self, tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_prod, q_tile, bn, bkv, kt0, n_tiles):
@@ -429,7 +441,7 @@ class AttentionForwardSm90:
         row0 = m_tile * CTA_M + c * TILE_M + (tid // 32) * 16 + lane // 4  # this thread's rows: row0, row0 + 8
         col_in_tile = 2 * (lane % 4)  # + v0 + 8 * nb
         # tau * log2(e) * 2^eQ of the 32-row block holding both rows
-        q_factor = mQs[bn, qt0 * (CTA_M // 32) + row0 // 32]
+        q_factor = mQs[self._q_head(bn, mQs), qt0 * (CTA_M // 32) + row0 // 32]
 
         row_max = cute.make_rmem_tensor((2,), Float32)
         row_sum = cute.make_rmem_tensor((2,), Float32)

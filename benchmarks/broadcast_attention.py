@@ -1,0 +1,111 @@
+"""broadcast_query_attention vs the tiled query (varlen_attention on q tiled B times), forward and forward+backward.
+
+The recommender's case (issue 17): one candidate query sequence (Tq rows) against B user histories packed
+with cu_seqlens_k. Both run on the kernel path ("cuda"; --smoke: tiny shapes on the XLA path, numbers mean
+nothing). The tiled baseline tiles the query inside the timed function, as a caller would. Backward timed
+with a random cotangent (DESIGN.md section 6, benchmarks/timing.py). Prints a table, writes JSON.
+
+  python benchmarks/broadcast_attention.py [--smoke] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import timeit  # noqa: E402
+
+import jax_mxfp8 as mx  # noqa: E402
+
+SHAPES = (  # (B histories, history lengths U[lo, hi], Tq candidates, N, K, H)
+    (64, (512, 4096), 256, 4, 4, 128),
+    (256, (128, 1024), 64, 8, 2, 128),
+    (32, (1024, 8192), 512, 4, 4, 64),
+)
+SMOKE = ((3, (40, 130), 40, 2, 1, 64),)
+
+
+def _inputs(rng, b, lens_range, tq, n, n_kv, h):
+    lens = rng.integers(lens_range[0], lens_range[1] + 1, size=b)
+    tk = int(lens.sum())
+    q = jnp.asarray(rng.standard_normal((tq, n, h)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((tk, n_kv, h)), jnp.bfloat16) for _ in range(2))
+    do = jnp.asarray(rng.standard_normal((b, tq, n, h)), jnp.bfloat16)
+    cu_k = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
+    return q, k, v, do, cu_k, int(lens.max()), lens
+
+
+def _fns(impl: str, b: int, tq: int, max_k: int):
+    cu_q = jnp.arange(b + 1, dtype=jnp.int32) * tq
+
+    def broadcast(q, k, v, cu_k):
+        return mx.broadcast_query_attention(q, k, v, cu_k, max_seqlen_k=max_k, implementation=impl)
+
+    def tiled(q, k, v, cu_k):
+        o = mx.varlen_attention(
+            jnp.tile(q, (b, 1, 1)), k, v, cu_q, cu_k, max_seqlen_q=tq, max_seqlen_k=max_k, implementation=impl
+        )
+        return o.reshape(b, tq, *q.shape[1:])
+
+    def with_bwd(f):
+        def run(q, k, v, do, cu_k):
+            o, vjp = jax.vjp(lambda q, k, v: f(q, k, v, cu_k), q, k, v)
+            return o, vjp(do)
+
+        return jax.jit(run)
+
+    fwd = {"broadcast": jax.jit(broadcast), "tiled": jax.jit(tiled)}
+    fb = {"broadcast": with_bwd(broadcast), "tiled": with_bwd(tiled)}
+    return fwd, fb
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the XLA path (CPU plumbing check)")
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None, help="JSON results")
+    ap.add_argument("--shapes", type=int, default=len(SHAPES), help="run only the first N shapes")
+    args = ap.parse_args(argv)
+    impl = "xla" if args.smoke else "cuda"
+    calls, batches = (1, 1) if args.smoke else (args.calls, args.batches)
+    rng = np.random.default_rng(0)
+    rows = []
+    for b, lens_range, tq, n, n_kv, h in SMOKE if args.smoke else SHAPES[: args.shapes]:
+        q, k, v, do, cu_k, max_k, lens = _inputs(rng, b, lens_range, tq, n, n_kv, h)
+        fwd, fb = _fns(impl, b, tq, max_k)
+        row = dict(b=b, lens_range=list(lens_range), tq=tq, n=n, n_kv=n_kv, h=h, tokens_k=int(lens.sum()))
+        for name in ("broadcast", "tiled"):
+            jax.block_until_ready((fwd[name](q, k, v, cu_k), fb[name](q, k, v, do, cu_k)))  # compile first
+            row[f"{name}_fwd_ms"] = 1e3 * timeit(fwd[name], (q, k, v, cu_k), calls, batches)
+            row[f"{name}_fwd_bwd_ms"] = 1e3 * timeit(fb[name], (q, k, v, do, cu_k), calls, batches)
+        o_b, (dq_b, _, _) = fb["broadcast"](q, k, v, do, cu_k)
+        o_t, (dq_t, _, _) = fb["tiled"](q, k, v, do, cu_k)
+        row["o_bits_equal"] = bool(np.array_equal(np.asarray(o_b, np.float32), np.asarray(o_t, np.float32)))
+        ref = np.asarray(dq_t, np.float64)
+        err = np.asarray(dq_b, np.float64) - ref
+        row["dq_sqnr_db"] = float(10 * np.log10(np.sum(ref**2) / max(np.sum(err**2), 1e-300)))
+        rows.append(row)
+        if args.out:  # after every shape: a run cut short keeps what it measured
+            meta = dict(device=str(jax.devices()[0]), implementation=impl, calls=calls, batches=batches, unit="ms")
+            args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    cols = ("fwd bcast", "fwd tiled", "f+b bcast", "f+b tiled")
+    print(f"{'shape':34} " + " ".join(f"{c:>10}" for c in cols) + f" {'O bits':>7} {'dQ dB':>6}")
+    for r in rows:
+        name = f"B{r['b']} U{r['lens_range']} Tq{r['tq']} N{r['n']}/{r['n_kv']} H{r['h']}"
+        print(
+            f"{name:34} {r['broadcast_fwd_ms']:10.3f} {r['tiled_fwd_ms']:10.3f} {r['broadcast_fwd_bwd_ms']:10.3f} "
+            f"{r['tiled_fwd_bwd_ms']:10.3f} {str(r['o_bits_equal']):>7} {r['dq_sqnr_db']:6.1f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Public MXFP8 attention of ONE query sequence against B key/value sequences (issue 17, LP-FA4 parity).
+
+The recommender's case: one candidate's query rows attend each of B user histories. The semantics are
+those of varlen_attention (or dot_product_attention with lengths) on the query tiled B times, without the
+caller tiling it: the query is quantized once (its MX blocks are the same in every copy, since the blocks
+of a sequence restart at its start) and its FP8 MXArrays are broadcast over the batch; its gradient is the
+sum of the B per-sequence gradients, accumulated in float32 and rounded once to the input dtype.
+
+  broadcast_query_attention(query (Tq, N, H), key, value, cu_seqlens_k=None, *, max_seqlen_k=None,
+                            key_value_seq_lengths=None, ...) -> (B, Tq, N, H)
+
+On the kernel path the forward and backward kernels' `broadcast_q` variants (kernels/registry: the
+production schedules with the Q coordinate at batch 0) read the one query row for every KV sequence: the
+producer pass re-encodes the query once (1, N, Tp, H) and the backward's pre-pass dequantizes it once.
+What is still per sequence: the backward kernel's float32 dq (B, N, Tp, H), summed over B in XLA
+(accumulating across batch rows inside the kernel's dQ reductions would remove it: the dQ store path, not
+changed here); on the XLA path the broadcast FP8 query feeds the reference's dequantize-and-GEMM fusions.
+Packed key/value sequences run on the padded batch (B, ceil32(max_seqlen_k)), as varlen_attention's XLA
+route does (the packed kernel has no broadcast_q variant).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mxfp8.formats.elements import BLOCK_SIZE
+from jax_mxfp8.formats.mxarray import MXArray
+from jax_mxfp8.formats.quantize import check_float32_range
+from jax_mxfp8.ops import attention as dense
+from jax_mxfp8.ops import attention_bwd_kernel as kernel_bwd
+from jax_mxfp8.ops.cotangents import remat_safe
+from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
+from jax_mxfp8.ops.scope import named_op
+from jax_mxfp8.ops.varlen_attention import _check_concrete_lengths, _check_cu, _check_max
+from jax_mxfp8.reference.attention_tiling import round_up
+from jax_mxfp8.reference.varlen import sanitize_offsets, seq_lengths, to_padded
+
+OP = "broadcast_query_attention"
+
+
+def _broadcast_mx(x: MXArray, b: int) -> MXArray:
+    """A batch-1 MXArray (batch axis 0, as every residual layout has) broadcast to batch b (FP8 bytes only)."""
+    grow = lambda a: jnp.broadcast_to(a, (b,) + a.shape[1:])
+    return MXArray(grow(x.data), grow(x.scale), x.axes, x.block)
+
+
+def _broadcast_quants(quants: dict[str, MXArray], b: int) -> dict[str, MXArray]:
+    return {key: _broadcast_mx(x, b) if key[0] == "q" else x for key, x in quants.items()}
+
+
+def _fwd(static: dense.AttentionStatic, q1, k, v, q_len, kv_len):
+    """q1 (1, Tp, N, H); k, v (B, S, K, H); q_len (B,) (all Tq), kv_len (B,) or None -> o (B, Tp, N, H)."""
+    quants = dense.quantize_operands(static, q1, k, v, q_len[:1], kv_len)  # the query once, at batch 1
+    if static.kernel_path:  # the broadcast_q kernel variant reads the one query row for every batch row
+        o, lse = dense.fwd_kernel(static, quants, q_len, kv_len, broadcast_q=True)
+    else:
+        bq = _broadcast_quants(quants, k.shape[0])
+        (o, lse), _ = dense.forward_from_quants(static, bq, None, None, q_len, kv_len)
+    return o, (quants, o, lse, q_len, kv_len)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _broadcast_attention(static: dense.AttentionStatic, q1, k, v, q_len, kv_len):
+    return _fwd(static, q1, k, v, q_len, kv_len)[0]
+
+
+def _bwd(static: dense.AttentionStatic, res, do):
+    """dot_product_attention's backward in float32 (the broadcast_q backward kernel where one covers the
+    call, else on the broadcast residuals); dq summed over the batch."""
+    quants, o, lse, q_len, kv_len = res
+    f32 = dataclasses.replace(static, out_dtype=np.dtype(np.float32))  # out_dtype only casts the cotangents
+    cts = (do, jnp.zeros_like(lse))
+    variant = None
+    if static.kernel_path:
+        variant, _ = kernel_bwd.backward_variant(static, o.shape[-1], broadcast_q=True)
+    if variant is not None:
+        res_kernel = (quants, o, lse, None, None, q_len, kv_len)
+        dq, dk, dv, *_ = kernel_bwd.kernel_backward(f32, variant, res_kernel, cts, broadcast_q=True)
+    else:
+        res_dense = (_broadcast_quants(quants, o.shape[0]), o, lse, None, None, q_len, kv_len)
+        dq, dk, dv, *_ = dense.mx_attention_bwd(f32, res_dense, cts)
+    out = static.out_dtype
+    return jnp.sum(dq, axis=0, keepdims=True).astype(out), dk.astype(out), dv.astype(out), None, None
+
+
+_broadcast_attention.defvjp(*remat_safe(guard_fwd(_fwd, OP, argnums=(1, 2, 3)), guard_bwd(_bwd, OP)))
+_broadcast_jit = jax.jit(_broadcast_attention, static_argnums=(0,))
+
+
+def _check_float(x, name: str, rank: int) -> jax.Array:
+    if isinstance(x, MXArray):
+        raise ValueError(f"{name} must be a float array; broadcast_query_attention takes no MXArrays")
+    check_float32_range(x, name)
+    x = jnp.asarray(x)
+    if x.ndim != rank:
+        raise ValueError(f"{name} must have rank {rank}; got shape {x.shape}")
+    if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype.itemsize < 2:
+        raise ValueError(f"{name} has dtype {x.dtype}; pass float32, bfloat16 or float16")
+    return x
+
+
+def _padded_kv(k, v, cu_seqlens_k, max_seqlen_k, key_value_seq_lengths):
+    """(B, S, K, H) key/value and (B,) lengths or None, from the padded or the packed form."""
+    if cu_seqlens_k is None:
+        if max_seqlen_k is not None:
+            raise ValueError("max_seqlen_k is for packed key/value (with cu_seqlens_k); got padded (B, S, K, H)")
+        k, v = _check_float(k, "key", 4), _check_float(v, "value", 4)
+        s = k.shape[1]
+        if s % BLOCK_SIZE or s == 0:
+            raise ValueError(f"key sequence length S={s} (axis 1) must be a positive multiple of {BLOCK_SIZE}")
+        kv_len = dense._check_lengths(key_value_seq_lengths, "key_value_seq_lengths", k.shape[0])
+        return k, v, kv_len
+    if key_value_seq_lengths is not None:
+        raise ValueError("key_value_seq_lengths is for padded key/value; packed ones take cu_seqlens_k")
+    if max_seqlen_k is None:
+        raise ValueError("packed key/value (cu_seqlens_k given) need max_seqlen_k")
+    k, v = _check_float(k, "key", 3), _check_float(v, "value", 3)
+    cu = _check_cu(cu_seqlens_k, "cu_seqlens_k")
+    max_k = _check_max(max_seqlen_k, "max_seqlen_k")
+    _check_concrete_lengths(cu_seqlens_k, max_k, k.shape[0], "cu_seqlens_k", "max_seqlen_k")
+    if k.shape != v.shape:
+        raise ValueError(f"value must have key's shape {k.shape}; got {v.shape}")
+    cu = sanitize_offsets(cu, k.shape[0])  # as varlen_attention: traced offsets never reach outside the rows
+    kv_len = seq_lengths(cu, max_k)
+    pk = round_up(max_k, BLOCK_SIZE)
+    return to_padded(k, cu, kv_len, pk), to_padded(v, cu, kv_len, pk), kv_len
+
+
+@named_op(OP)
+def broadcast_query_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    cu_seqlens_k: jax.Array | None = None,
+    *,
+    max_seqlen_k: int | None = None,
+    key_value_seq_lengths: jax.Array | None = None,
+    scale: float | None = None,
+    is_causal: bool = False,
+    implementation: str | None = None,
+    config=None,
+) -> jax.Array:
+    """MXFP8 attention of one query sequence against each of B key/value sequences, without tiling the query.
+
+    Equals varlen_attention (and dot_product_attention with lengths) on the query tiled B times, one copy
+    per key/value sequence: the output and dK, dV bit for bit; dQ is the sum over the B sequences of their
+    float32 query gradients, rounded once to the input dtype (tiling and letting autodiff sum the copies'
+    rounded gradients differs from it only by that rounding).
+
+    Args:
+      query: (Tq, N, H) float32/bfloat16/float16, one sequence (any Tq >= 1; padded to a multiple of 32
+        internally, the padding rows masked). H a multiple of 32 up to 256.
+      key, value: the B key/value sequences, either padded (B, S, K, H) (S a multiple of 32) with optional
+        key_value_seq_lengths (B,), or packed (T_total_k, K, H) with cu_seqlens_k (B + 1,) and max_seqlen_k
+        (as varlen_attention's; traced offsets are sanitized the same way). N a multiple of K.
+      scale: softmax scale; default 1 / sqrt(H).
+      is_causal: query row i attends key j <= i of every sequence (top-left aligned).
+      implementation: None, "xla", "emulated" or "cuda", as for dot_product_attention; the kernel path
+        runs the dense kernels on the padded batch (module docstring: what is still per sequence).
+      config: AttentionConfig (default AttentionConfig()).
+
+    Returns:
+      (B, Tq, N, H) in the inputs' dtype: row b is the query's attention over key/value sequence b (0 where
+      that sequence is empty). Gradients flow to query (summed over b), key and value.
+    """
+    dense.check_implementation(implementation)
+    config = dense.check_config(config, is_causal)
+    q = _check_float(query, "query", 3)
+    k, v, kv_len = _padded_kv(key, value, cu_seqlens_k, max_seqlen_k, key_value_seq_lengths)
+    if k.shape != v.shape:
+        raise ValueError(f"value must have key's shape {k.shape}; got {v.shape}")
+    tq, n, h = q.shape
+    b, _, n_kv, _ = k.shape
+    dense.check_head_dim(h, "query")
+    if k.shape[-1] != h:
+        raise ValueError(f"key has head_dim {k.shape[-1]} but query has {h}")
+    if n == 0 or n_kv == 0:
+        raise ValueError(f"query ({n}) and key ({n_kv}) must have at least one head")
+    if n % n_kv:
+        raise ValueError(f"query has {n} heads, not a multiple of key's {n_kv} heads")
+    if tq == 0:
+        raise ValueError("query must hold at least one row (Tq >= 1)")
+    out_dtype = dense.output_dtype([("query", q), ("key", k), ("value", v)])
+    why_not = dense.kernel_unsupported(
+        config, head_dim=h, is_causal=bool(is_causal), has_bias=False, has_mask=False, out_dtype=out_dtype,
+        mx_inputs=[],
+    )  # fmt: skip
+    static = dense.AttentionStatic(
+        config=config,
+        scale=dense.check_scale(scale, h),
+        is_causal=bool(is_causal),
+        is_mx=(False, False, False),
+        out_dtype=out_dtype,
+        group=n // n_kv,
+        impl=dense.choose_implementation(implementation, why_not, op=OP),
+    )
+    tp = round_up(tq, BLOCK_SIZE)
+    q1 = jnp.pad(q, [(0, tp - tq), (0, 0), (0, 0)])[None]
+    q_len = jnp.full((b,), tq, jnp.int32)
+    return _broadcast_jit(static, q1, k, v, q_len, kv_len)[:, :tq]

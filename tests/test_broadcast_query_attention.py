@@ -1,0 +1,276 @@
+"""broadcast_query_attention: one query sequence against B key/value sequences (issue 17).
+
+The contract (ops/broadcast_attention.py): varlen_attention on the query tiled B times, O and dK, dV bit for
+bit, dQ the float32 sum of the copies' gradients; checked against that tiling (the library's own op, on
+each implementation) and against an independent float64 formulation (tests/attention_emulation.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from attention_emulation import exact_attention, mx_attention, sqnr_db
+from attention_testutil import fresh_rng
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_mxfp8 as mx
+from jax_mxfp8.ops.attention import square_sequence_major
+from jax_mxfp8.ops.broadcast_attention import broadcast_query_attention
+from jax_mxfp8.primitives import attention_bwd as abwd
+from jax_mxfp8.primitives import attention_fwd as afwd
+from jax_mxfp8.primitives import attention_operands as operands
+from jax_mxfp8.primitives import library
+
+LK = (70, 33, 128)  # key/value sequence lengths (B = 3): partial blocks, a full tile
+TQ, N, NK, H = 40, 2, 1, 64
+AGREEMENT_DB = 55.0  # vs the float64 emulation of the MX contract (as tests/test_attention_varlen.py)
+EXACT_DB = 20.0  # vs exact float64 attention (MXFP8 error: measured 23-36 dB at N(0, 1) inputs)
+
+
+def _inputs(rng, dtype=jnp.float32):
+    tk = sum(LK) + 3  # 3 rows in no sequence
+    q = jnp.asarray(rng.standard_normal((TQ, N, H)), dtype)
+    k = jnp.asarray(rng.standard_normal((tk, NK, H)), dtype)
+    v = jnp.asarray(rng.standard_normal((tk, NK, H)), dtype)
+    do = jnp.asarray(rng.standard_normal((len(LK), TQ, N, H)), dtype)
+    cu_k = jnp.asarray(np.concatenate([[0], np.cumsum(LK)]), jnp.int32)
+    return q, k, v, do, cu_k
+
+
+@functools.cache
+def _broadcast(impl: str, causal: bool):
+    def run(q, k, v, do, cu_k):
+        f = lambda q, k, v: broadcast_query_attention(
+            q, k, v, cu_k, max_seqlen_k=max(LK), is_causal=causal, implementation=impl
+        )
+        o, vjp = jax.vjp(f, q, k, v)
+        return (o, *vjp(do))
+
+    return jax.jit(run)
+
+
+@functools.cache
+def _tiled(impl: str, causal: bool):
+    """The contract's definition: varlen_attention on the query tiled once per key/value sequence."""
+
+    def run(q, k, v, do, cu_k):
+        b = cu_k.shape[0] - 1
+        cu_q = jnp.arange(b + 1, dtype=jnp.int32) * TQ
+        f = lambda qt, k, v: mx.varlen_attention(
+            qt, k, v, cu_q, cu_k, max_seqlen_q=TQ, max_seqlen_k=max(LK), is_causal=causal, implementation=impl
+        )
+        o, vjp = jax.vjp(f, jnp.tile(q, (b, 1, 1)), k, v)
+        dqt, dk, dv = vjp(do.reshape(b * TQ, N, H))
+        return o.reshape(b, TQ, N, H), dqt.reshape(b, TQ, N, H), dk, dv
+
+    return jax.jit(run)
+
+
+@pytest.mark.parametrize("impl,causal", [("xla", False), pytest.param("emulated", True, marks=pytest.mark.slow)])
+def test_equals_tiled_query(impl, causal):
+    q, k, v, do, cu_k = _inputs(fresh_rng())
+    o, dq, dk, dv = _broadcast(impl, causal)(q, k, v, do, cu_k)
+    o_t, dq_t, dk_t, dv_t = _tiled(impl, causal)(q, k, v, do, cu_k)
+    assert o.shape == (len(LK), TQ, N, H) and dq.shape == q.shape
+    np.testing.assert_array_equal(np.asarray(o), np.asarray(o_t))
+    np.testing.assert_array_equal(np.asarray(dk), np.asarray(dk_t))
+    np.testing.assert_array_equal(np.asarray(dv), np.asarray(dv_t))
+    # dq: the float32 sum of the copies' float32 gradients (order of 3 addends: within a few ulps)
+    want = np.asarray(dq_t, np.float64).sum(0)
+    np.testing.assert_allclose(np.asarray(dq, np.float64), want, rtol=0, atol=4e-6 * np.abs(want).max())
+    assert np.all(np.isfinite(np.asarray(o))) and np.all(np.isfinite(np.asarray(dq)))
+
+
+def test_float64_and_padded_form():
+    """The packed and the padded key/value forms agree bit for bit, and both track float64 attention."""
+    q, k, v, do, cu_k = _inputs(fresh_rng())
+    o, dq, dk, dv = _broadcast("xla", False)(q, k, v, do, cu_k)
+    b, s = len(LK), 128
+    kp = np.zeros((b, s, NK, H), np.float32)
+    vp = np.zeros_like(kp)
+    for i, (a, e) in enumerate(zip(np.asarray(cu_k[:-1]), np.asarray(cu_k[1:]), strict=True)):
+        kp[i, : e - a], vp[i, : e - a] = np.asarray(k[a:e]), np.asarray(v[a:e])
+    lens = jnp.asarray(LK, jnp.int32)
+    f = lambda q, k, v: broadcast_query_attention(q, k, v, key_value_seq_lengths=lens, implementation="xla")
+    o_p, vjp = jax.vjp(f, q, jnp.asarray(kp), jnp.asarray(vp))
+    dq_p, dk_p, _ = vjp(do)
+    np.testing.assert_array_equal(np.asarray(o_p), np.asarray(o))
+    np.testing.assert_array_equal(np.asarray(dq_p), np.asarray(dq))
+    tp = 64  # the emulation quantizes whole 32-row blocks: pad the query rows, mark them padding
+    qt = np.zeros((b, tp, N, H))
+    qt[:, :TQ] = np.asarray(q, np.float64)
+    dop = np.zeros((b, tp, N, H))
+    dop[:, :TQ] = np.asarray(do)
+    mo, _, mdq, mdk, mdv = mx_attention(qt, kp, vp, dop, q_len=[TQ] * b, kv_len=list(LK))
+    eo, _, edq, _, _ = exact_attention(qt, kp, vp, dop, q_len=np.full(b, TQ), kv_len=np.asarray(LK))
+    assert sqnr_db(o, mo[:, :TQ]) > AGREEMENT_DB
+    assert sqnr_db(dq, mdq[:, :TQ].sum(0)) > AGREEMENT_DB
+    valid = lambda x: np.concatenate([np.asarray(x[i, :n]) for i, n in enumerate(LK)])
+    assert sqnr_db(dk[: sum(LK)], valid(mdk)) > AGREEMENT_DB
+    assert sqnr_db(dv[: sum(LK)], valid(mdv)) > AGREEMENT_DB
+    np.testing.assert_array_equal(np.asarray(dk_p[:, 0]), np.asarray(dk[np.asarray(cu_k[:-1])]))
+    np.testing.assert_array_equal(np.asarray(dk[sum(LK) :]), 0.0)  # rows in no sequence: no gradient
+    assert sqnr_db(o, eo[:, :TQ]) > EXACT_DB and sqnr_db(dq, edq[:, :TQ].sum(0)) > EXACT_DB
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(query_rank=4), "query must have rank 3"),
+        (dict(max_seqlen_k=None), "need max_seqlen_k"),
+        (dict(key_value_seq_lengths=jnp.ones((3,), jnp.int32)), "key_value_seq_lengths is for padded"),
+        (dict(heads=1), "not a multiple"),
+    ],
+)
+def test_bad_inputs(kwargs, match):
+    q, k, v, _, cu_k = _inputs(fresh_rng())
+    if kwargs.pop("query_rank", 3) == 4:
+        q = q[None]
+    if kwargs.pop("heads", None):
+        k, v = jnp.concatenate([k, k], 1), jnp.concatenate([v, v], 1)  # 2 KV heads for 2 query heads
+        q = q[:, :1]
+    args = dict(max_seqlen_k=max(LK), implementation="xla") | kwargs
+    with pytest.raises(ValueError, match=match):
+        broadcast_query_attention(q, k, v, cu_k, **args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_equals_tiled_query(causal):
+    """On the kernels (the broadcast_q forward and backward variants): the tiled query's bits. float32 inputs,
+    so that the tiled call's per-copy dq is float32 too and its sum is the contract's dq (up to the order of
+    the kernel's float32 atomics)."""
+    names = {name for name, _ in library.kernel_names()}
+    tag = "_causal" if causal else ""
+    assert {f"attention_fwd_h{H}{tag}_bcastq", f"attention_bwd_h{H}{tag}_bcastq"} <= names
+    q, k, v, do, cu_k = _inputs(fresh_rng(), jnp.float32)
+    o, dq, dk, dv = _broadcast("cuda", causal)(q, k, v, do, cu_k)
+    o_t, dq_t, dk_t, dv_t = _tiled("cuda", causal)(q, k, v, do, cu_k)
+    np.testing.assert_array_equal(np.asarray(o), np.asarray(o_t))
+    np.testing.assert_array_equal(np.asarray(dk), np.asarray(dk_t))
+    np.testing.assert_array_equal(np.asarray(dv), np.asarray(dv_t))
+    assert sqnr_db(dq, np.asarray(dq_t, np.float64).sum(0)) > 100.0
+
+
+def _kernel_call_pair(path: str, causal: bool, p_scale: str):
+    """attention_fwd with broadcast_q on one query row vs the same call on its tiled copy, NaN-poisoned outputs."""
+    rng = fresh_rng()
+    b, t, s = 3, 96, 128 if path == "emulated" else 256  # small on CPU (compile time)
+    q = jnp.asarray(rng.standard_normal((1, N, t, H)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((b, NK, s, H)), jnp.bfloat16) for _ in range(2))
+    sq = lambda x: mx.quantize(x, axis=(-2, -1), block="square", implementation="xla")
+    ql, kl = jnp.full((b,), 90, jnp.int32), jnp.asarray([s, 70, 0], jnp.int32)  # one empty KV sequence
+    k, v = (jnp.where(jnp.arange(s)[None, None, :, None] < kl[:, None, None, None], x, 0) for x in (k, v))
+    ops = operands.prepare(sq(q), sq(k), sq(v), scale=H**-0.5, q_len=ql, kv_len=kl)
+    tiled = dataclasses.replace(ops, q=jnp.broadcast_to(ops.q, (b,) + ops.q.shape[1:]), qs=jnp.tile(ops.qs, (b, 1, 1)))
+    tp = ops.q.shape[2]
+    kw = dict(causal=causal, t=tp, p_scale=p_scale, path=path)
+    if path == "cuda":
+        ok, why = library.kernels_runnable(afwd.ARCHS)  # loads the library: the _into hook is registered then
+        assert ok, why
+        poison = (jnp.full((b, tp, N, H), jnp.nan, jnp.bfloat16), jnp.full((b, N, tp), jnp.nan, jnp.float32))
+        got = jax.jit(lambda ops, out: afwd.attention_fwd(ops, broadcast_q=True, out=out, **kw))(ops, poison)
+    else:
+        got = jax.jit(lambda ops: afwd.attention_fwd(ops, broadcast_q=True, **kw))(ops)
+    want = jax.jit(lambda ops: afwd.attention_fwd(ops, **kw))(tiled)
+    return [np.asarray(x, np.float32) for x in (*got, *want)]
+
+
+def test_broadcast_q_call_emulated():
+    o, lse, o_t, lse_t = _kernel_call_pair("emulated", True, "const")
+    np.testing.assert_array_equal(o, o_t)
+    np.testing.assert_array_equal(lse, lse_t)
+    assert np.all(o[2] == 0) and np.all(np.isneginf(lse[2]))  # the empty KV sequence
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal,p_scale", [(False, "const"), (True, "const"), (False, "block")])
+def test_broadcast_q_kernel_reads_batch_zero(causal, p_scale):
+    """The broadcast_q kernel on q (1, N, Tp, H) = the production kernel on its tiled copy, bit for bit, and it
+    writes every output element (NaN-poisoned buffers)."""
+    o, lse, o_t, lse_t = _kernel_call_pair("cuda", causal, p_scale)
+    assert not np.isnan(o).any() and not np.isnan(lse).any()
+    np.testing.assert_array_equal(o, o_t)
+    np.testing.assert_array_equal(lse, lse_t)
+
+
+def _bwd_call_pair(path: str, causal: bool):
+    """The backward call with broadcast_q on one query row vs the production call on its tiled copy."""
+    rng = fresh_rng()
+    b, t, s = 3, 96, 128 if path == "emulated" else 256  # small on CPU (compile time)
+    q = jnp.asarray(rng.standard_normal((1, t, N, H)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((b, s, NK, H)), jnp.bfloat16) for _ in range(2))
+    do, o = (jnp.asarray(rng.standard_normal((b, t, N, H)), jnp.bfloat16) for _ in range(2))
+    ql, kl = jnp.full((b,), 90, jnp.int32), jnp.asarray([s, 70, 0], jnp.int32)  # one empty KV sequence
+    sq = lambda x, lens: square_sequence_major(x, lens, "up", path)
+    qm, km, vm, dom = sq(q, ql[:1]), sq(k, kl), sq(v, kl), sq(do, ql)
+    # the forward's LSE of these operands (any finite values would do for the bits comparison)
+    kk = jnp.repeat(mx.dequantize(km, jnp.float32), N // NK, axis=2)
+    logits = jnp.einsum("tnh,bsnh->bnts", mx.dequantize(qm, jnp.float32)[0], kk) * H**-0.5
+    keep = jnp.arange(s)[None, None, None, :] < kl[:, None, None, None]
+    if causal:
+        keep = keep & (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None])
+    lse = jax.nn.logsumexp(jnp.where(keep, logits, -jnp.inf), axis=-1)
+    args = (km, vm, dom, do, o, lse, None)
+    ops = abwd.bwd_operands(qm, *args, q_len=ql, kv_len=kl, broadcast_q=True)
+    tiled = dataclasses.replace(ops, q=jnp.broadcast_to(ops.q, (b,) + ops.q.shape[1:]))
+    var_b, _ = abwd.kernel_variant(head_dim=H, causal=causal, broadcast_q=True)
+    var_t, _ = abwd.kernel_variant(head_dim=H, causal=causal)
+    run = lambda var: jax.jit(lambda ops: abwd.attention_bwd(ops, variant=var, scale=H**-0.5, path=path))
+    got, want = run(var_b)(ops), run(var_t)(tiled)
+    return [np.asarray(x) for x in got], [np.asarray(x) for x in want]
+
+
+def _check_bwd_pair(got, want):
+    (dq, dk, dv), (dq_t, dk_t, dv_t) = got, want
+    assert dq.shape == dq_t.shape and np.all(np.isfinite(dq)) and np.all(np.isfinite(dk))
+    np.testing.assert_array_equal(dk, dk_t)  # written once per CTA: the same bits
+    np.testing.assert_array_equal(dv, dv_t)
+    assert sqnr_db(dq, dq_t) > 110.0  # float32 atomics: the same partials, maybe in another order
+    assert np.all(dk[2] == 0) and np.all(dq[2] == 0)  # the empty KV sequence
+
+
+def test_broadcast_q_bwd_call_emulated():
+    _check_bwd_pair(*_bwd_call_pair("emulated", True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_broadcast_q_bwd_kernel_reads_batch_zero(causal):
+    """The broadcast_q backward kernel on q (1, N, Tp, H) = the production kernel on its tiled copy."""
+    _check_bwd_pair(*_bwd_call_pair("cuda", causal))
+
+
+def test_broadcast_q_call_shards_over_batch_and_vmaps():
+    """The broadcast_q forward call (emulated) partitioned over batch and KV heads (the one query row whole
+    on every device) and under vmap equals the plain call."""
+    if len(jax.devices()) < 4:
+        pytest.skip("needs the 8 CPU host devices of tests/conftest.py")
+    rng = fresh_rng()
+    sq = lambda shape: mx.quantize(jnp.asarray(rng.standard_normal(shape), jnp.bfloat16), axis=(-2, -1), block="square")
+    b, t, s = 4, 64, 128
+    ops = operands.prepare(
+        sq((1, 4, t, H)),
+        sq((b, 2, s, H)),
+        sq((b, 2, s, H)),
+        scale=H**-0.5,
+        q_len=jnp.full((b,), 100),
+        kv_len=jnp.asarray([128, 100, 37, 0]),
+    )
+    call = lambda ops: afwd.attention_fwd(ops, causal=True, t=t, path="emulated", broadcast_q=True)
+    want = jax.jit(call)(ops)
+    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    q4, b4, b3 = P(None, "model", None, None), P("data", "model", None, None), P("data", "model", None)
+    specs = operands.AlignedOperands(q4, b4, b4, P(None, "model", None), b3, b3, b3, P(None, "data"))
+    placed = jax.tree.map(lambda x, sp: jax.device_put(x, NamedSharding(mesh, sp)), ops, specs)
+    got = jax.jit(call)(placed)
+    mapped = jax.jit(jax.vmap(call))(jax.tree.map(lambda x: jnp.stack([x, x]), ops))
+    for g, m, w in zip(got, mapped, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+        np.testing.assert_array_equal(np.asarray(m[1]), np.asarray(w))
