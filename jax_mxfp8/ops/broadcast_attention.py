@@ -38,7 +38,7 @@ from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.ops.varlen_attention import _check_concrete_lengths, _check_cu, _check_max
 from jax_mxfp8.reference.attention_tiling import round_up
-from jax_mxfp8.reference.varlen import sanitize_offsets, seq_lengths, to_padded
+from jax_mxfp8.reference.varlen import sanitize_offsets, seq_lengths, to_packed, to_padded
 
 OP = "broadcast_query_attention"
 
@@ -92,6 +92,26 @@ _broadcast_attention.defvjp(*remat_safe(guard_fwd(_fwd, OP, argnums=(1, 2, 3)), 
 _broadcast_jit = jax.jit(_broadcast_attention, static_argnums=(0,))
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _pad_rows(x, cu, lengths, padded_len: int, total: int):
+    """Packed (T_total, ...) -> (B, padded_len, ...) rows (to_padded). Its VJP is the gather to_packed, the
+    exact transpose (every packed row lands in at most one padded position), not autodiff's scatter-add
+    (atomics on the GPU; the suspected cause of round B's 1.9x slower forward+backward, docs/perf-notes.md)."""
+    return to_padded(x, cu, lengths, padded_len)
+
+
+def _pad_rows_fwd(x, cu, lengths, padded_len, total):
+    return to_padded(x, cu, lengths, padded_len), (cu, lengths)
+
+
+def _pad_rows_bwd(padded_len, total, res, g):
+    cu, lengths = res
+    return to_packed(g, cu, lengths, total), None, None
+
+
+_pad_rows.defvjp(_pad_rows_fwd, _pad_rows_bwd)
+
+
 def _check_float(x, name: str, rank: int) -> jax.Array:
     if isinstance(x, MXArray):
         raise ValueError(f"{name} must be a float array; broadcast_query_attention takes no MXArrays")
@@ -128,7 +148,7 @@ def _padded_kv(k, v, cu_seqlens_k, max_seqlen_k, key_value_seq_lengths):
     cu = sanitize_offsets(cu, k.shape[0])  # as varlen_attention: traced offsets never reach outside the rows
     kv_len = seq_lengths(cu, max_k)
     pk = round_up(max_k, BLOCK_SIZE)
-    return to_padded(k, cu, kv_len, pk), to_padded(v, cu, kv_len, pk), kv_len
+    return _pad_rows(k, cu, kv_len, pk, k.shape[0]), _pad_rows(v, cu, kv_len, pk, k.shape[0]), kv_len
 
 
 @named_op(OP)
