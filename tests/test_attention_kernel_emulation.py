@@ -55,6 +55,12 @@ def emulated(q, k, v, *, causal, q_len=None, kv_len=None, scale=None, config=Non
     return o.transpose(0, 2, 1, 3), lse
 
 
+@jax.jit
+def _prepare_jit(a):
+    """operands.prepare(a, a, a) with scale 1 and no lengths, under one jit (the CPU tests' call site)."""
+    return operands.prepare(a, a, a, scale=1.0, q_len=None, kv_len=None)
+
+
 def _inputs(rng, b, t, s, n, n_kv, h, outlier_channels=False):
     q = rng.standard_normal((b, t, n, h)).astype(np.float32)
     k = rng.standard_normal((b, s, n_kv, h)).astype(np.float32)
@@ -94,11 +100,14 @@ def test_emulation_matches_reference(case):
     if lengths:
         q_len = jnp.asarray(rng.integers(1, t + 1, b), jnp.int32)
         kv_len = jnp.asarray(rng.integers(1, s + 1, b), jnp.int32)
-    o_e, lse_e = emulated(q, k, v, causal=causal, q_len=q_len, kv_len=kv_len)
-    o_r, lse_r = mx.dot_product_attention(
-        q, k, v, is_causal=causal, query_seq_lengths=q_len, key_value_seq_lengths=kv_len,
+    # each side under one jit (eager dispatch compiles hundreds of small XLA programs on CI's CPU)
+    o_e, lse_e = jax.jit(lambda q, k, v, ql, kl: emulated(q, k, v, causal=causal, q_len=ql, kv_len=kl))(
+        q, k, v, q_len, kv_len
+    )
+    o_r, lse_r = jax.jit(lambda q, k, v, ql, kl: mx.dot_product_attention(
+        q, k, v, is_causal=causal, query_seq_lengths=ql, key_value_seq_lengths=kl,
         implementation="xla", return_residual="lse",
-    )  # fmt: skip
+    ))(q, k, v, q_len, kv_len)  # fmt: skip
     f64 = [np.asarray(x, np.float64) for x in (q, k, v)]
     o_x, lse_x = exact_attention(*f64, causal=causal, q_len=None if q_len is None else np.asarray(q_len),
                                  kv_len=None if kv_len is None else np.asarray(kv_len))[:2]  # fmt: skip
@@ -119,7 +128,7 @@ def test_prepare_is_exact_where_blocks_share_a_scale():
     x *= np.where(rng.random(x.shape) < 0.5, -1.0, 1.0)
     a = _mx(jnp.asarray(x))
     assert len(np.unique(np.asarray(a.scale))) == 1
-    ops = operands.prepare(a, a, a, scale=1.0, q_len=None, kv_len=None)
+    ops = _prepare_jit(a)
     for y in (ops.q, ops.k):
         np.testing.assert_array_equal(np.asarray(y).view(np.uint8), np.asarray(a.data).view(np.uint8))
     perm = layout.pv_permutation()
@@ -136,7 +145,7 @@ def test_prepare_realigns_to_the_row_maximum():
     x = np.ones((1, 1, 32, 64), np.float32)
     x[..., 32:] = (1 + np.arange(32) / 32)[None, None, :, None] / 8
     a = _mx(jnp.asarray(x))
-    ops = operands.prepare(a, a, a, scale=1.0, q_len=None, kv_len=None)
+    ops = _prepare_jit(a)
     sc = np.asarray(a.scale).astype(int) - 127
     d = np.asarray(decode_elements(a.data))
     got = np.asarray(decode_elements(ops.q))[..., :32, :]  # rows past T are padding
@@ -151,8 +160,8 @@ def test_nan_block_propagates_like_reference():
     rng = fresh_rng()
     q, k, v = _inputs(rng, 1, 128, 128, 1, 1, 64)
     k = k.at[0, 5, 0, 3].set(jnp.nan)
-    o_e, _ = emulated(q, k, v, causal=False)
-    o_r = mx.dot_product_attention(q, k, v, implementation="xla")
+    o_e, _ = jax.jit(lambda q, k, v: emulated(q, k, v, causal=False))(q, k, v)
+    o_r = jax.jit(lambda q, k, v: mx.dot_product_attention(q, k, v, implementation="xla"))(q, k, v)
     np.testing.assert_array_equal(np.isnan(np.asarray(o_e)), np.isnan(np.asarray(o_r, np.float32)))
     assert np.isnan(np.asarray(o_e)).all()
 

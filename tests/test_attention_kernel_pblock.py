@@ -14,6 +14,7 @@ contract's block rule gives for the row-tile's amax (primitives.attention_fwd.p_
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -176,11 +177,14 @@ BLOCK_CASES = [
 
 def _compare(q, k, v, *, causal, config, q_len=None, kv_len=None):
     """(emulation vs reference O dB, LSE dB, emulation vs float64 dB, reference vs float64 dB)."""
-    o_e, lse_e = emulated(q, k, v, causal=causal, q_len=q_len, kv_len=kv_len, config=config)
-    o_r, lse_r = mx.dot_product_attention(
-        q, k, v, is_causal=causal, query_seq_lengths=q_len, key_value_seq_lengths=kv_len,
+    # each side under one jit (eager dispatch compiles hundreds of small XLA programs on CI's CPU)
+    o_e, lse_e = jax.jit(lambda q, k, v, ql, kl: emulated(q, k, v, causal=causal, q_len=ql, kv_len=kl, config=config))(
+        q, k, v, q_len, kv_len
+    )
+    o_r, lse_r = jax.jit(lambda q, k, v, ql, kl: mx.dot_product_attention(
+        q, k, v, is_causal=causal, query_seq_lengths=ql, key_value_seq_lengths=kl,
         implementation="xla", config=config, return_residual="lse",
-    )  # fmt: skip
+    ))(q, k, v, q_len, kv_len)  # fmt: skip
     f64 = [np.asarray(x, np.float64) for x in (q, k, v)]
     o_x, _ = exact_attention(*f64, causal=causal, q_len=None if q_len is None else np.asarray(q_len),
                              kv_len=None if kv_len is None else np.asarray(kv_len))  # fmt: skip
@@ -260,13 +264,16 @@ def test_block_nan_operand_gives_reference_nan_pattern():
     rng = fresh_rng()
     q, k, v, _, _, _ = case_inputs(dict(b=1, t=128, s=256, n=2, n_kv=2, h=64, causal=False), rng)
     config = mx.AttentionConfig(p_scale="block")
+    # jitted once, outside the loop: the three cases share shapes, so each side compiles once
+    emu = jax.jit(lambda q, k, v: emulated(q, k, v, causal=False, config=config))
+    ref = jax.jit(
+        lambda q, k, v: mx.dot_product_attention(q, k, v, implementation="xla", config=config, return_residual="lse")
+    )
     for name in ("q", "k", "v"):
         args = dict(q=q, k=k, v=v)
         args[name] = args[name].at[0, 40, 1, 7].set(jnp.nan)
-        o_e, lse_e = emulated(args["q"], args["k"], args["v"], causal=False, config=config)
-        o_r, lse_r = mx.dot_product_attention(
-            args["q"], args["k"], args["v"], implementation="xla", config=config, return_residual="lse"
-        )
+        o_e, lse_e = emu(**args)
+        o_r, lse_r = ref(**args)
         np.testing.assert_array_equal(np.isnan(np.asarray(o_e)), np.isnan(np.asarray(o_r, np.float32)), name)
         np.testing.assert_array_equal(np.isnan(np.asarray(lse_e)), np.isnan(np.asarray(lse_r)), name)
         assert np.isnan(np.asarray(o_e)).any()
