@@ -45,6 +45,11 @@ def compile_arch(arch: str, out: Path, names: list[str] | None) -> None:
     adir = out / arch
     adir.mkdir(parents=True, exist_ok=True)
     meta = {}
+    if names and (adir / "meta.json").exists():
+        # --only recompiles some variants into an existing build: keep the others' entries (replacing the file
+        # would make the next library build hold only these variants); drop entries no longer registered
+        known = {symbol(c, arch) for c in registry.VARIANTS if arch in c.archs}
+        meta = {k: v for k, v in json.loads((adir / "meta.json").read_text()).items() if k in known}
     for config in registry.VARIANTS:
         if names and config.name not in names:
             continue
