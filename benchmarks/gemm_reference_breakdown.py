@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Where the exact BF16 reference of mx_dot_general spends its time (issue 15's "ours_ref >= 0.85x BF16").
+
+One process, bf16 x (M, K), w (K, N) ~ N(0,1), each part jitted and timed alone (benchmarks/timing.py):
+  bf16          lax.dot_general(x, w) (the baseline)
+  ref           mx_dot_general(x, w, implementation="xla"): the whole reference forward
+  prep_x        reference.gemm.quantized_3d(x[None]): quantize along K + dequantize to bf16 (B, M, K)
+  prep_w        the same for w.T[None] (the transpose to (N, K) is part of it)
+  quantize_x    jax_mxfp8.quantize(x, implementation="xla") alone (FP8 data + E8M0 scales, no dequantize)
+  gemm_f32out   reference.gemm.matmul_3d of the two prepared bf16 operands (float32 out) + cast to bf16
+  gemm_bf16out  the same GEMM with preferred_element_type=bf16 (what the f32 output + cast costs)
+Bytes per part are the HBM floor (each operand read once, written once); GB/s = bytes / time.
+The last column "sum" compares ref with prep_x + prep_w + gemm_f32out.
+
+Usage: python benchmarks/gemm_reference_breakdown.py [--out FILE.json] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from timing import timeit  # noqa: E402
+
+import jax_mxfp8 as mx  # noqa: E402
+from jax_mxfp8.reference import gemm  # noqa: E402
+from jax_mxfp8.reference.gemm_config import MXDotConfig  # noqa: E402
+
+DN = (((1,), (0,)), ((), ()))
+FULL_SHAPES = [(8192, 8192, 8192), (16384, 4096, 14336), (16384, 14336, 4096)]  # (M, K, N)
+SMOKE_SHAPES = [(128, 256, 192)]
+
+
+def parts(m: int, k: int, n: int, calls: int, batches: int) -> dict:
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
+    cfg = MXDotConfig()
+    prep_x = jax.jit(lambda x: gemm.quantized_3d(x[None], cfg, gemm.FWD))
+    prep_w = jax.jit(lambda w: gemm.quantized_3d(w.T[None], cfg, gemm.FWD))
+    a, b = prep_x(x), prep_w(w)
+    fns = {
+        "bf16": (jax.jit(lambda x, w: lax.dot_general(x, w, DN)), (x, w), 2 * (m * k + k * n + m * n)),
+        "ref": (jax.jit(lambda x, w: mx.mx_dot_general(x, w, DN, implementation="xla")), (x, w), None),
+        "prep_x": (prep_x, (x,), 4 * m * k),
+        "prep_w": (prep_w, (w,), 4 * k * n),
+        "quantize_x": (jax.jit(lambda x: mx.quantize(x, axis=-1, implementation="xla")), (x,), 3 * m * k + m * k // 32),
+        "gemm_f32out": (jax.jit(lambda a, b: gemm.matmul_3d(a, b)[0].astype(jnp.bfloat16)), (a, b), None),
+        "gemm_bf16out": (
+            jax.jit(lambda a, b: jnp.einsum("bmk,bnk->bmn", a, b, preferred_element_type=jnp.bfloat16)[0]),
+            (a, b),
+            None,
+        ),
+    }
+    want = np.asarray(fns["ref"][0](x, w).astype(jnp.float32))
+    got = np.asarray(fns["gemm_f32out"][0](a, b).astype(jnp.float32))
+    out = {"m": m, "k": k, "n": n, "ref_equals_parts": bool(np.array_equal(want, got)), "parts": {}}
+    for name, (f, args, nbytes) in fns.items():
+        jax.block_until_ready(f(*args))  # compile outside the timed batches
+        s = timeit(f, args, calls, batches)
+        row = {"ms": round(s * 1e3, 4)}
+        if nbytes:
+            row["gb_s"] = round(nbytes / s / 1e9, 1)
+        if name in ("bf16", "ref", "gemm_f32out", "gemm_bf16out"):
+            row["tflops"] = round(2 * m * n * k / s / 1e12, 1)
+        out["parts"][name] = row
+    p = out["parts"]
+    out["ref_vs_bf16"] = round(p["bf16"]["ms"] / p["ref"]["ms"], 3)
+    out["sum_of_parts_ms"] = round(p["prep_x"]["ms"] + p["prep_w"]["ms"] + p["gemm_f32out"]["ms"], 4)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "h200_gemm_reference_breakdown.json"))
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    shapes, calls, batches = (SMOKE_SHAPES, 2, 2) if args.smoke else (FULL_SHAPES, 20, 3)
+    meta = {
+        "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "timing": f"enqueue {calls} calls, block once, divide; median of {batches} batches",
+    }
+    rows = []
+    names = ("bf16", "ref", "prep_x", "prep_w", "quantize_x", "gemm_f32out", "gemm_bf16out")
+    print("| M x K x N | " + " | ".join(f"{n} ms" for n in names) + " | ref/bf16 | prep+gemm ms | ref bits = parts |")
+    print("|" + " --- |" * (len(names) + 4))
+    for m, k, n in shapes:
+        r = parts(m, k, n, calls, batches)
+        rows.append(r)
+        cells = []
+        for nm in names:
+            p = r["parts"][nm]
+            cells.append(f"{p['ms']:.3f}" + (f" ({p['gb_s']:.0f} GB/s)" if "gb_s" in p and nm != "bf16" else ""))
+        print(f"| {m}x{k}x{n} | " + " | ".join(cells) + f" | {r['ref_vs_bf16']:.3f} | {r['sum_of_parts_ms']:.3f} | "
+              f"{r['ref_equals_parts']} |", flush=True)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"meta": meta, "shapes": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
