@@ -55,11 +55,11 @@ def _aligned(x) -> tuple[jax.Array, jax.Array]:
     return gemm_operands(x, orientations=("row",), path="xla")["row"]
 
 
-def _data(rng, shape, dtype, exact: bool) -> jax.Array:
+def _data(rng, shape, dtype, exact: bool) -> np.ndarray:
     """N(0, 1), or (exact) integers in [-8, 8]: exact in E4M3 under any power-of-two block scale and after
     align128 (a run's blocks differ by at most 3 exponents, far above subnormals), with float32-exact sums
     of products in any order."""
-    return jnp.asarray(rng.integers(-8, 9, shape) if exact else rng.standard_normal(shape), dtype)
+    return np.asarray(rng.integers(-8, 9, shape) if exact else rng.standard_normal(shape), dtype)
 
 
 def _dp_wgrad(x, w, ct):
@@ -101,9 +101,7 @@ def test_row_parallel_tensor_parallel_gemm_psums_k_without_gather():
     m = mesh((2, 4), ("data", "model"))
     rng = test_rng()
     b, t, d, f = 2, 128, 1024, 256  # D: 8 tiles, 2 per "model" device
-    x = jnp.asarray(rng.standard_normal((b, t, d)), jnp.float32)
-    w = jnp.asarray(rng.standard_normal((d, f)), jnp.float32)
-    bias = jnp.asarray(rng.standard_normal((f,)), jnp.float32)
+    x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in ((b, t, d), (d, f), (f,)))  # numpy: host puts
     args = put(x, m, "data", None, "model"), put(w, m, "model", None), put(bias, m, None)
     want = np.asarray(jax.jit(_row_parallel)(x, w, bias))
     compiled = jax.jit(_row_parallel).lower(*args).compile()
@@ -124,9 +122,9 @@ def test_k_shards_inside_a_tile_fall_back_to_the_gather():
     rng = test_rng()
     kp = 512
     f = lambda a, b, sa, sb, bias: mx_gemm(a, b, sa, sb, bias, out_dtype=jnp.bfloat16, path="emulated")  # noqa: E731
-    x, y = (jnp.asarray(rng.standard_normal((1, 128, kp)), jnp.float32) for _ in range(2))
-    (a, sa), (b, sb) = _aligned(x), _aligned(y)
-    bias = jnp.asarray(rng.standard_normal((128,)), jnp.float32)
+    x, y = (rng.standard_normal((1, 128, kp)).astype(np.float32) for _ in range(2))
+    (a, sa), (b, sb) = (tuple(np.asarray(o) for o in _aligned(z)) for z in (x, y))  # numpy: host puts
+    bias = rng.standard_normal((128,)).astype(np.float32)
     want = np.asarray(jax.jit(f)(a, b, sa, sb, bias), np.float32)
     for k_axes, gathers in ((("k", "n"), True), ("k", False)):
         tiles = None if gathers else "k"  # the scales' 4 tiles do not split 8 ways
