@@ -35,8 +35,8 @@ def test_producer_shards_rows_and_columns_in_whole_runs(shape):
 
 def test_row_sharded_activations_take_no_gather_in_the_forward():
     """Data parallelism: x (B, T, D) sharded over B, the weight replicated: the forward's producer pass and
-    GEMM run per shard (the weight gradient's contraction over B*T is the one place that gathers: the MX
-    GEMM's K does not shard yet, see ops/mx_dot_kernel.py)."""
+    GEMM run per shard (the weight gradient's contraction over B*T shards K and psums the float32
+    partials instead of gathering: tests/test_gemm_k_sharding.py)."""
     m = mesh((8,), ("data",))
     rng = test_rng()
     x = jnp.asarray(rng.standard_normal((8, 128, 256)), jnp.bfloat16)

@@ -17,6 +17,8 @@ A declaration names everything a kernel call needs and nothing else:
               itself or its `variant` field): the variant the handler launches (csrc/common.h FindKernel)
   cuda        optional (decl, static, *args) -> results, for handlers that take other views of the buffers
               than the op's layout; default: one `jax.ffi.ffi_call` of `target` with `outputs` and `attrs`
+  reduction   optional (static) -> Reduction | None: how the op runs when a factor it sums over (the
+              rule's `reduced`, e.g. a GEMM's K) is sharded; without one those factors stay replicated
 
 `static` is one frozen (hashable) dataclass per call site, normally holding the registry variant (the
 kernel's compile-time config) plus what the call needs besides (e.g. eps). `decl.call(static, path, *args)`
@@ -28,9 +30,12 @@ ShardingRule syntax (Shardy's einsum-like rules): one string per operand and res
 factor name, or a compound "(a b)" whose first factor is the dim's shardable part and whose other factors
 have sizes in `factor_sizes` (e.g. "(m r)" with r = 32: the dim shards on block boundaries only). A leading
 "..." stands for any number of leading dims, shared by every operand and result that has it. Factors in
-`replicated` never shard. GSPMD derivation: each factor takes the mesh axes of the first operand dim where
-it leads, kept only when they divide the factor's size; every operand and result is then laid out from its
-factors (the partition callback asks for exactly these argument shardings).
+`replicated` never shard. Factors in `reduced` appear in no result (the op sums over them): with the
+declaration's `reduction` they shard like any other (each device computes a partial result over its slice,
+then a psum over their mesh axes; see Reduction), without one they are replicated. GSPMD derivation: each
+factor takes the mesh axes of the first operand dim where it leads, kept only when they divide the factor's
+size and no earlier factor took one of them; every operand and result is then laid out from its factors
+(the partition callback asks for exactly these argument shardings).
 """
 
 from __future__ import annotations
@@ -58,6 +63,11 @@ class ShardingRule:
     results: tuple[str, ...]
     factor_sizes: tuple[tuple[str, int], ...] = ()
     replicated: tuple[str, ...] = ()
+    reduced: tuple[str, ...] = ()
+
+    def without_reduction(self) -> ShardingRule:
+        """The rule for an op that cannot split its sums: the reduced factors replicated."""
+        return dataclasses.replace(self, replicated=self.replicated + self.reduced, reduced=())
 
     def dims(self, ranks: tuple[int, ...]) -> tuple[list[list[list[str]]], list[list[list[str]]]]:
         """Per operand and result, per dim, its factor names, with "..." expanded for operand ranks `ranks`."""
@@ -74,8 +84,11 @@ class ShardingRule:
         expand = lambda dims: names + dims[1:] if dims and dims[0] == ["..."] else dims
         return [expand(d) for d in ops], [expand(d) for d in res]
 
-    def shardy(self, shapes: tuple[tuple[int, ...], ...]) -> tuple[str, dict[str, int], tuple[str, ...]]:
-        """(Shardy rule string, factor sizes, factors needing replication) for operands of these shapes.
+    def shardy(
+        self, shapes: tuple[tuple[int, ...], ...]
+    ) -> tuple[str, dict[str, int], tuple[str, ...], tuple[str, ...]]:
+        """(Shardy rule string, factor sizes, factors needing replication, reduction factors) for operands
+        of these shapes.
 
         Shardy needs the size of every factor that appears only inside compounds: taken from `factor_sizes`
         or derived from the first operand dim that holds it."""
@@ -90,26 +103,39 @@ class ShardingRule:
                     sizes[fs[0]] = n // math.prod(sizes[g] for g in fs[1:])
         # in the rule's factor order: Shardy wants the replication factors' indices sorted
         order = list(dict.fromkeys(f for dims in ops + res for fs in dims for f in fs))
-        return rule, sizes, tuple(f for f in order if f in self.replicated)
+        pick = lambda names: tuple(f for f in order if f in names)
+        return rule, sizes, pick(self.replicated), pick(self.reduced)
 
-    def shardings(self, mesh, arg_shapes) -> tuple[tuple[NamedSharding, ...], tuple[NamedSharding, ...]]:
-        """(argument shardings, result shardings) for GSPMD, from the operands' current shardings."""
-        ops, res = self.dims(tuple(len(a.shape) for a in arg_shapes))
+    def factor_axes(self, mesh, arg_shapes) -> dict[str, object]:
+        """Per factor, the mesh axes it shards over (None: replicated), from the operands' shardings."""
+        ops, _ = self.dims(tuple(len(a.shape) for a in arg_shapes))
         sizes = dict(self.factor_sizes)
         axes_of: dict[str, object] = {}
+        used: set[str] = set()
         for dims, arg in zip(ops, arg_shapes, strict=True):
             spec = _spec(arg, len(dims))
             for d, factors in enumerate(dims):
                 f = factors[0]
                 if f in axes_of:
                     continue
-                if f in self.replicated or spec[d] is None:
-                    axes_of[f] = None
-                    continue
+                names = _names(spec[d])
                 size = arg.shape[d] // math.prod(sizes[g] for g in factors[1:])
-                axes_of[f] = spec[d] if size % _axes_size(mesh, spec[d]) == 0 else None
+                ok = names and f not in self.replicated and size % _axes_size(mesh, spec[d]) == 0
+                axes_of[f] = spec[d] if ok and not used & set(names) else None  # a mesh axis shards one factor
+                used |= set(names) if axes_of[f] is not None else set()
+        return axes_of
+
+    def shardings(self, mesh, arg_shapes) -> tuple[tuple[NamedSharding, ...], tuple[NamedSharding, ...]]:
+        """(argument shardings, result shardings) for GSPMD, from the operands' current shardings."""
+        ops, res = self.dims(tuple(len(a.shape) for a in arg_shapes))
+        axes_of = self.factor_axes(mesh, arg_shapes)
         layout = lambda dims: NamedSharding(mesh, P(*(axes_of.get(fs[0]) for fs in dims)))
         return tuple(layout(d) for d in ops), tuple(layout(d) for d in res)
+
+    def reduced_axes(self, mesh, arg_shapes) -> tuple[str, ...]:
+        """The mesh axes the reduced factors shard over (the partials' psum axes; () when none shards)."""
+        axes_of = self.factor_axes(mesh, arg_shapes)
+        return tuple(a for f in self.reduced for a in _names(axes_of.get(f)))
 
 
 def _parse(spec: str) -> list[list[str]]:
@@ -121,10 +147,29 @@ def _spec(arg, rank: int) -> tuple:
     return spec + (None,) * (rank - len(spec))
 
 
+def _names(axes) -> tuple[str, ...]:
+    """A PartitionSpec entry (None, an axis name or a tuple of them) as a tuple of axis names."""
+    if axes is None:
+        return ()
+    return tuple(axes) if isinstance(axes, tuple) else (axes,)
+
+
 def _axes_size(mesh, names) -> int:
-    if names is None:
-        return 1
-    return math.prod(mesh.shape[a] for a in (names if isinstance(names, tuple) else (names,)))
+    return math.prod(mesh.shape[a] for a in _names(names))
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduction:
+    """How an op runs when a factor it sums over (ShardingRule.reduced) is sharded: each device runs `decl`
+    with `static` on its slices of the first `n_args` operands, giving float32 partial results; they are
+    summed over the reduced factors' mesh axes (one float32 psum: the sum order differs from one device's),
+    and `finish(partials, *args)` makes the op's results from the sums (e.g. the bias added once, one
+    rounding to the output dtype)."""
+
+    decl: FfiOp
+    static: object
+    n_args: int
+    finish: Callable
 
 
 def kernel_name(static) -> str:
@@ -150,6 +195,7 @@ class FfiOp:
     attrs: Callable[[object], dict] = _default_attrs
     cuda: Callable | None = None
     sharding_takes_shapes: bool = False  # sharding(static, operand shapes) instead of sharding(static)
+    reduction: Callable[[object], Reduction | None] | None = None
 
     def __post_init__(self):
         if self.unbatched not in ("map", "emulation"):
@@ -193,12 +239,25 @@ def _as_tuple(x) -> tuple:
 def _partitioned(decl: FfiOp, static, path: str, shapes: tuple[tuple[int, ...], ...]):
     """custom_partitioning of the body for operands of these shapes (a Shardy rule fixes ranks and sizes)."""
     rule = decl.sharding(static, shapes) if decl.sharding_takes_shapes else decl.sharding(static)
+    reduction = decl.reduction(static) if decl.reduction is not None else None
+    if reduction is None:
+        rule = rule.without_reduction()
     single = len(rule.results) == 1
     body = _body(decl, static, path)
 
     def fn(*args):
         out = body(*args)
         return out[0] if single else out
+
+    def reduced_fn(axes: tuple[str, ...]) -> Callable:
+        partial = _body(reduction.decl, reduction.static, path)
+
+        def run(*args):
+            sums = tuple(jax.lax.psum(p, axes) for p in partial(*args[: reduction.n_args]))
+            out = _as_tuple(reduction.finish(sums, *args))
+            return out[0] if single else out
+
+        return run
 
     def shardings(mesh, arg_shapes):
         args, outs = rule.shardings(mesh, arg_shapes)
@@ -209,11 +268,13 @@ def _partitioned(decl: FfiOp, static, path: str, shapes: tuple[tuple[int, ...], 
 
     def partition(mesh, arg_shapes, result_shape):
         args, outs = shardings(mesh, arg_shapes)
-        return mesh, fn, outs, args
+        axes = rule.reduced_axes(mesh, arg_shapes)
+        return mesh, (reduced_fn(axes) if axes else fn), outs, args
 
-    text, sizes, need = rule.shardy(shapes)
+    text, sizes, need, reduced = rule.shardy(shapes)
     cp = custom_partitioning(fn)
     kw = {"need_replication_factors": need} if need else {}
+    kw |= {"reduction_factors": reduced} if reduced else {}
     cp.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=text, **kw, **sizes)
     return cp
 

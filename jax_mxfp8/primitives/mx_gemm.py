@@ -13,8 +13,13 @@ block); bias (N,) float32. c (G, M, N) bfloat16 / float32:
 with float32 partial sums per 128-K tile, float32 promotion, one RN cast at the end. The kernel is
 jax_mxfp8/kernels/sm90/mx_gemm.py, its handler csrc/mx_gemm.cc; path "emulated" runs emulate_mx_gemm
 instead of the FFI call, through the same partitioning and batching. Under jit with sharded operands the
-call partitions over g, m and n; K (and its tiles) is replicated. Under vmap the mapped axis joins G (an
-unbatched bias broadcasts; a batched bias maps the call over the axis).
+call partitions over g, m and n, and over K in whole 128-K tiles (Kp sharded so that every device holds
+whole tiles, i.e. a mesh axis size dividing Kp/128): each device then runs the float32 GEMM without bias
+over its K slice, the partials are summed in float32 (psum over the K mesh axes), the bias is added once
+and the sum rounded once to out_dtype (`_reduction`). That equals the unsharded result up to the float32
+summation order of the Kp/128 tile partials (docs/numerics.md "Sharded K"). K sharded otherwise (a shard
+boundary inside a tile) is gathered first. Under vmap the mapped axis joins G (an unbatched bias
+broadcasts; a batched bias maps the call over the axis).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import numpy as np
 
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import library
-from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
+from jax_mxfp8.primitives.ffi_op import FfiOp, Reduction, ShardingRule
 
 ARCHS = registry.MXGemmConfig().archs
 """The archs the MX GEMM kernel is built for (wgmma: sm_90a)."""
@@ -134,11 +139,33 @@ def _emulation(call: MXGemmCall, a, b, sa, sb, bias=None):
 
 
 def _sharding(call: MXGemmCall) -> ShardingRule:
-    """g, m and n shard freely; K (k) and its tiles (t) are replicated (each device sums all of K)."""
-    ops = ("g m k", "g n k", "g t m", "g t n")
+    """g, m and n shard freely; K shards in whole 128-K tiles t (the scales' axis 1; k = the 128 elements of
+    one tile, never split) and is summed over (`_reduction`)."""
+    ops = ("g m (t k)", "g n (t k)", "g t m", "g t n")
     return ShardingRule(
-        operands=(*ops, "n") if call.variant.has_bias else ops, results=("g m n",), replicated=("k", "t")
+        operands=(*ops, "n") if call.variant.has_bias else ops,
+        results=("g m n",),
+        factor_sizes=(("k", K_TILE),),
+        replicated=("k",),
+        reduced=("t",),
     )
+
+
+def _reduction(call: MXGemmCall) -> Reduction | None:
+    """K sharded: per device the float32 GEMM without bias over its K tiles (the same kernel formula on a
+    slice of kt), the float32 sum over the K shards, then + bias and one cast to out_dtype, as the unsharded
+    kernel's epilogue does. None (K stays replicated) for the benchmark-only tunings (tune > 0)."""
+    v = call.variant
+    partial = _variant(v.a_dtype, v.b_dtype, "float32", False, 0)
+    if partial is None or v.tune:
+        return None
+    out_dtype = jnp.dtype(v.out_dtype)
+
+    def finish(sums, a, b, sa, sb, bias=None):
+        (acc,) = sums
+        return (acc if bias is None else acc + bias).astype(out_dtype)
+
+    return Reduction(decl=MX_GEMM, static=MXGemmCall(partial), n_args=4, finish=finish)
 
 
 MX_GEMM = FfiOp(
@@ -146,6 +173,7 @@ MX_GEMM = FfiOp(
     outputs=_outputs,
     emulation=_emulation,
     sharding=_sharding,
+    reduction=_reduction,
     batch_dims=(0, 0, 0, 0),
     result_batch_dims=(0,),
     attrs=lambda call: {"kernel": call.variant.name},
@@ -157,6 +185,7 @@ MX_GEMM_BIAS = FfiOp(
     outputs=_outputs,
     emulation=_emulation,
     sharding=_sharding,
+    reduction=_reduction,
     batch_dims=(0, 0, 0, 0, None),
     result_batch_dims=(0,),
     attrs=lambda call: {"kernel": call.variant.name},
