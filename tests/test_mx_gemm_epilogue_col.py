@@ -119,6 +119,7 @@ def test_col_bad_arguments_raise(m, kwargs, fragment):
 
 # ----------------------------------------------------------------------------------------------- GPU
 
+
 def _poisoned(ops):
     """NaN-filled (q, s, pre, qc, sc) buffers of the call's shapes (0xFF bytes: NaN codes / NaN scales)."""
     g, m, n = ops["a"].shape[0], ops["a"].shape[1], ops["b"].shape[1]
@@ -182,3 +183,28 @@ def test_kernel_col_gelu(bias):
     equal = np.mean(_bits(qc)[ok] == codes[ok])
     print(f"gelu col: {equal:.5f} of the elements equal, worst excess {err.max():.3g}")
     assert (err <= 0).all() and equal > 0.99
+
+
+@pytest.mark.parametrize("m", [512, 160])
+def test_emulation_col_sharded_equals_unsharded(m):
+    """M sharded over 4 devices (N over 2): with M a multiple of 128 the 128-row runs stay whole per shard
+    (no gather of a along M, bit-identical); M = 160 (a partial run) is replicated along M (gathered)."""
+    from sharding_util import collectives, mesh, put
+
+    ops = operands(_rng(), 1, m, 384, 256, bias=True)
+    args, bias = _args(ops)
+
+    def f(a, b, sa, sb):
+        return me.mx_gemm_quantized(
+            a, b, sa, sb, bias, activation="gelu", store_pre=True, store_col=True, path="emulated"
+        )
+
+    want = jax.jit(f)(*args)
+    grid = mesh((4, 2), ("data", "model"))
+    sharded = [put(args[0], grid, None, "data", None), put(args[1], grid, None, "model", None)]
+    sharded += [put(args[2], grid, None, None, "data"), put(args[3], grid, None, None, "model")]
+    got = jax.jit(f)(*sharded)
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_array_equal(_bits(w), _bits(g))
+    gathers = [s for op, s in collectives(f, *sharded) if op == "all-gather"]
+    assert (gathers == []) == (m % 128 == 0), gathers
