@@ -170,7 +170,7 @@ def test_kernel_col_gelu(bias):
         np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=name)
     codes, scale, finite = col_oracle(np.asarray(jax.jit(jax.nn.gelu)(jnp.asarray(y))))
     np.testing.assert_array_equal(np.isnan(sc), np.isnan(scale), err_msg="NaN runs")
-    same = sc == scale
+    same = (sc == scale) | (np.isnan(sc) & np.isnan(scale))  # (batch 0's run 0 is NaN: row 3's NaN scale)
     assert same.mean() > 0.99, f"only {same.mean():.4f} of the run scales agree"
     # hardware tanh vs XLA's: a code may move by one FP8 step, a block exponent (rarely) by one binade, so
     # the dequantized values agree to within a quarter of their magnitude plus two subnormal steps
