@@ -41,10 +41,10 @@ def params():
     return x, w1, b1, w2, b2, ct
 
 
-def _z32(x, w1, b1):
-    """gelu(the float32 GEMM result + bias): the value the epilogue quantizes (emulated kernel path)."""
-    p = mx_dot_general(x, w1, DN, preferred_element_type=jnp.float32, bias=b1, implementation="emulated")
-    return jax.nn.gelu(p)
+def _z32(x, w1, b1, activation="gelu", implementation="emulated"):
+    """act(the float32 GEMM result + bias): the value the epilogue quantizes (on the kernel path)."""
+    p = mx_dot_general(x, w1, DN, preferred_element_type=jnp.float32, bias=b1, implementation=implementation)
+    return jax.nn.gelu(p) if activation else p
 
 
 @pytest.mark.parametrize("implementation", ["emulated", "xla"])
@@ -78,19 +78,17 @@ def test_wgrad_orientation_nan_unless_differentiated(params):
     np.testing.assert_array_equal(np.asarray(w_vjp.scale), np.asarray(w_col.scale))
 
 
-def _mlp_loss(new: bool, replace_lhs: bool = False):
+def _mlp_loss(new: bool, replace_lhs: bool = False, activation="gelu", implementation="emulated"):
+    kw = dict(preferred_element_type=jnp.bfloat16, implementation=implementation)
+
     def loss(x, w1, b1, w2, b2, ct):
         o = ("row", "wgrad") if new else ("row",)
-        h, h_q, *w = mx_dot_general_quantized(x, w1, DN, activation="gelu", bias=b1, orientations=o,
-                                              preferred_element_type=jnp.bfloat16,
-                                              implementation="emulated")  # fmt: skip
+        h, h_q, *w = mx_dot_general_quantized(x, w1, DN, activation=activation, bias=b1, orientations=o, **kw)
         if new:
-            out = mx_dot_general_handoff(h, w2, DN, lhs_quantized=h_q, lhs_wgrad=w[0], bias=b2,
-                                         preferred_element_type=jnp.bfloat16, implementation="emulated")  # fmt: skip
+            out = mx_dot_general_handoff(h, w2, DN, lhs_quantized=h_q, lhs_wgrad=w[0], bias=b2, **kw)
         else:
-            lhs = jax.lax.stop_gradient(_z32(x, w1, b1)) if replace_lhs else h
-            out = mx_dot_general(lhs, w2, DN, lhs_quantized=h_q, bias=b2, preferred_element_type=jnp.bfloat16,
-                                 implementation="emulated")  # fmt: skip
+            lhs = jax.lax.stop_gradient(_z32(x, w1, b1, activation, implementation)) if replace_lhs else h
+            out = mx_dot_general(lhs, w2, DN, lhs_quantized=h_q, bias=b2, **kw)
         return jnp.sum(out.astype(jnp.float32) * ct.astype(jnp.float32))
 
     return loss
@@ -130,3 +128,21 @@ def test_mlp_grads_under_remat_equal(params):
     for a, b in zip(plain, remat, strict=True):
         assert np.isfinite(np.asarray(b)).all()
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.gpu
+def test_kernel_mlp_grads_equal_old_path_but_the_wgrad_operand(params):
+    """The kernels (no activation: the epilogue's column bits are then exactly those of gemm_operands over
+    the plain kernel's float32 output): as the emulated test above, bit for bit."""
+    from jax_mxfp8.primitives import library
+
+    ok, why = library.kernels_runnable(("sm_90a",))
+    if not ok:
+        pytest.skip(why)
+    kw = dict(activation="", implementation="cuda")
+    grad = lambda new, rep=False: jax.jit(jax.grad(_mlp_loss(new, rep, **kw), argnums=(0, 1, 2, 3, 4)))(*params)  # noqa: E731
+    new, old, old_z32 = grad(True), grad(False), grad(False, True)
+    for name, a, b in zip(("dx", "dw1", "db1", "dw2", "db2"), new, old, strict=True):
+        if name != "dw2":
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+    np.testing.assert_array_equal(np.asarray(new[3]), np.asarray(old_z32[3]), err_msg="dw2 vs float32 lhs")
