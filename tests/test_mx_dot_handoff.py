@@ -22,6 +22,7 @@ from seeding import test_seed
 from test_flax_epilogue import _ffi_calls
 from test_mx_gemm_epilogue_col import col_oracle
 
+from jax_mxfp8.formats import MXArray
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
 from jax_mxfp8.ops.mx_dot_quantized import WgradOperand, mx_dot_general_handoff, mx_dot_general_quantized
 
@@ -146,3 +147,16 @@ def test_kernel_mlp_grads_equal_old_path_but_the_wgrad_operand(params):
         if name != "dw2":
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
     np.testing.assert_array_equal(np.asarray(new[3]), np.asarray(old_z32[3]), err_msg="dw2 vs float32 lhs")
+
+
+def test_bad_arguments_raise(params):
+    x, w1, _, w2, *_ = params
+    with pytest.raises(ValueError, match="orientations"):
+        mx_dot_general_quantized(x, w1, DN, orientations=("col",), implementation="emulated")
+    h = jnp.zeros((B, T, F), jnp.bfloat16)
+    h_q = MXArray(jnp.zeros((B, T, F), jnp.float8_e4m3fn), jnp.zeros((B, T, F // 32), jnp.uint8), (-1,), "row")
+    wrong = WgradOperand(jnp.zeros((1, F, 64), jnp.float8_e4m3fn), jnp.zeros((1, 1, F), jnp.float32))
+    with pytest.raises(ValueError, match="lhs_wgrad is"):
+        mx_dot_general_handoff(h, w2, DN, lhs_quantized=h_q, lhs_wgrad=wrong, implementation="emulated")
+    with pytest.raises(ValueError, match="lhs_quantized has shape"):
+        mx_dot_general_handoff(h[:1], w2, DN, lhs_quantized=h_q, lhs_wgrad=wrong, implementation="emulated")
