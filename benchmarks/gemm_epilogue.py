@@ -12,6 +12,14 @@ scales per 128 K; made before timing):
   then_q         the MX GEMM (bf16 out), then the quantize kernel along N (jax_mxfp8 quantize,
                  implementation="cuda"): the two-pass path the epilogue replaces
   then_gelu_q    the MX GEMM (bf16 out), jax.nn.gelu (XLA, bf16), then the quantize kernel
+  epi_pre        row orientation + bf16 pre (what mx_dot_general_quantized ran before store_col)
+  epi_pre_col    row + pre + the column orientation (store_col: gemm_operands' "col" form, transposed)
+  epi_gelu_pre_col   the same with GELU
+  epi_pre_then_col   epi_pre, then the gemm_operands kernel's "col" pass over pre (bf16): the two-pass path
+                 store_col replaces (the MLP's down-projection residual before it)
+  epi_gelu_pre_then_col   the same with GELU (the MLP's training forward before store_col)
+  then_ops_both  the MX GEMM (bf16 out), then the gemm_operands kernel's "row" + "col" from one read
+                 (GEMM + quantize kernel, both orientations)
 FLOPs 2*M*N*K. Timing (DESIGN.md section 6, benchmarks/timing.py): enqueue --calls calls, block once,
 divide; median of --batches batches. Targets (issue 15 item 3): epi >= 0.95x plain and >= 1.2x then_q
 (likewise epi_gelu vs then_gelu_q, reported).
@@ -45,10 +53,25 @@ from timing import timeit  # noqa: E402
 
 from jax_mxfp8.primitives import mx_gemm as mg  # noqa: E402
 from jax_mxfp8.primitives import mx_gemm_epilogue as me  # noqa: E402
+from jax_mxfp8.primitives.gemm_operands import gemm_operands  # noqa: E402
 from jax_mxfp8.primitives.quantize import quantize  # noqa: E402
 
 SMOKE_SHAPES = [(256, 256, 384)]
-IMPLS = ("plain", "epi", "epi_t1", "epi_gelu", "epi_gelu_pre", "then_q", "then_gelu_q")
+IMPLS = (
+    "plain",
+    "epi",
+    "epi_t1",
+    "epi_gelu",
+    "epi_gelu_pre",
+    "then_q",
+    "then_gelu_q",
+    "epi_pre",
+    "epi_pre_col",
+    "epi_gelu_pre_col",
+    "epi_pre_then_col",
+    "epi_gelu_pre_then_col",
+    "then_ops_both",
+)
 # (impl, baseline, ratio): impl at least ratio x as fast as baseline
 TARGETS = (
     ("epi", "plain", 0.95),
@@ -56,6 +79,10 @@ TARGETS = (
     ("epi_t1", "plain", 0.95),
     ("epi_t1", "then_q", 1.2),
     ("epi_gelu", "then_gelu_q", 1.2),
+    ("epi_pre_col", "epi_pre", 0.95),
+    ("epi_pre_col", "epi_pre_then_col", 1.0),
+    ("epi_gelu_pre_col", "epi_gelu_pre_then_col", 1.0),
+    ("epi_pre_col", "then_ops_both", 1.0),
 )
 
 
@@ -72,8 +99,22 @@ def make_fn(name: str, path: str):
         q = quantize(y, axis=-1, implementation=impl)
         return q.data, q.scale
 
+    def then_col(a, b, sa, sb, act=""):
+        q, s, pre = me.mx_gemm_quantized(a, b, sa, sb, activation=act, store_pre=True, path=path)
+        h = jax.nn.gelu(pre) if act else pre  # what the down projection re-quantized (bf16)
+        return q, s, gemm_operands(h, orientations=("col",), path=impl)["col"]
+
+    def col(a, b, sa, sb, act=""):
+        return me.mx_gemm_quantized(a, b, sa, sb, activation=act, store_pre=True, store_col=True, path=path)
+
     fns = {
         "plain": plain,
+        "epi_pre": lambda *o: me.mx_gemm_quantized(*o, store_pre=True, path=path),
+        "epi_pre_col": col,
+        "epi_gelu_pre_col": lambda *o: col(*o, act="gelu"),
+        "epi_pre_then_col": then_col,
+        "epi_gelu_pre_then_col": lambda *o: then_col(*o, act="gelu"),
+        "then_ops_both": lambda *o: gemm_operands(plain(*o), orientations=("row", "col"), path=impl),
         "epi": lambda *o: me.mx_gemm_quantized(*o, path=path),
         "epi_t1": lambda *o: me.mx_gemm_quantized(*o, path=path, tune=1),
         "epi_gelu": lambda *o: me.mx_gemm_quantized(*o, activation="gelu", path=path),

@@ -9,6 +9,10 @@
 //   jax_mxfp8_mx_gemm_mx[_bias][_pre]  (a, b, sa, sb[, bias]) -> (q, s[, pre])
 //     the quantize epilogue (kernels/sm90/mx_gemm_epilogue.py, op "mx_gemm_mx"), attribute kernel e.g.
 //     "mx_gemm_mx_e4m3_e4m3_bias_gelu_pre"; q (G, M, N) f8e4m3fn, s (G, M, N/32) u8, pre (G, M, N) bf16.
+//   jax_mxfp8_mx_gemm_mx[_bias]_pre_col  (a, b, sa, sb[, bias]) -> (q, s, pre, qc, sc)
+//     store_col variants: also the column orientation, qc (G, N, Mp) f8e4m3fn and sc (G, Mp/128, N) f32
+//     (gemm_operands' "col" form of the quantized value, Mp = M rounded up to 128); M a multiple of 32.
+//     Test hooks jax_mxfp8_mx_gemm_mx[_bias]_pre_col_into: the five results passed in as operands too.
 //
 // Operands (the aligned form of GEMM_INTERFACE.md, from the quantize kernels' gemm_operands):
 //   a  (G, M, Kp) f8e4m3fn / f8e5m2     b  (G, N, Kp) f8e4m3fn / f8e5m2     (K-major)
@@ -130,7 +134,8 @@ ffi::Error Run(cudaStream_t stream, int32_t device, std::string_view kernel, con
 ffi::Error RunMx(cudaStream_t stream, int32_t device, std::string_view kernel, const ffi::AnyBuffer& a,
                  const ffi::AnyBuffer& b, const ffi::AnyBuffer& sa, const ffi::AnyBuffer& sb,
                  const ffi::AnyBuffer* bias, ffi::Result<ffi::AnyBuffer>& q, ffi::Result<ffi::AnyBuffer>& s,
-                 ffi::Result<ffi::AnyBuffer>* pre) {
+                 ffi::Result<ffi::AnyBuffer>* pre, ffi::Result<ffi::AnyBuffer>* qc = nullptr,
+                 ffi::Result<ffi::AnyBuffer>* sc = nullptr) {
   const KernelEntry* entry = nullptr;
   JMX_RETURN_IF_ERROR(FindKernel(device, kMxOp, kernel, &entry));
   const bool store_pre = Param(entry, "store_pre") == 1;
@@ -138,7 +143,12 @@ ffi::Error RunMx(cudaStream_t stream, int32_t device, std::string_view kernel, c
                            "kernel '" + std::string(entry->name) +
                                (store_pre ? "' writes the pre-activation (use jax_mxfp8_mx_gemm_mx[_bias]_pre)"
                                           : "' writes no pre-activation (use jax_mxfp8_mx_gemm_mx[_bias])")));
-  Tensor2D t[8];
+  const bool store_col = Param(entry, "store_col") == 1;
+  JMX_RETURN_IF_ERROR(Want(store_col == (qc != nullptr),
+                           "kernel '" + std::string(entry->name) +
+                               (store_col ? "' writes the column orientation (use jax_mxfp8_mx_gemm_mx[_bias]_pre_col)"
+                                          : "' writes no column orientation (use a target without _col)")));
+  Tensor2D t[10];
   int n = 0;
   int64_t gmn[3];
   JMX_RETURN_IF_ERROR(CheckOperands(entry, bias != nullptr, "jax_mxfp8_mx_gemm_mx", a, b, sa, sb, bias, t, &n, gmn));
@@ -147,8 +157,33 @@ ffi::Error RunMx(cudaStream_t stream, int32_t device, std::string_view kernel, c
   JMX_RETURN_IF_ERROR(CheckResult(q, "q", ffi::DataType::F8E4M3FN, gmn, gmn[2], t, &n));
   JMX_RETURN_IF_ERROR(CheckResult(s, "s", ffi::DataType::U8, gmn, gmn[2] / kBlock, t, &n));
   if (pre != nullptr) JMX_RETURN_IF_ERROR(CheckResult(*pre, "pre", ffi::DataType::BF16, gmn, gmn[2], t, &n));
+  if (qc != nullptr) {
+    const int64_t mp = (gmn[1] + 127) / 128 * 128;
+    JMX_RETURN_IF_ERROR(Want(gmn[1] % kBlock == 0, "M = " + std::to_string(gmn[1]) +
+                                                       " must be a multiple of 32 (the column blocks along M)"));
+    // qc (G, N, Mp) and sc (G, Mp/128, N): CheckResult's (G, rows, cols) with rows = N, Mp/128
+    const int64_t qdims[3] = {gmn[0], gmn[2], mp}, sdims[3] = {gmn[0], mp / 128, gmn[2]};
+    JMX_RETURN_IF_ERROR(CheckResult(*qc, "qc", ffi::DataType::F8E4M3FN, qdims, mp, t, &n));
+    JMX_RETURN_IF_ERROR(CheckResult(*sc, "sc", ffi::DataType::F32, sdims, gmn[2], t, &n));
+  }
   if (Empty(gmn)) return ffi::Error::Success();
   return Launch(entry, device, t, n, stream);
+}
+
+ffi::Error MxGemmMxPreColImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                              ffi::AnyBuffer sa, ffi::AnyBuffer sb, ffi::Result<ffi::AnyBuffer> q,
+                              ffi::Result<ffi::AnyBuffer> s, ffi::Result<ffi::AnyBuffer> pre,
+                              ffi::Result<ffi::AnyBuffer> qc, ffi::Result<ffi::AnyBuffer> sc,
+                              std::string_view kernel) {
+  return RunMx(stream, device, kernel, a, b, sa, sb, nullptr, q, s, &pre, &qc, &sc);
+}
+
+ffi::Error MxGemmMxBiasPreColImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                                  ffi::AnyBuffer sa, ffi::AnyBuffer sb, ffi::AnyBuffer bias,
+                                  ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> s,
+                                  ffi::Result<ffi::AnyBuffer> pre, ffi::Result<ffi::AnyBuffer> qc,
+                                  ffi::Result<ffi::AnyBuffer> sc, std::string_view kernel) {
+  return RunMx(stream, device, kernel, a, b, sa, sb, &bias, q, s, &pre, &qc, &sc);
 }
 
 ffi::Error MxGemmMxImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer sa,
@@ -174,6 +209,25 @@ ffi::Error MxGemmMxBiasPreImpl(cudaStream_t stream, int32_t device, ffi::AnyBuff
                                ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> s,
                                ffi::Result<ffi::AnyBuffer> pre, std::string_view kernel) {
   return RunMx(stream, device, kernel, a, b, sa, sb, &bias, q, s, &pre);
+}
+
+// Test hooks of the column variants: (q, s, pre, qc, sc) passed in as five more operands (aliased).
+ffi::Error MxGemmMxPreColIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                                  ffi::AnyBuffer sa, ffi::AnyBuffer sb, ffi::AnyBuffer, ffi::AnyBuffer,
+                                  ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> q,
+                                  ffi::Result<ffi::AnyBuffer> s, ffi::Result<ffi::AnyBuffer> pre,
+                                  ffi::Result<ffi::AnyBuffer> qc, ffi::Result<ffi::AnyBuffer> sc,
+                                  std::string_view kernel) {
+  return RunMx(stream, device, kernel, a, b, sa, sb, nullptr, q, s, &pre, &qc, &sc);
+}
+
+ffi::Error MxGemmMxBiasPreColIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                                      ffi::AnyBuffer sa, ffi::AnyBuffer sb, ffi::AnyBuffer bias, ffi::AnyBuffer,
+                                      ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer,
+                                      ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> s,
+                                      ffi::Result<ffi::AnyBuffer> pre, ffi::Result<ffi::AnyBuffer> qc,
+                                      ffi::Result<ffi::AnyBuffer> sc, std::string_view kernel) {
+  return RunMx(stream, device, kernel, a, b, sa, sb, &bias, q, s, &pre, &qc, &sc);
 }
 
 ffi::Error MxGemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer sa,
@@ -247,5 +301,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_mx_gemm_mx_bias_pre, jmx::MxGemmMxBiasPr
                               (jmx::BindBuffers<5, 3>().Attr<std::string_view>("kernel")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_mx_gemm_mx_bias_pre);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_mx_gemm_mx_pre_col, jmx::MxGemmMxPreColImpl,
+                              (jmx::BindBuffers<4, 5>().Attr<std::string_view>("kernel")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_mx_gemm_mx_pre_col);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_mx_gemm_mx_bias_pre_col, jmx::MxGemmMxBiasPreColImpl,
+                              (jmx::BindBuffers<5, 5>().Attr<std::string_view>("kernel")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_mx_gemm_mx_bias_pre_col);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_mx_gemm_mx_pre_col_into, jmx::MxGemmMxPreColIntoImpl,
+                              (jmx::BindBuffers<9, 5>().Attr<std::string_view>("kernel")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_mx_gemm_mx_pre_col_into);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_mx_gemm_mx_bias_pre_col_into, jmx::MxGemmMxBiasPreColIntoImpl,
+                              (jmx::BindBuffers<10, 5>().Attr<std::string_view>("kernel")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_mx_gemm_mx_bias_pre_col_into);
 
 #pragma GCC visibility pop

@@ -17,7 +17,7 @@ from jax_mxfp8.formats import MXArray
 from jax_mxfp8.ops.attention import dot_product_attention
 from jax_mxfp8.ops.checks import check_rank
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
-from jax_mxfp8.ops.mx_dot_quantized import mx_dot_general_quantized
+from jax_mxfp8.ops.mx_dot_quantized import MXHandoff, mx_dot_general_handoff, mx_dot_general_quantized
 from jax_mxfp8.ops.rms_norm_quantize import rms_norm_quantize
 from jax_mxfp8.ops.varlen_attention import varlen_attention
 from jax_mxfp8.parallel.fsdp import fsdp_mx_dot, fsdp_supported, gather_quantized
@@ -33,7 +33,7 @@ def linear(
     precision: LayerPrecision,
     *,
     dtype=None,
-    x_quantized: MXArray | None = None,
+    x_quantized: MXArray | MXHandoff | None = None,
     rng: jax.Array | None = None,
     hadamard_seed: int = 0,
     gather_sharding: jax.sharding.Sharding | None = None,
@@ -44,12 +44,17 @@ def linear(
     accumulation whose GEMMs write bf16 when the output dtype is bf16 (bf16_linear: the bias is then added
     to the bf16-rounded product, as in stock Flax). The kernel stays in its parameter dtype; it is only
     quantized (or rounded to BF16) for the product. `dtype` is the output dtype (default: x's).
-    `x_quantized` (from rms_norm_quantize) skips the forward quantization of x; `rng` feeds stochastic
+    `x_quantized` (from rms_norm_quantize) skips the forward quantization of x; an MXHandoff (from
+    linear_gelu) also gives the weight gradient x's column orientation (mx_dot_general_handoff: no
+    quantize pass over x in the backward either); `rng` feeds stochastic
     gradient rounding. `gather_sharding` (FSDP): quantize the kernel shard by shard and all-gather the
     MXFP8 bytes to this sharding instead of the high-precision kernel (see
     jax_mxfp8.parallel.gather_quantized).
     """
     check_rank(x, 1, "x")
+    x_wgrad = None
+    if isinstance(x_quantized, MXHandoff):
+        x_quantized, x_wgrad = x_quantized.row, x_quantized.wgrad
     out_dtype = dtype or x.dtype
     dn = (((x.ndim - 1,), (0,)), ((), ()))
     config = precision.dot_config(hadamard_seed)
@@ -59,6 +64,12 @@ def linear(
         # bias is added in float32 before the one rounding to out_dtype, as mx_dot_general(bias=) does
         y = fsdp_mx_dot(x, kernel, gather_sharding, config=config, x_quantized=x_quantized)
         return (y if bias is None else y + bias.astype(jnp.float32)).astype(out_dtype)
+    if precision.gemm == "mxfp8" and x_wgrad is not None and not precision.hadamard and gather_sharding is None:
+        # the previous GEMM's epilogue wrote both orientations of x: the wgrad skips its quantize pass
+        return mx_dot_general_handoff(
+            x, kernel, dn, preferred_element_type=out_dtype, bias=bias, config=config,
+            rng=rng if sr else None, lhs_quantized=x_quantized, lhs_wgrad=x_wgrad,
+        )  # fmt: skip
     if precision.gemm == "mxfp8":
         # the bias goes into the GEMM (its epilogue on the kernel path): added in float32 before the one
         # rounding to out_dtype, so the GEMM writes out_dtype instead of a float32 product to add it to
@@ -90,12 +101,14 @@ def linear_gelu(
     x_quantized: MXArray | None = None,
     rng: jax.Array | None = None,
     gather_sharding: jax.sharding.Sharding | None = None,
-) -> tuple[jax.Array, MXArray | None]:
-    """(gelu(x @ kernel + bias), its MXArray or None): the MLP's up projection and activation.
+) -> tuple[jax.Array, MXHandoff | None]:
+    """(gelu(x @ kernel + bias), its MXHandoff or None): the MLP's up projection and activation.
 
     (..., D_in) x (D_in, D_out) -> (..., D_out) in `dtype` (default x's). With precision.fuses_quantize
     (and no FSDP gather) the GEMM's epilogue quantizes gelu of the float32 result (+ bias) into row blocks
-    along D_out (mx_dot_general_quantized), the MXArray the down projection takes as x_quantized; else
+    along D_out (mx_dot_general_quantized), the MXArray the down projection takes as x_quantized, and
+    (orientation "wgrad": only when differentiated) in column blocks along the tokens for the down
+    projection's weight gradient: both in an MXHandoff, which linear takes as x_quantized. Else
     jax.nn.gelu(linear(...)) and None (the down projection quantizes it itself).
     """
     out_dtype = dtype or x.dtype
@@ -104,7 +117,9 @@ def linear_gelu(
                    gather_sharding=gather_sharding)  # fmt: skip
         return jax.nn.gelu(y), None
     check_rank(x, 1, "x")
-    return mx_dot_general_quantized(
+    if isinstance(x_quantized, MXHandoff):
+        x_quantized = x_quantized.row
+    h, h_q, h_w = mx_dot_general_quantized(
         x,
         kernel,
         (((x.ndim - 1,), (0,)), ((), ())),
@@ -114,7 +129,9 @@ def linear_gelu(
         config=precision.dot_config(),
         rng=rng if precision.grad_rounding == "stochastic" else None,
         lhs_quantized=x_quantized,
+        orientations=("row", "wgrad"),
     )
+    return h, MXHandoff(row=h_q, wgrad=h_w)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

@@ -29,7 +29,7 @@ class MXDense(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, *, x_quantized: MXArray | None = None, activation: str | None = None):
-        """y = x @ kernel + bias; activation="gelu": (gelu(y), its MXArray or None), functional.linear_gelu
+        """y = x @ kernel + bias; activation="gelu": (gelu(y), its MXHandoff or None), functional.linear_gelu
         (the GEMM's quantize epilogue hands the next MX GEMM its operand when precision.fuses_quantize)."""
         if activation not in (None, "gelu"):
             raise ValueError(f"activation={activation!r} is not one of (None, 'gelu')")

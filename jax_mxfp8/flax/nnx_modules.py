@@ -80,9 +80,9 @@ class MXLinear(nnx.Module):
             gather_sharding=self.gather_sharding,
         )
 
-    def gelu(self, x: jax.Array, *, x_quantized: MXArray | None = None) -> tuple[jax.Array, MXArray | None]:
-        """(jax.nn.gelu(self(x)), its MXArray for the next MX GEMM or None): functional.linear_gelu (the
-        GEMM's quantize epilogue when precision.fuses_quantize)."""
+    def gelu(self, x: jax.Array, *, x_quantized: MXArray | None = None) -> tuple[jax.Array, F.MXHandoff | None]:
+        """(jax.nn.gelu(self(x)), its MXHandoff (both orientations) for the next MX GEMM's x_quantized, or
+        None): functional.linear_gelu (the GEMM's quantize epilogue when precision.fuses_quantize)."""
         kernel, bias, rng = self._inputs(x)
         return F.linear_gelu(
             x, kernel, bias, self.precision, dtype=self.dtype, x_quantized=x_quantized, rng=rng,

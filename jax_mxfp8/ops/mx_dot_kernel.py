@@ -197,15 +197,18 @@ class KernelDot:
         lo, ro = self.lhs.layout, self.rhs.layout
         return lo.dims(lo.batch) + lo.dims(lo.free) + ro.dims(ro.free)
 
-    def _forward_operands(self, lhs, rhs, lhs_q, rhs_q, residuals: bool):
-        """(a_k, b_k): the forward GEMM's aligned operands; residuals (or None): what backward needs."""
+    def _forward_operands(self, lhs, rhs, lhs_q, rhs_q, residuals: bool, lhs_x=None):
+        """(a_k, b_k): the forward GEMM's aligned operands; residuals (or None): what backward needs.
+        lhs_x: the caller's aligned lhs blocked along "x" (data, scale) (ops/mx_dot_quantized.py: the
+        previous GEMM's epilogue wrote it), used as the wgrad residual instead of quantizing lhs."""
         cfg = self.config
         need_bwd = ("x",) if residuals else ()
+        lhs_bwd = () if lhs_x is not None else need_bwd
         if lhs_q is not None:
             a_k = _prequantized(self.lhs, lhs_q)
-            a = _operands(self.lhs, lhs, need_bwd, cfg.dtype, cfg, self.path) if need_bwd else {}
+            a = _operands(self.lhs, lhs, lhs_bwd, cfg.dtype, cfg, self.path) if lhs_bwd else {}
         else:
-            a = _operands(self.lhs, lhs, ("k",) + need_bwd, cfg.dtype, cfg, self.path)
+            a = _operands(self.lhs, lhs, ("k",) + lhs_bwd, cfg.dtype, cfg, self.path)
             a_k = a["k"]
         if rhs_q is not None:
             b_k = _prequantized(self.rhs, rhs_q)
@@ -216,28 +219,32 @@ class KernelDot:
         if not residuals:
             return a_k, b_k, None
         # the bf16 weight gradient multiplies the unquantized lhs: keep it (bf16) instead of its FP8 copy
-        lhs_res = lhs.astype(jnp.bfloat16) if cfg.weight_grad == "bf16" else a["x"]
+        lhs_res = lhs.astype(jnp.bfloat16) if cfg.weight_grad == "bf16" else (a["x"] if lhs_x is None else lhs_x)
         return a_k, b_k, (lhs_res, b["x"])
 
-    def forward(self, lhs, rhs, lhs_q, rhs_q, out_dtype, *, residuals: bool, bias=None):
+    def forward(self, lhs, rhs, lhs_q, rhs_q, out_dtype, *, residuals: bool, bias=None, lhs_x=None):
         """y (+ bias) in `out_dtype` (lax.dot_general's output layout) and, when `residuals`, what backward
-        needs."""
-        a_k, b_k, res = self._forward_operands(lhs, rhs, lhs_q, rhs_q, residuals)
+        needs (lhs_x: _forward_operands)."""
+        a_k, b_k, res = self._forward_operands(lhs, rhs, lhs_q, rhs_q, residuals, lhs_x)
         return _gemm(a_k, b_k, out_dtype, self.path, bias).reshape(self.out_shape), res
 
-    def forward_quantized(self, lhs, rhs, lhs_q, rhs_q, activation: str, *, residuals: bool, bias=None):
+    def forward_quantized(
+        self, lhs, rhs, lhs_q, rhs_q, activation: str, *, residuals: bool, bias=None, store_col: bool = False
+    ):
         """The forward GEMM with the quantize epilogue (primitives/mx_gemm_epilogue.py): (q, s, pre) in the
         output layout (q (..., N) E4M3 and s (..., N/32) uint8 = quantize(activation(acc + bias)) along the
-        last axis, pre (..., N) bf16 = acc + bias) and, when `residuals`, what backward needs. The rhs has
-        one free dim (N, the output's last axis: kernel_unsupported_quantized)."""
+        last axis, pre (..., N) bf16 = acc + bias) [+ (qc (G, N, Mp), sc (G, Mp/128, N)) with store_col: the
+        column orientation, aligned and transposed as _operands' "x" of a next GEMM's lhs] and, when
+        `residuals`, what backward needs. The rhs has one free dim (N: kernel_unsupported_quantized)."""
         a_k, b_k, res = self._forward_operands(lhs, rhs, lhs_q, rhs_q, residuals)
         bias = None if bias is None else bias.astype(jnp.float32).reshape(-1)
-        q, s, pre = mx_gemm_quantized(
-            a_k[0], b_k[0], a_k[1], b_k[1], bias, activation=activation, store_pre=True, path=self.path
-        )
+        q, s, pre, *col = mx_gemm_quantized(
+            a_k[0], b_k[0], a_k[1], b_k[1], bias, activation=activation, store_pre=True, store_col=store_col,
+            path=self.path,
+        )  # fmt: skip
         shape = self.out_shape
         scale_shape = shape[:-1] + (shape[-1] // 32,)
-        return (q.reshape(shape), s.reshape(scale_shape), pre.reshape(shape)), res
+        return (q.reshape(shape), s.reshape(scale_shape), pre.reshape(shape), *col), res
 
     def backward(self, res, g: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(d_lhs, d_rhs) in the operands' shapes and dtypes from forward's residuals and the cotangent g."""

@@ -1,15 +1,26 @@
 """`mx_dot_general_quantized`: mx_dot_general whose output also leaves as an MXArray (the quantize epilogue).
 
   y, y_q = mx_dot_general_quantized(lhs, rhs, dimension_numbers, activation="gelu", bias=b)
+  y, y_q, y_w = mx_dot_general_quantized(..., orientations=("row", "col"))     (or ("row", "wgrad"))
+  out = mx_dot_general_handoff(y, w2, dn2, lhs_quantized=y_q, lhs_wgrad=y_w)   the next GEMM
 
 y = activation(lhs . rhs (+ bias)) in the output dtype (differentiable) and y_q its MXArray, row blocks of
 32 along the output's last axis, ready to be the next GEMM's `lhs_quantized` (no separate quantize pass).
+With "col" also y_w, a WgradOperand: the COLUMN orientation of the same quantized value (blocks of 32
+along the output's rows M = the tokens, aligned to one exponent per 128 M and transposed, gemm_operands'
+"col" form: exactly what the next GEMM's weight gradient dW = y^T dOut contracts over M). The next GEMM
+takes it through mx_dot_general_handoff, whose backward then skips quantizing y for its wgrad.
+"wgrad" is the training form of "col": y_w is computed only when the call is differentiated (the custom
+VJP's forward rule); the undifferentiated primal returns a NaN-filled placeholder (never a silent value;
+XLA removes it when, as in mx_dot_general_handoff's primal, nothing reads it), so inference pays nothing.
 
 Numerics (docs/numerics.md "Quantize epilogues"): with p = the float32 GEMM result (+ bias), the float32
 value before any rounding to the output dtype,
   y_q = quantize(activation(p), axis=-1, dtype=config.dtype, scale_rounding=config.scale_rounding)
   y   = activation(p.astype(out_dtype))   (in out_dtype: the high-precision value the gradient flows through)
   gradient: autodiff of y through the activation (in out_dtype), then mx_dot_general's backward GEMMs.
+  y_w = align128(quantize(activation(p), axis=-2), axis=-2) (as (G, N, Mp) / (G, Mp/128, N), G the batch
+        dims, M the lhs free dims, N the rhs free dim; reference/gemm_align.py)
 The reference ("xla") computes exactly this by mx_dot_general(preferred_element_type=float32) and
 quantize; the kernel path ("cuda", "emulated") runs the forward GEMM with the quantize epilogue
 (primitives/mx_gemm_epilogue.py): y_q from the kernel's float32 accumulator (bits as quantize of it; the
@@ -36,29 +47,66 @@ from jax_mxfp8.ops.quantize import quantize
 from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives import library
+from jax_mxfp8.primitives.gemm_operands import gemm_operands
 from jax_mxfp8.primitives.mx_gemm_epilogue import ACTIVATIONS
 from jax_mxfp8.reference.gemm import operand_layouts
 from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 ARCHS = mx_dot_kernel.ARCHS
+ORIENTATIONS = (("row",), ("row", "col"), ("row", "wgrad"))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class WgradOperand:
+    """The column orientation of a GEMM output y (..., M, N) as the next GEMM's aligned wgrad operand.
+
+    data  (G, N, Mp) float8_e4m3fn   align128(quantize(y, axis=-2)) transposed: K-major along M (the
+                                     tokens), Mp = M rounded up to 128 (padding +0)
+    scale (G, Mp/128, N) float32     one power-of-two scale per 128 rows and column (NaN for a NaN block)
+    G = the dot's batch dims, M = the lhs free dims, N = the rhs free dim (a free reshape of y's layout).
+    A non-differentiable carrier (its cotangent is zero), like MXArray."""
+
+    data: jax.Array
+    scale: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MXHandoff:
+    """What a GEMM hands the next GEMM: its output's row MXArray (the next forward's lhs_quantized) and its
+    column orientation (the next weight gradient's operand). flax/functional.py's linear takes it as
+    x_quantized (the MLP's up -> GELU -> down)."""
+
+    row: MXArray
+    wgrad: WgradOperand
 
 
 def _act(x: jax.Array, activation: str) -> jax.Array:
     return jax.nn.gelu(x, approximate=True) if activation == "gelu" else x
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _kernel_dot(lhs, rhs, lhs_q, rhs_q, kernel, activation, bias):
-    return _kernel_fwd(lhs, rhs, lhs_q, rhs_q, kernel, activation, bias, residuals=False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _kernel_dot(lhs, rhs, lhs_q, rhs_q, kernel, activation, col, bias):
+    # "wgrad": the primal runs the row-only kernel; the column outputs are NaN placeholders (module docstring)
+    outs = _kernel_fwd(lhs, rhs, lhs_q, rhs_q, kernel, activation, col == "col", bias, residuals=False)[0]
+    if col == "wgrad":
+        g, m, _ = kernel.lhs.sizes
+        n, mp = kernel.rhs.sizes[1], -(-m // 128) * 128
+        nan8 = jnp.full((g, n, mp), jnp.nan, jnp.float8_e4m3fn)
+        outs = (*outs, nan8, jnp.full((g, mp // 128, n), jnp.nan, jnp.float32))
+    return outs
 
 
-def _kernel_fwd(lhs, rhs, lhs_q, rhs_q, kernel, activation, bias, residuals=True):
-    (q, s, pre), res = kernel.forward_quantized(lhs, rhs, lhs_q, rhs_q, activation, residuals=residuals, bias=bias)
+def _kernel_fwd(lhs, rhs, lhs_q, rhs_q, kernel, activation, col, bias, residuals=True):
+    (q, s, pre, *qc), res = kernel.forward_quantized(
+        lhs, rhs, lhs_q, rhs_q, activation, residuals=residuals, bias=bias, store_col=bool(col)
+    )
     bias_like = None if bias is None else jnp.zeros((0,) * bias.ndim, bias.dtype)
-    return (_act(pre, activation), q, s), (res, pre, bias_like)
+    return (_act(pre, activation), q, s, *qc), (res, pre, bias_like)
 
 
-def _kernel_bwd(kernel, activation, res, cts):
+def _kernel_bwd(kernel, activation, col, res, cts):
     operands, pre, bias_like = res
     g = cts[0]
     if activation:  # d_pre = activation'(pre) * d_y in pre's dtype (bf16): autodiff of y = act(pre)
@@ -72,8 +120,8 @@ def _kernel_bwd(kernel, activation, res, cts):
     return d_lhs, d_rhs, None, None, d_bias
 
 
-def _fwd_rule(lhs, rhs, lhs_q, rhs_q, kernel, activation, bias):
-    return _kernel_fwd(lhs, rhs, lhs_q, rhs_q, kernel, activation, bias)
+def _fwd_rule(lhs, rhs, lhs_q, rhs_q, kernel, activation, col, bias):
+    return _kernel_fwd(lhs, rhs, lhs_q, rhs_q, kernel, activation, bool(col), bias)
 
 
 _kernel_dot.defvjp(
@@ -98,8 +146,9 @@ def mx_dot_general_quantized(
     rhs_quantized: MXArray | None = None,
     bias: jax.Array | None = None,
     implementation: str | None = None,
+    orientations: tuple[str, ...] = ("row",),
     **options,
-) -> tuple[jax.Array, MXArray]:
+) -> tuple[jax.Array, MXArray] | tuple[jax.Array, MXArray, WgradOperand]:
     """`mx_dot_general` (+ bias) (-> activation) returning its output and the output's MXArray.
 
     Args:
@@ -112,14 +161,20 @@ def mx_dot_general_quantized(
         mx_dot_general then quantize, each choosing its own implementation), "xla" (the reference: both
         in XLA), "emulated" (the kernel path in XLA, any machine) or "cuda" (the kernel; ValueError naming
         why when it does not cover the call).
+      orientations: ("row",), ("row", "col") or ("row", "wgrad") (module docstring): also return y_w.
 
     Returns:
       (y, y_q): y of lax.dot_general's output shape (batch, lhs free, rhs free dims) in the output dtype
       (default: the operands' result type); y_q an MXArray of the same shape, config.dtype elements, uint8
       scales of shape y.shape[:-1] + (N // 32,), axes (-1,), block "row". y is differentiable (the
       gradient flows through the activation into both operands and the bias); y_q is not (a carrier).
+      With "col" / "wgrad" a third result y_w (WgradOperand; "wgrad": NaN unless differentiated).
     """
     impl.check(implementation)
+    orientations = tuple(orientations)
+    if orientations not in ORIENTATIONS:
+        raise ValueError(f"orientations={orientations!r} is not one of {ORIENTATIONS}")
+    col = orientations[1] if len(orientations) == 2 else ""
     activation = activation or ""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation={activation!r} is not one of (None, 'gelu')")
@@ -141,8 +196,9 @@ def mx_dot_general_quantized(
         views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
         kernel = mx_dot_kernel.KernelDot(*views, np.dtype(lhs.dtype), np.dtype(rhs.dtype), config, path)
         bias = None if bias is None else jnp.asarray(bias)
-        y, q, s = _kernel_dot(lhs, rhs, lhs_quantized, rhs_quantized, kernel, activation, bias)
-        return y.astype(out_dtype), MXArray(data=q, scale=s, axes=(-1,), block="row")
+        y, q, s, *w = _kernel_dot(lhs, rhs, lhs_quantized, rhs_quantized, kernel, activation, col, bias)
+        out = (y.astype(out_dtype), MXArray(data=q, scale=s, axes=(-1,), block="row"))
+        return out + ((WgradOperand(*w),) if col else ())
     # the two-pass path (the reference when implementation="xla")
     inner = "xla" if implementation == "xla" else None
     p = mx_dot_general(
@@ -155,7 +211,14 @@ def mx_dot_general_quantized(
         scale_rounding=config.scale_rounding,
         implementation=inner,
     )
-    return _act(p.astype(out_dtype), activation), y_q
+    out = (_act(p.astype(out_dtype), activation), y_q)
+    if not col:
+        return out
+    z = _act(jax.lax.stop_gradient(p), activation)
+    g, m, _ = mx_dot_kernel.MatrixView.of(lhs_l).sizes
+    z3 = z.astype(jnp.float32).reshape(g, m, out_shape[-1])
+    w = gemm_operands(z3, dtype=config.dtype, scale_rounding=config.scale_rounding, orientations=("col",), path="xla")
+    return out + (WgradOperand(*w["col"]),)
 
 
 def _path(implementation, lhs, rhs, lhs_l, rhs_l, config, out_dtype, activation, bias, common) -> tuple[str, str]:
@@ -173,3 +236,104 @@ def _path(implementation, lhs, rhs, lhs_l, rhs_l, config, out_dtype, activation,
         why = "Blackwell: the epilogue kernel is Hopper's (sm_90a); the GEMM runs in cuDNN"
     path = impl.resolve(implementation, why, ARCHS, op="mx_dot_general_quantized")
     return (path if path in ("cuda", "emulated") else "two-pass"), why or ""
+
+
+# ------------------------------------------------------------------------------ the next GEMM's side
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _handoff_dot(lhs, rhs, lhs_q, w_data, w_scale, kernel, out_dtype, bias):
+    return kernel.forward(lhs, rhs, lhs_q, None, out_dtype, residuals=False, bias=bias)[0]
+
+
+def _handoff_fwd(lhs, rhs, lhs_q, w_data, w_scale, kernel, out_dtype, bias):
+    out, res = kernel.forward(lhs, rhs, lhs_q, None, out_dtype, residuals=True, bias=bias, lhs_x=(w_data, w_scale))
+    bias_like = None if bias is None else jnp.zeros((0,) * bias.ndim, bias.dtype)
+    return out, (res, bias_like)
+
+
+def _handoff_bwd(kernel, out_dtype, res, g):
+    operands, bias_like = res
+    d_lhs, d_rhs = kernel.backward(operands, g)
+    d_bias = None
+    if bias_like is not None:
+        d_bias = jnp.sum(g.astype(jnp.float32), axis=tuple(range(g.ndim - bias_like.ndim))).astype(bias_like.dtype)
+    return d_lhs, d_rhs, None, None, None, d_bias
+
+
+_handoff_dot.defvjp(
+    *remat_safe(
+        guard_fwd(_handoff_fwd, "mx_dot_general_handoff", argnums=(0, 1)),
+        guard_bwd(_handoff_bwd, "mx_dot_general_handoff"),
+    )
+)
+
+
+def handoff_unsupported(lhs, rhs, dimension_numbers, config: MXDotConfig, lhs_quantized, lhs_wgrad) -> str | None:
+    """Why mx_dot_general_handoff cannot run the kernel path with lhs_wgrad as its wgrad residual (None: it
+    can): mx_dot_general's kernel reasons, or lhs_wgrad not the (G, K, Mp) / (G, Mp/128, K) column
+    orientation of lhs (G batch, M free, K contracting) in config.dtype."""
+    lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
+    views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
+    why = mx_dot_kernel.kernel_unsupported(*views, config, lhs_q=lhs_quantized, rhs_q=None)
+    if why:
+        return why
+    if not views[0].k_last or config.weight_grad != "mxfp8":
+        return "the wgrad operand is the column orientation of a k-last lhs with weight_grad='mxfp8'"
+    g, m, k = views[0].sizes
+    mp = -(-m // 128) * 128
+    want = ((g, k, mp), np.dtype(config.dtype)), ((g, mp // 128, k), np.dtype(jnp.float32))
+    got = ((tuple(lhs_wgrad.data.shape), np.dtype(lhs_wgrad.data.dtype)),
+           (tuple(lhs_wgrad.scale.shape), np.dtype(lhs_wgrad.scale.dtype)))  # fmt: skip
+    if got != want:
+        return f"lhs_wgrad is {got}; lhs of shape {tuple(lhs.shape)} needs {want}"
+    return None
+
+
+@named_op("mx_dot_general_handoff")
+def mx_dot_general_handoff(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    dimension_numbers,
+    *,
+    lhs_quantized: MXArray,
+    lhs_wgrad: WgradOperand | None,
+    preferred_element_type=None,
+    config: MXDotConfig | None = None,
+    rng: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    implementation: str | None = None,
+    **options,
+) -> jax.Array:
+    """mx_dot_general(lhs, rhs, ..., lhs_quantized=...) whose weight gradient takes lhs's column
+    orientation from `lhs_wgrad` (the previous GEMM's epilogue wrote it: mx_dot_general_quantized with
+    orientations ("row", "col" / "wgrad")) instead of quantizing lhs again.
+
+    Same numerics as mx_dot_general with lhs_quantized, except the wgrad's lhs operand: quantize(the
+    previous GEMM's float32 value) along M, where mx_dot_general quantizes lhs itself (its out_dtype
+    rounding, e.g. bf16 gelu(bf16 pre)). Calls the kernel path does not cover (and lhs_wgrad None) are
+    mx_dot_general's, lhs_wgrad ignored (implementation "cuda" / "emulated": ValueError with the reason).
+    Arguments as mx_dot_general; returns its output."""
+    impl.check(implementation)
+    config = dataclasses.replace(config or MXDotConfig(), **options)
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    common = dict(preferred_element_type=preferred_element_type, config=config, rng=rng, bias=bias)
+    if lhs_quantized is not None and tuple(lhs_quantized.shape) != tuple(lhs.shape):
+        raise ValueError(f"lhs_quantized has shape {lhs_quantized.shape}, but lhs has shape {tuple(lhs.shape)}")
+    if lhs_wgrad is None or implementation == "xla":
+        return mx_dot_general(lhs, rhs, dimension_numbers, lhs_quantized=lhs_quantized, implementation=implementation,
+                              **common)  # fmt: skip
+    why = handoff_unsupported(lhs, rhs, dimension_numbers, config, lhs_quantized, lhs_wgrad)
+    if why is None and implementation is None and library.gpu_major() == 10:
+        why = "Blackwell: the MX GEMM kernel path is Hopper's; the GEMM runs in cuDNN"
+    path = impl.resolve(implementation, why, ARCHS, op="mx_dot_general_handoff")
+    if path not in ("cuda", "emulated"):
+        return mx_dot_general(lhs, rhs, dimension_numbers, lhs_quantized=lhs_quantized, **common)
+    try:
+        out_dtype = np.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))
+    except TypeError as e:
+        raise ValueError(f"preferred_element_type={preferred_element_type!r} is not a dtype") from e
+    lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
+    views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
+    kernel = mx_dot_kernel.KernelDot(*views, np.dtype(lhs.dtype), np.dtype(rhs.dtype), config, path)
+    w = jax.lax.stop_gradient((lhs_wgrad.data, lhs_wgrad.scale))
+    b = None if bias is None else jnp.asarray(bias)
+    return _handoff_dot(lhs, rhs, lhs_quantized, w[0], w[1], kernel, out_dtype, b)

@@ -8,6 +8,11 @@ epilogue writes the output as MX row blocks along N instead of (or besides) a bf
   q, s = quantize(z, axis=-1)                E4M3 data (G, M, N) + uint8 E8M0 scales (G, M, N/32), the
                                              contract's default rule (scale_rounding "up", RNE, saturating)
   pre = bf16(y)  when store_pre              the pre-activation output a GELU backward needs
+  qc, sc = align128(quantize(z, axis=-2))    store_col: the COLUMN orientation (blocks of 32 along M, one
+                                             exponent per 128 M), written transposed: E4M3 (G, N, Mp) +
+                                             float32 run scales (G, Mp/128, N), Mp = M rounded up to 128;
+                                             exactly gemm_operands' "col" output of z (the operand a
+                                             wgrad GEMM contracting over M takes)
 
 "Reference output" of the contract: z, the float32 value before any bfloat16 rounding; (q, s) are bit for
 bit jax_mxfp8.quantize(z). For activation "" z is the kernel's float32 accumulator (+ bias) itself, so the
@@ -43,18 +48,24 @@ class MXGemmEpilogueConfig(MXGemmConfig):
         stores 4 contiguous FP8 bytes (two 32-bit stores per block and row instead of four 16-bit ones;
         the quad writes 16 contiguous bytes per instruction, like the bf16 epilogue). Production; False
         (tune 1) is the first version.
+      store_col: also write z's column orientation (blocks of 32 along M, aligned to one exponent per 128
+        M: the CTA tile's 128 rows), transposed (K-major for the next wgrad GEMM): the column amax crosses
+        the tile's 8 consumer warps through shared memory, the FP8 tile is transposed through shared
+        memory (kernels/sm90/mx_gemm_epilogue.py). Needs store_pre (the training forward, which also keeps
+        pre) and M a multiple of 32 (the handler checks it).
     The quantized output is always E4M3 with scale_rounding "up" (MX_EPILOGUE_ELEM), blocks of 32 along N
     (N must be a multiple of 32; the handler checks it).
     """
 
     op = "mx_gemm_mx"
     kernels = {"sm_90a": "jax_mxfp8.kernels.sm90.mx_gemm_epilogue:make_kernel"}
-    key_fields = ("a_dtype", "b_dtype", "has_bias", "activation", "store_pre")
+    key_fields = ("a_dtype", "b_dtype", "has_bias", "activation", "store_pre", "store_col")
     codes = {"a_dtype": DTYPE_CODE, "b_dtype": DTYPE_CODE, "activation": ACTIVATION_CODE}
 
     activation: str = ""
     store_pre: bool = False
     paired_stores: bool = False
+    store_col: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -64,6 +75,8 @@ class MXGemmEpilogueConfig(MXGemmConfig):
             raise ValueError(f"out_dtype={self.out_dtype!r}: the pre-activation output is bfloat16")
         if self.diagnostic or self.tile_n % 32:
             raise ValueError("the MX epilogue takes real (non-diagnostic) kernels with tile_n a multiple of 32")
+        if self.store_col and (not self.store_pre or self.tile_m != 128 or (self.tile_n * 8) % 256):
+            raise ValueError("store_col needs store_pre, tile_m 128 (one 128-row run per tile), tile_n * 8 % 256 == 0")
 
     @property
     def name(self) -> str:
@@ -71,13 +84,27 @@ class MXGemmEpilogueConfig(MXGemmConfig):
         base += "_bias" if self.has_bias else ""
         base += f"_{self.activation}" if self.activation else ""
         base += "_pre" if self.store_pre else ""
+        base += "_col" if self.store_col else ""
         return f"{base}_t{self.tune}" if self.tune else base
 
 
-MX_GEMM_EPILOGUE_VARIANTS: tuple[MXGemmEpilogueConfig, ...] = tuple(
-    MXGemmEpilogueConfig(has_bias=bias, activation=act, store_pre=pre, paired_stores=True, **_PRODUCTION)
-    for bias, act, pre in itertools.product((False, True), EPILOGUE_ACTIVATIONS, (False, True))
-) + (MXGemmEpilogueConfig(paired_stores=False, tune=1, **_PRODUCTION),)
+MX_GEMM_EPILOGUE_COL_VARIANTS: tuple[MXGemmEpilogueConfig, ...] = tuple(
+    MXGemmEpilogueConfig(
+        has_bias=bias, activation=act, store_pre=True, store_col=True, paired_stores=True, **_PRODUCTION
+    )
+    for bias, act in itertools.product((False, True), EPILOGUE_ACTIVATIONS)
+)
+"""store_col (row + column orientations, with pre): {no bias, bias} x {identity, gelu}, production tiling."""
+
+MX_GEMM_EPILOGUE_VARIANTS: tuple[MXGemmEpilogueConfig, ...] = (
+    tuple(
+        MXGemmEpilogueConfig(has_bias=bias, activation=act, store_pre=pre, paired_stores=True, **_PRODUCTION)
+        for bias, act, pre in itertools.product((False, True), EPILOGUE_ACTIVATIONS, (False, True))
+    )
+    + MX_GEMM_EPILOGUE_COL_VARIANTS
+    + (MXGemmEpilogueConfig(paired_stores=False, tune=1, **_PRODUCTION),)
+)
 """E4M3 x E4M3 (the forward GEMM) at the production tiling: {no bias, bias} x {identity, gelu} x {pre or not};
 all with paired_stores (H200 round B: 1.01 / 0.96 / 1.05x the plain GEMM, vs 0.98 / 0.89 / 1.05 with 16-bit
-stores); then the benchmark tuning t1: the first version's 16-bit stores (identity, no bias)."""
+stores); the four store_col variants; then the benchmark tuning t1: the first version's 16-bit stores
+(identity, no bias)."""

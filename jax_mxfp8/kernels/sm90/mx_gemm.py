@@ -277,6 +277,7 @@ class MXGemmSm90(MXGemmSplitN):
         sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
         sSA = storage.sSA.get_tensor(sa_smem)
         sSB = storage.sSB.get_tensor(sb_smem)
+        mC = self._with_epilogue_smem(mC)
 
         rank = Int32(0)
         if cutlass.const_expr(self.cm > 1):
@@ -423,6 +424,10 @@ class MXGemmSm90(MXGemmSplitN):
         if cutlass.const_expr(self.config.pingpong):
             if c == 0:  # consume consumer 1's last arrive (or its initial one): the barriers end balanced
                 ws.turn_wait(0)
+
+    def _with_epilogue_smem(self, mC):
+        """mC plus any shared memory an epilogue subclass allocates beside the ring (none here: mC as is)."""
+        return mC
 
     def _out_tiles(self, mC):
         """The consumers' (tile_m, tile_n) tiles of c, for _epilogue (epilogue subclasses override both)."""
