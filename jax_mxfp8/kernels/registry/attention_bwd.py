@@ -13,6 +13,7 @@ from jax_mxfp8.kernels.registry.base import P_SCALE_CODE, P_SCALES, ROUNDING_COD
 
 DQ_ACCUMS = ("fp32", "fp16")
 DQ_ACCUM_CODE = {"fp32": 0, "fp16": 1}
+DQ_STORES = ("red", "bulk", "tma", "tma_warp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +36,11 @@ class AttentionBwdConfig(KernelConfig):
       q_stage: Q / dO tiles (64 query rows each) in flight in shared memory.
       dq_store: how each query tile's dQ partial reaches dq: "red" (one red.global.add.f32 per element
         from the registers) or "bulk" (staged in shared memory, then cp.reduce.async.bulk .add.f32 of
-        whole rows: 256-byte bulk reductions in L2 instead of scattered 4-byte ones).
+        whole rows: 256-byte bulk reductions in L2 instead of scattered 4-byte ones) or "tma" (staged in
+        shared memory in the 128-byte-swizzled layout of a TMA tensor map on dq, then one
+        cp.reduce.async.bulk.tensor .add per consumer and tile, issued by one thread, after a 128-thread
+        barrier; overlap 0, dq_keys "cta" only) or "tma_warp" (the same, but each warp reduces its own 16
+        rows, 2 KB boxes: no barrier, a warp's staging stores and its TMA ordered by __syncwarp).
       overlap: 0, or issue the next query tile's S^T (1) or S^T and dP^T (2) wgmmas between this tile's dQ
         staging and its bulk reductions (waited at the end of the step), so that the dQ store's barriers and
         reductions run while they occupy the tensor cores; with 1, dP^T is issued at the top of the step and
@@ -108,8 +113,12 @@ class AttentionBwdConfig(KernelConfig):
             )
         if self.packed:
             raise ValueError("packed=True is not implemented (dense padded batches only)")
-        if self.dq_store not in ("red", "bulk"):
-            raise ValueError(f"dq_store={self.dq_store!r} not in ('red', 'bulk')")
+        if self.dq_store not in DQ_STORES:
+            raise ValueError(f"dq_store={self.dq_store!r} not in {DQ_STORES}")
+        if self.dq_store.startswith("tma") and (self.overlap or self.dq_keys != "cta"):
+            raise ValueError(
+                f"dq_store={self.dq_store!r} needs overlap=0 and dq_keys='cta' (got {self.overlap}, {self.dq_keys!r})"
+            )
         if self.overlap not in (0, 1, 2):
             raise ValueError(f"overlap={self.overlap} not in (0, 1, 2)")
         if self.overlap and self.dq_store != "bulk":
@@ -175,6 +184,9 @@ class AttentionBwdConfig(KernelConfig):
 #   tune 12: tune 7 + dq_store "red" with dq_red_width 2 (dQ over the CTA's keys)
 #   tune 14: tune 12 with dq_red_width 4 (red.global.add.v4.f32 after a lane-pair exchange)
 #   tune 13: v1 (dq_store "bulk", LSE / delta from global memory): production until 2026-12-01
+#   tune 15: tune 7 + dq_store "tma" (the dQ tile staged in swizzled shared memory, one TMA tensor
+#            reduce-add per consumer and tile instead of 16 red.v2 per thread)
+#   tune 16: tune 7 + dq_store "tma_warp" (one TMA reduce-add per warp of its 16 rows: no dQ barrier)
 _T7 = dict(smem_stats=True, amax_reduce="redux", stats_early=True)
 PRODUCTION: dict[int, dict] = {128: dict(_T7, dq_store="red", dq_red_width=2), 64: dict(dq_store="red")}
 """Tune 0's fields per head_dim."""
@@ -194,6 +206,8 @@ TUNINGS: tuple[tuple[int, dict], ...] = (
     (12, dict(_T7, dq_store="red", dq_red_width=2)),
     (13, dict(dq_store="bulk", smem_stats=False)),
     (14, dict(_T7, dq_store="red", dq_red_width=4)),
+    (15, dict(_T7, dq_store="tma")),
+    (16, dict(_T7, dq_store="tma_warp")),
 )
 TUNING_HEAD_DIMS: dict[int, tuple[int, ...]] = {10: (64,)}
 """Tunings registered for some head dims only (the others: every head dim)."""

@@ -90,7 +90,15 @@ from cutlass.cute.nvgpu.warpgroup import OperandMajorMode, OperandSource
 
 from jax_mxfp8.kernels.registry import AttentionBwdConfig
 from jax_mxfp8.kernels.sm90 import warp_specialization as ws
-from jax_mxfp8.kernels.sm90.attention_bwd_blocks import BF16, CTA_N, NUM_CONSUMERS, TILE_M, WG_N, bulk_load
+from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
+    BF16,
+    CTA_N,
+    NUM_CONSUMERS,
+    TILE_M,
+    WG_N,
+    bulk_load,
+    tma_tile_partition,
+)
 from jax_mxfp8.kernels.sm90.attention_bwd_consumer import AttentionBwdConsumer
 from jax_mxfp8.kernels.sm90.attention_bwd_dq_reduce import AttentionBwdDqReduce
 
@@ -115,6 +123,11 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         self.redux = config.amax_reduce == "redux"
         self.stats_early = config.stats_early
         self.bulk_dq = config.dq_store == "bulk"
+        # dq_store "tma": the dQ tile staged in a 128-byte-swizzled (64, 64, H / 64) float32 tile, one TMA
+        # tensor reduce-add per consumer and tile (kernels/sm90/attention_bwd_dq_reduce.py)
+        self.tma_dq = config.dq_store in ("tma", "tma_warp")
+        # "tma": 64 rows (a consumer's tile) per TMA box; "tma_warp": 16 (a warp's rows)
+        self.dq_box_rows = 16 if config.dq_store == "tma_warp" else TILE_M
         self.dq_mode = config.dq_mode  # float16 dq and / or ordered adds (kernels/sm90/attention_bwd_dq.py)
         self.overlap = config.overlap
         self.smem_stats = config.smem_stats
@@ -208,6 +221,14 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         ds_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.COL_MAJOR, self.dq_tiler, BF16, 2)
         return q_smem, k_smem, ds_smem
 
+    def _dq_smem_layout(self):
+        """dq_store "tma": the dQ staging tile as (box rows R, 64 head-dim columns, stages) float32, row-major
+        with the 128-byte swizzle (conflict-free 8-byte stores of the accumulator fragment: a warp's 8 rows
+        x 32 bytes land on 8 distinct 16-byte chunk pairs); R = 64: a stage per 64-column block (H / 64),
+        R = 16 ("tma_warp"): a stage per (block, warp), block-major. The TMA box is (R rows, 32 columns)."""
+        stages = (self.h // 64) * (TILE_M // self.dq_box_rows)
+        return sm90_utils.make_smem_layout_epi(Float32, utils.LayoutEnum.ROW_MAJOR, (self.dq_box_rows, 64), stages)
+
     def _shared_storage(self, q_smem, k_smem, ds_smem):
         """The kernel's shared-memory struct (plain Python: the smem_stats member exists only when used)."""
         fields = dict(
@@ -221,6 +242,8 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
             sdS=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(ds_smem)], 1024],
             sdQ=cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self._sdq_bytes() if self.bulk_dq else 16], 128],
         )
+        if self.tma_dq:  # the swizzled staging tile (same member: the other variants' struct unchanged)
+            fields["sdQ"] = cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(self._dq_smem_layout())], 1024]
         if self.smem_stats:  # (LSE, delta) x q_stage, float32
             words = self.q_stage * self.stats_bytes // 4
             fields["stats"] = cute.struct.Align[cute.struct.MemRange[Float32, words], 128]
@@ -299,10 +322,18 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         self.q_bytes = cute.size_in_bytes(BF16, q_one)
         self.k_bytes = cute.size_in_bytes(BF16, k_one)
 
+        tma_dq, tdq, dq_smem = None, None, None
+        if cutlass.const_expr(self.tma_dq):
+            dq_smem = self._dq_smem_layout()
+            red = cute.nvgpu.cpasync.CopyReduceBulkTensorTileS2GOp()  # .add
+            tma_dq, tdq = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                red, dq, cute.slice_(dq_smem, (None, None, 0)), (self.dq_box_rows, 64)
+            )
+
         self.shared_storage = self._shared_storage(q_smem, k_smem, ds_smem)
         self.kernel(
             sdp_mma, dkv_mma, dq_mma, tma_q, tq, tma_do, tdo, tma_k, tk, tma_v, tv,
-            lse, delta, lens, dq, dk, dv, scale, q_smem, k_smem, ds_smem, sem, dq_scale,
+            lse, delta, lens, dq, dk, dv, scale, q_smem, k_smem, ds_smem, sem, dq_scale, tma_dq, tdq, dq_smem,
         ).launch(
             grid=[sp // CTA_N, bk, 1],
             block=[self.threads, 1, 1],
@@ -340,6 +371,9 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         ds_smem: cute.ComposedLayout,
         mSem,
         dq_scale,
+        tma_dq,
+        mdQt,
+        dq_smem,
     ):
         """One CTA: key tile n (128 keys) of KV head bk = b * K + kv; loops over the G query heads of the
         group and the 64-row query tiles that can see this key tile."""
@@ -381,6 +415,10 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         sdq_base = storage.sdQ.data_ptr().toint()
         stats_base = Int32(0)
         sStats = sAmax  # (unused unless smem_stats)
+        if cutlass.const_expr(self.tma_dq):
+            # _store_dq's TMA reduce operands, kept off _consume's argument list (None otherwise)
+            sDQ = storage.sdQ.get_tensor(dq_smem.outer, swizzle=dq_smem.inner)
+            self.dq_tma = (tma_dq, mdQt, sDQ)
         if cutlass.const_expr(self.smem_stats):
             stats_base = storage.stats.data_ptr().toint()
             # (query column, LSE / delta, stage)
@@ -416,15 +454,7 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         (smem_stats: and that tile's 64 LSE and 64 delta values, by lane 0, on the stage's mbarrier)."""
         h = self.h
 
-        def part(atom, g_tensor, s_tensor, tile):
-            return cute.nvgpu.cpasync.tma_partition(
-                atom,
-                0,
-                cute.make_layout(1),
-                cute.group_modes(s_tensor, 0, 2),
-                cute.group_modes(cute.flat_divide(g_tensor, tile), 0, 2),
-            )
-
+        part = tma_tile_partition
         tQsQ, tQgQ = part(tma_q, mQ, sQ, (TILE_M, h))
         tOsO, tOgO = part(tma_do, mdO, sdO, (TILE_M, h))
         tKsK, tKgK = part(tma_k, mK, sK, (CTA_N, h))

@@ -29,6 +29,7 @@ from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
     TILE_M,
     WG_N,
     bulk_wait,
+    bulk_wait_read,
     quantize_ds_square,
 )
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
@@ -103,6 +104,8 @@ class AttentionBwdConsumer:
         pair_barrier = AMAX_BARRIER0 + c * 2 + warp_wg // 2
         if cutlass.const_expr(self.dq_own and self.bulk_dq):
             sdq_base = sdq_base + c * (TILE_M * self.dq_pitch)  # this consumer's staging tile
+        if cutlass.const_expr(self.tma_dq):
+            self._partition_dq_tma()
 
         if cutlass.const_expr(not self.overlap):
             acc_dv.fill(0.0)
@@ -188,6 +191,13 @@ class AttentionBwdConsumer:
                     )
                     cute.nvgpu.warpgroup.commit_group()
             else:
+                if cutlass.const_expr(self.tma_dq):
+                    # the previous tile's TMA reduce has read the staging tile: after the dS barrier every
+                    # thread may overwrite it (no barrier of its own before the staging stores)
+                    if cutlass.const_expr(self.dq_box_rows == 16):
+                        bulk_wait_read()  # "tma_warp": every warp issued its own
+                    elif warp_wg == 0:
+                        bulk_wait_read()
                 cute.arch.barrier(barrier_id=DS_BARRIER, number_of_threads=NUM_CONSUMERS * ws.WARPGROUP_THREADS)
                 cute.nvgpu.warpgroup.fence()
                 self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
@@ -247,7 +257,9 @@ class AttentionBwdConsumer:
                     )  # fmt: skip
             if cutlass.const_expr(self.overlap):
                 cute.nvgpu.warpgroup.wait_group(0)  # the next tile's S^T (and dP^T)
-        if cutlass.const_expr(self.bulk_dq):
+        if cutlass.const_expr(self.tma_dq and self.dq_box_rows == 16):
+            bulk_wait()  # "tma_warp": every warp's last reductions
+        elif cutlass.const_expr(self.bulk_dq or self.tma_dq):
             if warp_wg == 0:
                 bulk_wait()  # the last tile's reductions, before the CTA (and its shared memory) goes away
 

@@ -7,7 +7,13 @@ the other dQ modes are kernels/sm90/attention_bwd_dq.py's, dispatched from _stor
           adjacent columns), 4 (.v4.f32 after a lane-pair exchange)
   "bulk"  the tile staged in shared memory (rows padded by 32 bytes), then one 256-byte
           cp.reduce.async.bulk .add.f32 per row from warp 0 (two rows per lane); in two parts for overlap
-Rows >= q_len are never added. A mixin of AttentionBackwardSm90 (it reads self.config, self.h, ...).
+  "tma"   the tile staged in a 128-byte-swizzled float32 tile (the layout of the TMA tensor map's (64, 32)
+          boxes on dq), then one cp.reduce.async.bulk.tensor .add per consumer and tile (its 64 columns),
+          issued by warp 0's elected lane after the consumer's barrier; no overlap, dq_keys "cta" only
+  "tma_warp"  the same with (16, 32) boxes: each warp reduces its own 16 rows after a __syncwarp (no
+          barrier across the consumer's warps)
+Rows >= q_len are never added ("tma" adds +0.0 to the rows q_len .. Tp - 1 of a tile that crosses q_len:
+the zero-filled dq stays +0.0 there). A mixin of AttentionBackwardSm90 (it reads self.config, self.h, ...).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
     red_add_v2_f32,
     red_add_v4_f32,
     st_shared_v2_f32,
+    tma_tile_partition,
 )
 from jax_mxfp8.kernels.sm90.attention_bwd_dq import store_dq_mode
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
@@ -52,6 +59,8 @@ class AttentionBwdDqReduce:
                 self.config, acc_dq, dq_base, sem_base, bn, tp, q0 + row_in, col0 + col_in, q0, q_len, dq_scale, c,
                 warp_wg * 32 + lane, DQ_BARRIER0 + c,
             )  # fmt: skip
+        elif cutlass.const_expr(self.tma_dq):
+            self._reduce_dq_tma(acc_dq, sdq_base, bn, q0, row_in, col_in, q_len, scale, c, warp_wg)
         elif cutlass.const_expr(not self.bulk_dq):
             self._add_dq(acc_dq, dq_base, bn, tp, q0 + row_in, col0 + col_in, q_len, scale)
         else:
@@ -74,6 +83,60 @@ class AttentionBwdDqReduce:
                     if q0 + r < q_len:
                         dst = dq_base + ((Int64(bn) * Int64(tp) + Int64(q0 + r)) * Int64(self.h) + Int64(col0)) * 4
                         bulk_reduce_add_f32(dst, sdq_base + r * self.dq_pitch + col0 * 4, 256)
+                bulk_commit()
+
+    def _partition_dq_tma(self):
+        """dq_store "tma" / "tma_warp": the TMA partitions of the staging tile's boxes and of dq (kept on self
+        for _reduce_dq_tma). The layout is the one _reduce_dq_tma's stores assume (checked at trace time)."""
+        tma_dq, mdQt, sDQ = self.dq_tma
+        rows = self.dq_box_rows
+        stages = (self.h // 64) * (TILE_M // rows)
+        stride = 0 if stages == 1 else rows * 64
+        want = f"((8,{rows // 8}),(32,2),(1,{stages})):((32,256),(1,{rows * 32}),(0,{stride}))"
+        assert str(sDQ.layout) == want, f"dQ staging layout {sDQ.layout} is not {want}"
+        self.tDsDQ, self.tDgDQ = tma_tile_partition(tma_dq, mdQt, sDQ, (rows, 64))
+
+    @cute.jit
+    def _reduce_dq_tma(self, acc_dq, sdq_base, bn, q0, row_in, col_in, q_len, scale, c, warp_wg):
+        """dq[bn, q0 .., 64 c ..] += tau * acc_dq by TMA tensor reduce-adds of this consumer's 64 x 64 tile
+        (c = 0 at H64): tau * acc (0 in rows >= q_len) into the staging tile (its previous reads were waited
+        for before the dS barrier), fence.proxy.async, then "tma": the consumer's barrier and warp 0 issues
+        the tile (two 64 x 32 boxes); "tma_warp": __syncwarp and each warp issues its 16 rows (two 16 x 32
+        boxes). The copy elects its lane (elect.sync): the whole warp takes the branch.
+
+        Staging addresses, by hand (cute's partition of the swizzled tile kept 16 addresses live across the
+        loop: 40 spill stores instead of 10). Bytes: column block blk (64 columns) at 16 KB; "tma": within
+        it the two 32-column boxes (64 rows x 128 bytes) at 8 KB, rows at 128 bytes; "tma_warp": warp w's
+        4 KB at 4 KB w, its two boxes (16 rows x 128 bytes) at 2 KB. Then the TMA's 128-byte swizzle
+        (16-byte chunk index XOR row % 8; the staging base is 1024-byte aligned). A thread's element
+        (row_in + 8 v1, col_in + v0 + 8 nbk): row % 8 = row_in % 8, row // 8 = 2 warp_wg + v1, chunk
+        (col_in >> 2) + 2 (nbk % 4) (no carry: col_in <= 6), so the swizzled chunk is
+        ((col_in >> 2) ^ row % 8) ^ 2 (nbk % 4)."""
+        lim = q_len - q0
+        blk = c if self.dq_split else 0
+        warp_boxes = self.dq_box_rows == 16
+        r8 = row_in % 8
+        base = sdq_base + blk * 16384 + r8 * 128 + (row_in // 8) * 1024 + (col_in % 4) * 4  # row_in // 8 = 2 w
+        box_bytes = 2048 if warp_boxes else 8192
+        x0 = (col_in // 4) ^ r8
+        for i in cutlass.range_constexpr(0, cute.size(acc_dq), 2):
+            _, v1, nbk = acc_coords(i)
+            live = row_in + 8 * v1 < lim
+            addr = base + (v1 * 1024 + (nbk // 4) * box_bytes) + (x0 ^ (2 * (nbk % 4))) * 16
+            lo = cutlass.select_(live, acc_dq[i] * scale, Float32(0.0))
+            hi = cutlass.select_(live, acc_dq[i + 1] * scale, Float32(0.0))
+            st_shared_v2_f32(addr, lo, hi)
+        cute.arch.fence_view_async_shared()  # the generic-proxy stores, visible to the TMA (async proxy)
+        if cutlass.const_expr(warp_boxes):
+            cute.arch.sync_warp()
+            stage = blk * (TILE_M // 16) + warp_wg
+            row_tile = q0 // 16 + warp_wg
+            cute.copy(self.dq_tma[0], self.tDsDQ[(None, stage)], self.tDgDQ[(None, row_tile, blk, bn)])
+            bulk_commit()
+        else:
+            cute.arch.barrier(barrier_id=DQ_BARRIER0 + c, number_of_threads=ws.WARPGROUP_THREADS)
+            if warp_wg == 0:
+                cute.copy(self.dq_tma[0], self.tDsDQ[(None, blk)], self.tDgDQ[(None, q0 // TILE_M, blk, bn)])
                 bulk_commit()
 
     @cute.jit
