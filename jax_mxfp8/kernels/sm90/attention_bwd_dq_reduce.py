@@ -116,8 +116,11 @@ class AttentionBwdDqReduce:
         blk = c if self.dq_split else 0
         warp_boxes = self.dq_box_rows == 16
         r8 = row_in % 8
-        base = sdq_base + blk * 16384 + r8 * 128 + (row_in // 8) * 1024 + (col_in % 4) * 4  # row_in // 8 = 2 w
         box_bytes = 2048 if warp_boxes else 8192
+        # rows 16 w .. 16 w + 15 (row_in // 8 = 2 w): at 2 KB w ("tma": row groups of 8 at 1 KB in the 64-row
+        # box) or at 4 KB w ("tma_warp": the warp's own two 2 KB boxes)
+        warp_bytes = 4096 if warp_boxes else 2048
+        base = sdq_base + blk * 16384 + (row_in // 16) * warp_bytes + r8 * 128 + (col_in % 4) * 4
         x0 = (col_in // 4) ^ r8
         for i in cutlass.range_constexpr(0, cute.size(acc_dq), 2):
             _, v1, nbk = acc_coords(i)
