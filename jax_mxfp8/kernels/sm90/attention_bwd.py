@@ -40,7 +40,8 @@ wgmma (no FP8 transposes):
   dK  += dSq^T Q                                 (RS: dSq^T from registers, Q^T an MN-major view of sQ)
   dQ   = dSq K  (per query tile), times tau, added into dq (config.dq_store: "bulk", production at H128, stages the
          tile in shared memory and issues one 256-byte cp.reduce.async.bulk .add.f32 per row; "red" issues
-         red.global.add.f32 per element)
+         red.global.add.f32 per element; "tma" / "tma_warp", tunes 15 / 16: staged in a 128-byte-swizzled
+         tile, one TMA tensor reduce-add per consumer / per warp and tile)
   dK *= tau at the end.
 A 32-key block of dS spans two warps of a consumer warpgroup (16 keys each): the two warps exchange their
 block amax through shared memory (a 64-thread named barrier per warp pair).
@@ -66,8 +67,9 @@ head), 3 warpgroups):
   independently, at twice the dQ reductions. config.dq_red_width 2: red.global.add.v2.f32.
 Modules: this file (host side, shared memory, the kernel entry, the producer warp); attention_bwd_consumer.py
 (the consumer warpgroups' loop, the dK / dV epilogue); attention_bwd_dq_reduce.py (the float32 dQ stores
-"red" / "bulk"); attention_bwd_dq.py (the dQ modes); attention_bwd_blocks.py (tile geometry, named barriers,
-dS square quantization, the PTX wrappers); warp_specialization, wgmma, wgmma_fragment (acc_coords).
+"red" / "bulk" / "tma"; the TMA staging offsets: attention_bwd_dq_layout.py); attention_bwd_dq.py (the dQ
+modes); attention_bwd_blocks.py (tile geometry, named barriers, dS square quantization, the PTX wrappers);
+warp_specialization, wgmma, wgmma_fragment (acc_coords).
 
 Measured on the H200 (docs/perf-notes.md "Attention backward (sm90)", tests/test_attention_bwd_kernel_gpu.py):
 dq, dk, dv 68-156 dB SQNR against the XLA reference, their float64 SQNR equal to the reference's to 0.01 dB;

@@ -23,6 +23,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from jax_mxfp8.kernels.common import ptx
+from jax_mxfp8.kernels.sm90 import attention_bwd_dq_layout as dq_layout
 from jax_mxfp8.kernels.sm90 import warp_specialization as ws
 from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
     DQ_BARRIER0,
@@ -104,28 +105,17 @@ class AttentionBwdDqReduce:
         the tile (two 64 x 32 boxes); "tma_warp": __syncwarp and each warp issues its 16 rows (two 16 x 32
         boxes). The copy elects its lane (elect.sync): the whole warp takes the branch.
 
-        Staging addresses, by hand (cute's partition of the swizzled tile kept 16 addresses live across the
-        loop: 40 spill stores instead of 10). Bytes: column block blk (64 columns) at 16 KB; "tma": within
-        it the two 32-column boxes (64 rows x 128 bytes) at 8 KB, rows at 128 bytes; "tma_warp": warp w's
-        4 KB at 4 KB w, its two boxes (16 rows x 128 bytes) at 2 KB. Then the TMA's 128-byte swizzle
-        (16-byte chunk index XOR row % 8; the staging base is 1024-byte aligned). A thread's element
-        (row_in + 8 v1, col_in + v0 + 8 nbk): row % 8 = row_in % 8, row // 8 = 2 warp_wg + v1, chunk
-        (col_in >> 2) + 2 (nbk % 4) (no carry: col_in <= 6), so the swizzled chunk is
-        ((col_in >> 2) ^ row % 8) ^ 2 (nbk % 4)."""
+        Staging addresses by hand (kernels/sm90/attention_bwd_dq_layout.py): cute's partition of the swizzled
+        tile kept 16 addresses live across the loop (40 spill stores instead of 10)."""
         lim = q_len - q0
         blk = c if self.dq_split else 0
         warp_boxes = self.dq_box_rows == 16
-        r8 = row_in % 8
-        box_bytes = 2048 if warp_boxes else 8192
-        # rows 16 w .. 16 w + 15 (row_in // 8 = 2 w): at 2 KB w ("tma": row groups of 8 at 1 KB in the 64-row
-        # box) or at 4 KB w ("tma_warp": the warp's own two 2 KB boxes)
-        warp_bytes = 4096 if warp_boxes else 2048
-        base = sdq_base + blk * 16384 + (row_in // 16) * warp_bytes + r8 * 128 + (col_in % 4) * 4
-        x0 = (col_in // 4) ^ r8
+        offset, x0 = dq_layout.thread_base(row_in, col_in, blk, warp_boxes)
+        base = sdq_base + offset
         for i in cutlass.range_constexpr(0, cute.size(acc_dq), 2):
             _, v1, nbk = acc_coords(i)
             live = row_in + 8 * v1 < lim
-            addr = base + (v1 * 1024 + (nbk // 4) * box_bytes) + (x0 ^ (2 * (nbk % 4))) * 16
+            addr = base + dq_layout.elem_offset(x0, v1, nbk, warp_boxes)
             lo = cutlass.select_(live, acc_dq[i] * scale, Float32(0.0))
             hi = cutlass.select_(live, acc_dq[i + 1] * scale, Float32(0.0))
             st_shared_v2_f32(addr, lo, hi)
