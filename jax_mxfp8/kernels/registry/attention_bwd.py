@@ -52,6 +52,9 @@ class AttentionBwdConfig(KernelConfig):
         consumers read them from shared memory right where they are used (fewer live registers).
       amax_reduce: the dS square block's warp amax: "shfl" (5 dependent shfl.sync.bfly + max per query
         block) or "redux" (one redux.sync.max.u32: the same integer max of |x| bits, one instruction).
+      dq_first: the dQ wgmma issued before dK's (not after) and its store run while dK's wgmma is in flight
+        (wait_group(1)), instead of after both; overlap 0, dq_keys "cta" only. The same sums (dk, dv bits
+        unchanged).
       stats_early: smem_stats only (overlap 0): each tile's LSE shared-memory loads are issued before the
         S^T wait instead of after it, so their latency hides under the wgmma.
       dq_red_width: dq_store "red": floats per red.global.add (1: .f32; 2: .v2.f32, a thread's two adjacent
@@ -86,6 +89,7 @@ class AttentionBwdConfig(KernelConfig):
     smem_stats: bool = False
     amax_reduce: str = "shfl"
     stats_early: bool = False
+    dq_first: bool = False
     dq_red_width: int = 1
     dq_keys: str = "cta"
     broadcast_q: bool = False
@@ -131,6 +135,10 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"stats_early={self.stats_early!r} is not a bool")
         if self.stats_early and (not self.smem_stats or self.overlap):
             raise ValueError("stats_early=True needs smem_stats=True and overlap=0")
+        if not isinstance(self.dq_first, bool):
+            raise ValueError(f"dq_first={self.dq_first!r} is not a bool")
+        if self.dq_first and (self.overlap or self.dq_keys != "cta"):
+            raise ValueError("dq_first=True needs overlap=0 and dq_keys='cta'")
         if self.dq_red_width not in (1, 2, 4):
             raise ValueError(f"dq_red_width={self.dq_red_width} not in (1, 2, 4)")
         if self.dq_red_width != 1 and self.dq_store != "red":
@@ -187,6 +195,8 @@ class AttentionBwdConfig(KernelConfig):
 #   tune 15: tune 7 + dq_store "tma" (the dQ tile staged in swizzled shared memory, one TMA tensor
 #            reduce-add per consumer and tile instead of 16 red.v2 per thread)
 #   tune 16: tune 7 + dq_store "tma_warp" (one TMA reduce-add per warp of its 16 rows: no dQ barrier)
+#   tune 17: tune 16 + dq_first (the dQ store under the dK wgmma)
+#   tune 18: tune 12 + dq_first (production's red.v2 store under the dK wgmma)
 _T7 = dict(smem_stats=True, amax_reduce="redux", stats_early=True)
 PRODUCTION: dict[int, dict] = {128: dict(_T7, dq_store="red", dq_red_width=2), 64: dict(dq_store="red")}
 """Tune 0's fields per head_dim."""
@@ -208,6 +218,8 @@ TUNINGS: tuple[tuple[int, dict], ...] = (
     (14, dict(_T7, dq_store="red", dq_red_width=4)),
     (15, dict(_T7, dq_store="tma")),
     (16, dict(_T7, dq_store="tma_warp")),
+    (17, dict(_T7, dq_store="tma_warp", dq_first=True)),
+    (18, dict(_T7, dq_store="red", dq_red_width=2, dq_first=True)),
 )
 TUNING_HEAD_DIMS: dict[int, tuple[int, ...]] = {10: (64,)}
 """Tunings registered for some head dims only (the others: every head dim)."""

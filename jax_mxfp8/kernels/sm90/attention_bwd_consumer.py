@@ -200,17 +200,28 @@ class AttentionBwdConsumer:
                         bulk_wait_read()
                 cute.arch.barrier(barrier_id=DS_BARRIER, number_of_threads=NUM_CONSUMERS * ws.WARPGROUP_THREADS)
                 cute.nvgpu.warpgroup.fence()
-                self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
-                cute.nvgpu.warpgroup.commit_group()
-                if cutlass.const_expr(self.dq_split):
-                    self._gemm(self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[None, None, None, 0], False)
+                if cutlass.const_expr(self.config.dq_first):
+                    # dQ first, then dK; dQ's store while dK's wgmma runs (wait_group(1): dQ's group is done;
+                    # the H64 consumer 1 has only dK's group, waited by the step's wait_group(0) below)
+                    self._issue_dq(acc_dq, tQrdS, tQrKt, buf, c)
+                    self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
                     cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    if cutlass.const_expr(self.dq_split):
+                        self._store_dq(
+                            acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg,
+                            lane,
+                        )  # fmt: skip
+                    else:
+                        if c == 0:
+                            self._store_dq(
+                                acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c,
+                                warp_wg, lane,
+                            )  # fmt: skip
                 else:
-                    if c == 0:
-                        self._gemm(
-                            self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[None, None, None, 0], False
-                        )
-                        cute.nvgpu.warpgroup.commit_group()
+                    self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
+                    cute.nvgpu.warpgroup.commit_group()
+                    self._issue_dq(acc_dq, tQrdS, tQrKt, buf, c)
             cute.nvgpu.warpgroup.wait_group(0)
             q_pipe.consumer_release(state)
             # overlap + "bulk": dQ goes to its staging tile before the next S^T, dP^T are issued (no
@@ -240,7 +251,9 @@ class AttentionBwdConsumer:
                     q_pipe.consumer_wait(ws.ring_state(self.q_stage, it + 1))
                 self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, (it + 1) % self.q_stage, self.overlap)
             part = "issue" if early else "all"
-            if cutlass.const_expr(self.dq_own):
+            if cutlass.const_expr(self.config.dq_first):
+                pass  # stored under the dK wgmma above
+            elif cutlass.const_expr(self.dq_own):
                 self._store_dq(
                     acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, Int32(64 * (self.dq_halves - 1)), col_in, q_len,
                     scale, c, warp_wg, lane, part,
@@ -273,6 +286,18 @@ class AttentionBwdConsumer:
             acc_dv[i] = cutlass.select_(live, acc_dv[i], Float32(0.0))
         cute.autovec_copy(acc_dk, tDKgDK)
         cute.autovec_copy(acc_dv, tDVgDV)
+
+    @cute.jit
+    def _issue_dq(self, acc_dq, tQrdS, tQrKt, buf, c):
+        """dq_keys "cta": dQ = dSq K of dS buffer buf, one commit group (H128: this consumer's head-dim half;
+        H64: consumer 0 only)."""
+        if cutlass.const_expr(self.dq_split):
+            self._gemm(self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[None, None, None, 0], False)
+            cute.nvgpu.warpgroup.commit_group()
+        else:
+            if c == 0:
+                self._gemm(self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[None, None, None, 0], False)
+                cute.nvgpu.warpgroup.commit_group()
 
     @cute.jit
     def _tile(self, it, n_m, m_start, bn0):
