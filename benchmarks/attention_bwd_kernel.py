@@ -12,7 +12,7 @@ dq_accum "fp16" with e = 12, deterministic "fp32" and "fp16"; kernels/sm90/atten
 the same inputs, with their dq's SQNR against tune 0's float32 dq ("kernel_<mode>_dq_db"; dk, dv are the
 same math).
 Usage: python benchmarks/attention_bwd_kernel.py [--out results.json] [--calls 10] [--batches 5] [--tunes 0,5]
-             [--shapes 0,2]
+             [--shapes 0,2] [--modes none|fp16,det,fp16_det]
        ncu -k regex:attention_bwd --launch-skip 1 --launch-count 1 python benchmarks/attention_bwd_kernel.py --profile 0
 """
 
@@ -115,9 +115,11 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", type=int, default=None, help="with --profile: SHAPES index (overrides --causal)")
     ap.add_argument("--tunes", default=None, help="comma-separated tunings to time (default: all registered)")
     ap.add_argument("--shapes", default=None, help="comma-separated SHAPES indices, in this order (default: all)")
+    ap.add_argument("--modes", default=None, help="dQ modes (MODES keys) to time, or 'none' (default: all)")
     args = ap.parse_args(argv)
     shapes = SHAPES if args.shapes is None else [SHAPES[int(i)] for i in args.shapes.split(",")]
     tunes = TUNES if args.tunes is None else tuple(int(t) for t in args.tunes.split(","))
+    modes = MODES if args.modes is None else {k: MODES[k] for k in args.modes.split(",") if k != "none"}
     library.load_library()
     rng = np.random.default_rng(0)
     if args.profile is not None:
@@ -145,7 +147,7 @@ def main(argv=None) -> int:
         timed = [(row[f"kernel_t{t}_s"], t) for t in tunes if f"kernel_t{t}_s" in row]
         if timed:
             row["kernel_s"], row["kernel_best_tune"] = min(timed)
-        for key, mode in MODES.items():
+        for key, mode in modes.items():
             fn, a = kernel_fn(shape, rng, 0, mode, inputs=inputs)
             if fn is not None:
                 e = DQ_E if mode.get("dq_accum") == "fp16" else 0
@@ -172,7 +174,7 @@ def main(argv=None) -> int:
                 f"{name:34s} {tune:4d} {kt * 1e3:10.3f} {flops / kt / 1e12:8.1f} {cs * 1e3:9.3f} "
                 f"{row.get('cudnn_tflops', float('nan')):8.1f} {cs / kt:6.2f}"
             )
-        for key in MODES:
+        for key in modes:
             if f"kernel_{key}_s" in row:
                 kt, db = row[f"kernel_{key}_s"], row.get(f"kernel_{key}_dq_db", float("nan"))
                 print(

@@ -13,6 +13,7 @@ from jax_mxfp8.kernels.registry.base import P_SCALE_CODE, P_SCALES, ROUNDING_COD
 
 DQ_ACCUMS = ("fp32", "fp16")
 DQ_ACCUM_CODE = {"fp32": 0, "fp16": 1}
+DQ_STORES = ("red", "bulk", "tma", "tma_warp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +36,11 @@ class AttentionBwdConfig(KernelConfig):
       q_stage: Q / dO tiles (64 query rows each) in flight in shared memory.
       dq_store: how each query tile's dQ partial reaches dq: "red" (one red.global.add.f32 per element
         from the registers) or "bulk" (staged in shared memory, then cp.reduce.async.bulk .add.f32 of
-        whole rows: 256-byte bulk reductions in L2 instead of scattered 4-byte ones).
+        whole rows: 256-byte bulk reductions in L2 instead of scattered 4-byte ones) or "tma" (staged in
+        shared memory in the 128-byte-swizzled layout of a TMA tensor map on dq, then one
+        cp.reduce.async.bulk.tensor .add per consumer and tile, issued by one thread, after a 128-thread
+        barrier; overlap 0, dq_keys "cta" only) or "tma_warp" (the same, but each warp reduces its own 16
+        rows, 2 KB boxes: no barrier, a warp's staging stores and its TMA ordered by __syncwarp).
       overlap: 0, or issue the next query tile's S^T (1) or S^T and dP^T (2) wgmmas between this tile's dQ
         staging and its bulk reductions (waited at the end of the step), so that the dQ store's barriers and
         reductions run while they occupy the tensor cores; with 1, dP^T is issued at the top of the step and
@@ -47,6 +52,9 @@ class AttentionBwdConfig(KernelConfig):
         consumers read them from shared memory right where they are used (fewer live registers).
       amax_reduce: the dS square block's warp amax: "shfl" (5 dependent shfl.sync.bfly + max per query
         block) or "redux" (one redux.sync.max.u32: the same integer max of |x| bits, one instruction).
+      dq_first: the dQ wgmma issued before dK's (not after) and its store run while dK's wgmma is in flight
+        (wait_group(1)), instead of after both; overlap 0, dq_keys "cta" only. The same sums (dk, dv bits
+        unchanged).
       stats_early: smem_stats only (overlap 0): each tile's LSE shared-memory loads are issued before the
         S^T wait instead of after it, so their latency hides under the wgmma.
       dq_red_width: dq_store "red": floats per red.global.add (1: .f32; 2: .v2.f32, a thread's two adjacent
@@ -81,6 +89,7 @@ class AttentionBwdConfig(KernelConfig):
     smem_stats: bool = False
     amax_reduce: str = "shfl"
     stats_early: bool = False
+    dq_first: bool = False
     dq_red_width: int = 1
     dq_keys: str = "cta"
     broadcast_q: bool = False
@@ -108,8 +117,12 @@ class AttentionBwdConfig(KernelConfig):
             )
         if self.packed:
             raise ValueError("packed=True is not implemented (dense padded batches only)")
-        if self.dq_store not in ("red", "bulk"):
-            raise ValueError(f"dq_store={self.dq_store!r} not in ('red', 'bulk')")
+        if self.dq_store not in DQ_STORES:
+            raise ValueError(f"dq_store={self.dq_store!r} not in {DQ_STORES}")
+        if self.dq_store.startswith("tma") and (self.overlap or self.dq_keys != "cta"):
+            raise ValueError(
+                f"dq_store={self.dq_store!r} needs overlap=0 and dq_keys='cta' (got {self.overlap}, {self.dq_keys!r})"
+            )
         if self.overlap not in (0, 1, 2):
             raise ValueError(f"overlap={self.overlap} not in (0, 1, 2)")
         if self.overlap and self.dq_store != "bulk":
@@ -122,6 +135,10 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"stats_early={self.stats_early!r} is not a bool")
         if self.stats_early and (not self.smem_stats or self.overlap):
             raise ValueError("stats_early=True needs smem_stats=True and overlap=0")
+        if not isinstance(self.dq_first, bool):
+            raise ValueError(f"dq_first={self.dq_first!r} is not a bool")
+        if self.dq_first and (self.overlap or self.dq_keys != "cta"):
+            raise ValueError("dq_first=True needs overlap=0 and dq_keys='cta'")
         if self.dq_red_width not in (1, 2, 4):
             raise ValueError(f"dq_red_width={self.dq_red_width} not in (1, 2, 4)")
         if self.dq_red_width != 1 and self.dq_store != "red":
@@ -175,6 +192,11 @@ class AttentionBwdConfig(KernelConfig):
 #   tune 12: tune 7 + dq_store "red" with dq_red_width 2 (dQ over the CTA's keys)
 #   tune 14: tune 12 with dq_red_width 4 (red.global.add.v4.f32 after a lane-pair exchange)
 #   tune 13: v1 (dq_store "bulk", LSE / delta from global memory): production until 2026-12-01
+#   tune 15: tune 7 + dq_store "tma" (the dQ tile staged in swizzled shared memory, one TMA tensor
+#            reduce-add per consumer and tile instead of 16 red.v2 per thread)
+#   tune 16: tune 7 + dq_store "tma_warp" (one TMA reduce-add per warp of its 16 rows: no dQ barrier)
+#   tune 17: tune 16 + dq_first (the dQ store under the dK wgmma)
+#   tune 18: tune 12 + dq_first (production's red.v2 store under the dK wgmma)
 _T7 = dict(smem_stats=True, amax_reduce="redux", stats_early=True)
 PRODUCTION: dict[int, dict] = {128: dict(_T7, dq_store="red", dq_red_width=2), 64: dict(dq_store="red")}
 """Tune 0's fields per head_dim."""
@@ -194,6 +216,10 @@ TUNINGS: tuple[tuple[int, dict], ...] = (
     (12, dict(_T7, dq_store="red", dq_red_width=2)),
     (13, dict(dq_store="bulk", smem_stats=False)),
     (14, dict(_T7, dq_store="red", dq_red_width=4)),
+    (15, dict(_T7, dq_store="tma")),
+    (16, dict(_T7, dq_store="tma_warp")),
+    (17, dict(_T7, dq_store="tma_warp", dq_first=True)),
+    (18, dict(_T7, dq_store="red", dq_red_width=2, dq_first=True)),
 )
 TUNING_HEAD_DIMS: dict[int, tuple[int, ...]] = {10: (64,)}
 """Tunings registered for some head dims only (the others: every head dim)."""

@@ -6,11 +6,15 @@
   bulk_*               cp.reduce.async.bulk .add.f32 from shared memory and its bulk-group waits ("bulk");
                        bulk_load: cp.async.bulk global -> shared on an mbarrier (smem_stats)
   st_shared_v2_f32     8-byte shared-memory store
+  tma_tile_partition   the TMA partitions of a tiled (rows, H, heads) tensor and its staged smem tile
   redux_max_u32        warp-wide unsigned max in one instruction (amax_reduce "redux")
-Accumulator coordinates: kernels/sm90/wgmma_fragment.py (acc_coords).
+Accumulator coordinates: kernels/sm90/wgmma_fragment.py (acc_coords). The kernel's tile geometry and named
+barrier ids are defined here, shared by its modules (attention_bwd.py, _consumer.py, _dq_reduce.py).
 """
 
 from __future__ import annotations
+
+import math
 
 import cutlass
 import cutlass.cute as cute
@@ -20,8 +24,34 @@ from cutlass.cute.arch import inline_ptx
 from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
 
+BF16 = cutlass.BFloat16
+FP8 = cutlass.Float8E4M3FN
+TILE_M = 64  # query rows per step
+NUM_CONSUMERS = 2
+WG_N = 64  # keys per consumer warpgroup
+CTA_N = WG_N * NUM_CONSUMERS  # keys per CTA (the reference's kv_tile)
+LOG2E = math.log2(math.e)
+P_CONST = 256.0  # p_scale "const": P stored as E4M3(P * 2^8)
+DS_BARRIER = 1  # named barrier: dS tile written by both consumers (256 threads)
+AMAX_BARRIER0 = 2  # named barriers 2..5: one per warp pair (64 threads), the dS block amax exchange
+DQ_BARRIER0 = 6  # named barriers 6, 7: one per consumer (128 threads), its dQ staging tile (dq_store "bulk")
+DS_OWN_BARRIER0 = 8  # dq_keys "own": named barriers 8, 9, one per consumer (128 threads), its own dS keys
+
 QB_INDICES = tuple(tuple(i for i in range(32) if acc_coords(i)[2] // 4 == qb) for qb in range(2))
 """Flat indices of a 64 x 64 accumulator fragment in query block qb (columns 32 qb .. 32 qb + 31)."""
+
+
+def tma_tile_partition(atom, g_tensor, s_tensor, tile):
+    """TMA partitions (smem, gmem) of a (rows, H, heads) tensor in tiles `tile` (rows, columns) and of a
+    staged shared-memory tile (rows, columns, stages): index the smem one by (None, stage), the gmem one by
+    (None, row tile, column tile, head)."""
+    return cute.nvgpu.cpasync.tma_partition(
+        atom,
+        0,
+        cute.make_layout(1),
+        cute.group_modes(s_tensor, 0, 2),
+        cute.group_modes(cute.flat_divide(g_tensor, tile), 0, 2),
+    )
 
 
 def red_add_f32(addr: Int64, value: Float32) -> None:

@@ -1,0 +1,388 @@
+"""The consumer warpgroups of the Hopper attention backward (kernels/sm90/attention_bwd.py): the per-query-tile
+loop (S^T, P^T, Pq^T, dP^T, dS^T and its square quantization, dV, dK, dQ wgmmas) and the dK / dV epilogue.
+
+Supported features: those of attention_bwd.py (head_dim 64 / 128, causal or not, GQA, per-batch lengths,
+p_scale "const"), and its schedule fields: overlap 0 / 1 / 2, smem_stats, stats_early, amax_reduce, dq_keys
+"cta" / "own". A mixin of AttentionBackwardSm90: it reads the kernel's config-derived attributes (self.h,
+self.overlap, ...) and calls the dQ store of AttentionBwdDqReduce (kernels/sm90/attention_bwd_dq_reduce.py).
+Consumer warpgroup c (0, 1) owns keys 64 c .. 64 c + 63 of the CTA's 128-key tile (wgmma M = 64).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from jax_mxfp8.kernels.sm90 import warp_specialization as ws
+from jax_mxfp8.kernels.sm90 import wgmma
+from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
+    AMAX_BARRIER0,
+    BF16,
+    CTA_N,
+    DS_BARRIER,
+    DS_OWN_BARRIER0,
+    FP8,
+    LOG2E,
+    NUM_CONSUMERS,
+    P_CONST,
+    TILE_M,
+    WG_N,
+    bulk_wait,
+    bulk_wait_read,
+    quantize_ds_square,
+)
+from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
+
+
+class AttentionBwdConsumer:
+    """The consumers' device code (mixin of AttentionBackwardSm90)."""
+
+    @cute.jit
+    def _consume(
+        self, dkv_mma, sdp_mma, dq_mma, sQ, sdO, sK, sV, sdS, sAmax, q_pipe, kv_pipe,
+        mLse, mDelta, mdQ, mdK, mdV, scale, n, bk, bn0, m_start, n_m, n_iter, q_len, kv_len,
+        q_smem, k_smem, ds_smem, sdq_base, c, tid, sStats,
+    ):  # fmt: skip
+        """Consumer warpgroup c (0 or 1; tid in [0, 256) over both): keys 64 c .. 64 c + 63 of the tile."""
+        h = self.h
+        thr_sdp = sdp_mma.get_slice(tid)
+        thr_dkv = dkv_mma.get_slice(tid)
+        thr_dq = dq_mma.get_slice(tid if self.dq_split else tid % 128)
+        # transposed (MN-major) views of the K-major tiles, and dS^T for the register -> smem store
+        sQt = cute.make_tensor(sQ.iterator, cute.select(q_smem.outer, mode=[1, 0, 2]))
+        sdOt = cute.make_tensor(sdO.iterator, cute.select(q_smem.outer, mode=[1, 0, 2]))
+        sKt = cute.make_tensor(sK.iterator, cute.select(k_smem.outer, mode=[1, 0, 2]))
+        sdSt = cute.make_tensor(sdS.iterator, cute.select(ds_smem.outer, mode=[1, 0, 2]))
+
+        tSrK = sdp_mma.make_fragment_A(thr_sdp.partition_A(sK))
+        tSrQ = sdp_mma.make_fragment_B(thr_sdp.partition_B(sQ))
+        tPrV = sdp_mma.make_fragment_A(thr_sdp.partition_A(sV))
+        tPrdO = sdp_mma.make_fragment_B(thr_sdp.partition_B(sdO))
+        tVrdOt = dkv_mma.make_fragment_B(thr_dkv.partition_B(sdOt))
+        tKrQt = dkv_mma.make_fragment_B(thr_dkv.partition_B(sQt))
+        if cutlass.const_expr(self.dq_own):
+            # this consumer's 64 keys of dS (queries x keys, per buffer) and of K^T (H x keys)
+            tQrdS = dq_mma.make_fragment_A(thr_dq.partition_A(cute.local_tile(sdS, (TILE_M, WG_N), (0, c, None))))
+            tQrKt = [
+                dq_mma.make_fragment_B(thr_dq.partition_B(cute.local_tile(sKt, (64, WG_N), (hh, c, None))))
+                for hh in range(self.dq_halves)
+            ]
+        else:
+            tQrdS = dq_mma.make_fragment_A(thr_dq.partition_A(sdS))
+            tQrKt = dq_mma.make_fragment_B(thr_dq.partition_B(sKt))
+        tCsdS = thr_sdp.partition_C(sdSt)
+
+        acc_s = cute.make_rmem_tensor(thr_sdp.partition_shape_C((CTA_N, TILE_M)), Float32)
+        acc_dp = cute.make_rmem_tensor(thr_sdp.partition_shape_C((CTA_N, TILE_M)), Float32)
+        acc_dv = cute.make_rmem_tensor(thr_dkv.partition_shape_C((CTA_N, h)), Float32)
+        acc_dk = cute.make_rmem_tensor(thr_dkv.partition_shape_C((CTA_N, h)), Float32)
+        acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((TILE_M, 64 if self.dq_own else h)), Float32)
+        a_f32 = cute.make_rmem_tensor(thr_dkv.partition_shape_A((CTA_N, TILE_M)), Float32)
+        a_fp8 = cute.make_rmem_tensor(thr_dkv.partition_shape_A((CTA_N, TILE_M)), FP8)
+        p_a = cute.make_rmem_tensor(thr_dkv.partition_shape_A((CTA_N, TILE_M)), BF16)
+        ds_a = cute.make_rmem_tensor(thr_dkv.partition_shape_A((CTA_N, TILE_M)), BF16)
+        ds_c = cute.make_rmem_tensor(thr_sdp.partition_shape_C((CTA_N, TILE_M)), BF16)
+        lse2 = cute.make_rmem_tensor((16,), Float32)
+        dlt = cute.make_rmem_tensor((16,), Float32)
+        # outputs, partitioned before the main loop (the ACCUMULATE field set inside rebinds the MMA)
+        tDKgDK = thr_dkv.partition_C(cute.local_tile(mdK, (CTA_N, h), (n, 0, bk)))
+        tDVgDV = thr_dkv.partition_C(cute.local_tile(mdV, (CTA_N, h), (n, 0, bk)))
+        assert cute.size(acc_s) == 32 and cute.size(a_f32) == 32 and cute.size(acc_dv) == h // 2
+
+        lane = tid % 32
+        warp_wg = (tid % 128) // 32
+        row_in = 16 * warp_wg + lane // 4  # this thread's accumulator rows: row_in, row_in + 8
+        key0 = n * CTA_N + c * WG_N + row_in  # its keys (S^T rows)
+        col_in = 2 * (lane % 4)  # its query columns col_in + v0 + 8 nb of S^T / head-dim columns of dQ
+        scale_log2 = scale * Float32(LOG2E)
+        dq_col0 = Int32(0)
+        if cutlass.const_expr(self.dq_split):
+            dq_col0 = c * (h // NUM_CONSUMERS)
+        dq_base = mdQ.iterator.toint()
+        tp = mdQ.shape[0]
+        pair_barrier = AMAX_BARRIER0 + c * 2 + warp_wg // 2
+        if cutlass.const_expr(self.dq_own and self.bulk_dq):
+            sdq_base = sdq_base + c * (TILE_M * self.dq_pitch)  # this consumer's staging tile
+        if cutlass.const_expr(self.tma_dq):
+            self._partition_dq_tma()
+
+        if cutlass.const_expr(not self.overlap):
+            acc_dv.fill(0.0)
+            acc_dk.fill(0.0)
+        # overlap: no zero fill (the first step's dV, dK wgmmas do not accumulate): the fill's register moves
+        # would land inside the prologue's S^T / dP^T pipeline stage, and ptxas then serializes every wgmma
+        # (C7514/C7515); a CTA without a step writes zeros (the epilogue's `live`)
+        if n_iter > 0:
+            kv_pipe.consumer_wait(ws.ring_state(1, Int32(0)))
+        for it in cutlass.range(n_iter, unroll=1):
+            if cutlass.const_expr(self.overlap):
+                # the first tile's S^T (overlap 1; 2: and dP^T), in the loop: no wgmma before it, so the
+                # accumulators' initial values are not materialized inside an open wgmma stage. Later tiles'
+                # are issued during the previous step's dQ store.
+                if it == 0:
+                    m1, bn1, q1 = self._tile(Int32(0), n_m, m_start, bn0)
+                    if cutlass.const_expr(not self.smem_stats):
+                        self._load_stats(mLse, mDelta, bn1, q1 + col_in, lse2, dlt)
+                    q_pipe.consumer_wait(ws.ring_state(self.q_stage, Int32(0)))
+                    self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, Int32(0), self.overlap)
+            m, bn, q0 = self._tile(it, n_m, m_start, bn0)
+            stage = it % self.q_stage
+            buf = it % 2
+            state = ws.ring_state(self.q_stage, it)
+            if cutlass.const_expr(not self.overlap):
+                if cutlass.const_expr(not self.smem_stats):
+                    self._load_stats(mLse, mDelta, bn, q0 + col_in, lse2, dlt)
+                q_pipe.consumer_wait(state)
+                self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, 0)
+            if cutlass.const_expr(self.overlap == 1):
+                self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, -1)  # dP^T only (S^T is in flight)
+            # stats_early: the LSE loads (LDS) are issued under the S^T wgmma instead of after its wait (not
+            # delta under dP^T: its 16 registers live across the P phase raise the H128 spills 5 -> 18)
+            if cutlass.const_expr(self.smem_stats and self.stats_early):
+                self._read_stats(sStats, stage, col_in, lse2, True)
+            cute.nvgpu.warpgroup.wait_group(1)
+            if cutlass.const_expr(self.smem_stats and not self.stats_early):
+                self._read_stats(sStats, stage, col_in, lse2, True)
+            self._probabilities(acc_s, lse2, scale_log2, key0, q0 + col_in, q_len, kv_len, n, m)
+            # Pq = E4M3_satfinite(P 2^8) 2^-8, as dV's A operand (the A fragment's order is the accumulator's)
+            for i in cutlass.range_constexpr(32):
+                a_f32[i] = acc_s[i] * Float32(P_CONST)
+            a_fp8.store(a_f32.load().to(FP8))
+            a_f32.store(a_fp8.load().to(Float32))
+            for i in cutlass.range_constexpr(32):
+                a_f32[i] = a_f32[i] * Float32(1.0 / P_CONST)
+            p_a.store(a_f32.load().to(BF16))
+            cute.nvgpu.warpgroup.fence()
+            self._gemm_acc(self._dkv_mma, acc_dv, p_a, tVrdOt[None, None, None, stage], it)
+            cute.nvgpu.warpgroup.commit_group()
+            cute.nvgpu.warpgroup.wait_group(1)
+            if cutlass.const_expr(self.smem_stats):
+                self._read_stats(sStats, stage, col_in, dlt, False)
+            for i in cutlass.range_constexpr(32):
+                v0, _, nbk = acc_coords(i)
+                acc_dp[i] = acc_s[i] * (acc_dp[i] - dlt[v0 + 2 * nbk])
+            quantize_ds_square(acc_dp, sAmax, buf, c, warp_wg, lane, pair_barrier, self.redux)
+            for i in cutlass.range_constexpr(32):
+                a_f32[i] = acc_dp[i]
+            ds_a.store(a_f32.load().to(BF16))
+            ds_c.store(acc_dp.load().to(BF16))
+            cute.autovec_copy(ds_c, tCsdS[None, None, None, buf])
+            cute.arch.fence_view_async_shared()
+            if cutlass.const_expr(self.dq_own):
+                # dQ over this consumer's own keys after its own 128-thread barrier: nothing waits for the
+                # other consumer. H128: the second half's wgmma after the first half's store (one 32-register
+                # accumulator), the first half's store while dK runs.
+                cute.arch.barrier(barrier_id=DS_OWN_BARRIER0 + c, number_of_threads=ws.WARPGROUP_THREADS)
+                cute.nvgpu.warpgroup.fence()
+                self._gemm(self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[0][None, None, None, 0], False)
+                cute.nvgpu.warpgroup.commit_group()
+                self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
+                cute.nvgpu.warpgroup.commit_group()
+                for hh in cutlass.range_constexpr(1, self.dq_halves):
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    self._store_dq(
+                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, Int32(64 * (hh - 1)), col_in, q_len, scale,
+                        c, warp_wg, lane,
+                    )  # fmt: skip
+                    cute.nvgpu.warpgroup.fence()
+                    self._gemm(
+                        self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[hh][None, None, None, 0], False
+                    )
+                    cute.nvgpu.warpgroup.commit_group()
+            else:
+                if cutlass.const_expr(self.tma_dq):
+                    # the previous tile's TMA reduce has read the staging tile: after the dS barrier every
+                    # thread may overwrite it (no barrier of its own before the staging stores)
+                    if cutlass.const_expr(self.dq_box_rows == 16):
+                        bulk_wait_read()  # "tma_warp": every warp issued its own
+                    elif warp_wg == 0:
+                        bulk_wait_read()
+                cute.arch.barrier(barrier_id=DS_BARRIER, number_of_threads=NUM_CONSUMERS * ws.WARPGROUP_THREADS)
+                cute.nvgpu.warpgroup.fence()
+                if cutlass.const_expr(self.config.dq_first):
+                    # dQ first, then dK; dQ's store while dK's wgmma runs (wait_group(1): dQ's group is done;
+                    # the H64 consumer 1 has only dK's group, waited by the step's wait_group(0) below)
+                    self._issue_dq(acc_dq, tQrdS, tQrKt, buf, c)
+                    self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    if cutlass.const_expr(self.dq_split):
+                        self._store_dq(
+                            acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg,
+                            lane,
+                        )  # fmt: skip
+                    else:
+                        if c == 0:
+                            self._store_dq(
+                                acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c,
+                                warp_wg, lane,
+                            )  # fmt: skip
+                else:
+                    self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
+                    cute.nvgpu.warpgroup.commit_group()
+                    self._issue_dq(acc_dq, tQrdS, tQrKt, buf, c)
+            cute.nvgpu.warpgroup.wait_group(0)
+            q_pipe.consumer_release(state)
+            # overlap + "bulk": dQ goes to its staging tile before the next S^T, dP^T are issued (no
+            # register of a finished wgmma is read while they are in flight), the bulk reductions after
+            early = self.overlap and self.bulk_dq
+            if cutlass.const_expr(early):
+                if cutlass.const_expr(self.dq_split):
+                    self._store_dq(
+                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg,
+                        lane, "stage",
+                    )  # fmt: skip
+                else:
+                    if c == 0:
+                        self._store_dq(
+                            acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg,
+                            lane, "stage",
+                        )  # fmt: skip
+            if cutlass.const_expr(self.overlap):
+                # the next tile's S^T (and dP^T) run on the tensor cores during this dQ store and are waited
+                # for at the end of this step: no wgmma stays in flight across the loop's back edge (ptxas
+                # serializes every wgmma of the kernel otherwise, C7514). Issued on the last step too, on a
+                # stale stage (no wait), its result unused: an issue on one path only is another such case.
+                if it + 1 < n_iter:
+                    m1, bn1, q1 = self._tile(it + 1, n_m, m_start, bn0)
+                    if cutlass.const_expr(not self.smem_stats):
+                        self._load_stats(mLse, mDelta, bn1, q1 + col_in, lse2, dlt)
+                    q_pipe.consumer_wait(ws.ring_state(self.q_stage, it + 1))
+                self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, (it + 1) % self.q_stage, self.overlap)
+            part = "issue" if early else "all"
+            if cutlass.const_expr(self.config.dq_first):
+                pass  # stored under the dK wgmma above
+            elif cutlass.const_expr(self.dq_own):
+                self._store_dq(
+                    acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, Int32(64 * (self.dq_halves - 1)), col_in, q_len,
+                    scale, c, warp_wg, lane, part,
+                )  # fmt: skip
+            elif cutlass.const_expr(self.dq_split):
+                self._store_dq(
+                    acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg, lane, part
+                )
+            else:
+                if c == 0:
+                    self._store_dq(
+                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg, lane,
+                        part,
+                    )  # fmt: skip
+            if cutlass.const_expr(self.overlap):
+                cute.nvgpu.warpgroup.wait_group(0)  # the next tile's S^T (and dP^T)
+        if cutlass.const_expr(self.tma_dq and self.dq_box_rows == 16):
+            bulk_wait()  # "tma_warp": every warp's last reductions
+        elif cutlass.const_expr(self.bulk_dq or self.tma_dq):
+            if warp_wg == 0:
+                bulk_wait()  # the last tile's reductions, before the CTA (and its shared memory) goes away
+
+        # epilogue: dK = tau * acc, rows >= kv_len 0
+        for i in cutlass.range_constexpr(cute.size(acc_dk)):
+            _, v1, _ = acc_coords(i)
+            live = key0 + 8 * v1 < kv_len
+            if cutlass.const_expr(self.overlap):
+                live = live & (n_iter > 0)
+            acc_dk[i] = cutlass.select_(live, acc_dk[i] * scale, Float32(0.0))
+            acc_dv[i] = cutlass.select_(live, acc_dv[i], Float32(0.0))
+        cute.autovec_copy(acc_dk, tDKgDK)
+        cute.autovec_copy(acc_dv, tDVgDV)
+
+    @cute.jit
+    def _issue_dq(self, acc_dq, tQrdS, tQrKt, buf, c):
+        """dq_keys "cta": dQ = dSq K of dS buffer buf, one commit group (H128: this consumer's head-dim half;
+        H64: consumer 0 only)."""
+        if cutlass.const_expr(self.dq_split):
+            self._gemm(self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[None, None, None, 0], False)
+            cute.nvgpu.warpgroup.commit_group()
+        else:
+            if c == 0:
+                self._gemm(self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[None, None, None, 0], False)
+                cute.nvgpu.warpgroup.commit_group()
+
+    @cute.jit
+    def _tile(self, it, n_m, m_start, bn0):
+        """(query tile m, query head bn, first row q0) of loop step it (head g = it // n_m of the group)."""
+        g = it // n_m
+        m = m_start + it - g * n_m
+        return m, bn0 + g, m * TILE_M
+
+    @cute.jit
+    def _load_stats(self, mLse, mDelta, bn, qcol0, lse2, dlt):
+        """This thread's 16 query columns qcol0 + v0 + 8 nb: LSE * log2(e) (+inf for LSE = -inf: P = 0) and
+        delta."""
+        for j in cutlass.range_constexpr(16):
+            col = qcol0 + (j % 2) + 8 * (j // 2)
+            lv = mLse[bn, col]
+            lse2[j] = cutlass.select_(lv == -Float32.inf, Float32.inf, lv * Float32(LOG2E))
+            dlt[j] = mDelta[bn, col]
+
+    @cute.jit
+    def _read_stats(self, sStats, stage, col_in, out, is_lse: bool):
+        """smem_stats: this thread's 16 query columns col_in + v0 + 8 nb of stage `stage`'s LSE (is_lse:
+        as _load_stats makes lse2) or delta, from sStats (query column, LSE / delta, stage) float32 (plain
+        shared-memory loads, ordered after the stage's mbarrier wait)."""
+        for j in cutlass.range_constexpr(16):
+            col = col_in + (j % 2) + 8 * (j // 2)
+            if cutlass.const_expr(is_lse):
+                x = sStats[col, 0, stage]
+                out[j] = cutlass.select_(x == -Float32.inf, Float32.inf, x * Float32(LOG2E))
+            else:
+                out[j] = sStats[col, 1, stage]
+
+    @cute.jit
+    def _issue_sdp(self, acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, which: int):
+        """Issues S^T = K Q^T and dP^T = V dO^T of Q/dO stage `stage`, one commit group each (trace-time
+        `which`: 0 or 2 both, 1 S^T only, -1 dP^T only)."""
+        cute.nvgpu.warpgroup.fence()
+        if cutlass.const_expr(which != -1):
+            self._gemm(self._sdp_mma, acc_s, tSrK[None, None, None, 0], tSrQ[None, None, None, stage], False)
+            cute.nvgpu.warpgroup.commit_group()
+        if cutlass.const_expr(which != 1):
+            self._gemm(self._sdp_mma, acc_dp, tPrV[None, None, None, 0], tPrdO[None, None, None, stage], False)
+            cute.nvgpu.warpgroup.commit_group()
+
+    @cute.jit
+    def _probabilities(self, acc_s, lse2, scale_log2, key0, qcol0, q_len, kv_len, n, m):
+        """acc_s (S^T, keys x queries) -> P^T = exp2(min(S tau log2e - LSE log2e, 0)) (NaN kept), 0 where
+        the key is >= kv_len, the query >= q_len, or (causal) the key after the query. LSE = -inf rows
+        come in as lse2 = +inf (P = 0)."""
+        for i in cutlass.range_constexpr(32):
+            v0, _, nbk = acc_coords(i)
+            x = acc_s[i] * scale_log2 - lse2[v0 + 2 * nbk]
+            acc_s[i] = cute.math.exp2(cute.arch.fmin(x, Float32(0.0), nan=True), fastmath=True)
+        need = ((n + 1) * CTA_N > kv_len) | ((m + 1) * TILE_M > q_len)
+        if cutlass.const_expr(self.config.causal):
+            need = need | (m * TILE_M < (n + 1) * CTA_N)
+        if need:
+            for i in cutlass.range_constexpr(32):
+                v0, v1, nbk = acc_coords(i)
+                key = key0 + 8 * v1
+                query = qcol0 + v0 + 8 * nbk
+                bad = (key >= kv_len) | (query >= q_len)
+                if cutlass.const_expr(self.config.causal):
+                    bad = bad | (key > query)
+                acc_s[i] = cutlass.select_(bad, Float32(0.0), acc_s[i])
+
+    def _gemm_acc(self, make_mma, acc, a, b, it):
+        """dV / dK: acc += a b; with overlap, the first step (it = 0) overwrites acc instead (no zero fill)."""
+        if cutlass.const_expr(not self.overlap):
+            wgmma.gemm(make_mma, acc, a, b, True)
+        else:
+            self._gemm_first(make_mma, acc, a, b, it > 0)
+
+    @cute.jit
+    def _gemm_first(self, make_mma, acc, a, b, accumulate):
+        """acc = a b + (acc if the run-time Boolean `accumulate`) over the K blocks (fence/commit/wait are
+        the caller's)."""
+        tiled_mma = make_mma()
+        for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
+            if cutlass.const_expr(kb == 0):
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, accumulate)
+            else:
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+            cute.gemm(tiled_mma, acc, a[None, None, kb], b[None, None, kb], acc)
+
+    def _gemm(self, make_mma, acc, a, b, accumulate_first: bool):
+        """acc (+)= a b over the K blocks (16 per BF16 wgmma) on a fresh tiled MMA; fence/commit/wait are the
+        caller's."""
+        wgmma.gemm(make_mma, acc, a, b, accumulate_first)
