@@ -30,7 +30,10 @@ have sizes in `factor_sizes` (e.g. "(m r)" with r = 32: the dim shards on block 
 "..." stands for any number of leading dims, shared by every operand and result that has it. Factors in
 `replicated` never shard. GSPMD derivation: each factor takes the mesh axes of the first operand dim where
 it leads, kept only when they divide the factor's size; every operand and result is then laid out from its
-factors (the partition callback asks for exactly these argument shardings).
+factors (the partition callback asks for exactly these argument shardings). `summed` names results that are
+sums over an operand factor they do not carry (e.g. a broadcast operand's gradient summed over the batch):
+each device's call sums its shard of that factor, and the partition callback adds the devices' results
+(psum over the factor's mesh axes).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class ShardingRule:
     results: tuple[str, ...]
     factor_sizes: tuple[tuple[str, int], ...] = ()
     replicated: tuple[str, ...] = ()
+    summed: tuple[tuple[int, str], ...] = ()  # (result index, factor): the result sums over that factor
 
     def dims(self, ranks: tuple[int, ...]) -> tuple[list[list[list[str]]], list[list[list[str]]]]:
         """Per operand and result, per dim, its factor names, with "..." expanded for operand ranks `ranks`."""
@@ -95,6 +99,13 @@ class ShardingRule:
     def shardings(self, mesh, arg_shapes) -> tuple[tuple[NamedSharding, ...], tuple[NamedSharding, ...]]:
         """(argument shardings, result shardings) for GSPMD, from the operands' current shardings."""
         ops, res = self.dims(tuple(len(a.shape) for a in arg_shapes))
+        axes_of = self.factor_axes(mesh, arg_shapes)
+        layout = lambda dims: NamedSharding(mesh, P(*(axes_of.get(fs[0]) for fs in dims)))
+        return tuple(layout(d) for d in ops), tuple(layout(d) for d in res)
+
+    def factor_axes(self, mesh, arg_shapes) -> dict[str, object]:
+        """Each factor's mesh axes (None: unsharded), from the operands' current shardings (module docstring)."""
+        ops, _ = self.dims(tuple(len(a.shape) for a in arg_shapes))
         sizes = dict(self.factor_sizes)
         axes_of: dict[str, object] = {}
         for dims, arg in zip(ops, arg_shapes, strict=True):
@@ -108,8 +119,7 @@ class ShardingRule:
                     continue
                 size = arg.shape[d] // math.prod(sizes[g] for g in factors[1:])
                 axes_of[f] = spec[d] if size % _axes_size(mesh, spec[d]) == 0 else None
-        layout = lambda dims: NamedSharding(mesh, P(*(axes_of.get(fs[0]) for fs in dims)))
-        return tuple(layout(d) for d in ops), tuple(layout(d) for d in res)
+        return axes_of
 
 
 def _parse(spec: str) -> list[list[str]]:
@@ -209,7 +219,16 @@ def _partitioned(decl: FfiOp, static, path: str, shapes: tuple[tuple[int, ...], 
 
     def partition(mesh, arg_shapes, result_shape):
         args, outs = shardings(mesh, arg_shapes)
-        return mesh, fn, outs, args
+        axes = rule.factor_axes(mesh, arg_shapes)
+        sums = {i: axes[f] for i, f in rule.summed if axes.get(f) is not None}
+        if not sums:
+            return mesh, fn, outs, args
+
+        def summed(*a):  # each device summed its shard of the factor: add the devices' partial results
+            out = [jax.lax.psum(y, sums[i]) if i in sums else y for i, y in enumerate(body(*a))]
+            return out[0] if single else tuple(out)
+
+        return mesh, summed, outs, args
 
     text, sizes, need = rule.shardy(shapes)
     cp = custom_partitioning(fn)

@@ -3,8 +3,9 @@
 Supported (kernels/registry/attention_bwd.py, AttentionBwdConfig): head_dim 64 and 128; non-causal or causal
 (top-left); GQA/MQA (query head n reads KV head n // G); per-batch query and KV lengths (dense padded batch);
 p_scale "const"; dq_accum "fp32" and "fp16" (dQ * 2^e in float16), deterministic or not (the dQ modes:
-kernels/sm90/attention_bwd_dq.py); one query sequence for every batch row (config.broadcast_q: q of batch 1,
-loaded by the producer at batch 0; dO, LSE, delta, dq per row). Not here (the XLA reference takes them):
+kernels/sm90/attention_bwd_dq.py); one query sequence for every batch row (config.broadcast_q, dq_accum
+"fp32", not deterministic: q and dq of batch 1, Q loaded by the producer at batch 0, every batch row's dQ
+added into batch 0's dq; dO, LSE, delta per row). Not here (the XLA reference takes them):
 p_scale "block", packed sequences, bias / boolean masks.
 
 Operands (the FFI call jax_mxfp8_attention_bwd, /work/coord/ATTN_BWD_INTERFACE.md; the handler passes
@@ -20,6 +21,7 @@ from the shapes):
   scale              float32   tau (kernel argument)
 Outputs:
   dq    (B*N, Tp*H)  float32   accumulated by float32 reductions: the caller (the FFI handler) zero-fills it
+                     (broadcast_q: (N, Tp*H), the sum over the B batch rows)
                      (float16 dQ * 2^e for dq_accum "fp16")
   dq_sem (B*N, Tp/32) int32    dQ modes only: the deterministic mode's counters (zero-filled by the caller)
   dq_scale           float32   dQ modes only: tau 2^e (kernel argument)
@@ -307,7 +309,7 @@ class AttentionBackwardSm90:
         def rows(x, length, heads):  # (rows, H, heads) view of a (heads, rows * H) buffer
             return cute.make_tensor(x.iterator, cute.make_layout((length, h, heads), stride=(h, 1, length * h)))
 
-        q, do, dq = rows(q2, tp, q_heads), rows(do2, tp, bn), rows(dq2, tp, bn)
+        q, do, dq = rows(q2, tp, q_heads), rows(do2, tp, bn), rows(dq2, tp, q_heads)  # broadcast_q: dq batch 1
         k, v, dk, dv = rows(k2, sp, bk), rows(v2, sp, bk), rows(dk2, sp, bk), rows(dv2, sp, bk)
 
         sdp_mma, dkv_mma, dq_mma = self._sdp_mma(), self._dkv_mma(), self._dq_mma()
@@ -370,7 +372,7 @@ class AttentionBackwardSm90:
         n, bk, _ = cute.arch.block_idx()
         nb = mLen.shape[1]
         n_kv = mdK.shape[2] // nb  # KV heads per batch row
-        g_size = mdQ.shape[2] // mdK.shape[2]  # query heads per KV head
+        g_size = mLse.shape[0] // mdK.shape[2]  # query heads per KV head (LSE: B * N rows, also broadcast_q)
         b = bk // n_kv
         q_len = mLen[0, b]
         kv_len = mLen[1, b]
@@ -539,6 +541,10 @@ class AttentionBackwardSm90:
             dq_col0 = c * (h // NUM_CONSUMERS)
         dq_base = mdQ.iterator.toint()
         tp = mdQ.shape[0]
+        if cutlass.const_expr(self.config.broadcast_q):
+            # dq is (N, Tp * H), the one query's: every batch row b adds into it. Query head bn = b N + j of
+            # this CTA maps to dq head j = bn - b N, so rebase once: dq_base - b N Tp H floats (bn0 = b N + kv G).
+            dq_base = dq_base - Int64(bn0 - bn0 % mdQ.shape[2]) * Int64(tp) * Int64(h * 4)
         pair_barrier = AMAX_BARRIER0 + c * 2 + warp_wg // 2
         if cutlass.const_expr(self.dq_own and self.bulk_dq):
             sdq_base = sdq_base + c * (TILE_M * self.dq_pitch)  # this consumer's staging tile
