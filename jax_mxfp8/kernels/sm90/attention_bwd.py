@@ -21,8 +21,7 @@ from the shapes):
   scale              float32   tau (kernel argument)
 Outputs:
   dq    (B*N, Tp*H)  float32   accumulated by float32 reductions: the caller (the FFI handler) zero-fills it
-                     (broadcast_q: (N, Tp*H), the sum over the B batch rows)
-                     (float16 dQ * 2^e for dq_accum "fp16")
+                     (float16 dQ * 2^e for dq_accum "fp16"; broadcast_q: (N, Tp*H), the sum over the B rows)
   dq_sem (B*N, Tp/32) int32    dQ modes only: the deterministic mode's counters (zero-filled by the caller)
   dq_scale           float32   dQ modes only: tau 2^e (kernel argument)
   dk    (B*K, Sp*H)  float32   written once per CTA, rows >= kv_len 0
