@@ -77,6 +77,10 @@ def kernel_variant(
     fields = dict(head_dim=head_dim, causal=bool(causal), p_scale=p_scale, p_rounding=p_rounding)
     fields.update(dq_accum=dq_accum, deterministic=bool(deterministic), packed=bool(packed))
     fields.update(broadcast_q=bool(broadcast_q))
+    if broadcast_q and (dq_accum != "fp32" or deterministic):  # the registry refuses it (AttentionBwdConfig)
+        why = "broadcast_q (one query, dQ summed over the batch by float32 atomics) has no dq_accum='fp16' or "
+        why += "deterministic=True variant: the backward runs the XLA reference (the defaults take the kernel)"
+        return None, why
     variant = registry.find(registry.AttentionBwdConfig, **fields, tune=tune)
     if variant is None:
         args = ", ".join(f"{k}={v!r}" for k, v in {**fields, "tune": tune}.items())
