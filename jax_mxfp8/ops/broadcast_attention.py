@@ -74,18 +74,18 @@ def _broadcast_attention(static: dense.AttentionStatic, q1, k, v, q_len, kv_len)
 
 
 def _bwd(static: dense.AttentionStatic, res, do):
-    """dot_product_attention's backward in float32: the broadcast_q backward kernel where one covers the
-    call (dq (1, Tp, N, H), summed over the batch in the kernel), else the reference on the broadcast
-    residuals (dq (B, Tp, N, H), summed over the batch here)."""
+    """dot_product_attention's backward: the broadcast_q backward kernel where one covers the call (dq
+    (1, Tp, N, H), summed over the batch in float32 in the kernel, cast once), else the reference in float32
+    on the broadcast residuals (dq (B, Tp, N, H), summed over the batch here, then cast)."""
     quants, o, lse, q_len, kv_len = res
     f32 = dataclasses.replace(static, out_dtype=np.dtype(np.float32))  # out_dtype only casts the cotangents
     cts = (do, jnp.zeros_like(lse))
     variant = None
     if static.kernel_path:
         variant, _ = kernel_bwd.backward_variant(static, o.shape[-1], broadcast_q=True)
-    if variant is not None:
+    if variant is not None:  # dq comes summed (float32 in the kernel): the output dtype directly, one rounding
         res_kernel = (quants, o, lse, None, None, q_len, kv_len)
-        dq, dk, dv, *_ = kernel_bwd.kernel_backward(f32, variant, res_kernel, cts, broadcast_q=True)
+        dq, dk, dv, *_ = kernel_bwd.kernel_backward(static, variant, res_kernel, cts, broadcast_q=True)
     else:
         res_dense = (_broadcast_quants(quants, o.shape[0]), o, lse, None, None, q_len, kv_len)
         dq, dk, dv, *_ = dense.mx_attention_bwd(f32, res_dense, cts)
