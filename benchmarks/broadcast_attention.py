@@ -5,7 +5,10 @@ with cu_seqlens_k. Both run on the kernel path ("cuda"; --smoke: tiny shapes on 
 nothing). The tiled baseline tiles the query inside the timed function, as a caller would. Backward timed
 with a random cotangent (DESIGN.md section 6, benchmarks/timing.py). Prints a table, writes JSON.
 
-  python benchmarks/broadcast_attention.py [--smoke] [--out results.json]
+  python benchmarks/broadcast_attention.py [--smoke] [--kernel-bwd] [--out results.json]
+
+--kernel-bwd: also the backward kernel call alone (broadcast_q variant vs production on the tiled query,
+same operands) and XLA's sum over B of a per-row float32 dq, to split the op's backward time.
 """
 
 from __future__ import annotations
@@ -66,6 +69,34 @@ def _fns(impl: str, b: int, tq: int, max_k: int):
     return fwd, fb
 
 
+def _kernel_bwd_row(rng, b, lens, tq, n, n_kv, h, calls, batches) -> dict:
+    """The backward kernel call alone on the padded batch (operand values random, lengths the shape's): the
+    broadcast_q variant (q (1, N, Tp, H), dq summed over the batch in the kernel) vs the production variant
+    on the tiled q (dq per row), and XLA's sum over B of such a per-row float32 dq (what the in-kernel sum
+    removes from the op's backward)."""
+    from jax_mxfp8.primitives import attention_bwd as abwd
+
+    tp, sp = -(-tq // 128) * 128, -(-int(lens.max()) // 128) * 128
+    bf = lambda shape: jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
+    lse = jnp.asarray(rng.standard_normal((b, n, tp)) + np.log(sp), jnp.float32)
+    lens2 = jnp.stack([jnp.full((b,), tq, jnp.int32), jnp.asarray(lens, jnp.int32)])
+    ops = abwd.BwdOperands(bf((1, n, tp, h)), bf((b, n_kv, sp, h)), bf((b, n_kv, sp, h)), bf((b, n, tp, h)), lse,
+                           jnp.asarray(rng.standard_normal((b, n, tp)), jnp.float32), lens2)  # fmt: skip
+    tiled = abwd.BwdOperands(jnp.broadcast_to(ops.q, (b, n, tp, h)) + 0, *ops.args()[1:])
+    row = {}
+    for name, bq, x in (("bcast", True, ops), ("tiled", False, tiled)):
+        var, why = abwd.kernel_variant(head_dim=h, causal=False, broadcast_q=bq)
+        assert var is not None, why
+        f = jax.jit(lambda ops, var=var: abwd.attention_bwd(ops, variant=var, scale=h**-0.5))
+        jax.block_until_ready(f(x))
+        row[f"kernel_bwd_{name}_ms"] = 1e3 * timeit(f, (x,), calls, batches)
+    dq_rows = jnp.zeros((b, n, tp, h), jnp.float32) + 1.0
+    total = jax.jit(lambda d: jnp.sum(d, axis=0, keepdims=True))
+    jax.block_until_ready(total(dq_rows))
+    row["xla_dq_sum_ms"] = 1e3 * timeit(total, (dq_rows,), calls, batches)
+    return row
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the XLA path (CPU plumbing check)")
@@ -73,6 +104,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None, help="JSON results")
     ap.add_argument("--shapes", type=int, default=len(SHAPES), help="run only the first N shapes")
+    ap.add_argument("--kernel-bwd", action="store_true", help="also time the backward kernel calls alone (GPU)")
     args = ap.parse_args(argv)
     impl = "xla" if args.smoke else "cuda"
     calls, batches = (1, 1) if args.smoke else (args.calls, args.batches)
@@ -92,6 +124,8 @@ def main(argv=None) -> int:
         ref = np.asarray(dq_t, np.float64)
         err = np.asarray(dq_b, np.float64) - ref
         row["dq_sqnr_db"] = float(10 * np.log10(np.sum(ref**2) / max(np.sum(err**2), 1e-300)))
+        if args.kernel_bwd and not args.smoke:
+            row.update(_kernel_bwd_row(rng, b, lens, tq, n, n_kv, h, calls, batches))
         rows.append(row)
         if args.out:  # after every shape: a run cut short keeps what it measured
             meta = dict(device=str(jax.devices()[0]), implementation=impl, calls=calls, batches=batches, unit="ms")
@@ -104,6 +138,11 @@ def main(argv=None) -> int:
             f"{name:34} {r['broadcast_fwd_ms']:10.3f} {r['tiled_fwd_ms']:10.3f} {r['broadcast_fwd_bwd_ms']:10.3f} "
             f"{r['tiled_fwd_bwd_ms']:10.3f} {str(r['o_bits_equal']):>7} {r['dq_sqnr_db']:6.1f}"
         )
+        if "kernel_bwd_bcast_ms" in r:
+            print(
+                f"  backward kernel call alone: broadcast_q {r['kernel_bwd_bcast_ms']:.3f} ms, production on the "
+                f"tiled q {r['kernel_bwd_tiled_ms']:.3f} ms; XLA sum of a per-row f32 dq {r['xla_dq_sum_ms']:.3f} ms"
+            )
     return 0
 
 

@@ -10,6 +10,7 @@
 // Operands (/work/coord/ATTN_BWD_INTERFACE.md; Tp, Sp multiples of 128, H 64 or 128, N a multiple of K):
 //   q, do (B, N, Tp, H) bf16   k, v (B, K, Sp, H) bf16   lse, delta (B, N, Tp) f32   lens (2, B) s32
 //   dq (B, N, Tp, H) f32 (f16 for dq_accum "fp16")   dk, dv (B, K, Sp, H) f32   dq_sem (B, N, Tp / 32) s32
+//   broadcast_q variants (fp32, not deterministic): q and dq (1, N, Tp, H), dq the sum over the B batch rows
 // dq is accumulated with atomics (or, deterministic, ordered adds): the handler zero-fills it first
 // (cudaMemsetAsync on XLA's stream); the kernel writes every element of dk and dv. dq_sem holds the
 // deterministic variants' per-query-tile counters (zero-filled for them; untouched by the others, which
@@ -59,7 +60,8 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(jmx::Dims(*dq_sem, kOp, "dq_sem", 3, gs));
   const KernelEntry* entry = nullptr;
   JMX_RETURN_IF_ERROR(FindKernel(device, kOp, kernel, &entry));
-  // broadcast_q variants: q (1, N, Tp, H) is one query sequence for all B batch rows of k, v, do and dq
+  // broadcast_q variants: q (1, N, Tp, H) is one query sequence for all B batch rows of k, v, do, lse and
+  // delta; dq (1, N, Tp, H) takes every batch row's dQ (the kernel's float32 reductions into batch 0)
   const bool broadcast_q = Param(entry, "broadcast_q") == 1;
   JMX_RETURN_IF_ERROR(Want(!broadcast_q || qd[0] == 1, "a broadcast_q variant takes q of batch 1"));
   const int64_t b = broadcast_q ? kd[0] : qd[0], n = qd[1], tp = qd[2], h = qd[3], nk = kd[1], sp = kd[2];
@@ -80,7 +82,8 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   for (int i = 0; i < 4; ++i) {
     JMX_RETURN_IF_ERROR(Want(vd[i] == kd[i] && gk[i] == kd[i] && gv[i] == kd[i], "v, dk and dv must match k's shape"));
     const int64_t want = i == 0 ? b : qd[i];  // q's shape with k's batch
-    JMX_RETURN_IF_ERROR(Want(od[i] == want && gq[i] == want, "do and dq must match q's shape (B, N, Tp, H)"));
+    JMX_RETURN_IF_ERROR(Want(od[i] == want, "do must match q's shape (B, N, Tp, H)"));
+    JMX_RETURN_IF_ERROR(Want(gq[i] == (i == 0 ? q_rows : qd[i]), "dq must be (B, N, Tp, H) (broadcast_q: q's shape)"));
   }
   for (int i = 0; i < 3; ++i) {
     const int64_t want = i == 0 ? b : qd[i];
@@ -97,6 +100,8 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   // dQ modes (registry AttentionBwdConfig.dq_mode): dq_accum "fp16" (code 1) and / or deterministic
   const bool fp16 = Param(entry, "dq_accum") == 1;
   const bool ordered = Param(entry, "deterministic") == 1;
+  JMX_RETURN_IF_ERROR(
+      Want(!broadcast_q || (!fp16 && !ordered), "broadcast_q variants take dq_accum fp32, not deterministic"));
   const ffi::DataType dq_type = fp16 ? ffi::DataType::F16 : ffi::DataType::F32;
   JMX_RETURN_IF_ERROR(Want(dq->element_type() == dq_type, "kernel '" + std::string(entry->name) + "' needs dq " +
                                                               DTypeName(dq_type) + ", got " +
@@ -104,7 +109,7 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(Want(fp16 ? (0 <= dq_scale_log2 && dq_scale_log2 <= 15) : dq_scale_log2 == 0,
                            "dq_scale_log2 must be in [0, 15] for dq_accum fp16 and 0 for fp32, got " +
                                std::to_string(dq_scale_log2)));
-  const size_t dq_bytes = static_cast<size_t>(b * n * tp * h) * (fp16 ? 2 : sizeof(float));
+  const size_t dq_bytes = static_cast<size_t>(q_rows * n * tp * h) * (fp16 ? 2 : sizeof(float));
   if (dq_bytes > 0) {
     cudaError_t err = cudaMemsetAsync(dq->untyped_data(), 0, dq_bytes, stream);
     JMX_RETURN_IF_ERROR(Want(err == cudaSuccess, std::string("zero-filling dq failed: ") + cudaGetErrorString(err)));
@@ -125,7 +130,7 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(As2D(lse, "lse", &t[4]));
   JMX_RETURN_IF_ERROR(As2D(delta, "delta", &t[5]));
   JMX_RETURN_IF_ERROR(As2D(lens, "lens", &t[6]));
-  JMX_RETURN_IF_ERROR(HeadRows(dq->untyped_data(), b * n, tp, h, "dq", &t[7]));
+  JMX_RETURN_IF_ERROR(HeadRows(dq->untyped_data(), q_rows * n, tp, h, "dq", &t[7]));
   JMX_RETURN_IF_ERROR(HeadRows(dk->untyped_data(), b * nk, sp, h, "dk", &t[8]));
   JMX_RETURN_IF_ERROR(HeadRows(dv->untyped_data(), b * nk, sp, h, "dv", &t[9]));
   if (!fp16 && !ordered) {

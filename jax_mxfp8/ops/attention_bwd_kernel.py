@@ -72,7 +72,8 @@ def kernel_backward(static: dense.AttentionStatic, variant, res, cts, broadcast_
     res, cts: mx_attention_fwd's residuals (quants, o, lse, bias, mask, q_len, kv_len) with bias and mask
     None (the kernel path has neither), and the cotangents (dO (B, T, N, H), dLSE (B, N, T)).
     broadcast_q (ops/broadcast_attention.py, with a broadcast_q variant): the query residuals hold batch 1
-    for all B rows; dq comes back per batch row, (B, T, N, H).
+    for all B rows; dq comes back as their sum, (1, T, N, H) (the kernel's float32 reductions over the
+    batch rows, one rounding to the output dtype here).
     """
     quants, o, lse, bias, mask, q_len, kv_len = res
     if bias is not None or mask is not None:  # kernel_unsupported keeps them off the kernel path

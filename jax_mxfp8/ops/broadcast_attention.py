@@ -11,10 +11,14 @@ sum of the B per-sequence gradients, accumulated in float32 and rounded once to 
 
 On the kernel path the forward and backward kernels' `broadcast_q` variants (kernels/registry: the
 production schedules with the Q coordinate at batch 0) read the one query row for every KV sequence: the
-producer pass re-encodes the query once (1, N, Tp, H) and the backward's pre-pass dequantizes it once.
-What is still per sequence: the backward kernel's float32 dq (B, N, Tp, H), summed over B in XLA
-(accumulating across batch rows inside the kernel's dQ reductions would remove it: the dQ store path, not
-changed here); on the XLA path the broadcast FP8 query feeds the reference's dequantize-and-GEMM fusions.
+producer pass re-encodes the query once (1, N, Tp, H) and the backward's pre-pass dequantizes it once; the
+backward kernel adds every sequence's dQ into one float32 dq (1, N, Tp, H) (its float32 reductions, in the
+atomics' order: docs/numerics.md "broadcast_query_attention"), so no per-sequence dq is written or summed.
+The dQ modes (AttentionConfig dq_accum="fp16" or deterministic=True) have no broadcast_q backward variant:
+their backward is the XLA reference on the broadcast residuals, dq per sequence summed over B in float32
+(the deterministic ordering is per batch row, and a float16 accumulator holding dQ 2^e summed over B
+sequences would overflow B times sooner). On the XLA path the broadcast FP8 query feeds the reference's
+dequantize-and-GEMM fusions.
 Packed key/value sequences run on the padded batch (B, ceil32(max_seqlen_k)), as varlen_attention's XLA
 route does (the packed kernel has no broadcast_q variant).
 """
@@ -70,22 +74,24 @@ def _broadcast_attention(static: dense.AttentionStatic, q1, k, v, q_len, kv_len)
 
 
 def _bwd(static: dense.AttentionStatic, res, do):
-    """dot_product_attention's backward in float32 (the broadcast_q backward kernel where one covers the
-    call, else on the broadcast residuals); dq summed over the batch."""
+    """dot_product_attention's backward: the broadcast_q backward kernel where one covers the call (dq
+    (1, Tp, N, H), summed over the batch in float32 in the kernel, cast once), else the reference in float32
+    on the broadcast residuals (dq (B, Tp, N, H), summed over the batch here, then cast)."""
     quants, o, lse, q_len, kv_len = res
     f32 = dataclasses.replace(static, out_dtype=np.dtype(np.float32))  # out_dtype only casts the cotangents
     cts = (do, jnp.zeros_like(lse))
     variant = None
     if static.kernel_path:
         variant, _ = kernel_bwd.backward_variant(static, o.shape[-1], broadcast_q=True)
-    if variant is not None:
+    if variant is not None:  # dq comes summed (float32 in the kernel): the output dtype directly, one rounding
         res_kernel = (quants, o, lse, None, None, q_len, kv_len)
-        dq, dk, dv, *_ = kernel_bwd.kernel_backward(f32, variant, res_kernel, cts, broadcast_q=True)
+        dq, dk, dv, *_ = kernel_bwd.kernel_backward(static, variant, res_kernel, cts, broadcast_q=True)
     else:
         res_dense = (_broadcast_quants(quants, o.shape[0]), o, lse, None, None, q_len, kv_len)
         dq, dk, dv, *_ = dense.mx_attention_bwd(f32, res_dense, cts)
+        dq = jnp.sum(dq, axis=0, keepdims=True)
     out = static.out_dtype
-    return jnp.sum(dq, axis=0, keepdims=True).astype(out), dk.astype(out), dv.astype(out), None, None
+    return dq.astype(out), dk.astype(out), dv.astype(out), None, None
 
 
 _broadcast_attention.defvjp(*remat_safe(guard_fwd(_fwd, OP, argnums=(1, 2, 3)), guard_bwd(_bwd, OP)))

@@ -20,9 +20,11 @@ backward"), so the emulation is the contract itself: reference/attention_bwd.py'
 run on these operands, which equals the reference backward on the same values bit for bit. Under jit with
 sharded operands the call partitions over batch and KV-head groups like the forward (attention_fwd.py);
 sequences and head_dim are replicated. Under vmap the mapped axis joins the batch.
-broadcast_q variants (broadcast_query_attention): q (1, N, Tp, H) is one query sequence for all B batch rows;
-the kernel loads it at batch 0, the emulation broadcasts it; dq stays (B, N, Tp, H) (the caller sums it); q's
-batch factor is its own (replicated) and vmap maps the call.
+broadcast_q variants (broadcast_query_attention; dq_accum "fp32", not deterministic): q (1, N, Tp, H) is one
+query sequence for all B batch rows; the kernel loads it at batch 0 and adds every batch row's dQ into one
+float32 dq (1, N, Tp, H) (its atomics' order), the emulation broadcasts q and sums its per-row dq over the
+batch in float32; under a batch-sharded jit each device's call sums its own rows and the partition callback
+adds the devices' dq (psum over the batch axes); vmap maps the call.
 """
 
 from __future__ import annotations
@@ -75,6 +77,10 @@ def kernel_variant(
     fields = dict(head_dim=head_dim, causal=bool(causal), p_scale=p_scale, p_rounding=p_rounding)
     fields.update(dq_accum=dq_accum, deterministic=bool(deterministic), packed=bool(packed))
     fields.update(broadcast_q=bool(broadcast_q))
+    if broadcast_q and (dq_accum != "fp32" or deterministic):  # the registry refuses it (AttentionBwdConfig)
+        why = "broadcast_q (one query, dQ summed over the batch by float32 atomics) has no dq_accum='fp16' or "
+        why += "deterministic=True variant: the backward runs the XLA reference (the defaults take the kernel)"
+        return None, why
     variant = registry.find(registry.AttentionBwdConfig, **fields, tune=tune)
     if variant is None:
         args = ", ".join(f"{k}={v!r}" for k, v in {**fields, "tune": tune}.items())
@@ -225,7 +231,7 @@ class AttentionBwdCall:
 def _outputs(call: AttentionBwdCall, q, k, v, do, *rest):
     b, n, tp, _ = do.shape  # q's shape with the batch of k (broadcast_q: q has batch 1)
     return (
-        jax.ShapeDtypeStruct(do.shape, call.dq_dtype),
+        jax.ShapeDtypeStruct(q.shape, call.dq_dtype),  # broadcast_q: (1, N, Tp, H), the sum over the batch
         jax.ShapeDtypeStruct(k.shape, jnp.float32),
         jax.ShapeDtypeStruct(k.shape, jnp.float32),
         jax.ShapeDtypeStruct((b, n, tp // 32), jnp.int32),
@@ -251,7 +257,10 @@ def _emulation(call: AttentionBwdCall, q, k, v, do, lse, delta, lens):
     # times 2^-e); dq_sem as the kernel leaves it for the deterministic variants (every counter at its
     # query tile's number of KV tiles), zeros otherwise (XLA's output is unspecified there)
     dq = (dq * jnp.float32(2.0**e)).astype(jnp.float16) if var.dq_accum == "fp16" else dq
-    return dq, dk, dv, _emulated_sem(call, q.shape, lens)
+    sem = _emulated_sem(call, q.shape, lens)
+    if var.broadcast_q:  # the kernel's reductions of every batch row into batch 0's dq (float32 only)
+        dq = jnp.sum(dq, axis=0, keepdims=True)
+    return dq, dk, dv, sem
 
 
 def _emulated_sem(call: AttentionBwdCall, q_shape, lens) -> jax.Array:
@@ -282,12 +291,16 @@ def _sharding(call: AttentionBwdCall) -> ShardingRule:
         n, sizes = "g", ()
     else:
         n, sizes = "(k g)", (("g", call.group),)
-    qb = "a" if call.variant.broadcast_q else "b"  # broadcast_q: the one query row, whole on every device
+    # broadcast_q: the one query row (and its dq, the sum over the batch) whole on every device; with the
+    # batch sharded, each device's dq sums its own rows and the partition adds the devices' (ffi_op summed)
+    bq = call.variant.broadcast_q
+    qb = "a" if bq else "b"
     return ShardingRule(
         operands=(f"{qb} {n} t h", "b k s h", "b k s h", f"b {n} t h", f"b {n} t", f"b {n} t", "l b"),
-        results=(f"b {n} t h", "b k s h", "b k s h", f"b {n} u"),
+        results=(f"{qb} {n} t h", "b k s h", "b k s h", f"b {n} u"),
         factor_sizes=sizes,
         replicated=("a", "g", "t", "h", "s", "l", "u"),
+        summed=((0, "b"),) if bq else (),
     )
 
 

@@ -36,6 +36,10 @@ then a psum over their mesh axes; see Reduction), without one they are replicate
 factor takes the mesh axes of the first operand dim where it leads, kept only when they divide the factor's
 size and no earlier factor took one of them; every operand and result is then laid out from its factors
 (the partition callback asks for exactly these argument shardings).
+`summed` names results that are sums over an operand factor they do not carry (e.g. a broadcast operand's
+gradient summed over the batch): each device's call sums its shard of that factor, and the partition callback
+adds the devices' results (psum over the factor's mesh axes). (`reduced` runs another FFI call for float32
+partials and finishes them; `summed` psums the op's own result: the call itself already sums its shard.)
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class ShardingRule:
     factor_sizes: tuple[tuple[str, int], ...] = ()
     replicated: tuple[str, ...] = ()
     reduced: tuple[str, ...] = ()
+    summed: tuple[tuple[int, str], ...] = ()  # (result index, factor): the result sums over that factor
 
     def without_reduction(self) -> ShardingRule:
         """The rule for an op that cannot split its sums: the reduced factors replicated."""
@@ -269,7 +274,18 @@ def _partitioned(decl: FfiOp, static, path: str, shapes: tuple[tuple[int, ...], 
     def partition(mesh, arg_shapes, result_shape):
         args, outs = shardings(mesh, arg_shapes)
         axes = rule.reduced_axes(mesh, arg_shapes)
-        return mesh, (reduced_fn(axes) if axes else fn), outs, args
+        if axes:
+            return mesh, reduced_fn(axes), outs, args
+        factor_axes = rule.factor_axes(mesh, arg_shapes)
+        sums = {i: factor_axes[f] for i, f in rule.summed if factor_axes.get(f) is not None}
+        if not sums:
+            return mesh, fn, outs, args
+
+        def summed(*a):  # each device summed its shard of the factor: add the devices' partial results
+            out = [jax.lax.psum(y, sums[i]) if i in sums else y for i, y in enumerate(body(*a))]
+            return out[0] if single else tuple(out)
+
+        return mesh, summed, outs, args
 
     text, sizes, need, reduced = rule.shardy(shapes)
     cp = custom_partitioning(fn)

@@ -65,9 +65,10 @@ class AttentionBwdConfig(KernelConfig):
         at H64) or "own" (each consumer over its own 64 keys, all head-dim columns: only a 128-thread
         barrier per consumer, so the two consumers run independently; twice the dQ reductions into dq).
         "own" needs overlap 0, and dq_store "red" at head_dim 128 (the bulk path stages 64 columns).
-      broadcast_q: one query sequence for every batch row (broadcast_query_attention): q holds batch 1 and
-        the producer loads each query head's Q tiles at batch 0; dO, LSE, delta and dq stay per batch row
-        (the caller sums dq over the batch).
+      broadcast_q: one query sequence for every batch row (broadcast_query_attention): q and dq hold batch 1;
+        the producer loads each query head's Q tiles at batch 0 and every batch row's dQ reductions add into
+        batch 0's dq (the float32 sum over the batch, in the atomics' order); dO, LSE and delta stay per
+        batch row. Not with the dQ modes (their float16 dq and dq_sem ordering are per batch row).
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
     """
 
@@ -122,6 +123,16 @@ class AttentionBwdConfig(KernelConfig):
         if self.dq_store.startswith("tma") and (self.overlap or self.dq_keys != "cta"):
             raise ValueError(
                 f"dq_store={self.dq_store!r} needs overlap=0 and dq_keys='cta' (got {self.overlap}, {self.dq_keys!r})"
+            )
+        if self.broadcast_q and self.dq_mode:
+            raise ValueError(
+                "broadcast_q=True sums dQ over the batch rows with float32 atomics: not with dq_accum='fp16' or "
+                "deterministic=True (broadcast_query_attention's backward takes the XLA reference for those)"
+            )
+        if self.broadcast_q and self.dq_store.startswith("tma"):
+            raise ValueError(
+                f"broadcast_q=True rebases dq's address per CTA (every batch row into batch 0): not with "
+                f"dq_store={self.dq_store!r} (the TMA reductions address dq by tensor-map coordinates)"
             )
         if self.overlap not in (0, 1, 2):
             raise ValueError(f"overlap={self.overlap} not in (0, 1, 2)")

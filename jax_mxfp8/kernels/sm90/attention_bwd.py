@@ -3,8 +3,9 @@
 Supported (kernels/registry/attention_bwd.py, AttentionBwdConfig): head_dim 64 and 128; non-causal or causal
 (top-left); GQA/MQA (query head n reads KV head n // G); per-batch query and KV lengths (dense padded batch);
 p_scale "const"; dq_accum "fp32" and "fp16" (dQ * 2^e in float16), deterministic or not (the dQ modes:
-kernels/sm90/attention_bwd_dq.py); one query sequence for every batch row (config.broadcast_q: q of batch 1,
-loaded by the producer at batch 0; dO, LSE, delta, dq per row). Not here (the XLA reference takes them):
+kernels/sm90/attention_bwd_dq.py); one query sequence for every batch row (config.broadcast_q, dq_accum
+"fp32", not deterministic: q and dq of batch 1, Q loaded by the producer at batch 0, every batch row's dQ
+added into batch 0's dq; dO, LSE, delta per row). Not here (the XLA reference takes them):
 p_scale "block", packed sequences, bias / boolean masks.
 
 Operands (the FFI call jax_mxfp8_attention_bwd, /work/coord/ATTN_BWD_INTERFACE.md; the handler passes
@@ -20,7 +21,7 @@ from the shapes):
   scale              float32   tau (kernel argument)
 Outputs:
   dq    (B*N, Tp*H)  float32   accumulated by float32 reductions: the caller (the FFI handler) zero-fills it
-                     (float16 dQ * 2^e for dq_accum "fp16")
+                     (float16 dQ * 2^e for dq_accum "fp16"; broadcast_q: (N, Tp*H), the sum over the B rows)
   dq_sem (B*N, Tp/32) int32    dQ modes only: the deterministic mode's counters (zero-filled by the caller)
   dq_scale           float32   dQ modes only: tau 2^e (kernel argument)
   dk    (B*K, Sp*H)  float32   written once per CTA, rows >= kv_len 0
@@ -309,7 +310,7 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         def rows(x, length, heads):  # (rows, H, heads) view of a (heads, rows * H) buffer
             return cute.make_tensor(x.iterator, cute.make_layout((length, h, heads), stride=(h, 1, length * h)))
 
-        q, do, dq = rows(q2, tp, q_heads), rows(do2, tp, bn), rows(dq2, tp, bn)
+        q, do, dq = rows(q2, tp, q_heads), rows(do2, tp, bn), rows(dq2, tp, q_heads)  # broadcast_q: dq batch 1
         k, v, dk, dv = rows(k2, sp, bk), rows(v2, sp, bk), rows(dk2, sp, bk), rows(dv2, sp, bk)
 
         sdp_mma, dkv_mma, dq_mma = self._sdp_mma(), self._dkv_mma(), self._dq_mma()
@@ -383,7 +384,7 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         n, bk, _ = cute.arch.block_idx()
         nb = mLen.shape[1]
         n_kv = mdK.shape[2] // nb  # KV heads per batch row
-        g_size = mdQ.shape[2] // mdK.shape[2]  # query heads per KV head
+        g_size = mLse.shape[0] // mdK.shape[2]  # query heads per KV head (LSE: B * N rows, also broadcast_q)
         b = bk // n_kv
         q_len = mLen[0, b]
         kv_len = mLen[1, b]

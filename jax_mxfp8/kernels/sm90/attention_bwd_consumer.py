@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 
 from jax_mxfp8.kernels.sm90 import warp_specialization as ws
 from jax_mxfp8.kernels.sm90 import wgmma
@@ -101,6 +101,10 @@ class AttentionBwdConsumer:
             dq_col0 = c * (h // NUM_CONSUMERS)
         dq_base = mdQ.iterator.toint()
         tp = mdQ.shape[0]
+        if cutlass.const_expr(self.config.broadcast_q):
+            # dq is (N, Tp * H), the one query's: every batch row b adds into it. Query head bn = b N + j of
+            # this CTA maps to dq head j = bn - b N, so rebase once: dq_base - b N Tp H floats (bn0 = b N + kv G).
+            dq_base = dq_base - Int64(bn0 - bn0 % mdQ.shape[2]) * Int64(tp) * Int64(h * 4)
         pair_barrier = AMAX_BARRIER0 + c * 2 + warp_wg // 2
         if cutlass.const_expr(self.dq_own and self.bulk_dq):
             sdq_base = sdq_base + c * (TILE_M * self.dq_pitch)  # this consumer's staging tile
