@@ -7,7 +7,13 @@ import dataclasses
 import pytest
 
 from jax_mxfp8.kernels import registry
-from jax_mxfp8.kernels.registry.attention_bwd import PRODUCTION, TUNINGS, AttentionBwdConfig, tuning_fields
+from jax_mxfp8.kernels.registry.attention_bwd import (
+    BROADCAST_Q,
+    PRODUCTION,
+    TUNINGS,
+    AttentionBwdConfig,
+    tuning_fields,
+)
 
 
 @pytest.mark.parametrize(
@@ -49,8 +55,8 @@ def test_bad_fields_raise_naming_the_field(kwargs, field):
 def test_production_lookup(head_dim, causal):
     v = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal)
     assert v is not None and v.tune == 0 and v.overlap == 0
-    assert v.dq_store == "red" and v.smem_stats == (head_dim == 128)
-    assert v.dq_red_width == (2 if head_dim == 128 else 1)
+    # tune 17's config at both head dims (session 5): TMA dQ reduce-add per warp, dQ under the dK wgmma
+    assert v.dq_store == "tma_warp" and v.dq_first and v.smem_stats and v.amax_reduce == "redux"
     assert v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}"
     assert v.key == dict(
         head_dim=head_dim, causal=int(causal), p_scale=0, p_rounding=0, dq_accum=0, deterministic=0, packed=0,
@@ -58,9 +64,13 @@ def test_production_lookup(head_dim, causal):
     )  # fmt: skip
     v1 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=13)
     assert v1.dq_store == "bulk" and not v1.smem_stats  # the v1 production, kept as a tuning
-    # broadcast_query_attention's variant: the production schedule with the Q coordinate at batch 0
+    # broadcast_query_attention's variant: BROADCAST_Q's schedule (per-element dQ reductions: the TMA dQ
+    # store cannot take broadcast_q's rebased dq address) with the Q coordinate at batch 0
     bq = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, broadcast_q=True)
-    assert bq.name == v.name + "_bcastq" and bq == dataclasses.replace(v, broadcast_q=True)
+    want = AttentionBwdConfig(head_dim=head_dim, causal=causal, broadcast_q=True, **BROADCAST_Q[head_dim])
+    assert bq.name == v.name + "_bcastq" and bq == want
+    with pytest.raises(ValueError, match="broadcast_q"):
+        dataclasses.replace(v, broadcast_q=True)
 
 
 def test_uncovered_arguments_find_nothing():
