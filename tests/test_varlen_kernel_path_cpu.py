@@ -170,6 +170,7 @@ def _aligned_maps(x, cu, *, max_len, rows, total):
     return starts, al, aligned_to_packed(al, cu, lens, starts, total)
 
 
+@pytest.mark.slow  # ~20 s of CPU for the 20 draws' compiles: the 3.12 CI leg (-m "not slow") stays short
 def test_aligned_layout_maps_round_trip():
     rng = np.random.default_rng(3)
     for _ in range(20):
