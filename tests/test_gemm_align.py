@@ -8,6 +8,9 @@ outlier-channel data.
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -26,9 +29,21 @@ def _codes(a) -> np.ndarray:
     return np.asarray(a).view(np.uint8)
 
 
+# quantize and align128 as one program each per (options, shape): eager dispatch compiled their small ops
+# anew for every shape of the tests below (~5 s per case on CI's CPU).
+@functools.cache
+def _quantize(axis=-1, dtype=jnp.float8_e4m3fn, scale_rounding="up"):
+    return jax.jit(lambda x: quantize(x, axis=axis, dtype=dtype, scale_rounding=scale_rounding))
+
+
+@functools.cache
+def _align128(axis=-1):
+    return jax.jit(lambda data, scale: align128(data, scale, axis=axis))
+
+
 def check_against_oracle(x, dtype, scale_rounding, axis):
-    q = quantize(jnp.asarray(x), axis=axis, dtype=dtype, scale_rounding=scale_rounding)
-    data, scale = align128(q.data, q.scale, axis=axis)
+    q = _quantize(axis, dtype, scale_rounding)(jnp.asarray(x))
+    data, scale = _align128(axis)(q.data, q.scale)
     codes, sc = _codes(q.data), np.asarray(q.scale)
     if axis == -2:
         codes, sc = np.swapaxes(codes, -1, -2), np.swapaxes(sc, -1, -2)
@@ -59,7 +74,7 @@ def test_padding_zero_and_nan_runs():
     x[0] = 0.0  # all-zero row: E = 0, scale 2^-127, data 0
     x[1, 5] = np.nan  # NaN in run 0 -> scale NaN for run 0 only
     x[2, 130] = np.inf  # Inf in the partial run 1 (one block of 32 exists)
-    q = quantize(jnp.asarray(x))
+    q = _quantize()(jnp.asarray(x))
     data, scale = check_against_oracle(x, jnp.float8_e4m3fn, "up", -1)
     s = np.asarray(scale)
     assert data.shape == (4, 256) and s.shape == (2, 4)
@@ -76,9 +91,9 @@ def test_shift_zero_is_identity():
     """Blocks with e_b == E keep their bytes: a run of four equal-exponent blocks is unchanged."""
     rng = np.random.default_rng(test_seed())
     x = rng.uniform(1.0, 1.7, (8, 256)).astype(np.float32) * rng.choice([-1, 1], (8, 256))
-    q = quantize(jnp.asarray(x))
+    q = _quantize()(jnp.asarray(x))
     assert len(np.unique(np.asarray(q.scale))) == 1
-    data, _ = align128(q.data, q.scale)
+    data, _ = _align128()(q.data, q.scale)
     np.testing.assert_array_equal(_codes(data), _codes(q.data))
 
 
@@ -120,8 +135,8 @@ FAMILIES = ["normal", "lognormal_rows", "outlier_x10", "outlier_x100", "outlier_
 def test_error_bound(name, dtype, axis, capsys):
     rng = np.random.default_rng(test_seed())
     x = family(name, rng)
-    q = quantize(jnp.asarray(x), axis=axis, dtype=dtype)
-    data, scale = align128(q.data, q.scale, axis=axis)
+    q = _quantize(axis, dtype)(jnp.asarray(x))
+    data, scale = _align128(axis)(q.data, q.scale)
     fmt = fmt_of(dtype)
     codes, sc = _codes(q.data), np.asarray(q.scale)
     if axis == -2:

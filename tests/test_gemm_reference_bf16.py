@@ -67,17 +67,29 @@ def _both(name: str, config: MXDotConfig, *args):
     return tuple(jax.tree.map(np.asarray, _jitted(name, config, ops)(*args)) for ops in ("bfloat16", "float32"))
 
 
+@functools.cache
+def _operands_f32_jitted(config: MXDotConfig):
+    """One program per config (run eagerly, its small ops cost ~1 min of compiles per shape on CI's CPU)."""
+
+    @jax.jit
+    def operands(a3, b3, g3):
+        q = functools.partial(gemm.quantized_3d, config=config, operands="float32")
+        t = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
+        fwd = (q(a3, purpose=gemm.FWD), q(b3, purpose=gemm.FWD))
+        dgrad = (q(g3, purpose=gemm.DGRAD, grad=True), q(t(b3), purpose=gemm.DGRAD))
+        if config.weight_grad == "bf16":
+            wgrad = (t(g3).astype(jnp.bfloat16).astype(jnp.float32), t(a3).astype(jnp.bfloat16).astype(jnp.float32))
+        else:
+            wgrad = (q(t(g3), purpose=gemm.WGRAD, grad=True), q(t(a3), purpose=gemm.WGRAD))
+        return fwd, dgrad, wgrad
+
+    return operands
+
+
 def _operands_f32(config: MXDotConfig, a3, b3, g3):
     """The float32 path's MX operands of the three GEMMs, as (lhs, rhs) pairs in (B, rows, K) layout."""
-    q = functools.partial(gemm.quantized_3d, config=config, operands="float32")
-    t = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
-    fwd = (q(a3, purpose=gemm.FWD), q(b3, purpose=gemm.FWD))
-    dgrad = (q(g3, purpose=gemm.DGRAD, grad=True), q(t(b3), purpose=gemm.DGRAD))
-    if config.weight_grad == "bf16":
-        wgrad = (t(g3).astype(jnp.bfloat16).astype(jnp.float32), t(a3).astype(jnp.bfloat16).astype(jnp.float32))
-    else:
-        wgrad = (q(t(g3), purpose=gemm.WGRAD, grad=True), q(t(a3), purpose=gemm.WGRAD))
-    return [tuple(np.asarray(v, np.float64) for v in pair) for pair in (fwd, dgrad, wgrad)]
+    pairs = _operands_f32_jitted(config)(a3, b3, g3)
+    return [tuple(np.asarray(v, np.float64) for v in pair) for pair in pairs]
 
 
 def _assert_within_reordering_bound(got, ref, lhs, rhs, where=None):
@@ -227,8 +239,13 @@ def test_mx_dot_general_runs_the_bfloat16_path():
     x, w = _data("normal", (64, 256), 8), _data("normal", (256, 96), 9)
     ct = _data("normal", (64, 96), 10)
     dn = (((1,), (0,)), ((), ()))
-    y, vjp = jax.jit(lambda x, w: jax.vjp(lambda a, b: jax_mxfp8.mx_dot_general(a, b, dn), x, w))(x, w)
-    dx, dw = vjp(ct)
+
+    @jax.jit  # forward and backward in one program (the vjp closure called outside a jit ran op by op: ~100 s)
+    def fwd_bwd(x, w, ct):
+        y, vjp = jax.vjp(lambda a, b: jax_mxfp8.mx_dot_general(a, b, dn), x, w)
+        return y, vjp(ct)
+
+    y, (dx, dw) = fwd_bwd(x, w, ct)
     a3, b3 = x[None], w.T[None]
     fwd = _jitted("forward", config, "bfloat16")(a3, b3)
     da, db = _jitted("backward", config, "bfloat16")(a3, b3, ct[None])

@@ -38,6 +38,21 @@ def oracle_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 DN_2D = (((1,), (0,)), ((), ()))
 
 
+def _jit_vjp(f, ct, *args):
+    """(f(*args), vjp(ct)) as one program: the op's eager dispatch compiled ~20 s of small programs per test."""
+
+    def fwd_bwd(ct, *args):
+        y, vjp = jax.vjp(f, *args)
+        return y, vjp(ct)
+
+    return jax.jit(fwd_bwd)(ct, *args)
+
+
+def _mx_dot(a, b, dn=DN_2D, **kwargs):
+    """mx_dot_general(a, b, dn, **kwargs) under jit (the arguments after dn are static)."""
+    return jax.jit(lambda a, b: jax_mxfp8.mx_dot_general(a, b, dn, **kwargs))(a, b)
+
+
 @pytest.mark.skipif(not JAX_NN_HAS_CPU_SCALED_MATMUL, reason="jax.nn.scaled_matmul has no CPU lowering before jax 0.11")
 @pytest.mark.parametrize(
     "lhs_shape,rhs_shape,dn",
@@ -81,7 +96,7 @@ def test_forward_batched_and_multi_contracting_dims_match_oracle():
     # lhs (B, M, K1, K2) contracted over (K1, K2) against rhs (K1, K2, B, N): blocks run along flattened K
     a, b = _normal(2, (2, 16, 4, 32), (4, 32, 2, 24))
     dn = (((2, 3), (0, 1)), ((0,), (2,)))
-    out = jax_mxfp8.mx_dot_general(a, b, dn)
+    out = _mx_dot(a, b, dn)
     assert out.shape == (2, 16, 24)
     a3 = np.asarray(a).reshape(2, 16, 128)
     b3 = np.transpose(np.asarray(b), (2, 3, 0, 1)).reshape(2, 24, 128)
@@ -101,8 +116,7 @@ def test_sqnr_against_float64_1024x4096x1024():
 def test_grads_match_float64_oracle_of_the_contract():
     """dA = Q(G along N) @ Q(B along N); dB = Q(A along M)^T @ Q(G along M), from the NumPy oracle."""
     a, b, g = _normal(4, (64, 96), (96, 128), (64, 128))
-    _, vjp = jax.vjp(lambda a, b: jax_mxfp8.mx_dot_general(a, b, DN_2D), a, b)
-    da, db = vjp(g)
+    _, (da, db) = _jit_vjp(lambda a, b: jax_mxfp8.mx_dot_general(a, b, DN_2D), g, a, b)
     g64, a64, b64 = (np.asarray(t) for t in (g, a, b))
     expect_da = oracle_fake_quant(g64, axis=1) @ oracle_fake_quant(b64, axis=1).T
     expect_db = oracle_fake_quant(a64, axis=0).T @ oracle_fake_quant(g64, axis=0)
@@ -112,8 +126,7 @@ def test_grads_match_float64_oracle_of_the_contract():
 
 def test_free_dims_not_multiple_of_32_use_partial_blocks_in_backward():
     a, b, g = _normal(13, (8, 64), (64, 40), (8, 40))
-    _, vjp = jax.vjp(lambda a, b: jax_mxfp8.mx_dot_general(a, b, DN_2D), a, b)
-    da, db = vjp(g)
+    _, (da, db) = _jit_vjp(lambda a, b: jax_mxfp8.mx_dot_general(a, b, DN_2D), g, a, b)
     pad = lambda t, axis: np.pad(np.asarray(t), [(0, -t.shape[i] % 32 if i == axis else 0) for i in range(2)])  # noqa: E731
     expect_da = oracle_fake_quant(pad(g, 1), 1) @ oracle_fake_quant(pad(b, 1), 1).T
     expect_db = oracle_fake_quant(pad(a, 0), 0).T @ oracle_fake_quant(pad(g, 0), 0)
@@ -123,8 +136,7 @@ def test_free_dims_not_multiple_of_32_use_partial_blocks_in_backward():
 
 def test_bf16_weight_gradient_option():
     a, b, g = _normal(5, (64, 96), (96, 128), (64, 128))
-    _, vjp = jax.vjp(lambda a, b: jax_mxfp8.mx_dot_general(a, b, DN_2D, weight_grad="bf16"), a, b)
-    da, db = vjp(g)
+    _, (da, db) = _jit_vjp(lambda a, b: jax_mxfp8.mx_dot_general(a, b, DN_2D, weight_grad="bf16"), g, a, b)
     bf = lambda t: np.asarray(t.astype(jnp.bfloat16), np.float64)  # noqa: E731
     assert sqnr_db(bf(a).T @ bf(g), db) > 120
     assert sqnr_db(oracle_fake_quant(np.asarray(g), 1) @ oracle_fake_quant(np.asarray(b), 1).T, da) > 120
@@ -140,16 +152,15 @@ def test_hadamard_rotation_keeps_accuracy_and_is_consistent_in_backward():
     a, b = _normal(6, (128, 256), (256, 128))
     a = a.at[:, 7].multiply(1000.0)
     exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
-    rotated_out = jax_mxfp8.mx_dot_general(a, b, DN_2D, hadamard_seed=0)
+    g = _normal(7, (128, 128))[0]
+    rotated_out, (da, db) = _jit_vjp(lambda a, b: jax_mxfp8.mx_dot_general(a, b, DN_2D, hadamard_seed=0), g, a, b)
     assert sqnr_db(exact, rotated_out) > 27
     # the forward multiplies exactly the MX-quantized rotated operands
     key = jax.random.fold_in(jax.random.key(0), 0)
-    ar = jax_mxfp8.random_hadamard(a, key, axis=1)
-    br = jax_mxfp8.random_hadamard(b, key, axis=0)
+    ar, br = jax.jit(
+        lambda a, b: (jax_mxfp8.random_hadamard(a, key, axis=1), jax_mxfp8.random_hadamard(b, key, axis=0))
+    )(a, b)
     assert sqnr_db(oracle_matmul(np.asarray(ar), np.asarray(br)), rotated_out) > 100
-    g = _normal(7, (128, 128))[0]
-    _, vjp = jax.vjp(lambda a, b: jax_mxfp8.mx_dot_general(a, b, DN_2D, hadamard_seed=0), a, b)
-    da, db = vjp(g)
     assert sqnr_db(np.asarray(g, np.float64) @ np.asarray(b, np.float64).T, da) > 25
     assert sqnr_db(np.asarray(a, np.float64).T @ np.asarray(g, np.float64), db) > 25
 
@@ -173,15 +184,17 @@ def test_stochastic_gradient_rounding_is_unbiased_on_average():
 
 def test_prequantized_operands():
     a, b, g = _normal(9, (64, 96), (96, 32), (64, 32))
-    qa = jax_mxfp8.quantize(a, axis=1)
-    plain = jax_mxfp8.mx_dot_general(a, b, DN_2D)
-    np.testing.assert_array_equal(jax_mxfp8.mx_dot_general(qa, b, DN_2D), plain)
+    qa = jax.jit(lambda a: jax_mxfp8.quantize(a, axis=1))(a)
+    plain = _mx_dot(a, b)
+    np.testing.assert_array_equal(_mx_dot(qa, b), plain)
     # lhs_quantized: same forward bits, and the gradient still reaches the high-precision lhs
-    f = lambda a, b: jnp.sum(jax_mxfp8.mx_dot_general(a, b, DN_2D, lhs_quantized=qa) * g)  # noqa: E731
+    f = lambda a, b, qa: jnp.sum(jax_mxfp8.mx_dot_general(a, b, DN_2D, lhs_quantized=qa) * g)  # noqa: E731
     f_plain = lambda a, b: jnp.sum(jax_mxfp8.mx_dot_general(a, b, DN_2D) * g)  # noqa: E731
-    np.testing.assert_array_equal(jax.grad(f, (0, 1))(a, b)[0], jax.grad(f_plain, (0, 1))(a, b)[0])
+    np.testing.assert_array_equal(
+        jax.jit(jax.grad(f, (0, 1)))(a, b, qa)[0], jax.jit(jax.grad(f_plain, (0, 1)))(a, b)[0]
+    )
     # an MXArray operand is a carrier: differentiating w.r.t. the other operand works
-    gb = jax.grad(lambda b: jnp.sum(jax_mxfp8.mx_dot_general(qa, b, DN_2D) * g))(b)
+    gb = jax.jit(jax.grad(lambda b, qa: jnp.sum(jax_mxfp8.mx_dot_general(qa, b, DN_2D) * g)))(b, qa)
     assert gb.shape == b.shape and np.all(np.isfinite(gb))
     with pytest.raises(ValueError, match="blocked along"):
         jax_mxfp8.mx_dot_general(
@@ -192,23 +205,24 @@ def test_prequantized_operands():
 def test_drop_in_for_nnx_linear_and_vmap():
     layer = nnx.Linear(64, 32, dot_general=jax_mxfp8.mx_dot_general, rngs=nnx.Rngs(0))
     x = _normal(10, (8, 64))[0]
-    y = layer(x)
+    y = nnx.jit(lambda m, x: m(x))(layer, x)
     expect = oracle_matmul(np.asarray(x), np.asarray(layer.kernel[...])) + np.asarray(layer.bias[...])
     assert sqnr_db(expect, y) > 100
-    grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+    grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(layer)
     assert np.all(np.isfinite(grads.kernel[...])) and np.abs(grads.kernel[...]).sum() > 0
     xs = _normal(11, (3, 8, 64))[0]
     w = layer.kernel[...]
-    batched = jax.vmap(lambda x: jax_mxfp8.mx_dot_general(x, w, DN_2D))(xs)
-    single = jax_mxfp8.mx_dot_general(xs[1], w, DN_2D)
+    batched = jax.jit(jax.vmap(lambda x: jax_mxfp8.mx_dot_general(x, w, DN_2D)))(xs)
+    single = _mx_dot(xs[1], w)
     # The contract: the MX operands are bit-identical under vmap ...
-    qb, q1 = jax.vmap(lambda x: jax_mxfp8.quantize(x, axis=-1))(xs), jax_mxfp8.quantize(xs[1], axis=-1)
+    quantize = jax.jit(lambda x: jax_mxfp8.quantize(x, axis=-1))
+    qb, q1 = jax.jit(jax.vmap(lambda x: jax_mxfp8.quantize(x, axis=-1)))(xs), quantize(xs[1])
     np.testing.assert_array_equal(np.asarray(qb.data[1]).view(np.uint8), np.asarray(q1.data).view(np.uint8))
     np.testing.assert_array_equal(qb.scale[1], q1.scale)
     # ... and the products are summed in float32, in an order XLA may pick per shape (a vmapped dot is
     # another shape): both sums lie within gamma_K * sum|a_k b_k| of the exact sum, so they differ by <= twice that.
     a_hat = np.asarray(jax_mxfp8.dequantize(q1), np.float64)
-    b_hat = np.asarray(jax_mxfp8.dequantize(jax_mxfp8.quantize(w, axis=0)), np.float64)
+    b_hat = np.asarray(jax.jit(lambda w: jax_mxfp8.dequantize(jax_mxfp8.quantize(w, axis=0)))(w), np.float64)
     k = a_hat.shape[-1]
     bound = 2 * k * 2.0**-24 * (np.abs(a_hat) @ np.abs(b_hat))
     diff = np.abs(np.asarray(batched[1], np.float64) - np.asarray(single, np.float64))

@@ -3,6 +3,7 @@ collectives the sharding calls for."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -117,13 +118,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+TRAIN_ARGS = ("--steps", "3", "--batch", "8", "--seq-len", "32", "--d-model", "64", "--heads", "2")
+
+
+@functools.cache
+def _single_device_losses() -> tuple[float, ...]:
+    """train_multihost's losses on a one-device mesh (TRAIN_ARGS): the reference of both multi-mesh tests
+    (computed once: ~20 s of compiles on CI's CPU)."""
+    sys.path.insert(0, EXAMPLES)
+    import train_multihost
+
+    return tuple(train_multihost.run(train_multihost.parse_args([*TRAIN_ARGS, "--mesh", "data=1"]))["losses"])
+
+
 @pytest.mark.slow
 def test_lm_train_step_losses_match_across_meshes():
     sys.path.insert(0, EXAMPLES)
     import train_multihost
 
-    common = ["--steps", "3", "--batch", "8", "--seq-len", "32", "--d-model", "64", "--heads", "2"]
-    single = train_multihost.run(train_multihost.parse_args([*common, "--mesh", "data=1"]))["losses"]
+    common = list(TRAIN_ARGS)
+    single = _single_device_losses()
     for mesh_arg, fp8 in (
         ("data=8", []),
         ("fsdp=8", []),
@@ -138,20 +152,7 @@ def test_lm_train_step_losses_match_across_meshes():
 def test_multihost_example_two_processes_of_four_devices(tmp_path):
     port = _free_port()
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    common = [
-        "--steps",
-        "3",
-        "--batch",
-        "8",
-        "--seq-len",
-        "32",
-        "--d-model",
-        "64",
-        "--heads",
-        "2",
-        "--mesh",
-        "data=2,fsdp=2,tp=2",
-    ]
+    common = [*TRAIN_ARGS, "--mesh", "data=2,fsdp=2,tp=2"]
     procs = [
         subprocess.Popen(
             [
@@ -180,11 +181,7 @@ def test_multihost_example_two_processes_of_four_devices(tmp_path):
 
     summary = json.loads((tmp_path / "p0.json").read_text())
     assert summary["processes"] == 2
-    sys.path.insert(0, EXAMPLES)
-    import train_multihost
-
-    single = train_multihost.run(train_multihost.parse_args([*common[:-2], "--mesh", "data=1"]))["losses"]
-    np.testing.assert_allclose(summary["losses"], single, rtol=2e-4)
+    np.testing.assert_allclose(summary["losses"], _single_device_losses(), rtol=2e-4)
 
 
 def test_shard_map_bodies_call_every_op():

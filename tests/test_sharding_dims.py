@@ -78,6 +78,11 @@ def test_explicit_axis_mesh():
     assert g2[0].sharding.spec == P("data", None) and g2[1].sharding.spec == P(None, None)
 
 
+def _out_shape(x_shape, w_shape, dn):
+    """lax.dot_general's output shape: batch dims, lhs free dims, rhs free dims."""
+    return jax.eval_shape(lambda x, w: jax.lax.dot_general(x, w, dn), jnp.zeros(x_shape), jnp.zeros(w_shape)).shape
+
+
 def test_dims_layout_equals_the_3d_reference():
     """gemm_dims keeps the 3-D reference's numerics: several free and contracting dims, a ragged last
     free dimension (M flattened there), batch dims, bf16 weight gradients."""
@@ -93,15 +98,28 @@ def test_dims_layout_equals_the_3d_reference():
     for xs, ws, dn, config in cases:
         x, w = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in (xs, ws))
         lhs_l, rhs_l = gemm.operand_layouts(x.shape, w.shape, dn)
-        out = gemm_dims.forward(x, w, lhs_l, rhs_l, config)
-        g = jnp.asarray(rng.standard_normal(out.shape), jnp.float32)
         b, m, n = (int(np.prod(d)) for d in (lhs_l.dims(lhs_l.batch), lhs_l.dims(lhs_l.free), rhs_l.dims(rhs_l.free)))
-        out3 = gemm.mx_dot_forward(lhs_l.to_3d(x), rhs_l.to_3d(w), config, lhs_q3=None, rhs_q3=None)
+        g = jnp.asarray(rng.standard_normal(_out_shape(x.shape, w.shape, dn)), jnp.float32)
+
+        # Each side is one program (eager dispatch compiled ~100 s of small programs on the 2-core CI).
+        @jax.jit
+        def dims_side(x, w, g, lhs_l=lhs_l, rhs_l=rhs_l, config=config):
+            out = gemm_dims.forward(x, w, lhs_l, rhs_l, config)
+            return out, gemm_dims.backward(x, w, g, lhs_l, rhs_l, config, None)
+
+        @jax.jit
+        def three_d_side(x, w, g, lhs_l=lhs_l, rhs_l=rhs_l, config=config, bmn=(b, m, n)):
+            x3, w3 = lhs_l.to_3d(x), rhs_l.to_3d(w)
+            out3 = gemm.mx_dot_forward(x3, w3, config, lhs_q3=None, rhs_q3=None)
+            dx3, dw3 = gemm.mx_dot_backward(x3, w3, g.reshape(bmn), config, None)
+            return out3, lhs_l.from_3d(dx3), rhs_l.from_3d(dw3)
+
+        out, (dx, dw) = dims_side(x, w, g)
+        out3, dx3, dw3 = three_d_side(x, w, g)
+        assert out.shape == g.shape
         np.testing.assert_allclose(out, out3.reshape(out.shape), rtol=1e-6, atol=1e-5)
-        dx, dw = gemm_dims.backward(x, w, g, lhs_l, rhs_l, config, None)
-        dx3, dw3 = gemm.mx_dot_backward(lhs_l.to_3d(x), rhs_l.to_3d(w), g.reshape(b, m, n), config, None)
-        np.testing.assert_allclose(dx, lhs_l.from_3d(dx3), rtol=1e-6, atol=1e-5)
-        np.testing.assert_allclose(dw, rhs_l.from_3d(dw3), rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(dx, dx3, rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(dw, dw3, rtol=1e-6, atol=1e-5)
 
 
 def test_explicit_axis_mesh_attention_and_square_quantize():

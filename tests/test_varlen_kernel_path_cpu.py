@@ -5,6 +5,8 @@ checks against the real kernel). The real packed kernel runs in tests/test_varle
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,15 +60,27 @@ def _run(case, impl, q, k, v, cu_q, cu_k):
 def test_packed_kernel_path_equals_dense_kernel_on_padded_batch(case):
     rng = test_rng()
     q, k, v, cu_q, cu_k = packed_inputs(rng, case["lq"], case["lk"], case["n"], case["n_kv"], case["h"])
-    got = _run(case, "emulated", q, k, v, cu_q, cu_k)
-    want = dense_kernel_on_padded(case, q, k, v, cu_q, cu_k, "emulated")
+    ct = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
+
+    # Each route runs as one program, the offsets closed over (concrete: varlen_attention's checks still run
+    # on them); eager dispatch compiled thousands of small programs (~80 s per case on CI's CPU).
+    def fwd_bwd(f):
+        @jax.jit
+        def run(q, k, v, ct):
+            o, vjp = jax.vjp(f, q, k, v)
+            return o, vjp(ct)
+
+        return run(q, k, v, ct)
+
+    got, g_packed = fwd_bwd(lambda *a: _run(case, "emulated", *a, cu_q, cu_k))
+    want, g_dense = fwd_bwd(lambda *a: dense_kernel_on_padded(case, *a, cu_q, cu_k, "emulated"))
     assert got.dtype == jnp.bfloat16 and got.shape == q.shape
     assert not np.any(np.isnan(np.asarray(got, np.float32)))
     # The emulation runs emulate_fwd on per-sequence windows of another shape than the padded batch's, and
     # XLA:CPU's exp2/log2 may round an ulp differently with the shape: near-bits here, exact bits on the GPU.
     assert sqnr_db(np.asarray(want, np.float64), np.asarray(got, np.float64)) >= 90.0
     # against the contract reference (XLA path): the kernel's re-encoding stays within the 40 dB gate
-    ref = _run(case, "xla", q, k, v, cu_q, cu_k)
+    ref = jax.jit(lambda *a: _run(case, "xla", *a, cu_q, cu_k))(q, k, v)
     assert sqnr_db(ref, got) >= 40.0
 
     # The backward is dot_product_attention's, fed residuals gathered to the padded batch: the MX operands
@@ -89,34 +103,42 @@ def test_packed_kernel_path_equals_dense_kernel_on_padded_batch(case):
         total_q=q.shape[0],
         total_k=k.shape[0],
     )
-    _, (qm, km, vm, o_al, lse_al, *_) = varlen_kernel._kernel_forward(st, q, k, v, cu_q, cu_k)
-    lens_q, lens_k = seq_lengths(cu_q, max_q), seq_lengths(cu_k, max_k)
-    (o_d, lse_d), (quants, *_) = dense.mx_attention_fwd(
-        st.dense,
-        to_padded(q, cu_q, lens_q, pad_q),
-        to_padded(k, cu_k, lens_k, pad_k),
-        to_padded(v, cu_k, lens_k, pad_k),
-        None,
-        None,
-        lens_q,
-        lens_k,
-    )
-    lay_q = varlen_kernel._layout(cu_q, q.shape[0], max_q)
-    lay_k = varlen_kernel._layout(cu_k, k.shape[0], max_k)
-    o_p = aligned_to_padded(o_al[0], lay_q.starts, lay_q.lengths, pad_q)
-    lse_p = aligned_to_padded(lse_al[0].T, lay_q.starts, lay_q.lengths, pad_q, fill=-jnp.inf).transpose(0, 2, 1)
+
+    @jax.jit
+    def residuals(q, k, v):
+        _, (qm, km, vm, o_al, lse_al, *_) = varlen_kernel._kernel_forward(st, q, k, v, cu_q, cu_k)
+        lens_q, lens_k = seq_lengths(cu_q, max_q), seq_lengths(cu_k, max_k)
+        (o_d, lse_d), (quants, *_) = dense.mx_attention_fwd(
+            st.dense,
+            to_padded(q, cu_q, lens_q, pad_q),
+            to_padded(k, cu_k, lens_k, pad_k),
+            to_padded(v, cu_k, lens_k, pad_k),
+            None,
+            None,
+            lens_q,
+            lens_k,
+        )
+        lay_q = varlen_kernel._layout(cu_q, q.shape[0], max_q)
+        lay_k = varlen_kernel._layout(cu_k, k.shape[0], max_k)
+        o_p = aligned_to_padded(o_al[0], lay_q.starts, lay_q.lengths, pad_q)
+        lse_p = aligned_to_padded(lse_al[0].T, lay_q.starts, lay_q.lengths, pad_q, fill=-jnp.inf).transpose(0, 2, 1)
+        mx_pairs = {
+            name: (varlen_kernel._padded_mx(mx, lay, pad), quants[f"{name}:square"])
+            for name, mx, lay, pad in (("q", qm, lay_q, pad_q), ("k", km, lay_k, pad_k), ("v", vm, lay_k, pad_k))
+        }
+        return o_d, lse_d, o_p, lse_p, mx_pairs
+
+    o_d, lse_d, o_p, lse_p, mx_pairs = residuals(q, k, v)
     assert sqnr_db(np.asarray(o_d, np.float64), np.asarray(o_p, np.float64)) >= 90.0
     finite = np.isfinite(np.asarray(lse_d))
     np.testing.assert_array_equal(np.isfinite(np.asarray(lse_p)), finite)
     np.testing.assert_allclose(np.asarray(lse_p)[finite], np.asarray(lse_d)[finite], rtol=1e-6, atol=0)
-    for name, mx, lay, pad in (("q", qm, lay_q, pad_q), ("k", km, lay_k, pad_k), ("v", vm, lay_k, pad_k)):
-        got_mx, want_mx = varlen_kernel._padded_mx(mx, lay, pad), quants[f"{name}:square"]
-        np.testing.assert_array_equal(np.asarray(got_mx.data, np.float32), np.asarray(want_mx.data, np.float32))
-        np.testing.assert_array_equal(np.asarray(got_mx.scale), np.asarray(want_mx.scale))
+    for name, (got_mx, want_mx) in mx_pairs.items():
+        np.testing.assert_array_equal(
+            np.asarray(got_mx.data, np.float32), np.asarray(want_mx.data, np.float32), err_msg=name
+        )
+        np.testing.assert_array_equal(np.asarray(got_mx.scale), np.asarray(want_mx.scale), err_msg=name)
 
-    ct = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
-    g_packed = jax.vjp(lambda *a: _run(case, "emulated", *a, cu_q, cu_k), q, k, v)[1](ct)
-    g_dense = jax.vjp(lambda *a: dense_kernel_on_padded(case, *a, cu_q, cu_k, "emulated"), q, k, v)[1](ct)
     for a, b in zip(g_packed, g_dense, strict=True):
         assert sqnr_db(np.asarray(b, np.float64), np.asarray(a, np.float64)) >= 60.0
 
@@ -138,27 +160,37 @@ def test_packed_kernel_path_isolates_sequences():
     np.testing.assert_array_equal(base[577:], 0.0)
 
 
-@pytest.mark.slow
+@functools.partial(jax.jit, static_argnames=("max_len", "rows", "total"))
+def _aligned_maps(x, cu, *, max_len, rows, total):
+    """starts, to_aligned and aligned_to_packed of it, in one program (eager dispatch compiled every small op
+    anew for each draw's shapes: ~60 s for the 20 draws below)."""
+    lens = seq_lengths(cu, max_len)
+    starts = aligned_starts(lens, 128)
+    al = to_aligned(x, cu, lens, starts, rows)
+    return starts, al, aligned_to_packed(al, cu, lens, starts, total)
+
+
+@pytest.mark.slow  # ~20 s of CPU for the 20 draws' compiles: the 3.12 CI leg (-m "not slow") stays short
 def test_aligned_layout_maps_round_trip():
     rng = np.random.default_rng(3)
     for _ in range(20):
         n_seq = int(rng.integers(1, 7))
         lengths = rng.integers(0, 400, n_seq)
         total = int(lengths.sum() + rng.integers(0, 9))
-        cu = jnp.asarray(np.concatenate([[0], np.cumsum(lengths)]), jnp.int32)
-        lens = seq_lengths(cu, int(lengths.max(initial=1)) or 1)
-        starts = aligned_starts(lens, 128)
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         rows = aligned_rows(total, n_seq, max(int(lengths.max(initial=1)), 1), 128)
         assert rows % 128 == 0 and rows >= int(np.sum(-(-lengths // 128) * 128))
-        x = jnp.asarray(rng.standard_normal((total, 3)), jnp.float32) + 1.0
-        al = np.asarray(to_aligned(x, cu, lens, starts, rows))
+        x = (rng.standard_normal((total, 3)) + 1.0).astype(np.float32)
+        starts, al, back = _aligned_maps(
+            jnp.asarray(x), jnp.asarray(cu), max_len=int(lengths.max(initial=1)) or 1, rows=rows, total=total
+        )
+        starts, al, back = np.asarray(starts), np.asarray(al), np.asarray(back)
         for b in range(n_seq):
             s0, c0, n = int(starts[b]), int(cu[b]), int(lengths[b])
             assert s0 % 128 == 0
-            np.testing.assert_array_equal(al[s0 : s0 + n], np.asarray(x[c0 : c0 + n]))
+            np.testing.assert_array_equal(al[s0 : s0 + n], x[c0 : c0 + n])
             np.testing.assert_array_equal(al[s0 + n : s0 + -(-n // 128) * 128], 0.0)
-        back = np.asarray(aligned_to_packed(jnp.asarray(al), cu, lens, starts, total))
-        np.testing.assert_array_equal(back[: int(lengths.sum())], np.asarray(x[: int(lengths.sum())]))
+        np.testing.assert_array_equal(back[: int(lengths.sum())], x[: int(lengths.sum())])
         np.testing.assert_array_equal(back[int(lengths.sum()) :], 0.0)
 
 
