@@ -234,7 +234,9 @@ def _path(implementation, lhs, rhs, lhs_l, rhs_l, config, out_dtype, activation,
         why = "non-float operands (mx_dot_general names them)"
     if why is None and implementation is None and library.gpu_major() == 10:
         why = "Blackwell: the epilogue kernel is Hopper's (sm_90a); the GEMM runs in cuDNN"
-    path = impl.resolve(implementation, why, ARCHS, op="mx_dot_general_quantized")
+    # no fallback warning: without the epilogue kernel the two-pass path runs mx_dot_general and quantize with
+    # implementation=None (their kernels on a GPU; each warns for itself if it falls back), not the reference
+    path = impl.resolve(implementation, why, ARCHS, op="mx_dot_general_quantized", warn=False)
     return (path if path in ("cuda", "emulated") else "two-pass"), why or ""
 
 

@@ -126,6 +126,7 @@ def resolve(
     unsupported: str | None,
     archs: tuple[str, ...] = registry.ARCHS,
     op: str = "op",
+    warn: bool = True,
 ) -> str:
     """The path ("xla", "emulated" or "cuda") one call takes.
 
@@ -134,12 +135,14 @@ def resolve(
       unsupported: why the kernel does not cover this call's arguments, or None when it does.
       archs: the archs the kernel family is built for (its registry configs' `archs`).
       op: the public op's name, for the fallback warning and `record()`.
+      warn: False where the op's "xla" path is not the reference but other ops that pick their own
+        implementation (and warn for themselves), e.g. mx_dot_general_quantized's two-pass path.
     """
     check(implementation)
     path, reason = _decide(implementation, unsupported, archs)
     for decisions in _recorders:
         decisions.append(Decision(op, implementation, path, reason))
-    if implementation is None and path == "xla":
+    if implementation is None and path == "xla" and warn:
         outer = _outer_op.get()
         warning = _fallback_warning(op, archs, unsupported, outer)
         key = (op if outer in (None, op) else f"{outer}/{op}", warning[0] if warning else "")
