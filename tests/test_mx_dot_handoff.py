@@ -62,6 +62,27 @@ def test_col_orientation_equals_oracle(params, implementation):
     np.testing.assert_array_equal(np.asarray(w.data).view(np.uint8), codes)
 
 
+@pytest.mark.parametrize("implementation", [None, "xla"])
+def test_col_orientation_of_a_partial_token_block(params, implementation):
+    """M = 100 tokens (a packed jagged batch; not a multiple of 32, so the two-pass path): y_w is the column
+    orientation of gelu(p) with the last 32-row block partial, i.e. the oracle's over p padded with zero
+    rows (gelu(0) = 0; no bias) to Mp = 128. CI's failure of 2026-12-02: this raised ValueError."""
+    x, w1, *_ = params
+    x = x.reshape(B * T, D)[:100]
+    dn = (((1,), (0,)), ((), ()))
+    f = jax.jit(lambda a, b: mx_dot_general_quantized(a, b, dn, activation="gelu", orientations=("row", "col"),
+                                                       preferred_element_type=jnp.bfloat16,
+                                                       implementation=implementation))  # fmt: skip
+    _, _, w = f(x, w1)
+    p = jax.jit(lambda a, b: mx_dot_general(a, b, dn, preferred_element_type=jnp.float32, implementation="xla"))(x, w1)
+    z = np.zeros((1, 128, F), np.float32)
+    z[0, :100] = np.asarray(jax.nn.gelu(p))
+    codes, scale, finite = col_oracle(z)
+    assert finite.all() and w.data.shape == (1, F, 128)
+    np.testing.assert_array_equal(np.asarray(w.scale), scale)
+    np.testing.assert_array_equal(np.asarray(w.data).view(np.uint8), codes)
+
+
 @pytest.mark.slow  # ~30 s on the loaded 2-core machine (two compiles of a vjp)
 def test_wgrad_orientation_nan_unless_differentiated(params):
     x, w1, b1, *_ = params

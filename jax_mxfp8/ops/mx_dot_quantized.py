@@ -50,6 +50,7 @@ from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives.gemm_operands import gemm_operands
 from jax_mxfp8.primitives.mx_gemm_epilogue import ACTIVATIONS
 from jax_mxfp8.reference.gemm import operand_layouts
+from jax_mxfp8.reference.gemm_align import padded
 from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 ARCHS = mx_dot_kernel.ARCHS
@@ -217,6 +218,11 @@ def mx_dot_general_quantized(
     z = _act(jax.lax.stop_gradient(p), activation)
     g, m, _ = mx_dot_kernel.MatrixView.of(lhs_l).sizes
     z3 = z.astype(jnp.float32).reshape(g, m, out_shape[-1])
+    # M (the tokens) need not be a multiple of 32 here (a packed jagged batch of 100 tokens; the kernel path
+    # needs it, the two-pass path does not): zero rows up to Mp, as the reference's backward GEMMs pad
+    # (reference/gemm.py quantized_3d): the last partial block's scale comes from its valid rows, and the
+    # padded rows are the +0 that the (G, N, Mp) column form holds past M anyway.
+    z3 = jnp.pad(z3, ((0, 0), (0, padded(m) - m), (0, 0)))
     w = gemm_operands(z3, dtype=config.dtype, scale_rounding=config.scale_rounding, orientations=("col",), path="xla")
     return out + (WgradOperand(*w["col"]),)
 
