@@ -83,6 +83,27 @@ def test_col_orientation_of_a_partial_token_block(params, implementation):
     np.testing.assert_array_equal(np.asarray(w.data).view(np.uint8), codes)
 
 
+def test_float32_output_col_runs_the_producer_kernel(params, monkeypatch):
+    """A float32 output (the epilogue kernel writes bf16 only) takes the two-pass path; its column
+    orientation is the gemm_operands producer kernel's single-orientation pass over (1, M, F), not the XLA
+    reference (the LM with float32 activations spent an ALU-bound XLA fusion per MLP there), with the
+    oracle's bits. Every kernel decision forced to "emulated" (_ffi_calls)."""
+    x, w1, b1, *_ = params
+
+    def fn(a, b):
+        return mx_dot_general_quantized(a, b, DN, activation="gelu", bias=b1, orientations=("row", "col"),
+                                        preferred_element_type=jnp.float32)  # fmt: skip
+
+    calls = _ffi_calls(monkeypatch, fn, x, w1)
+    assert ("jax_mxfp8_gemm_operands", (1, B * T, F)) in calls, calls
+    assert not any(t.startswith("jax_mxfp8_mx_gemm_mx") for t, _ in calls), calls  # not the epilogue kernel
+    _, _, w = jax.jit(fn)(x, w1)
+    codes, scale, finite = col_oracle(np.asarray(jax.jit(_z32)(x, w1, b1)).reshape(1, B * T, F))
+    assert finite.all()
+    np.testing.assert_array_equal(np.asarray(w.scale), scale)
+    np.testing.assert_array_equal(np.asarray(w.data).view(np.uint8), codes)
+
+
 @pytest.mark.slow  # ~30 s on the loaded 2-core machine (two compiles of a vjp)
 def test_wgrad_orientation_nan_unless_differentiated(params):
     x, w1, b1, *_ = params

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mxfp8.formats import MXArray
+from jax_mxfp8.kernels import registry
 from jax_mxfp8.ops import mx_dot_kernel
 from jax_mxfp8.ops.cotangents import remat_safe
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
@@ -47,7 +48,7 @@ from jax_mxfp8.ops.quantize import quantize
 from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives import library
-from jax_mxfp8.primitives.gemm_operands import gemm_operands
+from jax_mxfp8.primitives.gemm_operands import gemm_operands, gemm_operands_unsupported
 from jax_mxfp8.primitives.mx_gemm_epilogue import ACTIVATIONS
 from jax_mxfp8.reference.gemm import operand_layouts
 from jax_mxfp8.reference.gemm_align import padded
@@ -223,7 +224,14 @@ def mx_dot_general_quantized(
     # (reference/gemm.py quantized_3d): the last partial block's scale comes from its valid rows, and the
     # padded rows are the +0 that the (G, N, Mp) column form holds past M anyway.
     z3 = jnp.pad(z3, ((0, 0), (0, padded(m) - m), (0, 0)))
-    w = gemm_operands(z3, dtype=config.dtype, scale_rounding=config.scale_rounding, orientations=("col",), path="xla")
+    # the producer kernel where it covers z3 (a float32 activation, the case that lands here on a GPU), else
+    # the reference; both give the same bits
+    why = gemm_operands_unsupported(z3.shape, z3.dtype, config.dtype, config.scale_rounding, ("col",))
+    archs = registry.GemmOperandsConfig.archs  # the producer kernel's (sm_90a and sm_100a)
+    col_path = impl.resolve(inner, why, archs, op="mx_dot_general_quantized")
+    w = gemm_operands(
+        z3, dtype=config.dtype, scale_rounding=config.scale_rounding, orientations=("col",), path=col_path
+    )
     return out + (WgradOperand(*w["col"]),)
 
 
