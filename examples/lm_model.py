@@ -12,7 +12,12 @@ from jax_mxfp8.flax import MXLinear, MXRMSNorm, PrecisionPolicy, TransformerBloc
 
 class DecoderLM(nnx.Module):
     """tokens (B, T) int32 -> logits (B, T, vocab) float32. Policy layer names: "blocks.{i}.attn",
-    "blocks.{i}.mlp", "lm_head"."""
+    "blocks.{i}.mlp", "lm_head".
+
+    `dtype`: the activations' dtype (the embedding's output, every block's GEMM outputs, the residual
+    stream); parameters stay float32 either way. float32 (default) is the CPU example's; bfloat16 is the usual
+    mixed-precision GPU set-up (and the one the fused quantize epilogue covers: it writes bf16). The logits
+    are float32 in both."""
 
     def __init__(
         self,
@@ -24,11 +29,12 @@ class DecoderLM(nnx.Module):
         num_kv_heads: int | None = None,
         policy: PrecisionPolicy | None = None,
         attention_config=None,
+        dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
         policy = policy or PrecisionPolicy()
         self.num_layers = num_layers
-        self.embed = nnx.Embed(vocab_size, d_model, rngs=rngs)
+        self.embed = nnx.Embed(vocab_size, d_model, dtype=dtype, rngs=rngs)
         self.blocks = nnx.List(
             [
                 TransformerBlock(
@@ -38,6 +44,7 @@ class DecoderLM(nnx.Module):
                     policy=policy,
                     name=f"blocks.{i}",
                     attention_config=attention_config,
+                    dtype=dtype,
                     rngs=rngs,
                 )
                 for i in range(num_layers)
@@ -45,7 +52,7 @@ class DecoderLM(nnx.Module):
         )
         head = policy.for_layer("lm_head")
         self.norm = MXRMSNorm(d_model, precision=head)
-        self.lm_head = MXLinear(d_model, vocab_size, precision=head, use_bias=False, rngs=rngs)
+        self.lm_head = MXLinear(d_model, vocab_size, precision=head, use_bias=False, dtype=jnp.float32, rngs=rngs)
 
     def layer_names(self) -> list[str]:
         names = [f"blocks.{i}.{part}" for i in range(self.num_layers) for part in ("attn", "mlp")]

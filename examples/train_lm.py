@@ -20,6 +20,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -56,6 +57,10 @@ PRESETS = {
         lr=1e-3,
         eval_every=100,
         eval_batches=8,
+        # mixed precision, as a GPU LM trains: bf16 activations for both models (float32 parameters and
+        # optimizer). float32 activations made the MXFP8 model's MLP skip the quantize epilogue (bf16 only)
+        # and doubled every elementwise pass: benchmarks/profile_lm_step.py measures both
+        dtype="bfloat16",
     ),
 }
 
@@ -97,6 +102,7 @@ def build_model(args: argparse.Namespace, policy: PrecisionPolicy, vocab_size: i
         num_heads=args.heads,
         num_kv_heads=args.kv_heads,
         policy=policy,
+        dtype=jnp.dtype(getattr(args, "dtype", "float32")),
         rngs=nnx.Rngs(args.seed),
     )
 
@@ -113,6 +119,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=None, help="GQA: fewer key/value heads (default: --heads)")
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="activation dtype of both models (parameters stay float32); the h200 preset uses bfloat16",
+    )
     p.add_argument("--policy", default="mxfp8-head-bf16", choices=sorted(POLICIES))
     p.add_argument("--no-bf16", action="store_true", help="train only the MXFP8 model")
     p.add_argument("--eval-every", type=int, default=50)
@@ -145,7 +157,8 @@ def run(args: argparse.Namespace) -> dict:
         model = build_model(args, policy, tok.vocab_size)  # same seed -> same initial weights
         runs[name] = (model, make_optimizer(model, learning_rate=args.lr, steps=args.steps))
     print(f"corpus: {corpus}")
-    print(f"devices: {jax.devices()}  vocab: {tok.vocab_size}  train tokens: {len(train_tokens)}")
+    print(f"devices: {jax.devices()}  vocab: {tok.vocab_size}  train tokens: {len(train_tokens)}"
+          f"  activations: {args.dtype}")
     print("precision policy of the MXFP8 model:\n" + policies["mxfp8"].table(runs["mxfp8"][0].layer_names()))
 
     history = {
