@@ -5,7 +5,8 @@ quantization, the pre-pass (primitives/attention_bwd.py bwd_operands) and the AT
 through its custom_vmap(custom_partitioning(...)) wrapper. Checked against independent paths:
   * the pre-pass's operands against the reference's own dequantization / quantization / Delta, bit for bit;
   * the kernel-path backward against the reference backward (implementation="xla") on the SAME residuals
-    (the emulated forward's): bit for bit, the emulation being the reference's math on exact bf16 operands;
+    (the emulated forward's): bit for bit, the emulation being the reference's math on exact bf16 operands
+    (up to two rows that a last-bit difference in a float32 dot flipped through dS's rounding);
   * gradients of implementation="emulated" vs "xla" end to end (each with its own forward), with a dLSE
     cotangent: >= 40 dB (the contract's kernel-vs-reference gate; the forwards differ in the kernel's
     realigned operands and exp2 softmax, so O and LSE may differ in their last bits);
@@ -106,6 +107,27 @@ def _fwd_bwd(st: attn_ops.AttentionStatic, st_bwd: attn_ops.AttentionStatic):
 
 def _bits(x):
     return np.asarray(jnp.asarray(x).astype(jnp.float32)).view(np.uint32)
+
+
+def assert_equal_but_flipped_rows(got, want, label, max_rows=2, rel=1e-3):
+    """got == want bit for bit, except at most `max_rows` (batch, token, head) rows, each within `rel` of
+    want's largest magnitude.
+
+    Why the exception: the two programs compute S, dP (float32 dots over H) with different shapes (the
+    pre-pass pads to 128), and XLA:CPU's summation order inside a dot follows the shape and the host's vector
+    width, so a float32 S or dP can differ in its last bit. A dS element sitting on an E4M3 rounding boundary
+    then rounds to the neighbouring value in one program: one row of dQ (and one of dK) moves by one E4M3
+    step of that element times a K (or Q) row. Seen on an AVX2 host (2026-12-02: one row of dq and one of dk
+    at 8e-5 relative), never on the host the test was written on. A wrong tile, mask or scale moves many
+    rows or moves them far more."""
+    g, w = np.asarray(jnp.asarray(got).astype(jnp.float32)), np.asarray(jnp.asarray(want).astype(jnp.float32))
+    assert g.shape == w.shape, label
+    diff = g.view(np.uint32) != w.view(np.uint32)
+    rows = {tuple(i) for i in np.argwhere(diff)[:, :-1]}
+    assert len(rows) <= max_rows, f"{label}: {len(rows)} rows differ (at most {max_rows} allowed): {sorted(rows)[:8]}"
+    if rows:
+        err = np.abs(g.astype(np.float64) - w)[diff].max()
+        assert err <= rel * np.abs(w).max(), f"{label}: a flipped row moved by {err} (max |want| {np.abs(w).max()})"
 
 
 # ------------------------------------------------------------------------------------------- the lookup
@@ -210,7 +232,8 @@ SAME_RESIDUAL_CASES = CASES[:3] + [pytest.param(CASES[3], marks=pytest.mark.slow
 def test_kernel_backward_equals_reference_on_same_residuals(case):
     """Gradients of the kernel-path backward (emulated) and of the reference backward on the emulated
     forward's residuals, with a random dO and dLSE: bit for bit (same math on the same exact values; the
-    padding the pre-pass adds contributes exact zeros)."""
+    padding the pre-pass adds contributes exact zeros), but for rows that one dS rounding flip moved
+    (assert_equal_but_flipped_rows says why)."""
     _need_variant(case)
     q, k, v, do, dlse, q_len, kv_len = _inputs(case, fresh_rng())
     st = _static(case, "emulated")
@@ -221,7 +244,7 @@ def test_kernel_backward_equals_reference_on_same_residuals(case):
     for name, a, w in zip("qkv", got[2], want[2], strict=True):
         assert a.shape == w.shape and a.dtype == w.dtype == _dtype(case), name
         assert np.isfinite(np.asarray(a, np.float32)).all(), name
-        np.testing.assert_array_equal(_bits(a), _bits(w), err_msg=f"d{name}")
+        assert_equal_but_flipped_rows(a, w, f"d{name}")
     assert np.abs(np.asarray(got[2][0], np.float32)).max() > 0
 
 
@@ -242,7 +265,7 @@ def test_mxarray_key_value_inputs():
     want = _fwd_bwd(st, dataclasses.replace(st, impl="xla"))(q, k, v, do, dlse, q_len, kv_len)[2]
     assert got[1] is None and got[2] is None and want[1] is None
     assert np.isfinite(np.asarray(got[0], np.float32)).all()
-    np.testing.assert_array_equal(_bits(got[0]), _bits(want[0]))
+    assert_equal_but_flipped_rows(got[0], want[0], "dq")
 
 
 # ---------------------------------------------------------------------------------------- end to end
