@@ -59,6 +59,28 @@ def test_lm_presets():
     assert train_lm.parse_args([]).d_model == 128  # the CPU default is unchanged
 
 
+def test_lm_dtype_sets_the_activations_not_the_parameters():
+    """--dtype: the embedding's output and every block's output in that dtype, float32 logits and parameters."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from lm_model import DecoderLM
+
+    from jax_mxfp8.flax import PrecisionPolicy
+
+    assert train_lm.parse_args([]).dtype == "float32" and train_lm.parse_args(["--preset", "h200"]).dtype == "float32"
+    tokens = jnp.arange(64, dtype=jnp.int32).reshape(1, 64)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        size = ["--d-model", "64", "--layers", "1", "--heads", "2"]
+        args = train_lm.parse_args(["--dtype", jnp.dtype(dtype).name, *size])
+        m = train_lm.build_model(args, PrecisionPolicy.bf16(), 256)
+        assert isinstance(m, DecoderLM)
+        hidden = m.embed(tokens)
+        assert hidden.dtype == dtype and m.blocks[0](hidden, is_causal=True).dtype == dtype
+        assert m(tokens).dtype == jnp.float32
+        assert {p.dtype for p in jax.tree.leaves(nnx.state(m, nnx.Param))} == {jnp.dtype(jnp.float32)}
+
+
 @pytest.mark.slow
 def test_lm_checkpoint_resume_is_bit_exact(tmp_path):
     common = ["--steps", "6", "--eval-every", "3", "--batch", "4", "--seq-len", "32", "--d-model", "64", "--heads", "2"]

@@ -1,0 +1,184 @@
+"""Where one LM training step's GPU time goes: MXFP8 vs BF16 policy, float32 vs bfloat16 activations.
+
+Builds examples/train_lm.py's DecoderLM at its h200 preset (d_model 1024, 8 layers, 8 query / 2 kv heads of
+128, batch 16 x 2048 tokens; policy "mxfp8-head-bf16" against the all-BF16 twin), times `train_step` by the
+DESIGN.md rule (enqueue `--calls` steps, block once; median of `--batches`), then traces `--trace-steps`
+steps with jax.profiler and sums the GPU kernels' time per step by category:
+
+  ours:<module>   our CuTe DSL kernels, by kernel module (mx_gemm, gemm_operands, attention_fwd, ...)
+  cublas          cuBLAS / cuBLASLt GEMMs (nvjet, xmma, gemm)
+  cudnn           cuDNN kernels (the BF16 model's attention)
+  xla             XLA's own fusions (elementwise, reductions, transposes, the optimizer)
+  memcpy, other
+
+plus the 25 longest kernels, so that a gap between two configurations can be read off by category. Tokens
+are random (the speed does not depend on them). Results: a printed table and `--out` JSON.
+
+Run (GPU):  python benchmarks/profile_lm_step.py --out benchmarks/results/h200_profile_lm_step.json
+Smoke (CPU): python benchmarks/profile_lm_step.py --smoke --out /tmp/p.json  (tiny model; no GPU planes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import glob
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import jax
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import train_lm  # noqa: E402
+from lm_model import make_optimizer, train_step  # noqa: E402
+from timing import timeit  # noqa: E402
+
+CONFIGS = ("mxfp8:bfloat16", "bf16:bfloat16", "mxfp8:float32", "bf16:float32")
+_OURS = re.compile(r"jax_mxfp8kernels(?:sm\d+|common)([a-z0-9_]+)")
+
+
+def category(kernel: str) -> str:
+    """The category of one GPU kernel's name (module docstring)."""
+    m = _OURS.search(kernel)
+    if m:
+        return f"ours:{m.group(1)}"
+    n = kernel.lower()
+    if "memcpy" in n or "memset" in n:
+        return "memcpy"
+    if "cudnn" in n or "fmha" in n or "flash" in n:
+        return "cudnn"
+    if any(s in n for s in ("nvjet", "xmma", "gemm", "cublas", "sm90_")):
+        return "cublas"
+    if any(s in n for s in ("fusion", "loop_", "input_", "wrapped_", "triton", "reduce", "transpose", "copy")):
+        return "xla"
+    return "other"
+
+
+def gpu_kernel_times(trace_dir: str) -> tuple[dict[str, tuple[float, int]], list[str]]:
+    """{kernel name: (total ns, count)} over the GPU planes' stream lines of the newest trace in trace_dir,
+    and the line names seen (for the record: XLA names its stream lines "Stream #N(...)")."""
+    from jax.profiler import ProfileData
+
+    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime)
+    if not files:
+        return {}, []
+    data = ProfileData.from_file(files[-1])
+    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    lines_seen = []
+    for plane in data.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            lines_seen.append(f"{plane.name} | {line.name}")
+            if not line.name.startswith("Stream"):
+                continue  # derived lines ("XLA Ops", "XLA Modules", ...) repeat the same time
+            for ev in line.events:
+                t = totals[ev.name]
+                t[0] += ev.duration_ns
+                t[1] += 1
+    return {k: (v[0], v[1]) for k, v in totals.items()}, lines_seen
+
+
+def run_config(policy: str, dtype: str, args: argparse.Namespace) -> dict:
+    """Times and profiles one (policy, activation dtype) configuration."""
+    argv = ["--preset", "h200"] if not args.smoke else ["--d-model", "64", "--layers", "1", "--heads", "2"]
+    argv += ["--dtype", dtype, "--batch", str(args.batch or (2 if args.smoke else 16))]
+    argv += ["--seq-len", str(args.seq_len or (64 if args.smoke else 2048))]
+    largs = train_lm.parse_args(argv)
+    pol = train_lm.make_policy(largs.policy, largs.layers) if policy == "mxfp8" else train_lm.PrecisionPolicy.bf16()
+    model = train_lm.build_model(largs, pol, 256)
+    opt = make_optimizer(model, learning_rate=1e-3, steps=1000)
+    rng = np.random.default_rng(0)
+    tokens = jax.numpy.asarray(rng.integers(0, 256, size=(largs.batch, largs.seq_len + 1)), jax.numpy.int32)
+    jax.block_until_ready(train_step(model, opt, tokens))  # compile
+    step_s = timeit(train_step, (model, opt, tokens), args.calls, args.batches)
+    out = dict(
+        policy=policy,
+        dtype=dtype,
+        batch=largs.batch,
+        seq_len=largs.seq_len,
+        d_model=largs.d_model,
+        layers=largs.layers,
+        step_ms=step_s * 1e3,
+        tokens_per_s=largs.batch * largs.seq_len / step_s,
+    )
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            with jax.profiler.trace(d):
+                for _ in range(args.trace_steps):
+                    loss = train_step(model, opt, tokens)
+                jax.block_until_ready(loss)
+            kernels, lines = gpu_kernel_times(d)
+        except Exception as e:  # a profiler that cannot start (no CUPTI) still leaves the timings
+            kernels, lines = {}, [f"trace failed: {type(e).__name__}: {e}"]
+    per_step = {k: (ns / args.trace_steps / 1e6, n // args.trace_steps) for k, (ns, n) in kernels.items()}
+    cats: dict[str, float] = collections.defaultdict(float)
+    launches: dict[str, int] = collections.defaultdict(int)
+    for k, (ms, n) in per_step.items():
+        cats[category(k)] += ms
+        launches[category(k)] += n
+    top = sorted(per_step.items(), key=lambda kv: -kv[1][0])[:25]
+    out.update(
+        gpu_ms=sum(ms for ms, _ in per_step.values()),
+        categories_ms=dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+        launches=dict(launches),
+        top_kernels=[dict(name=k[:160], ms=ms, count=n, category=category(k)) for k, (ms, n) in top],
+        trace_lines=sorted(set(lines))[:40],
+    )
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "h200_profile_lm_step.json"))
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="policy:dtype,... (policy mxfp8|bf16)")
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--trace-steps", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--seq-len", type=int, default=None)
+    ap.add_argument("--smoke", action="store_true", help="a tiny model (CPU check of the script)")
+    args = ap.parse_args(argv)
+    results = []
+    for spec in args.configs.split(","):
+        policy, dtype = spec.split(":")
+        if policy not in ("mxfp8", "bf16") or dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"--configs entry {spec!r}: want policy:dtype with mxfp8|bf16 and float32|bfloat16")
+        results.append(run_config(policy, dtype, args))
+        r = results[-1]
+        print(f"{spec:16s} step {r['step_ms']:8.2f} ms  {r['tokens_per_s']:>12,.0f} tok/s  gpu {r['gpu_ms']:7.2f} ms",
+              flush=True)  # fmt: skip
+    cats = sorted({c for r in results for c in r["categories_ms"]}, key=lambda c: -max(
+        r["categories_ms"].get(c, 0.0) for r in results))  # fmt: skip
+    print("\nGPU ms per step by category")
+    print("| category | " + " | ".join(f"{r['policy']}:{r['dtype']}" for r in results) + " |")
+    print("| --- | " + " | ".join("---" for _ in results) + " |")
+    for c in cats:
+        print(f"| {c} | " + " | ".join(f"{r['categories_ms'].get(c, 0.0):.2f}" for r in results) + " |")
+    print("| kernels total | " + " | ".join(f"{r['gpu_ms']:.2f}" for r in results) + " |")
+    print("| step (wall) | " + " | ".join(f"{r['step_ms']:.2f}" for r in results) + " |")
+    meta = dict(
+        command="python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:])),
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        devices=[str(d) for d in jax.devices()],
+        jax=jax.__version__,
+        timing=f"train_step: {args.calls} steps enqueued, block once, median of {args.batches}; "
+        f"profile: {args.trace_steps} traced steps, kernel time per step",
+    )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
