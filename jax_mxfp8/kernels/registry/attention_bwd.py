@@ -212,9 +212,6 @@ _T7 = dict(smem_stats=True, amax_reduce="redux", stats_early=True)
 PRODUCTION: dict[int, dict] = {h: dict(_T7, dq_store="tma_warp", dq_first=True) for h in (128, 64)}
 """Tune 0's fields per head_dim: tune 17's config since 2026-12-02 (session 5 round B, B4 T4k N16: 412.2 /
 371.7 TFLOP/s H128 non-causal / causal vs 348.4 / 311.3 for the previous production, H64 319.2 vs 209.6)."""
-BROADCAST_Q: dict[int, dict] = {128: dict(_T7, dq_store="red", dq_red_width=2), 64: dict(dq_store="red")}
-"""The broadcast_q variants' fields: the previous production (per-element dQ reductions; a TMA dQ store
-addresses dq by tensor-map coordinates, which broadcast_q's per-CTA rebase of dq's address cannot move)."""
 TUNINGS: tuple[tuple[int, dict], ...] = (
     (0, {}),  # production: PRODUCTION[head_dim]
     (1, dict(dq_store="red")),
@@ -236,6 +233,10 @@ TUNINGS: tuple[tuple[int, dict], ...] = (
     (17, dict(_T7, dq_store="tma_warp", dq_first=True)),
     (18, dict(_T7, dq_store="red", dq_red_width=2, dq_first=True)),
 )
+BROADCAST_Q: dict[int, dict] = {128: dict(dict(TUNINGS)[12]), 64: dict(dict(TUNINGS)[1])}
+"""The broadcast_q variants' fields: the previous production, tune 12 at H128 and tune 1 at H64 (per-element
+dQ reductions; a TMA dQ store addresses dq by tensor-map coordinates, which broadcast_q's per-CTA rebase of
+dq's address cannot move)."""
 TUNING_HEAD_DIMS: dict[int, tuple[int, ...]] = {10: (64,)}
 """Tunings registered for some head dims only (the others: every head dim)."""
 
