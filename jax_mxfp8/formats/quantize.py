@@ -13,6 +13,7 @@ import numpy as np
 from jax_mxfp8.formats.decode import decode_elements
 from jax_mxfp8.formats.elements import BLOCK_SIZE, SCALE_BIAS, SCALE_NAN, element_format
 from jax_mxfp8.formats.mxarray import BLOCK_KINDS, MXArray
+from jax_mxfp8.formats.rounding import round_to_elements
 from jax_mxfp8.formats.scales import check_scale_rounding, decode_scale, mul_pow2, saturate, scale_bits
 from jax_mxfp8.formats.stochastic import stochastic_round
 
@@ -227,6 +228,45 @@ def quantize(
     data = _merge_blocks(jnp.where(finite, y, jnp.nan).astype(fmt.dtype), x.shape, x)
     scale = _merge_blocks(b.astype(jnp.uint8), [d for i, d in enumerate(split) if i not in inner], x)
     return MXArray(data=data, scale=scale, axes=tuple(a - x.ndim for a in axes), block=block)
+
+
+def quantize_dequantize(
+    x: jax.Array,
+    *,
+    axis: int | Sequence[int] = -1,
+    block: str = "row",
+    dtype=jnp.float8_e4m3fn,
+    scale_rounding: str = "up",
+    out_dtype=jnp.float32,
+    saturated: bool = False,
+) -> jax.Array:
+    """dequantize_products(quantize(x, ...), out_dtype) -- or, with saturated=True, dequantize(quantize(x,
+    ...), out_dtype) -- bit for bit, without FP8 elements in between.
+
+    The MX values a GEMM multiplies (round-to-nearest rounding only), in about a quarter of the round
+    trip's elementwise ops: one abs-max reduction per block, which also tells a non-finite block (NaN
+    counted as Inf), the elements rounded in float32
+    (formats/rounding.py) instead of converted to FP8 and decoded back. The XLA GEMM references
+    (reference/gemm.py) spend most of their operand preparation here. Arguments as `quantize`; x is not
+    differentiated (stop_gradient, as in quantize).
+    """
+    x = jax.lax.stop_gradient(_check_input(x))
+    fmt = element_format(dtype)
+    check_scale_rounding(scale_rounding)
+    axes = block_axes(x.ndim, axis, block)
+    check_blockable(x.shape, axes)
+    split, inner = _split_shape(x.shape, axes)
+    xb = _split_blocks(x.astype(jnp.float32), split, axes)
+    # a NaN counts as Inf (XLA:CPU's max reduction does not propagate NaN): amax is Inf for a non-finite block
+    amax = jnp.max(jnp.where(jnp.isnan(xb), jnp.inf, jnp.abs(xb)), axis=inner, keepdims=True)
+    finite = jnp.isfinite(amax)
+    b = jnp.where(finite, scale_bits(jnp.where(finite, amax, 0.0), fmt, scale_rounding), SCALE_NAN)
+    y = jnp.clip(mul_pow2(xb, SCALE_BIAS - jnp.minimum(b, 254)), -fmt.max, fmt.max)
+    elements = round_to_elements(y, fmt)
+    out = decode_scale(b, elements)  # NaN where b == 0xFF
+    if saturated:
+        out = saturate(out, elements, out_dtype)  # elements are finite (|y| <= max); NaN blocks stay NaN
+    return _merge_blocks(out, x.shape, x).astype(out_dtype)
 
 
 def dequantize(a: MXArray, dtype=jnp.float32) -> jax.Array:

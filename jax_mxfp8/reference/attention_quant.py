@@ -3,8 +3,9 @@
 All functions take head-major arrays whose last two axes are (sequence, head_dim) or (T, S), and return
 dequantized ("fake-quantized") float32 values unless they return an MXArray.
 
-FP8 elements are always decoded from their bits (formats/decode.py says why: XLA on GPU deletes
-f32 -> f8 -> f32 convert chains).
+FP8 elements are never converted to FP8 and back inside one program (formats/decode.py says why: XLA on GPU
+deletes f32 -> f8 -> f32 convert chains): the fake-quantized values are rounded in float32
+(formats/rounding.py, formats/quantize.py quantize_dequantize), bit for bit the decoded round trip.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_mxfp8.formats.decode import decode_elements
 from jax_mxfp8.formats.elements import E4M3
 from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.formats.quantize import dequantize, quantize
+from jax_mxfp8.formats.quantize import quantize, quantize_dequantize
+from jax_mxfp8.formats.rounding import round_to_elements
 from jax_mxfp8.reference.attention_config import HEAD, SEQ, SQUARE
 
 P_CONST_LOG2 = 8
@@ -47,14 +48,11 @@ def fake_quant_p(p: jax.Array, axis: int, p_scale: str, scale_rounding: str) -> 
         # satfinite (as the kernel's cvt.rn.satfinite): a P above 1 (the backward's exp(S - LSE) where S
         # exceeds the forward's LSE by rounding) stays finite instead of casting to NaN; NaN stays NaN
         y = jnp.minimum(p.astype(jnp.float32) * jnp.float32(2.0**P_CONST_LOG2), jnp.float32(E4M3.max))
-        y = y.astype(jnp.float8_e4m3fn)
-        return decode_elements(y) * jnp.float32(2.0**-P_CONST_LOG2)
-    a = quantize(p.astype(jnp.float32), axis=axis, block="row", scale_rounding=scale_rounding)
-    return dequantize(a, jnp.float32)
+        y = jnp.where(jnp.isnan(y), jnp.float32(jnp.nan), round_to_elements(y, E4M3))  # = E4M3(y), decoded
+        return y * jnp.float32(2.0**-P_CONST_LOG2)
+    return quantize_dequantize(p, axis=axis, block="row", scale_rounding=scale_rounding, saturated=True)
 
 
 def fake_quant_square(x: jax.Array, scale_rounding: str = "up") -> jax.Array:
     """32x32 square blocks over the last two axes (dO over (T, H), dS over (T, S))."""
-    return dequantize(
-        quantize(x.astype(jnp.float32), axis=(-2, -1), block="square", scale_rounding=scale_rounding), jnp.float32
-    )
+    return quantize_dequantize(x, axis=(-2, -1), block="square", scale_rounding=scale_rounding, saturated=True)
