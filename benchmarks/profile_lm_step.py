@@ -72,19 +72,23 @@ def gpu_kernel_times(trace_dir: str) -> tuple[dict[str, tuple[float, int]], list
     if not files:
         return {}, []
     data = ProfileData.from_file(files[-1])
+    gpu_planes = [plane for plane in data.planes if plane.name.startswith("/device:GPU")]
+    lines = [(plane.name, line) for plane in gpu_planes for line in plane.lines]
+    lines_seen = [f"{p} | {line.name}" for p, line in lines]
+    # kernels sit on the stream lines; the derived lines ("XLA Ops", "XLA Modules", "Steps", ...) repeat
+    # the same time. Should no line be named "Stream ..." (another profiler version), every line that is
+    # not a known derived one counts, and the line names in the JSON say which were taken.
+    kernel_lines = [line for _, line in lines if line.name.startswith("Stream")]
+    if not kernel_lines:
+        derived = ("XLA Ops", "XLA Modules", "Steps", "Framework", "Source", "Launch", "TraceMe", "Kernel Launch")
+        kernel_lines = [line for _, line in lines if not line.name.startswith(derived)]
+        lines_seen.append("no 'Stream' line: took " + ", ".join(line.name for line in kernel_lines))
     totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
-    lines_seen = []
-    for plane in data.planes:
-        if not plane.name.startswith("/device:GPU"):
-            continue
-        for line in plane.lines:
-            lines_seen.append(f"{plane.name} | {line.name}")
-            if not line.name.startswith("Stream"):
-                continue  # derived lines ("XLA Ops", "XLA Modules", ...) repeat the same time
-            for ev in line.events:
-                t = totals[ev.name]
-                t[0] += ev.duration_ns
-                t[1] += 1
+    for line in kernel_lines:
+        for ev in line.events:
+            t = totals[ev.name]
+            t[0] += ev.duration_ns
+            t[1] += 1
     return {k: (v[0], v[1]) for k, v in totals.items()}, lines_seen
 
 
