@@ -191,6 +191,32 @@ def test_kernel_mlp_grads_equal_old_path_but_the_wgrad_operand(params):
     np.testing.assert_array_equal(np.asarray(new[3]), np.asarray(old_z32[3]), err_msg="dw2 vs float32 lhs")
 
 
+@pytest.mark.gpu
+def test_kernel_float32_output_col_on_the_producer_kernel(params):
+    """The float32-output two-pass path on the GPU (the LM's float32 activations): the column orientation
+    comes from the gemm_operands producer kernel (recorded decision "cuda"), with the oracle's bits over
+    the float32 output y = gelu(the kernel GEMM's float32 result + bias). Not yet run on a GPU."""
+    from jax_mxfp8.primitives import implementation as impl
+    from jax_mxfp8.primitives import library
+
+    ok, why = library.kernels_runnable(("sm_90a",))
+    if not ok:
+        pytest.skip(why)
+    x, w1, b1, *_ = params
+
+    def fn(a, b):
+        return mx_dot_general_quantized(a, b, DN, activation="gelu", bias=b1, orientations=("row", "col"),
+                                        preferred_element_type=jnp.float32)  # fmt: skip
+
+    with impl.record() as decisions:
+        y, _, w = jax.jit(fn)(x, w1)  # y: float32 gelu(p), the value the column orientation quantizes
+    assert ("mx_dot_general_quantized", "cuda") in [(d.op, d.path) for d in decisions], decisions
+    codes, scale, finite = col_oracle(np.asarray(y).reshape(1, B * T, F))
+    assert finite.all()
+    np.testing.assert_array_equal(np.asarray(w.scale), scale)
+    np.testing.assert_array_equal(np.asarray(w.data).view(np.uint8), codes)
+
+
 def test_bad_arguments_raise(params):
     x, w1, _, w2, *_ = params
     with pytest.raises(ValueError, match="orientations"):
