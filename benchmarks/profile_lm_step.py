@@ -42,6 +42,8 @@ import train_lm  # noqa: E402
 from lm_model import make_optimizer, train_step  # noqa: E402
 from timing import timeit  # noqa: E402
 
+from jax_mxfp8.flax import PrecisionPolicy  # noqa: E402
+
 CONFIGS = ("mxfp8:bfloat16", "bf16:bfloat16", "mxfp8:float32", "bf16:float32")
 _OURS = re.compile(r"jax_mxfp8kernels(?:sm\d+|common)([a-z0-9_]+)")
 
@@ -98,7 +100,7 @@ def run_config(policy: str, dtype: str, args: argparse.Namespace) -> dict:
     argv += ["--dtype", dtype, "--batch", str(args.batch or (2 if args.smoke else 16))]
     argv += ["--seq-len", str(args.seq_len or (64 if args.smoke else 2048))]
     largs = train_lm.parse_args(argv)
-    pol = train_lm.make_policy(largs.policy, largs.layers) if policy == "mxfp8" else train_lm.PrecisionPolicy.bf16()
+    pol = train_lm.make_policy(largs.policy, largs.layers) if policy == "mxfp8" else PrecisionPolicy.bf16()
     model = train_lm.build_model(largs, pol, 256)
     opt = make_optimizer(model, learning_rate=1e-3, steps=1000)
     rng = np.random.default_rng(0)

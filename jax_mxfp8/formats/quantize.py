@@ -173,6 +173,24 @@ def _check_input(x) -> jax.Array:
     return x
 
 
+def _scaled_blocks(x: jax.Array, axis, block: str, fmt, scale_rounding: str):
+    """The part quantize and quantize_dequantize share: (axes, split, inner, finite, b, y) with x split into
+    blocks, `finite` (per block, keepdims) false where a block holds NaN or Inf, `b` the int32 scale byte
+    (0xFF for those) and `y` the float32 block scaled by 2^(127 - b) and clipped to +-fmt.max.
+
+    One abs-max reduction per block also tells the non-finite blocks: a NaN counts as Inf (XLA:CPU's max
+    reduction does not propagate NaN), so amax is Inf exactly for them; finite blocks get their true amax."""
+    axes = block_axes(x.ndim, axis, block)
+    check_blockable(x.shape, axes)
+    split, inner = _split_shape(x.shape, axes)
+    xb = _split_blocks(x.astype(jnp.float32), split, axes)
+    amax = jnp.max(jnp.where(jnp.isnan(xb), jnp.inf, jnp.abs(xb)), axis=inner, keepdims=True)
+    finite = jnp.isfinite(amax)
+    b = jnp.where(finite, scale_bits(jnp.where(finite, amax, 0.0), fmt, scale_rounding), SCALE_NAN)
+    y = jnp.clip(mul_pow2(xb, SCALE_BIAS - jnp.minimum(b, 254)), -fmt.max, fmt.max)
+    return axes, split, inner, finite, b, y
+
+
 def quantize(
     x: jax.Array,
     *,
@@ -214,15 +232,7 @@ def quantize(
         _check_key(rng)
     if rounding == "nearest" and rng is not None:
         raise ValueError("rng was given but rounding='nearest'; pass rounding='stochastic' to use it")
-    axes = block_axes(x.ndim, axis, block)
-    check_blockable(x.shape, axes)
-
-    split, inner = _split_shape(x.shape, axes)
-    xb = _split_blocks(x.astype(jnp.float32), split, axes)
-    finite = jnp.all(jnp.isfinite(xb), axis=inner, keepdims=True)
-    amax = jnp.max(jnp.abs(jnp.where(finite, xb, 0.0)), axis=inner, keepdims=True)
-    b = jnp.where(finite, scale_bits(amax, fmt, scale_rounding), SCALE_NAN)
-    y = jnp.clip(mul_pow2(xb, SCALE_BIAS - jnp.minimum(b, 254)), -fmt.max, fmt.max)
+    axes, split, inner, finite, b, y = _scaled_blocks(x, axis, block, fmt, scale_rounding)
     if rounding == "stochastic":
         y = stochastic_round(y, fmt, rng)
     data = _merge_blocks(jnp.where(finite, y, jnp.nan).astype(fmt.dtype), x.shape, x)
@@ -244,24 +254,15 @@ def quantize_dequantize(
     ...), out_dtype) -- bit for bit, without FP8 elements in between.
 
     The MX values a GEMM multiplies (round-to-nearest rounding only), in about a quarter of the round
-    trip's elementwise ops: one abs-max reduction per block, which also tells a non-finite block (NaN
-    counted as Inf), the elements rounded in float32
-    (formats/rounding.py) instead of converted to FP8 and decoded back. The XLA GEMM references
+    trip's elementwise ops: the elements rounded in float32 (formats/rounding.py) instead of converted to
+    FP8 and decoded back. The XLA GEMM references
     (reference/gemm.py) spend most of their operand preparation here. Arguments as `quantize`; x is not
     differentiated (stop_gradient, as in quantize).
     """
     x = jax.lax.stop_gradient(_check_input(x))
     fmt = element_format(dtype)
     check_scale_rounding(scale_rounding)
-    axes = block_axes(x.ndim, axis, block)
-    check_blockable(x.shape, axes)
-    split, inner = _split_shape(x.shape, axes)
-    xb = _split_blocks(x.astype(jnp.float32), split, axes)
-    # a NaN counts as Inf (XLA:CPU's max reduction does not propagate NaN): amax is Inf for a non-finite block
-    amax = jnp.max(jnp.where(jnp.isnan(xb), jnp.inf, jnp.abs(xb)), axis=inner, keepdims=True)
-    finite = jnp.isfinite(amax)
-    b = jnp.where(finite, scale_bits(jnp.where(finite, amax, 0.0), fmt, scale_rounding), SCALE_NAN)
-    y = jnp.clip(mul_pow2(xb, SCALE_BIAS - jnp.minimum(b, 254)), -fmt.max, fmt.max)
+    _, _, _, _, b, y = _scaled_blocks(x, axis, block, fmt, scale_rounding)
     elements = round_to_elements(y, fmt)
     out = decode_scale(b, elements)  # NaN where b == 0xFF
     if saturated:

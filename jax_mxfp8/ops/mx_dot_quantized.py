@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_mxfp8.formats import MXArray
+from jax_mxfp8.formats import BLOCK_SIZE, MXArray
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.ops import mx_dot_kernel
 from jax_mxfp8.ops.cotangents import remat_safe
@@ -51,7 +51,6 @@ from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives.gemm_operands import gemm_operands, gemm_operands_unsupported
 from jax_mxfp8.primitives.mx_gemm_epilogue import ACTIVATIONS
 from jax_mxfp8.reference.gemm import operand_layouts
-from jax_mxfp8.reference.gemm_align import padded
 from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 ARCHS = mx_dot_kernel.ARCHS
@@ -220,10 +219,10 @@ def mx_dot_general_quantized(
     g, m, _ = mx_dot_kernel.MatrixView.of(lhs_l).sizes
     z3 = z.astype(jnp.float32).reshape(g, m, out_shape[-1])
     # M (the tokens) need not be a multiple of 32 here (a packed jagged batch of 100 tokens; the kernel path
-    # needs it, the two-pass path does not): zero rows up to Mp, as the reference's backward GEMMs pad
-    # (reference/gemm.py quantized_3d): the last partial block's scale comes from its valid rows, and the
-    # padded rows are the +0 that the (G, N, Mp) column form holds past M anyway.
-    z3 = jnp.pad(z3, ((0, 0), (0, padded(m) - m), (0, 0)))
+    # needs it, the two-pass path does not): zero rows up to the next block, as the reference's backward GEMMs
+    # pad (reference/gemm.py quantized_3d): the last partial block's scale comes from its valid rows, and the
+    # padded rows are the +0 that the (G, N, Mp) column form holds past M anyway (a no-op when M % 32 == 0).
+    z3 = jnp.pad(z3, ((0, 0), (0, -m % BLOCK_SIZE), (0, 0)))
     # the producer kernel where it covers z3 (a float32 activation, the case that lands here on a GPU), else
     # the reference; both give the same bits
     why = gemm_operands_unsupported(z3.shape, z3.dtype, config.dtype, config.scale_rounding, ("col",))
