@@ -31,7 +31,7 @@ def normal_inputs(rng, b, t, s, n, n_kv, h, dtype=np.float32):
 
 
 @functools.cache
-def _fwd_bwd(config, is_causal, with_mask, with_lengths):
+def _fwd_bwd(config, is_causal, with_mask, with_lengths, implementation):
     def run(q, k, v, do, mask, q_len, kv_len):
         def f(q, k, v):
             return mx.dot_product_attention(
@@ -44,6 +44,7 @@ def _fwd_bwd(config, is_causal, with_mask, with_lengths):
                 key_value_seq_lengths=kv_len if with_lengths else None,
                 config=config,
                 return_residual="lse",
+                implementation=implementation,
             )
 
         (o, lse), vjp = jax.vjp(f, q, k, v)
@@ -53,10 +54,14 @@ def _fwd_bwd(config, is_causal, with_mask, with_lengths):
     return jax.jit(run)
 
 
-def lib_fwd_bwd(q, k, v, do, *, config=None, is_causal=False, mask=None, q_len=None, kv_len=None):
-    """Library output, LSE and (dq, dk, dv) for the loss sum(o * do), as NumPy float64 arrays."""
+def lib_fwd_bwd(q, k, v, do, *, config=None, is_causal=False, mask=None, q_len=None, kv_len=None, implementation=None):
+    """Library output, LSE and (dq, dk, dv) for the loss sum(o * do), as NumPy float64 arrays.
+
+    implementation=None lets the library choose: on an sm_90 GPU with the kernel library that is the Hopper
+    kernel for bfloat16 and float32 inputs alike (O then carries bfloat16 precision); "xla" pins the reference.
+    """
     config = config or mx.AttentionConfig()
-    f = _fwd_bwd(config, is_causal, mask is not None, q_len is not None)
+    f = _fwd_bwd(config, is_causal, mask is not None, q_len is not None, implementation)
     dummy = jnp.zeros((q.shape[0],), jnp.int32)
     outs = f(
         q,
