@@ -25,7 +25,7 @@ blocks make it the same values as the full product there); for fwdbwd also dx an
 Issue targets (W2 2/6): ours forward >= 1.6x bf16 and >= 0.8x torch_fp8; ours fwd+bwd >= 1.4x bf16;
 ours_ref forward >= 0.85x bf16.
 
-Usage: python benchmarks/gemm.py [--out FILE.json] [--smoke] [--only bf16,ours,...] [--budget-s S]
+Usage: python benchmarks/gemm.py [--out FILE.json] [--smoke] [--only bf16,ours,...] [--budget-s S] [--shapes MxKxN,...]
   --smoke   small shapes, 2 calls x 2 batches: proves the script on CPU (numbers mean nothing)
 The JSON (default benchmarks/results/h200_gemm.json) is rewritten after every shape.
 """
@@ -70,6 +70,19 @@ TARGETS = (
     ("ours_ref", "fwd", "bf16", 0.85),
 )
 FULL_SHAPES = [(8192, 8192, 8192), (16384, 4096, 14336), (16384, 14336, 4096)]  # (M, K, N)
+
+
+def _parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """'MxKxN,...' -> [(M, K, N), ...]; a malformed item is a usage error naming --shapes."""
+    shapes = []
+    for item in text.split(","):
+        dims = item.strip().lower().split("x")
+        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise argparse.ArgumentTypeError(f"not MxKxN with positive integers: {item!r}")
+        shapes.append(tuple(int(d) for d in dims))
+    return shapes
+
+
 SMOKE_SHAPES = [(128, 256, 192), (256, 128, 64)]
 IMPLS = ("bf16", "xla_fp8", "xla_fp8_from_bf16", "torch_bf16", "torch_fp8", "ours", "ours_ref", "ours_f32ref")
 HAS_FWDBWD = ("bf16", "ours", "ours_ref", "ours_f32ref")
@@ -263,6 +276,13 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(IMPLS)}")
     ap.add_argument("--sqnr-rows", type=int, default=256)
     ap.add_argument("--budget-s", type=float, default=200.0, help="skip shapes not started after this many seconds")
+    ap.add_argument(
+        "--shapes",
+        type=_parse_shapes,
+        default=None,
+        help="comma-separated MxKxN (x (M, K) @ w (K, N)) instead of the issue's three shapes, e.g. the LM "
+        "example's GEMMs: 32768x1024x1536,32768x1024x1024,32768x1024x4096,32768x4096x1024",
+    )
     args = ap.parse_args(argv)
     args.calls = args.calls or (2 if args.smoke else 30)
     args.batches = args.batches or (2 if args.smoke else 3)
@@ -297,7 +317,8 @@ def main(argv=None) -> int:
     if args.smoke:
         meta["note"] = "SMOKE RUN: tiny shapes, timings mean nothing"
     results = []
-    for m, k, n in SMOKE_SHAPES if args.smoke else FULL_SHAPES:
+    shapes = args.shapes or (SMOKE_SHAPES if args.smoke else FULL_SHAPES)
+    for m, k, n in shapes:
         res = dict(name=f"{m}x{k}x{n}", m=m, k=k, n=n)
         results.append(res)
         elapsed = time.perf_counter() - t_start

@@ -68,7 +68,7 @@ def test_lm_dtype_sets_the_activations_not_the_parameters():
 
     from jax_mxfp8.flax import PrecisionPolicy
 
-    assert train_lm.parse_args([]).dtype == "float32" and train_lm.parse_args(["--preset", "h200"]).dtype == "float32"
+    assert train_lm.parse_args([]).dtype == "float32" and train_lm.parse_args(["--preset", "h200"]).dtype == "bfloat16"
     tokens = jnp.arange(64, dtype=jnp.int32).reshape(1, 64)
     for dtype in (jnp.float32, jnp.bfloat16):
         size = ["--d-model", "64", "--layers", "1", "--heads", "2"]

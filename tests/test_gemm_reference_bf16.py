@@ -282,3 +282,38 @@ def test_gpu_bfloat16_path_matches_float32_path_above_100_db(kind):
         db = _sqnr_db(got, ref)
         print(f"{kind} {name}: {db:.1f} dB")
         assert db >= 100.0, f"{kind} {name}: {db:.1f} dB"
+
+
+@pytest.mark.parametrize(
+    "shape,dimension_numbers,side",
+    [
+        ((256, 96), (((0,), (0,)), ((), ())), "rhs"),  # a weight (K, N) contracted on axis 0: quantized in place
+        ((2, 40, 64), (((2,), (2,)), ((0,), (0,))), "lhs"),  # K already last
+        ((3, 64, 5), (((1,), (1,)), ((2,), (2,))), "rhs"),  # K in the middle, batch last
+    ],
+    ids=["w_kn", "x_bmk", "k_middle_batch_last"],
+)
+@pytest.mark.parametrize("kind", ["normal", "lognormal", "outlier"])
+@pytest.mark.parametrize("operands", ["bfloat16", "float32"])
+def test_in_place_forward_operand_equals_the_normalised_one(shape, dimension_numbers, side, kind, operands):
+    """quantized_in_place (blocks along x's own contracting axis, then the move to (B, M, K)) gives the bits
+    of quantized_3d on the transposed (B, M, K) operand, which reads the operand transposed."""
+    config = MXDotConfig()
+    x = _data(kind, shape, seed=3)
+    other = list(shape)
+    lhs_shape, rhs_shape = (shape, tuple(other)) if side == "lhs" else (tuple(other), shape)
+    lhs_l, rhs_l = gemm.operand_layouts(lhs_shape, rhs_shape, dimension_numbers)
+    layout = lhs_l if side == "lhs" else rhs_l
+    f_in_place = jax.jit(lambda x: layout.to_3d(gemm.quantized_in_place(x, layout, config, operands=operands)))
+    f_3d = jax.jit(lambda x: gemm.quantized_3d(layout.to_3d(x), config, gemm.FWD, operands=operands))
+    got, want = np.asarray(f_in_place(x)), np.asarray(f_3d(x))
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got.astype(np.float32).view(np.uint32), want.astype(np.float32).view(np.uint32))
+
+
+def test_in_place_does_not_apply_to_hadamard_or_merged_contracting_axes():
+    x = np.ones((64, 2, 32), np.float32)
+    lhs_l, _ = gemm.operand_layouts(x.shape, (64, 2, 32), (((0, 1), (0, 1)), ((), ())))
+    assert gemm.quantized_in_place(x, lhs_l, MXDotConfig()) is None  # two contracting axes merge into K
+    lhs_l, _ = gemm.operand_layouts(x.shape, x.shape, (((0,), (0,)), ((), ())))
+    assert gemm.quantized_in_place(x, lhs_l, MXDotConfig(hadamard_seed=0)) is None

@@ -161,6 +161,30 @@ def quantized_3d(
     return dequantize_products(q, operand_dtype(operands))
 
 
+def quantized_in_place(
+    x: jax.Array, layout: OperandLayout, config: MXDotConfig, *, operands: str = DEFAULT_OPERANDS
+) -> jax.Array | None:
+    """The forward's MX operand quantized in x's own layout, along its single contracting axis: the values
+    of quantized_3d(layout.to_3d(x), config, FWD), still in x's layout (move the axes afterwards).
+
+    Why: a weight w (K, N) contracted on axis 0 becomes (N, K) in the normalised layout; quantizing that
+    transpose made XLA fuse it into the block reduction and read w with strided loads (the H200 measured
+    436 GB/s for w against 1.8 TB/s for the (M, K) operand). Blocks along axis 0 of w in place are the same
+    blocks (a column reduction that reads rows whole), and the transpose left for the GEMM is a layout XLA
+    folds into the dot. None where it does not apply: several contracting axes (their merge into K is a
+    reshape of the transposed array) or a Hadamard transform (applied along the last axis of the 3-D
+    operand; quantized_3d handles it).
+    """
+    if config.hadamard_seed is not None or len(layout.contract) != 1:
+        return None
+    (axis,) = layout.contract
+    if x.shape[axis] % BLOCK_SIZE:  # the forward's K is a multiple of 32 (operand_layouts checks it)
+        return None
+    return quantize_dequantize(
+        x, axis=axis, dtype=config.dtype, scale_rounding=config.scale_rounding, out_dtype=operand_dtype(operands)
+    )
+
+
 def matmul_3d(a3: jax.Array, b3: jax.Array) -> jax.Array:
     """(B, M, K) x (B, N, K) -> (B, M, N) float32, float32 accumulation; operands both bfloat16 or float32.
 

@@ -44,6 +44,7 @@ from jax_mxfp8.reference.gemm import (
     operand_dtype,
     prequantized_3d,
     quantized_3d,
+    quantized_in_place,
 )
 from jax_mxfp8.reference.gemm_config import MXDotConfig
 
@@ -115,6 +116,16 @@ def _matmul(a: jax.Array, b: jax.Array, n_contract: int, n_batch: int, out_shard
     )
 
 
+def _in_place(x: jax.Array, layout: OperandLayout, config: MXDotConfig, operands: str) -> jax.Array | None:
+    """reference/gemm.quantized_in_place, except for bfloat16 operands on XLA:CPU: there the operand it leaves
+    transposed (an lhs stored (K, M), say) reaches a dot that only the generic DotThunk takes, which refuses
+    bf16 x bf16 -> f32 ("Unsupported element type"); the transposed 3-D operand keeps to YNNPACK's layouts.
+    The values are the same either way (tests/test_gemm_reference_bf16.py)."""
+    if operands == "bfloat16" and jax.default_backend() == "cpu":
+        return None
+    return quantized_in_place(x, layout, config, operands=operands)
+
+
 def _prequantized(a: MXArray, layout: OperandLayout, operands: str) -> jax.Array:
     return _to_nd(dequantize_products(a, operand_dtype(operands)), layout)
 
@@ -133,12 +144,19 @@ def forward(
     """Q(lhs along K) x Q(rhs along K) in float32, in lax.dot_general's output layout (batch, lhs free,
     rhs free). lhs_q / rhs_q: pre-quantized operands (MXArrays blocked along the single contracting axis)."""
     if not keeps_dims(config) or _three_d(lhs, rhs, lhs_l, rhs_l):
+
+        def operand3(x, x_q, layout):
+            if x_q is not None:
+                return prequantized_3d(x_q, layout, operands=operands)
+            q = _in_place(x, layout, config, operands)
+            return None if q is None else layout.to_3d(q)
+
         out3 = mx_dot_forward(
             lhs_l.to_3d(lhs),
             rhs_l.to_3d(rhs),
             config,
-            lhs_q3=None if lhs_q is None else prequantized_3d(lhs_q, lhs_l, operands=operands),
-            rhs_q3=None if rhs_q is None else prequantized_3d(rhs_q, rhs_l, operands=operands),
+            lhs_q3=operand3(lhs, lhs_q, lhs_l),
+            rhs_q3=operand3(rhs, rhs_q, rhs_l),
             operands=operands,
         )
         return out3.reshape(lhs_l.dims(lhs_l.batch) + lhs_l.dims(lhs_l.free) + rhs_l.dims(rhs_l.free))
@@ -147,6 +165,9 @@ def forward(
     def operand(x, x_q, layout):
         if x_q is not None:
             return _prequantized(x_q, layout, operands)
+        q = _in_place(x, layout, config, operands)  # blocks along K in x's own layout
+        if q is not None:
+            return _to_nd(q, layout)
         return quantized_3d(_to_nd(x, layout), config, FWD, operands=operands)
 
     a, b = operand(lhs, lhs_q, lhs_l), operand(rhs, rhs_q, rhs_l)
