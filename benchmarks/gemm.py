@@ -70,6 +70,9 @@ TARGETS = (
     ("ours_ref", "fwd", "bf16", 0.85),
 )
 FULL_SHAPES = [(8192, 8192, 8192), (16384, 4096, 14336), (16384, 14336, 4096)]  # (M, K, N)
+SMOKE_SHAPES = [(128, 256, 192), (256, 128, 64)]
+IMPLS = ("bf16", "xla_fp8", "xla_fp8_from_bf16", "torch_bf16", "torch_fp8", "ours", "ours_ref", "ours_f32ref")
+HAS_FWDBWD = ("bf16", "ours", "ours_ref", "ours_f32ref")
 
 
 def _parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -81,11 +84,6 @@ def _parse_shapes(text: str) -> list[tuple[int, int, int]]:
             raise argparse.ArgumentTypeError(f"not MxKxN with positive integers: {item!r}")
         shapes.append(tuple(int(d) for d in dims))
     return shapes
-
-
-SMOKE_SHAPES = [(128, 256, 192), (256, 128, 64)]
-IMPLS = ("bf16", "xla_fp8", "xla_fp8_from_bf16", "torch_bf16", "torch_fp8", "ours", "ours_ref", "ours_f32ref")
-HAS_FWDBWD = ("bf16", "ours", "ours_ref", "ours_f32ref")
 
 
 def per_tensor_fp8(x):

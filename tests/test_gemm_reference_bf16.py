@@ -300,9 +300,7 @@ def test_in_place_forward_operand_equals_the_normalised_one(shape, dimension_num
     of quantized_3d on the transposed (B, M, K) operand, which reads the operand transposed."""
     config = MXDotConfig()
     x = _data(kind, shape, seed=3)
-    other = list(shape)
-    lhs_shape, rhs_shape = (shape, tuple(other)) if side == "lhs" else (tuple(other), shape)
-    lhs_l, rhs_l = gemm.operand_layouts(lhs_shape, rhs_shape, dimension_numbers)
+    lhs_l, rhs_l = gemm.operand_layouts(shape, shape, dimension_numbers)  # the other operand: same shape
     layout = lhs_l if side == "lhs" else rhs_l
     f_in_place = jax.jit(lambda x: layout.to_3d(gemm.quantized_in_place(x, layout, config, operands=operands)))
     f_3d = jax.jit(lambda x: gemm.quantized_3d(layout.to_3d(x), config, gemm.FWD, operands=operands))
