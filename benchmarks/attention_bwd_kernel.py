@@ -69,10 +69,23 @@ def kernel_fn(shape, rng, tune=0, mode=None, inputs=None):
         jax.ShapeDtypeStruct((b, n_kv, t, h), jnp.float32),
         jax.ShapeDtypeStruct((b, n, t // 32), jnp.int32),
     )
-    call = jax.ffi.ffi_call("jax_mxfp8_attention_bwd", outs)
+    call = jax.ffi.ffi_call("jax_mxfp8_attention_bwd" + ("_fp8" if variant.sdp_fp8 else ""), outs)
     e = DQ_E if variant.dq_accum == "fp16" else 0
     attrs = dict(kernel=variant.name, scale=np.float32(1.0 / math.sqrt(h)), dq_scale_log2=np.int32(e))
-    return jax.jit(lambda *a: call(*a, **attrs)), (inputs if inputs is not None else kernel_inputs(shape, rng))
+    inputs = inputs if inputs is not None else kernel_inputs(shape, rng)
+    if variant.sdp_fp8:
+        inputs = inputs + fp8_inputs(inputs, h)
+    return jax.jit(lambda *a: call(*a, **attrs)), inputs
+
+
+def fp8_inputs(inputs, h: int) -> tuple[jax.Array, ...]:
+    """The sdp_fp8 variants' extra operands for timing: q, k, v, do rounded to float8_e4m3fn (exponent 0: the
+    inputs are N(0, 1)), factors tau log2(e) for qs and 1 for ks, vs, dos (the same S and dP up to the rounding)."""
+    q, k, v, do = inputs[:4]
+    f8 = [x.astype(jnp.float8_e4m3fn) for x in (q, k, v, do)]
+    ones = lambda x: jnp.ones((x.shape[0], x.shape[1], x.shape[2] // 32), jnp.float32)  # noqa: E731
+    qs = ones(q) * np.float32(math.log2(math.e) / math.sqrt(h))
+    return (*f8, qs, ones(k), ones(v), ones(do))
 
 
 def kernel_inputs(shape, rng) -> tuple[jax.Array, ...]:

@@ -4,8 +4,11 @@
 //     attributes: kernel (string) = the registry variant name, e.g. "attention_bwd_h128_causal" (it fixes
 //     causal masking, head_dim, dq_accum and deterministic; H checked against the buffers'); scale (f32) =
 //     tau; dq_scale_log2 (s32) = e of dq_accum "fp16" (dq holds dQ * 2^e; 0..15), 0 for "fp32".
-//   jax_mxfp8_attention_bwd_into  the same with dq, dk, dv, dq_sem passed in as four more operands (aliased
-//     to the results): the test hook that NaN-poisons the outputs.
+//   jax_mxfp8_attention_bwd_fp8  (q, k, v, do, lse, delta, lens, q8, k8, v8, do8, qs, ks, vs, dos) -> the same:
+//     the sdp_fp8 variants (S^T and dP^T on FP8 wgmma; v is not read): FP8 copies of q, k, v, do with one
+//     exponent per 32 rows and their row factors, qs, dos (B, N, Tp / 32), ks, vs (B, K, Sp / 32) f32.
+//   jax_mxfp8_attention_bwd_into, jax_mxfp8_attention_bwd_fp8_into  the same with dq, dk, dv, dq_sem passed in
+//     as four more operands (aliased to the results): the test hooks that NaN-poison the outputs.
 //
 // Operands (/work/coord/ATTN_BWD_INTERFACE.md; Tp, Sp multiples of 128, H 64 or 128, N a multiple of K):
 //   q, do (B, N, Tp, H) bf16   k, v (B, K, Sp, H) bf16   lse, delta (B, N, Tp) f32   lens (2, B) s32
@@ -42,11 +45,42 @@ ffi::Error HeadRows(void* data, int64_t heads, int64_t length, int64_t h, const 
   return ffi::Error::Success();
 }
 
-ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                            ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta, ffi::AnyBuffer lens,
-                            ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                            ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
-                            std::string_view kernel, float scale, int32_t dq_scale_log2) {
+// The sdp_fp8 variants' extra operands (registry AttentionBwdConfig.sdp_fp8): FP8 copies of q, k, v, do
+// (same shapes, float8_e4m3fn) and their row factors qs, dos (B, N, Tp / 32), ks, vs (B, K, Sp / 32) f32.
+struct Fp8Operands {
+  const ffi::AnyBuffer* data[4];    // q8, k8, v8, do8
+  const ffi::AnyBuffer* factor[4];  // qs, ks, vs, dos
+};
+
+// Checks the FP8 copies against their bfloat16 counterparts' shapes (qd: q's, kd: k's, b the batch) and
+// appends them and their factors to t[10..17].
+ffi::Error Fp8Tensors(const Fp8Operands& f, const int64_t* qd, const int64_t* kd, int64_t b, Tensor2D* t) {
+  static const char* kData[4] = {"q8", "k8", "v8", "do8"};
+  static const char* kFactor[4] = {"qs", "ks", "vs", "dos"};
+  for (int i = 0; i < 4; ++i) {
+    const bool query = i == 0 || i == 3;
+    const int64_t heads = b * (query ? qd[1] : kd[1]), length = query ? qd[2] : kd[2], h = qd[3];
+    int64_t d[4], s[3];
+    JMX_RETURN_IF_ERROR(Dims(*f.data[i], kData[i], 4, d));
+    JMX_RETURN_IF_ERROR(Dims(*f.factor[i], kFactor[i], 3, s));
+    JMX_RETURN_IF_ERROR(Want(f.data[i]->element_type() == ffi::DataType::F8E4M3FN,
+                             std::string(kData[i]) + " must be float8_e4m3fn"));
+    JMX_RETURN_IF_ERROR(Want(f.factor[i]->element_type() == ffi::DataType::F32, std::string(kFactor[i]) + " must be f32"));
+    JMX_RETURN_IF_ERROR(Want(d[0] * d[1] == heads && d[0] == b && d[2] == length && d[3] == h,
+                             std::string(kData[i]) + " must have the shape of its bfloat16 operand"));
+    JMX_RETURN_IF_ERROR(Want(s[0] == b && s[0] * s[1] == heads && s[2] * 32 == length,
+                             std::string(kFactor[i]) + " must be (B, heads, L / 32)"));
+    JMX_RETURN_IF_ERROR(HeadRows(f.data[i]->untyped_data(), heads, length, h, kData[i], &t[10 + i]));
+    JMX_RETURN_IF_ERROR(As2D(*f.factor[i], kFactor[i], &t[14 + i]));
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error AttentionBwdRun(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta, ffi::AnyBuffer lens,
+                           ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                           ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
+                           std::string_view kernel, float scale, int32_t dq_scale_log2, const Fp8Operands* fp8) {
   int64_t qd[4], kd[4], vd[4], od[4], ld[3], dd[3], gq[4], gk[4], gv[4], gs[3];
   JMX_RETURN_IF_ERROR(Dims(q, "q", 4, qd));
   JMX_RETURN_IF_ERROR(Dims(k, "k", 4, kd));
@@ -93,6 +127,11 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(Dims(lens, "lens", 2, lens_dims));
   JMX_RETURN_IF_ERROR(Want(lens_dims[0] == 2 && lens_dims[1] == b, "lens must be (2, B)"));
 
+  const bool sdp_fp8 = Param(entry, "sdp_fp8") == 1;
+  JMX_RETURN_IF_ERROR(Want(sdp_fp8 == (fp8 != nullptr),
+                           "kernel '" + std::string(entry->name) +
+                               (sdp_fp8 ? "' takes the FP8 operands: call jax_mxfp8_attention_bwd_fp8"
+                                        : "' takes no FP8 operands: call jax_mxfp8_attention_bwd")));
   const int64_t kh = Param(entry, "head_dim");
   JMX_RETURN_IF_ERROR(Want(kh == h, "kernel '" + std::string(entry->name) + "' has head_dim " + std::to_string(kh) +
                                         ", the buffers have H = " + std::to_string(h)));
@@ -122,7 +161,7 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   if (b == 0 || n == 0 || tp == 0 || sp == 0) return ffi::Error::Success();
   JMX_RETURN_IF_ERROR(Want(b * nk <= 65535, "grid too large (B*K must be <= 65535)"));
 
-  Tensor2D t[11];
+  Tensor2D t[18];
   JMX_RETURN_IF_ERROR(HeadRows(q.untyped_data(), q_rows * n, tp, h, "q", &t[0]));
   JMX_RETURN_IF_ERROR(HeadRows(k.untyped_data(), b * nk, sp, h, "k", &t[1]));
   JMX_RETURN_IF_ERROR(HeadRows(v.untyped_data(), b * nk, sp, h, "v", &t[2]));
@@ -135,11 +174,37 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(HeadRows(dv->untyped_data(), b * nk, sp, h, "dv", &t[9]));
   if (!fp16 && !ordered) {
     const float scalars[1] = {scale};
+    if (sdp_fp8) {
+      JMX_RETURN_IF_ERROR(Fp8Tensors(*fp8, qd, kd, b, t));
+      return Launch(entry, device, t, 18, stream, scalars, 1);
+    }
     return Launch(entry, device, t, 10, stream, scalars, 1);
   }
   JMX_RETURN_IF_ERROR(As2D(*dq_sem, "dq_sem", &t[10]));
   const float scalars[2] = {scale, std::ldexp(scale, dq_scale_log2)};  // tau, tau 2^e
   return Launch(entry, device, t, 11, stream, scalars, 2);
+}
+
+ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                            ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta, ffi::AnyBuffer lens,
+                            ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                            ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
+                            std::string_view kernel, float scale, int32_t dq_scale_log2) {
+  return AttentionBwdRun(stream, device, q, k, v, d_o, lse, delta, lens, dq, dk, dv, dq_sem, kernel, scale,
+                         dq_scale_log2, nullptr);
+}
+
+// The sdp_fp8 variants: the same operands, then q8, k8, v8, do8, qs, ks, vs, dos.
+ffi::Error AttentionBwdFp8Impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                               ffi::AnyBuffer v, ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta,
+                               ffi::AnyBuffer lens, ffi::AnyBuffer q8, ffi::AnyBuffer k8, ffi::AnyBuffer v8,
+                               ffi::AnyBuffer do8, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
+                               ffi::AnyBuffer dos, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                               ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
+                               std::string_view kernel, float scale, int32_t dq_scale_log2) {
+  const Fp8Operands fp8{{&q8, &k8, &v8, &do8}, {&qs, &ks, &vs, &dos}};
+  return AttentionBwdRun(stream, device, q, k, v, d_o, lse, delta, lens, dq, dk, dv, dq_sem, kernel, scale,
+                         dq_scale_log2, &fp8);
 }
 
 // Test hook: the same launch with dq, dk, dv passed in as well (aliased to the results).
@@ -149,8 +214,21 @@ ffi::Error AttentionBwdIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuf
                                 ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                                 ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
                                 std::string_view kernel, float scale, int32_t dq_scale_log2) {
-  return AttentionBwdImpl(stream, device, q, k, v, d_o, lse, delta, lens, dq, dk, dv, dq_sem, kernel, scale,
-                          dq_scale_log2);
+  return AttentionBwdRun(stream, device, q, k, v, d_o, lse, delta, lens, dq, dk, dv, dq_sem, kernel, scale,
+                         dq_scale_log2, nullptr);
+}
+
+// Test hook of the sdp_fp8 variants: jax_mxfp8_attention_bwd_fp8's operands, then dq, dk, dv, dq_sem (aliased).
+ffi::Error AttentionBwdFp8IntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                   ffi::AnyBuffer v, ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta,
+                                   ffi::AnyBuffer lens, ffi::AnyBuffer q8, ffi::AnyBuffer k8, ffi::AnyBuffer v8,
+                                   ffi::AnyBuffer do8, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
+                                   ffi::AnyBuffer dos, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer,
+                                   ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                                   ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
+                                   std::string_view kernel, float scale, int32_t dq_scale_log2) {
+  return AttentionBwdFp8Impl(stream, device, q, k, v, d_o, lse, delta, lens, q8, k8, v8, do8, qs, ks, vs, dos, dq, dk,
+                             dv, dq_sem, kernel, scale, dq_scale_log2);
 }
 
 }  // namespace
@@ -168,6 +246,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd, jmx::AttentionBwdImpl,
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_bwd);
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd_fp8, jmx::AttentionBwdFp8Impl,
+                              (jmx::BindBuffers<15, 4>()
+                                   .Attr<std::string_view>("kernel")
+                                   .Attr<float>("scale")
+                                   .Attr<int32_t>("dq_scale_log2")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_bwd_fp8);
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd_into, jmx::AttentionBwdIntoImpl,
                               (jmx::BindBuffers<11, 4>()
                                    .Attr<std::string_view>("kernel")
@@ -175,5 +261,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd_into, jmx::AttentionBwdInt
                                    .Attr<int32_t>("dq_scale_log2")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_bwd_into);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd_fp8_into, jmx::AttentionBwdFp8IntoImpl,
+                              (jmx::BindBuffers<19, 4>()
+                                   .Attr<std::string_view>("kernel")
+                                   .Attr<float>("scale")
+                                   .Attr<int32_t>("dq_scale_log2")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_bwd_fp8_into);
 
 #pragma GCC visibility pop

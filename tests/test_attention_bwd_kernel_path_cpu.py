@@ -28,6 +28,7 @@ from attention_testutil import fresh_rng
 from sharding_util import collectives, mesh, put
 
 import jax_mxfp8 as mx
+from jax_mxfp8.kernels import registry
 from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.ops import attention as attn_ops
 from jax_mxfp8.ops import attention_bwd_kernel as kbwd
@@ -412,3 +413,79 @@ def test_ffi_lowering_and_into_hook():
     assert "dq_scale_log2 = 0 : i32" in text
     plain = jax.jit(functools.partial(_run, variant=variant, path="cuda"))
     assert "@jax_mxfp8_attention_bwd(" in plain.trace(ops).lower(lowering_platforms=("cuda",)).as_text()
+
+
+# ----------------------------------------------------- sdp_fp8: the FP8 copies of S^T's and dP^T's operands
+def test_fp8_copies_hold_the_operands():
+    """bwd_operands(fp8_path=...): q8, k8, v8, do8 re-encoded to one exponent per 32 rows, times their row
+    factors (qs without tau log2(e)), equal the bfloat16 MX operands within the re-encoding's bound (half an
+    E4M3 subnormal step at the row exponent, 2^-10 2^e, only where an element falls below E4M3's normal
+    range), and exactly where the row block's column blocks share one exponent."""
+    case = CASES[0]
+    st = _static(case, "emulated")
+    q, k, v, do, dlse, q_len, kv_len = _inputs(case, fresh_rng())
+
+    def run(q, k, v, do, dlse, q_len, kv_len):
+        (o, lse), (quants, *_) = attn_ops.mx_attention_fwd(st, q, k, v, None, None, q_len, kv_len)
+        do_q = attn_ops.square_sequence_major(do, q_len, "up", "emulated")
+        mxs = [attn_ops.kernel_operand(quants, key, ln) for key, ln in (("q:square", q_len), ("k:square", kv_len),
+                                                                        ("v:square", kv_len))]  # fmt: skip
+        kw = dict(q_len=q_len, kv_len=kv_len, fp8_path="emulated", scale=st.scale)
+        return abwd.bwd_operands(*mxs, do_q, do, o, lse, dlse, **kw)
+
+    ops = jax.jit(run)(q, k, v, do, dlse, q_len, kv_len)
+    f8 = ops.fp8
+    tau_log2e = np.float32(st.scale * np.log2(np.e))
+    pairs = (("q", ops.q, f8.q8, f8.qs, tau_log2e), ("k", ops.k, f8.k8, f8.ks, 1.0),
+             ("v", ops.v, f8.v8, f8.vs, 1.0), ("do", ops.do, f8.do8, f8.dos, 1.0))  # fmt: skip
+    for name, want, data, factor, mult in pairs:
+        assert data.shape == want.shape and data.dtype == jnp.float8_e4m3fn, name
+        assert factor.shape == want.shape[:3][:2] + (want.shape[2] // 32,) and factor.dtype == jnp.float32, name
+        f = np.repeat(np.asarray(factor, np.float64) / mult, 32, axis=2)[..., None]  # 2^e per row
+        got = np.asarray(data, np.float64) * f
+        w = np.asarray(want, np.float64)
+        assert np.all(np.abs(got - w) <= 2.0**-10 * f), f"{name}: beyond the re-encoding's bound"
+        assert sqnr_db(w, got) >= 40.0, name
+        assert np.mean(got == w) > 0.9, f"{name}: fewer than 90% of the elements kept exactly"
+
+
+def _with_fp8(ops, rng):
+    """ops plus sdp_fp8 copies (values irrelevant to the emulation, which reads the bfloat16 operands)."""
+    f8 = lambda x: x.astype(jnp.float8_e4m3fn)  # noqa: E731
+    fac = lambda x: jnp.asarray(rng.uniform(0.5, 2.0, x.shape[:2] + (x.shape[2] // 32,)), jnp.float32)  # noqa: E731
+    extra = abwd.SdpFp8Operands(f8(ops.q), f8(ops.k), f8(ops.v), f8(ops.do), fac(ops.q), fac(ops.k), fac(ops.v),
+                                fac(ops.do))  # fmt: skip
+    return dataclasses.replace(ops, fp8=extra)
+
+
+def test_sdp_fp8_call_partitions_and_lowers():
+    """The sdp_fp8 target (jax_mxfp8_attention_bwd_fp8, 15 operands): its emulation is the plain call's, it
+    partitions over a 2x4 mesh without gathers like the plain call, lowers to its own target (and its
+    `_into` hook), and refuses operands without the FP8 copies."""
+    plain = _need_variant(dict(h=64, causal=True))
+    fp8 = registry.find(registry.AttentionBwdConfig, head_dim=64, causal=True, tune=19)
+    rng = fresh_rng()
+    ops = _with_fp8(_call_operands(rng), rng)
+    f = jax.jit(functools.partial(_run, variant=fp8))
+    want = jax.jit(functools.partial(_run, variant=plain))(ops)
+    got = f(ops)
+    for name, a, w in zip("qkv", got, want, strict=True):
+        np.testing.assert_array_equal(_bits(a), _bits(w), err_msg=f"d{name}")
+    m = mesh((2, 4), ("data", "model"))
+    four, three = ("data", "model", None, None), ("data", "model", None)
+    extra = abwd.SdpFp8Operands(four, four, four, four, three, three, three, three)
+    specs = abwd.BwdOperands(four, four, four, four, three, three, (None, "data"), extra)
+    placed = jax.tree.map(lambda x, sp: put(x, m, *sp), ops, specs, is_leaf=lambda x: isinstance(x, tuple))
+    assert "all-gather" not in f.lower(placed).compile().as_text()
+    for name, a, w in zip("qkv", f(placed), want, strict=True):
+        _assert_close(a, w, name)
+    cuda = jax.jit(functools.partial(_run, variant=fp8, path="cuda"))
+    text = cuda.trace(ops).lower(lowering_platforms=("cuda",)).as_text()
+    assert "@jax_mxfp8_attention_bwd_fp8(" in text
+    outs = tuple(jnp.full(x.shape, jnp.nan, jnp.float32) for x in (ops.q, ops.k, ops.v))
+    outs += (jnp.zeros(ops.lse.shape[:2] + (ops.lse.shape[2] // 32,), jnp.int32),)
+    hook = jax.jit(lambda ops, outs: abwd.attention_bwd(ops, variant=fp8, scale=0.125, out=outs))
+    text = hook.trace(ops, outs).lower(lowering_platforms=("cuda",)).as_text()
+    assert "@jax_mxfp8_attention_bwd_fp8_into(" in text and text.count("output_operand_alias<") == 4
+    with pytest.raises(ValueError, match="fp8_path"):
+        _run(dataclasses.replace(ops, fp8=None), fp8)

@@ -43,6 +43,9 @@ from jax_mxfp8.kernels.registry.attention_bwd import (
         (dict(dq_red_width=2), "dq_red_width"),
         (dict(dq_keys="own", overlap=1), "dq_keys"),
         (dict(dq_keys="own", head_dim=128), "dq_keys"),
+        (dict(sdp_fp8=1), "sdp_fp8"),
+        (dict(sdp_fp8=True, dq_accum="fp16", dq_store="red"), "sdp_fp8"),  # fp32, non-deterministic only
+        (dict(sdp_fp8=True, broadcast_q=True, dq_store="red"), "sdp_fp8"),
     ],
 )
 def test_bad_fields_raise_naming_the_field(kwargs, field):
@@ -60,8 +63,11 @@ def test_production_lookup(head_dim, causal):
     assert v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}"
     assert v.key == dict(
         head_dim=head_dim, causal=int(causal), p_scale=0, p_rounding=0, dq_accum=0, deterministic=0, packed=0,
-        broadcast_q=0, tune=0,
+        broadcast_q=0, tune=0, sdp_fp8=0,
     )  # fmt: skip
+    # tune 19: production's schedule with S^T and dP^T on FP8 wgmma; the handler reads sdp_fp8 from the table
+    t19 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=19)
+    assert t19.sdp_fp8 and t19.key["sdp_fp8"] == 1 and t19.dq_store == "tma_warp" and t19.dq_first
     v1 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=13)
     assert v1.dq_store == "bulk" and not v1.smem_stats  # the v1 production, kept as a tuning
     # broadcast_query_attention's variant: BROADCAST_Q's schedule (per-element dQ reductions: the TMA dQ

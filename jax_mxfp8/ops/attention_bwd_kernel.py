@@ -84,7 +84,11 @@ def kernel_backward(static: dense.AttentionStatic, variant, res, cts, broadcast_
     k = dense.kernel_operand(quants, keys["k_s"], kv_len)
     v = dense.kernel_operand(quants, keys["v_dp"], kv_len)
     do_q = dense.square_sequence_major(do, q_len, static.config.scale_rounding, static.impl)
-    ops = abwd.bwd_operands(q, k, v, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len, broadcast_q=broadcast_q)
+    fp8_path = static.impl if variant.sdp_fp8 else None  # the FP8 copies of S^T's and dP^T's operands
+    ops = abwd.bwd_operands(
+        q, k, v, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len, broadcast_q=broadcast_q, fp8_path=fp8_path,
+        scale=static.scale,
+    )  # fmt: skip
     e = static.config.dq_fp16_scale_log2
     dq, dk, dv = abwd.attention_bwd(ops, variant=variant, scale=static.scale, dq_scale_log2=e, path=static.impl)
     t, s = q.shape[1], k.shape[1]

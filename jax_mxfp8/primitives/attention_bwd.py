@@ -39,7 +39,8 @@ from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives.attention_emulation import p_options
-from jax_mxfp8.primitives.attention_layout import TILE_M, TILE_N, round_up
+from jax_mxfp8.primitives.attention_layout import LOG2E, TILE_M, TILE_N, round_up
+from jax_mxfp8.primitives.attention_operands import aligned_rows
 from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
 from jax_mxfp8.reference.attention_bwd import attention_bwd_quantized, bwd_delta
 from jax_mxfp8.reference.attention_config import (
@@ -91,6 +92,25 @@ def kernel_variant(
 # -------------------------------------------------------------------------------------------- the pre-pass
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class SdpFp8Operands:
+    """The sdp_fp8 variants' extra inputs: Q, K, V, dO re-encoded to FP8 with one exponent per 32 rows
+    (attention_operands.aligned_rows, the forward's Q / K encoding) for S^T = K Q^T and dP^T = V dO^T."""
+
+    q8: jax.Array  # (B, N, Tp, H) float8_e4m3fn
+    k8: jax.Array  # (B, K, Sp, H) float8_e4m3fn
+    v8: jax.Array  # (B, K, Sp, H) float8_e4m3fn
+    do8: jax.Array  # (B, N, Tp, H) float8_e4m3fn
+    qs: jax.Array  # (B, N, Tp/32) float32 tau log2(e) 2^eQ (NaN for a row block holding a NaN block)
+    ks: jax.Array  # (B, K, Sp/32) float32 2^eK
+    vs: jax.Array  # (B, K, Sp/32) float32 2^eV
+    dos: jax.Array  # (B, N, Tp/32) float32 2^edO
+
+    def args(self) -> tuple[jax.Array, ...]:
+        return (self.q8, self.k8, self.v8, self.do8, self.qs, self.ks, self.vs, self.dos)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class BwdOperands:
     """The backward kernel's inputs (module docstring: shapes and dtypes)."""
 
@@ -101,6 +121,7 @@ class BwdOperands:
     lse: jax.Array  # (B, N, Tp) float32, -inf on rows >= q_len and padding
     delta: jax.Array  # (B, N, Tp) float32 rowsum(dO * O) - dLSE, 0 on padding rows
     lens: jax.Array  # (2, B) int32 query lengths, KV lengths
+    fp8: SdpFp8Operands | None = None  # the sdp_fp8 variants' FP8 copies (None for the others)
 
     def args(self) -> tuple[jax.Array, ...]:
         return (self.q, self.k, self.v, self.do, self.lse, self.delta, self.lens)
@@ -143,6 +164,8 @@ def bwd_operands(
     q_len: jax.Array | None,
     kv_len: jax.Array | None,
     broadcast_q: bool = False,
+    fp8_path: str | None = None,
+    scale: float | None = None,
 ) -> BwdOperands:
     """The backward's pre-pass (XLA; one elementwise + transpose + pad fusion per operand).
 
@@ -156,6 +179,8 @@ def bwd_operands(
       q_len, kv_len: (B,) int32 or None (= T, S).
       broadcast_q: q (and nothing else) has batch 1, one query sequence for all B rows; q_len must then be
         the same for every row (its first entry zeroes q's rows). The operands' q keeps batch 1.
+      fp8_path: also make the sdp_fp8 variants' FP8 copies (SdpFp8Operands) through the realign call on this
+        path ("cuda" or "emulated"); scale (tau, folded into qs) is then required. Not with broadcast_q.
     """
     _, t, n, h = q.shape
     b = do.shape[0]
@@ -170,7 +195,17 @@ def bwd_operands(
     lse_p = jnp.pad(lse_rows.astype(jnp.float32), [(0, 0), (0, 0), (0, tp - t)], constant_values=-jnp.inf)
     ql = jnp.full((b,), t, jnp.int32) if q_len is None else q_len.astype(jnp.int32)
     kl = jnp.full((b,), s, jnp.int32) if kv_len is None else kv_len.astype(jnp.int32)
+    fp8 = None
+    if fp8_path is not None:
+        if scale is None or broadcast_q:
+            raise ValueError("fp8_path needs scale (tau) and broadcast_q=False")
+        q8, qs = aligned_rows(q, tp, fp8_path, float(np.float32(scale * LOG2E)))
+        k8, ks = aligned_rows(k, sp, fp8_path)
+        v8, vs = aligned_rows(v, sp, fp8_path)
+        do8, dos = aligned_rows(do_q, tp, fp8_path)
+        fp8 = SdpFp8Operands(q8=q8, k8=k8, v8=v8, do8=do8, qs=qs, ks=ks, vs=vs, dos=dos)
     return BwdOperands(
+        fp8=fp8,
         q=_operand(q, keep_q[:1] if broadcast_q and keep_q is not None else keep_q, tp),
         k=_operand(k, keep_k, sp),
         v=_operand(v, keep_k, sp),
@@ -263,6 +298,14 @@ def _emulation(call: AttentionBwdCall, q, k, v, do, lse, delta, lens):
     return dq, dk, dv, sem
 
 
+def _emulation_fp8(call: AttentionBwdCall, q, k, v, do, lse, delta, lens, *fp8):
+    """The sdp_fp8 target's emulation: the bfloat16 operands' (the FP8 copies hold the same values except
+    where the one-exponent-per-32-rows re-encoding rounds an element below E4M3's normal range; the kernel
+    then differs from this by that rounding, measured in tests/test_attention_bwd_kernel_gpu.py)."""
+    del fp8
+    return _emulation(call, q, k, v, do, lse, delta, lens)
+
+
 def _emulated_sem(call: AttentionBwdCall, q_shape, lens) -> jax.Array:
     """dq_sem (B, N, Tp / 32) int32 after a deterministic kernel call: counter [b, n, 2 m + c] = the number
     of KV tiles with keys < kv_len (causal: also tiles n <= (64 m + 63) / 128) for query tiles m with rows
@@ -320,6 +363,29 @@ ATTENTION_BWD = FfiOp(
 """(q, k, v, do, lse, delta, lens) -> (dq, dk, dv, dq_sem); shapes in the module docstring and
 csrc/attention_bwd.cc."""
 
+
+def _sharding_fp8(call: AttentionBwdCall) -> ShardingRule:
+    """_sharding's rule with the FP8 copies (q8, do8 as q; k8, v8 as k) and their row factors (qs, dos over
+    (b, heads, Tp/32), ks, vs over (b, k, Sp/32)) appended."""
+    rule = _sharding(call)
+    q_spec, k_spec, _, do_spec = rule.operands[:4]
+    qf = do_spec.rsplit(" ", 2)[0] + " u"  # "b {n} u"
+    extra = (q_spec, k_spec, k_spec, do_spec, qf, "b k w", "b k w", qf)
+    return dataclasses.replace(rule, operands=rule.operands + extra, replicated=rule.replicated + ("w",))
+
+
+ATTENTION_BWD_FP8 = FfiOp(
+    target=TARGET + "_fp8",
+    outputs=_outputs,
+    emulation=_emulation_fp8,
+    sharding=_sharding_fp8,
+    batch_dims=(0, 0, 0, 0, 0, 0, 1) + (0,) * 8,
+    result_batch_dims=(0, 0, 0, 0),
+    attrs=ATTENTION_BWD.attrs,
+)
+"""(q, k, v, do, lse, delta, lens, q8, k8, v8, do8, qs, ks, vs, dos) -> (dq, dk, dv, dq_sem): the sdp_fp8
+variants (csrc/attention_bwd.cc)."""
+
 ATTENTION_BWD_BROADCAST_Q = dataclasses.replace(ATTENTION_BWD, batch_dims=None, result_batch_dims=None)
 """The same target for the broadcast_q variants: q has batch 1, so vmap maps the call."""
 
@@ -352,10 +418,15 @@ def attention_bwd(
     op = ATTENTION_BWD_BROADCAST_Q if variant.broadcast_q else ATTENTION_BWD
     if variant.broadcast_q and ops.q.shape[0] != 1:
         raise ValueError(f"a broadcast_q variant takes q of batch 1; got {ops.q.shape}")
+    args = ops.args()
+    if variant.sdp_fp8:
+        if ops.fp8 is None:
+            raise ValueError(f"variant {variant.name} (sdp_fp8) needs the FP8 copies: bwd_operands(..., fp8_path=)")
+        op, args = ATTENTION_BWD_FP8, args + ops.fp8.args()
     if out is None:
-        dq, dk, dv, _ = op.call(call, path, *ops.args())
+        dq, dk, dv, _ = op.call(call, path, *args)
     else:
-        dq, dk, dv, _ = op.ffi_into(call, ops.args(), out)
+        dq, dk, dv, _ = op.ffi_into(call, args, out)
     if fp16:
         dq = dq.astype(jnp.float32) * jnp.float32(2.0**-e)
     return dq, dk, dv

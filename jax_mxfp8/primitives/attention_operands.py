@@ -184,6 +184,15 @@ def _shift_bytes(shift: jax.Array, nan: jax.Array, length: int) -> jax.Array:
     return sh[:, :, : length // 32].transpose(0, 2, 1, 3)
 
 
+def aligned_rows(x: MXArray, padded: int, path: str = "cuda", mult: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """A sequence-major square MXArray (B, L, N, H) -> (x' (B, N, Lp, H) float8_e4m3fn re-encoded to one exponent
+    per 32 rows, head-major and zero-padded to Lp = padded; its row factors (B, N, Lp/32) float32 mult * 2^e,
+    NaN for row blocks holding a NaN block): Q and K of prepare_sequence_major, and the backward's FP8 copies
+    of V and dO (kernels/sm90/attention_bwd.py sdp_fp8). Padding positions must already be zero."""
+    e, nan_row, shift, nan = row_exponents(_head_major_scale(x, padded))
+    return realign(x.data, _shift_bytes(shift, nan, x.shape[1]), "rows", path), _factor(e, nan_row, mult)
+
+
 def prepare_sequence_major(
     q: MXArray,
     k: MXArray,
@@ -212,16 +221,16 @@ def prepare_sequence_major(
     _, t, n, h = q.shape
     b, s = k.shape[:2]
     tp, sp = round_up(t, TILE_M), round_up(s, TILE_N)
-    eq, nq, shq, nanq = row_exponents(_head_major_scale(q, tp))
-    ek, nk, shk, nank = row_exponents(_head_major_scale(k, sp))
+    q_al, qs = aligned_rows(q, tp, path, float(np.float32(scale * LOG2E)))
+    k_al, ks = aligned_rows(k, sp, path)
     ev, nv, shv, nanv = v_exponents(_head_major_scale(v, sp), kv_tile_seq)
     ev, nv = ev.reshape(b, ev.shape[1], -1), nv.reshape(b, nv.shape[1], -1)  # (B, K, Sp/128 * H/32)
     return AlignedOperands(
-        q=realign(q.data, _shift_bytes(shq, nanq, t), "rows", path),
-        k=realign(k.data, _shift_bytes(shk, nank, s), "rows", path),
+        q=q_al,
+        k=k_al,
         vt=realign(v.data, _shift_bytes(shv, nanv, s), "v", path),
-        qs=_factor(eq, nq, float(np.float32(scale * LOG2E))),
-        ks=_factor(ek, nk),
+        qs=qs,
+        ks=ks,
         vs=_factor(ev, nv),
         vi=_factor(-ev, nv),
         lens=_lengths(q_len, kv_len, b, t, s),

@@ -69,6 +69,11 @@ class AttentionBwdConfig(KernelConfig):
         the producer loads each query head's Q tiles at batch 0 and every batch row's dQ reductions add into
         batch 0's dq (the float32 sum over the batch, in the atomics' order); dO, LSE and delta stay per
         batch row. Not with the dQ modes (their float16 dq and dq_sem ordering are per batch row).
+      sdp_fp8: S^T = K Q^T and dP^T = V dO^T on FP8 wgmma (twice BF16's rate) from FP8 copies of Q, K, V, dO
+        re-encoded to one exponent per 32 rows (the forward's "way (a)", primitives/attention_operands.py
+        align_rows), their accumulators scaled by the row factors (the call's extra operands q8, k8, v8, do8,
+        qs, ks, vs, dos: target jax_mxfp8_attention_bwd_fp8); dV, dK, dQ stay on BF16 wgmma. Not with the dQ
+        modes, broadcast_q or overlap.
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
     """
 
@@ -94,6 +99,7 @@ class AttentionBwdConfig(KernelConfig):
     dq_red_width: int = 1
     dq_keys: str = "cta"
     broadcast_q: bool = False
+    sdp_fp8: bool = False
     tune: int = 0
 
     def __post_init__(self):
@@ -160,8 +166,18 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"dq_keys='own' needs overlap=0 (got {self.overlap})")
         if self.dq_keys == "own" and self.dq_store == "bulk" and self.head_dim != 64:
             raise ValueError("dq_keys='own' with dq_store='bulk' is only implemented for head_dim 64 (use 'red')")
+        if not isinstance(self.sdp_fp8, bool):
+            raise ValueError(f"sdp_fp8={self.sdp_fp8!r} is not a bool")
+        if self.sdp_fp8 and (self.dq_mode or self.broadcast_q or self.overlap):
+            raise ValueError("sdp_fp8=True needs dq_accum='fp32', deterministic=False, broadcast_q=False, overlap=0")
         if not 1 <= self.q_stage <= 4:
             raise ValueError(f"q_stage={self.q_stage} not in [1, 4]")
+
+    @property
+    def key(self) -> dict[str, int]:
+        """The table parameters plus sdp_fp8 (the handler checks that an sdp_fp8 variant is called with its FP8
+        operands, csrc/attention_bwd.cc)."""
+        return {**super().key, "sdp_fp8": int(self.sdp_fp8)}
 
     @property
     def dq_mode(self) -> bool:
@@ -208,6 +224,7 @@ class AttentionBwdConfig(KernelConfig):
 #   tune 16: tune 7 + dq_store "tma_warp" (one TMA reduce-add per warp of its 16 rows: no dQ barrier)
 #   tune 17: tune 16 + dq_first (the dQ store under the dK wgmma)
 #   tune 18: tune 12 + dq_first (production's red.v2 store under the dK wgmma)
+#   tune 19: tune 17 + sdp_fp8 (S^T and dP^T on FP8 wgmma from realigned FP8 copies of Q, K, V, dO)
 _T7 = dict(smem_stats=True, amax_reduce="redux", stats_early=True)
 PRODUCTION: dict[int, dict] = {h: dict(_T7, dq_store="tma_warp", dq_first=True) for h in (128, 64)}
 """Tune 0's fields per head_dim: tune 17's config since 2026-12-02 (session 5 round B, B4 T4k N16: 412.2 /
@@ -232,6 +249,7 @@ TUNINGS: tuple[tuple[int, dict], ...] = (
     (16, dict(_T7, dq_store="tma_warp")),
     (17, dict(_T7, dq_store="tma_warp", dq_first=True)),
     (18, dict(_T7, dq_store="red", dq_red_width=2, dq_first=True)),
+    (19, dict(_T7, dq_store="tma_warp", dq_first=True, sdp_fp8=True)),
 )
 BROADCAST_Q: dict[int, dict] = {128: dict(dict(TUNINGS)[12]), 64: dict(dict(TUNINGS)[1])}
 """The broadcast_q variants' fields: the previous production, tune 12 at H128 and tune 1 at H64 (per-element

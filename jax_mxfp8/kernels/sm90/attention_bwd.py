@@ -93,10 +93,13 @@ from cutlass.cute.nvgpu.warpgroup import OperandMajorMode, OperandSource
 
 from jax_mxfp8.kernels.registry import AttentionBwdConfig
 from jax_mxfp8.kernels.sm90 import warp_specialization as ws
+from jax_mxfp8.kernels.sm90 import wgmma
 from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
     BF16,
     CTA_N,
+    FP8,
     NUM_CONSUMERS,
+    SDP_FP8_OPERANDS,
     TILE_M,
     WG_N,
     bulk_load,
@@ -134,6 +137,9 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         self.dq_mode = config.dq_mode  # float16 dq and / or ordered adds (kernels/sm90/attention_bwd_dq.py)
         self.overlap = config.overlap
         self.smem_stats = config.smem_stats
+        # sdp_fp8: S^T and dP^T on FP8 wgmma from the realigned FP8 copies q8, k8, v8, do8 (one exponent per 32
+        # rows, scaled by their row factors qs, ks, vs, dos); the bfloat16 v is then not read
+        self.sdp_fp8 = config.sdp_fp8
         # smem_stats: per Q / dO stage, the tile's 64 LSE then 64 delta values (float32), by cp.async.bulk
         self.stats_bytes = 2 * TILE_M * 4
         # dq_store "bulk": the dQ tile (64 rows x H float32) in shared memory, rows padded by 32 bytes so that
@@ -161,6 +167,10 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         # the dQ modes' extra operands: dq_sem (B*N, Tp/32) int32 after dv, dq_scale (tau 2^e) after scale
         sem = (t(Int32, s(), s(divisibility=4)),) if self.dq_mode else ()
         dq_scale = (Float32(1.0),) if self.dq_mode else ()
+        fp8 = ()
+        if self.sdp_fp8:  # q8 (B*N, Tp*H), k8, v8 (B*K, Sp*H), do8; qs (B*N, Tp/32), ks, vs (B*K, Sp/32), dos
+            fp8 = tuple(t(FP8, s(), s(divisibility=rows_h)) for _ in range(4))
+            fp8 += tuple(t(Float32, s(), s(divisibility=4)) for _ in range(4))
         return (
             t(BF16, s(), s(divisibility=rows_h)),  # q (B*N, Tp*H)
             t(BF16, s(), s(divisibility=rows_h)),  # k (B*K, Sp*H)
@@ -173,6 +183,7 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
             t(Float32, s(), s(divisibility=rows_h)),  # dk (B*K, Sp*H)
             t(Float32, s(), s(divisibility=rows_h)),  # dv
             *sem,
+            *fp8,
             Float32(1.0),  # scale (tau)
             *dq_scale,
             make_fake_stream(),
@@ -180,9 +191,13 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
 
     def tensor_names(self) -> tuple[str, ...]:
         names = ("q", "k", "v", "do", "lse", "delta", "lens", "dq", "dk", "dv")
+        if self.sdp_fp8:
+            return names + SDP_FP8_OPERANDS
         return names + ("dq_sem",) if self.dq_mode else names
 
     def entry(self):
+        if self.sdp_fp8:
+            return self.launch_fp8
         return self.launch_dq if self.dq_mode else self.launch
 
     # ------------------------------------------------------------------------------------------------
@@ -192,6 +207,8 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
     def _sdp_mma(self) -> cute.TiledMma:
         """S^T = K Q^T and dP^T = V dO^T: A (keys, H) and B (queries, H) both K-major in shared memory; the
         two consumers take 64-key halves (thread t in [0, 256) covers keys 64 (t // 128) ..)."""
+        if self.sdp_fp8:  # from the FP8 copies (sdp_fp8): 32 K per wgmma
+            return wgmma.make_fp8_ss_mma((WG_N, TILE_M), atom_layout=(NUM_CONSUMERS, 1, 1))
         k = OperandMajorMode.K
         return sm90_utils.make_trivial_tiled_mma(BF16, BF16, k, k, Float32, (NUM_CONSUMERS, 1, 1), (WG_N, TILE_M))
 
@@ -224,6 +241,13 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         ds_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.COL_MAJOR, self.dq_tiler, BF16, 2)
         return q_smem, k_smem, ds_smem
 
+    def _fp8_smem_layouts(self):
+        """sdp_fp8: the FP8 Q / dO stages (64, H, q_stage) and K / V (128, H, 1), K-major."""
+        kmajor = utils.LayoutEnum.ROW_MAJOR
+        q8_smem = sm90_utils.make_smem_layout_b(kmajor, self.sdp_tiler, FP8, self.q_stage)
+        k8_smem = sm90_utils.make_smem_layout_a(kmajor, self.sdp_tiler, FP8, 1)
+        return q8_smem, k8_smem
+
     def _dq_smem_layout(self):
         """dq_store "tma": the dQ staging tile as (box rows R, 64 head-dim columns, stages) float32, row-major
         with the 128-byte swizzle (conflict-free 8-byte stores of the accumulator fragment: a warp's 8 rows
@@ -233,7 +257,8 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         return sm90_utils.make_smem_layout_epi(Float32, utils.LayoutEnum.ROW_MAJOR, (self.dq_box_rows, 64), stages)
 
     def _shared_storage(self, q_smem, k_smem, ds_smem):
-        """The kernel's shared-memory struct (plain Python: the smem_stats member exists only when used)."""
+        """The kernel's shared-memory struct (plain Python: the smem_stats and sdp_fp8 members exist only when
+        used; sdp_fp8 has no bfloat16 sV)."""
         fields = dict(
             q_mbar=cute.struct.MemRange[cutlass.Int64, self.q_stage * 2],
             kv_mbar=cute.struct.MemRange[cutlass.Int64, 2],
@@ -250,6 +275,11 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         if self.smem_stats:  # (LSE, delta) x q_stage, float32
             words = self.q_stage * self.stats_bytes // 4
             fields["stats"] = cute.struct.Align[cute.struct.MemRange[Float32, words], 128]
+        if self.sdp_fp8:
+            del fields["sV"]
+            q8_smem, k8_smem = self._fp8_smem_layouts()
+            for name, layout in (("sK8", k8_smem), ("sV8", k8_smem), ("sQ8", q8_smem), ("sdO8", q8_smem)):
+                fields[name] = cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(layout)], 1024]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     def _sdq_bytes(self) -> int:
@@ -276,6 +306,34 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         self._launch(q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, None, scale, None, stream)
 
     @cute.jit
+    def launch_fp8(
+        self,
+        q2: cute.Tensor,
+        k2: cute.Tensor,
+        v2: cute.Tensor,
+        do2: cute.Tensor,
+        lse: cute.Tensor,
+        delta: cute.Tensor,
+        lens: cute.Tensor,
+        dq2: cute.Tensor,
+        dk2: cute.Tensor,
+        dv2: cute.Tensor,
+        q8: cute.Tensor,
+        k8: cute.Tensor,
+        v8: cute.Tensor,
+        do8: cute.Tensor,
+        qs: cute.Tensor,
+        ks: cute.Tensor,
+        vs: cute.Tensor,
+        dos: cute.Tensor,
+        scale: Float32,
+        stream: cuda.CUstream,
+    ):
+        """The sdp_fp8 entry: launch's operands plus the FP8 copies and their row factors (v2 is not read)."""
+        fp8 = (q8, k8, v8, do8, qs, ks, vs, dos)
+        self._launch(q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, None, scale, None, stream, fp8)
+
+    @cute.jit
     def launch_dq(
         self,
         q2: cute.Tensor,
@@ -296,8 +354,9 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         """The dQ modes' entry (config.dq_mode): launch's operands plus dq_sem and dq_scale."""
         self._launch(q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, sem, scale, dq_scale, stream)
 
-    def _launch(self, q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, sem, scale, dq_scale, stream):
-        """launch's body (traced inside launch / launch_dq); sem, dq_scale None outside the dQ modes."""
+    def _launch(self, q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, sem, scale, dq_scale, stream, fp8=None):
+        """launch's body (traced inside launch / launch_dq / launch_fp8); sem, dq_scale None outside the dQ
+        modes, fp8 (q8, k8, v8, do8, qs, ks, vs, dos) None outside sdp_fp8."""
         h = self.h
         bn = q2.shape[0]
         q_heads = bn
@@ -324,6 +383,23 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         tma_v, tv = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, v, k_one, (CTA_N, h))
         self.q_bytes = cute.size_in_bytes(BF16, q_one)
         self.k_bytes = cute.size_in_bytes(BF16, k_one)
+        self.q8_bytes, self.k8_bytes = 0, 0
+        f8 = (None,) * 12  # sdp_fp8: TMA atoms and tensors of q8, do8, k8, v8, then qs, ks, vs, dos
+        q8_smem, k8_smem = None, None
+        if cutlass.const_expr(self.sdp_fp8):
+            q8_smem, k8_smem = self._fp8_smem_layouts()
+            q8_one = cute.slice_(q8_smem, (None, None, 0))
+            k8_one = cute.slice_(k8_smem, (None, None, 0))
+            q8, do8 = rows(fp8[0], tp, q_heads), rows(fp8[3], tp, bn)
+            k8, v8 = rows(fp8[1], sp, bk), rows(fp8[2], sp, bk)
+            atoms = [
+                cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, x, one, tile)
+                for x, one, tile in ((q8, q8_one, (TILE_M, h)), (do8, q8_one, (TILE_M, h)),
+                                     (k8, k8_one, (CTA_N, h)), (v8, k8_one, (CTA_N, h)))
+            ]  # fmt: skip
+            f8 = tuple(x for pair in atoms for x in pair) + tuple(fp8[4:])
+            self.q8_bytes = cute.size_in_bytes(FP8, q8_one)
+            self.k8_bytes = cute.size_in_bytes(FP8, k8_one)
 
         tma_dq, tdq, dq_smem = None, None, None
         if cutlass.const_expr(self.tma_dq):
@@ -337,6 +413,7 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         self.kernel(
             sdp_mma, dkv_mma, dq_mma, tma_q, tq, tma_do, tdo, tma_k, tk, tma_v, tv,
             lse, delta, lens, dq, dk, dv, scale, q_smem, k_smem, ds_smem, sem, dq_scale, tma_dq, tdq, dq_smem,
+            *f8, q8_smem, k8_smem,
         ).launch(
             grid=[sp // CTA_N, bk, 1],
             block=[self.threads, 1, 1],
@@ -377,6 +454,20 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         tma_dq,
         mdQt,
         dq_smem,
+        tma_q8,
+        mQ8,
+        tma_do8,
+        mdO8,
+        tma_k8,
+        mK8,
+        tma_v8,
+        mV8,
+        mQs,
+        mKs,
+        mVs,
+        mdOs,
+        q8_smem,
+        k8_smem,
     ):
         """One CTA: key tile n (128 keys) of KV head bk = b * K + kv; loops over the G query heads of the
         group and the 64-row query tiles that can see this key tile."""
@@ -405,14 +496,29 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         consumer_warps = ws.WARPGROUP_WARPS * NUM_CONSUMERS
-        q_tx = 2 * self.q_bytes + (self.stats_bytes if self.smem_stats else 0)
+        q_tx = 2 * self.q_bytes + 2 * self.q8_bytes + (self.stats_bytes if self.smem_stats else 0)
         q_pipe = ws.make_tma_pipeline(storage.q_mbar.data_ptr(), self.q_stage, consumer_warps, q_tx)
-        kv_pipe = ws.make_tma_pipeline(storage.kv_mbar.data_ptr(), 1, consumer_warps, 2 * self.k_bytes)
+        # sdp_fp8: K, K8 and V8 (no bfloat16 V)
+        kv_tx = self.k_bytes + 2 * self.k8_bytes if self.sdp_fp8 else 2 * self.k_bytes
+        kv_pipe = ws.make_tma_pipeline(storage.kv_mbar.data_ptr(), 1, consumer_warps, kv_tx)
 
         sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
         sdO = storage.sdO.get_tensor(q_smem.outer, swizzle=q_smem.inner)
         sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)
-        sV = storage.sV.get_tensor(k_smem.outer, swizzle=k_smem.inner)
+        sV = sK  # (sdp_fp8: not read; V comes in as V8)
+        fp8_smem = None
+        if cutlass.const_expr(self.sdp_fp8):
+            fp8_smem = (
+                storage.sQ8.get_tensor(q8_smem.outer, swizzle=q8_smem.inner),
+                storage.sdO8.get_tensor(q8_smem.outer, swizzle=q8_smem.inner),
+                storage.sK8.get_tensor(k8_smem.outer, swizzle=k8_smem.inner),
+                storage.sV8.get_tensor(k8_smem.outer, swizzle=k8_smem.inner),
+            )
+            # _produce's / _consume's FP8 operands, kept off their argument lists (None otherwise)
+            self.fp8_tma = (tma_q8, mQ8, tma_do8, mdO8, tma_k8, mK8, tma_v8, mV8, fp8_smem)
+            self.fp8_factors = (mQs, mKs, mVs, mdOs)
+        else:
+            sV = storage.sV.get_tensor(k_smem.outer, swizzle=k_smem.inner)
         sdS = storage.sdS.get_tensor(ds_smem.outer, swizzle=ds_smem.inner)
         sAmax = storage.amax.get_tensor(cute.make_layout(2 * 8 * 2))
         sdq_base = storage.sdQ.data_ptr().toint()
@@ -462,11 +568,21 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         tOsO, tOgO = part(tma_do, mdO, sdO, (TILE_M, h))
         tKsK, tKgK = part(tma_k, mK, sK, (CTA_N, h))
         tVsV, tVgV = part(tma_v, mV, sV, (CTA_N, h))
+        if cutlass.const_expr(self.sdp_fp8):
+            tma_q8, mQ8, tma_do8, mdO8, tma_k8, mK8, tma_v8, mV8, (sQ8, sdO8, sK8, sV8) = self.fp8_tma
+            tQsQ8, tQgQ8 = part(tma_q8, mQ8, sQ8, (TILE_M, h))
+            tOsO8, tOgO8 = part(tma_do8, mdO8, sdO8, (TILE_M, h))
+            tKsK8, tKgK8 = part(tma_k8, mK8, sK8, (CTA_N, h))
+            tVsV8, tVgV8 = part(tma_v8, mV8, sV8, (CTA_N, h))
         if n_iter > 0:
             kv_prod = kv_pipe.make_producer()
             handle = kv_prod.acquire_and_advance()
             cute.copy(tma_k, tKgK[(None, n, 0, bk)], tKsK[(None, 0)], tma_bar_ptr=handle.barrier)
-            cute.copy(tma_v, tVgV[(None, n, 0, bk)], tVsV[(None, 0)], tma_bar_ptr=handle.barrier)
+            if cutlass.const_expr(self.sdp_fp8):
+                cute.copy(tma_k8, tKgK8[(None, n, 0, bk)], tKsK8[(None, 0)], tma_bar_ptr=handle.barrier)
+                cute.copy(tma_v8, tVgV8[(None, n, 0, bk)], tVsV8[(None, 0)], tma_bar_ptr=handle.barrier)
+            else:
+                cute.copy(tma_v, tVgV[(None, n, 0, bk)], tVsV[(None, 0)], tma_bar_ptr=handle.barrier)
             q_prod = q_pipe.make_producer()
             for i in cutlass.range(n_iter, unroll=1):
                 g = i // n_m
@@ -477,6 +593,10 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
                     q_head = q_head % mQ.shape[2]  # batch 0's head n: the one query sequence
                 cute.copy(tma_q, tQgQ[(None, m, 0, q_head)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
                 cute.copy(tma_do, tOgO[(None, m, 0, bn0 + g)], tOsO[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                if cutlass.const_expr(self.sdp_fp8):
+                    bar = handle.barrier
+                    cute.copy(tma_q8, tQgQ8[(None, m, 0, q_head)], tQsQ8[(None, handle.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_do8, tOgO8[(None, m, 0, bn0 + g)], tOsO8[(None, handle.index)], tma_bar_ptr=bar)
                 if cutlass.const_expr(self.smem_stats):
                     if cute.arch.lane_idx() == 0:
                         offset = (Int64(bn0 + g) * Int64(mLse.shape[1]) + Int64(m * TILE_M)) * 4

@@ -37,6 +37,10 @@ AMAX_BARRIER0 = 2  # named barriers 2..5: one per warp pair (64 threads), the dS
 DQ_BARRIER0 = 6  # named barriers 6, 7: one per consumer (128 threads), its dQ staging tile (dq_store "bulk")
 DS_OWN_BARRIER0 = 8  # dq_keys "own": named barriers 8, 9, one per consumer (128 threads), its own dS keys
 
+SDP_FP8_OPERANDS = ("q8", "k8", "v8", "do8", "qs", "ks", "vs", "dos")
+"""The sdp_fp8 variants' extra operands, after dv: the FP8 copies (realigned to one exponent per 32 rows,
+head-major like q, k, v, do) and their row factors (qs: tau log2(e) 2^e per 32 query rows; ks, vs, dos: 2^e)."""
+
 QB_INDICES = tuple(tuple(i for i in range(32) if acc_coords(i)[2] // 4 == qb) for qb in range(2))
 """Flat indices of a 64 x 64 accumulator fragment in query block qb (columns 32 qb .. 32 qb + 31)."""
 

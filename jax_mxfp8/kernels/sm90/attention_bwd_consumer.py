@@ -55,10 +55,13 @@ class AttentionBwdConsumer:
         sKt = cute.make_tensor(sK.iterator, cute.select(k_smem.outer, mode=[1, 0, 2]))
         sdSt = cute.make_tensor(sdS.iterator, cute.select(ds_smem.outer, mode=[1, 0, 2]))
 
-        tSrK = sdp_mma.make_fragment_A(thr_sdp.partition_A(sK))
-        tSrQ = sdp_mma.make_fragment_B(thr_sdp.partition_B(sQ))
-        tPrV = sdp_mma.make_fragment_A(thr_sdp.partition_A(sV))
-        tPrdO = sdp_mma.make_fragment_B(thr_sdp.partition_B(sdO))
+        sQa, sdOa, sKa, sVa = sQ, sdO, sK, sV  # S^T's and dP^T's operands
+        if cutlass.const_expr(self.sdp_fp8):
+            sQa, sdOa, sKa, sVa = self.fp8_tma[8]  # the FP8 copies
+        tSrK = sdp_mma.make_fragment_A(thr_sdp.partition_A(sKa))
+        tSrQ = sdp_mma.make_fragment_B(thr_sdp.partition_B(sQa))
+        tPrV = sdp_mma.make_fragment_A(thr_sdp.partition_A(sVa))
+        tPrdO = sdp_mma.make_fragment_B(thr_sdp.partition_B(sdOa))
         tVrdOt = dkv_mma.make_fragment_B(thr_dkv.partition_B(sdOt))
         tKrQt = dkv_mma.make_fragment_B(thr_dkv.partition_B(sQt))
         if cutlass.const_expr(self.dq_own):
@@ -96,6 +99,15 @@ class AttentionBwdConsumer:
         key0 = n * CTA_N + c * WG_N + row_in  # its keys (S^T rows)
         col_in = 2 * (lane % 4)  # its query columns col_in + v0 + 8 nb of S^T / head-dim columns of dQ
         scale_log2 = scale * Float32(LOG2E)
+        # sdp_fp8: the accumulators of S^T, dP^T are in units of the FP8 copies' row factors: this thread's
+        # keys (one 32-key group) times each of its two 32-query blocks (f_s: tau log2(e) included via qs)
+        f_s = cute.make_rmem_tensor((2,), Float32)
+        f_dp = cute.make_rmem_tensor((2,), Float32)
+        k_f, v_f = Float32(1.0), Float32(1.0)
+        if cutlass.const_expr(self.sdp_fp8):
+            mQs, mKs, mVs, mdOs = self.fp8_factors
+            key_group = (n * CTA_N + c * WG_N + 16 * warp_wg) // 32
+            k_f, v_f = mKs[bk, key_group], mVs[bk, key_group]
         dq_col0 = Int32(0)
         if cutlass.const_expr(self.dq_split):
             dq_col0 = c * (h // NUM_CONSUMERS)
@@ -139,6 +151,11 @@ class AttentionBwdConsumer:
                     self._load_stats(mLse, mDelta, bn, q0 + col_in, lse2, dlt)
                 q_pipe.consumer_wait(state)
                 self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, 0)
+            if cutlass.const_expr(self.sdp_fp8):
+                # the tile's query-block factors (uniform loads, under the S^T / dP^T wgmmas)
+                for qb in cutlass.range_constexpr(2):
+                    f_s[qb] = mQs[bn, 2 * m + qb] * k_f
+                    f_dp[qb] = mdOs[bn, 2 * m + qb] * v_f
             if cutlass.const_expr(self.overlap == 1):
                 self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, -1)  # dP^T only (S^T is in flight)
             # stats_early: the LSE loads (LDS) are issued under the S^T wgmma instead of after its wait (not
@@ -148,7 +165,7 @@ class AttentionBwdConsumer:
             cute.nvgpu.warpgroup.wait_group(1)
             if cutlass.const_expr(self.smem_stats and not self.stats_early):
                 self._read_stats(sStats, stage, col_in, lse2, True)
-            self._probabilities(acc_s, lse2, scale_log2, key0, q0 + col_in, q_len, kv_len, n, m)
+            self._probabilities(acc_s, lse2, scale_log2, key0, q0 + col_in, q_len, kv_len, n, m, f_s)
             # Pq = E4M3_satfinite(P 2^8) 2^-8, as dV's A operand (the A fragment's order is the accumulator's)
             for i in cutlass.range_constexpr(32):
                 a_f32[i] = acc_s[i] * Float32(P_CONST)
@@ -165,7 +182,10 @@ class AttentionBwdConsumer:
                 self._read_stats(sStats, stage, col_in, dlt, False)
             for i in cutlass.range_constexpr(32):
                 v0, _, nbk = acc_coords(i)
-                acc_dp[i] = acc_s[i] * (acc_dp[i] - dlt[v0 + 2 * nbk])
+                dp = acc_dp[i]
+                if cutlass.const_expr(self.sdp_fp8):
+                    dp = dp * f_dp[nbk // 4]
+                acc_dp[i] = acc_s[i] * (dp - dlt[v0 + 2 * nbk])
             quantize_ds_square(acc_dp, sAmax, buf, c, warp_wg, lane, pair_barrier, self.redux)
             for i in cutlass.range_constexpr(32):
                 a_f32[i] = acc_dp[i]
@@ -346,13 +366,17 @@ class AttentionBwdConsumer:
             cute.nvgpu.warpgroup.commit_group()
 
     @cute.jit
-    def _probabilities(self, acc_s, lse2, scale_log2, key0, qcol0, q_len, kv_len, n, m):
+    def _probabilities(self, acc_s, lse2, scale_log2, key0, qcol0, q_len, kv_len, n, m, f_s):
         """acc_s (S^T, keys x queries) -> P^T = exp2(min(S tau log2e - LSE log2e, 0)) (NaN kept), 0 where
         the key is >= kv_len, the query >= q_len, or (causal) the key after the query. LSE = -inf rows
-        come in as lse2 = +inf (P = 0)."""
+        come in as lse2 = +inf (P = 0). sdp_fp8: acc_s is in the FP8 copies' units, f_s[query block] =
+        tau log2(e) 2^(eQ + eK) replaces scale_log2."""
         for i in cutlass.range_constexpr(32):
             v0, _, nbk = acc_coords(i)
-            x = acc_s[i] * scale_log2 - lse2[v0 + 2 * nbk]
+            mult = scale_log2
+            if cutlass.const_expr(self.sdp_fp8):
+                mult = f_s[nbk // 4]
+            x = acc_s[i] * mult - lse2[v0 + 2 * nbk]
             acc_s[i] = cute.math.exp2(cute.arch.fmin(x, Float32(0.0), nan=True), fastmath=True)
         need = ((n + 1) * CTA_N > kv_len) | ((m + 1) * TILE_M > q_len)
         if cutlass.const_expr(self.config.causal):
