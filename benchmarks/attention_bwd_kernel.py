@@ -73,8 +73,9 @@ def kernel_fn(shape, rng, tune=0, mode=None, inputs=None):
     e = DQ_E if variant.dq_accum == "fp16" else 0
     attrs = dict(kernel=variant.name, scale=np.float32(1.0 / math.sqrt(h)), dq_scale_log2=np.int32(e))
     inputs = inputs if inputs is not None else kernel_inputs(shape, rng)
-    if variant.sdp_fp8:
-        inputs = inputs + fp8_inputs(inputs, h)
+    if variant.sdp_fp8:  # v8 in v's place, then q8, k8, do8, qs, ks, vs, dos
+        q8, k8, v8, do8, qs, ks, vs, dos = fp8_inputs(inputs, h)
+        inputs = (inputs[0], inputs[1], v8, *inputs[3:], q8, k8, do8, qs, ks, vs, dos)
     return jax.jit(lambda *a: call(*a, **attrs)), inputs
 
 

@@ -4,9 +4,9 @@
 //     attributes: kernel (string) = the registry variant name, e.g. "attention_bwd_h128_causal" (it fixes
 //     causal masking, head_dim, dq_accum and deterministic; H checked against the buffers'); scale (f32) =
 //     tau; dq_scale_log2 (s32) = e of dq_accum "fp16" (dq holds dQ * 2^e; 0..15), 0 for "fp32".
-//   jax_mxfp8_attention_bwd_fp8  (q, k, v, do, lse, delta, lens, q8, k8, v8, do8, qs, ks, vs, dos) -> the same:
-//     the sdp_fp8 variants (S^T and dP^T on FP8 wgmma; v is not read): FP8 copies of q, k, v, do with one
-//     exponent per 32 rows and their row factors, qs, dos (B, N, Tp / 32), ks, vs (B, K, Sp / 32) f32.
+//   jax_mxfp8_attention_bwd_fp8  (q, k, v8, do, lse, delta, lens, q8, k8, do8, qs, ks, vs, dos) -> the same:
+//     the sdp_fp8 variants (S^T and dP^T on FP8 wgmma; V only in dP^T, so no bfloat16 v): FP8 copies of q, k,
+//     v, do with one exponent per 32 rows and their row factors, qs, dos (B, N, Tp / 32), ks, vs (B, K, Sp / 32).
 //   jax_mxfp8_attention_bwd_into, jax_mxfp8_attention_bwd_fp8_into  the same with dq, dk, dv, dq_sem passed in
 //     as four more operands (aliased to the results): the test hooks that NaN-poison the outputs.
 //
@@ -45,15 +45,16 @@ ffi::Error HeadRows(void* data, int64_t heads, int64_t length, int64_t h, const 
   return ffi::Error::Success();
 }
 
-// The sdp_fp8 variants' extra operands (registry AttentionBwdConfig.sdp_fp8): FP8 copies of q, k, v, do
-// (same shapes, float8_e4m3fn) and their row factors qs, dos (B, N, Tp / 32), ks, vs (B, K, Sp / 32) f32.
+// The sdp_fp8 variants' FP8 operands (registry AttentionBwdConfig.sdp_fp8): copies of q, k, v, do (same
+// shapes, float8_e4m3fn; v8 replaces the bfloat16 v, which those variants do not read) and their row factors
+// qs, dos (B, N, Tp / 32), ks, vs (B, K, Sp / 32) f32.
 struct Fp8Operands {
   const ffi::AnyBuffer* data[4];    // q8, k8, v8, do8
   const ffi::AnyBuffer* factor[4];  // qs, ks, vs, dos
 };
 
 // Checks the FP8 copies against their bfloat16 counterparts' shapes (qd: q's, kd: k's, b the batch) and
-// appends them and their factors to t[10..17].
+// writes them and their factors to t[0..7].
 ffi::Error Fp8Tensors(const Fp8Operands& f, const int64_t* qd, const int64_t* kd, int64_t b, Tensor2D* t) {
   static const char* kData[4] = {"q8", "k8", "v8", "do8"};
   static const char* kFactor[4] = {"qs", "ks", "vs", "dos"};
@@ -70,8 +71,8 @@ ffi::Error Fp8Tensors(const Fp8Operands& f, const int64_t* qd, const int64_t* kd
                              std::string(kData[i]) + " must have the shape of its bfloat16 operand"));
     JMX_RETURN_IF_ERROR(Want(s[0] == b && s[0] * s[1] == heads && s[2] * 32 == length,
                              std::string(kFactor[i]) + " must be (B, heads, L / 32)"));
-    JMX_RETURN_IF_ERROR(HeadRows(f.data[i]->untyped_data(), heads, length, h, kData[i], &t[10 + i]));
-    JMX_RETURN_IF_ERROR(As2D(*f.factor[i], kFactor[i], &t[14 + i]));
+    JMX_RETURN_IF_ERROR(HeadRows(f.data[i]->untyped_data(), heads, length, h, kData[i], &t[i]));
+    JMX_RETURN_IF_ERROR(As2D(*f.factor[i], kFactor[i], &t[4 + i]));
   }
   return ffi::Error::Success();
 }
@@ -100,9 +101,11 @@ ffi::Error AttentionBwdRun(cudaStream_t stream, int32_t device, ffi::AnyBuffer q
   JMX_RETURN_IF_ERROR(Want(!broadcast_q || qd[0] == 1, "a broadcast_q variant takes q of batch 1"));
   const int64_t b = broadcast_q ? kd[0] : qd[0], n = qd[1], tp = qd[2], h = qd[3], nk = kd[1], sp = kd[2];
   const int64_t q_rows = broadcast_q ? 1 : b;
+  // (sdp_fp8: v is v8, float8_e4m3fn, checked with the other FP8 operands)
   JMX_RETURN_IF_ERROR(Want(q.element_type() == ffi::DataType::BF16 && k.element_type() == ffi::DataType::BF16 &&
-                               v.element_type() == ffi::DataType::BF16 && d_o.element_type() == ffi::DataType::BF16,
-                           "q, k, v and do must be bf16"));
+                               (fp8 != nullptr || v.element_type() == ffi::DataType::BF16) &&
+                               d_o.element_type() == ffi::DataType::BF16,
+                           fp8 != nullptr ? "q, k and do must be bf16" : "q, k, v and do must be bf16"));
   JMX_RETURN_IF_ERROR(Want(lse.element_type() == ffi::DataType::F32 && delta.element_type() == ffi::DataType::F32,
                            "lse and delta must be f32"));
   JMX_RETURN_IF_ERROR(Want(lens.element_type() == ffi::DataType::S32, "lens must be s32"));
@@ -161,7 +164,7 @@ ffi::Error AttentionBwdRun(cudaStream_t stream, int32_t device, ffi::AnyBuffer q
   if (b == 0 || n == 0 || tp == 0 || sp == 0) return ffi::Error::Success();
   JMX_RETURN_IF_ERROR(Want(b * nk <= 65535, "grid too large (B*K must be <= 65535)"));
 
-  Tensor2D t[18];
+  Tensor2D t[11];
   JMX_RETURN_IF_ERROR(HeadRows(q.untyped_data(), q_rows * n, tp, h, "q", &t[0]));
   JMX_RETURN_IF_ERROR(HeadRows(k.untyped_data(), b * nk, sp, h, "k", &t[1]));
   JMX_RETURN_IF_ERROR(HeadRows(v.untyped_data(), b * nk, sp, h, "v", &t[2]));
@@ -174,9 +177,10 @@ ffi::Error AttentionBwdRun(cudaStream_t stream, int32_t device, ffi::AnyBuffer q
   JMX_RETURN_IF_ERROR(HeadRows(dv->untyped_data(), b * nk, sp, h, "dv", &t[9]));
   if (!fp16 && !ordered) {
     const float scalars[1] = {scale};
-    if (sdp_fp8) {
-      JMX_RETURN_IF_ERROR(Fp8Tensors(*fp8, qd, kd, b, t));
-      return Launch(entry, device, t, 18, stream, scalars, 1);
+    if (sdp_fp8) {  // the kernel's launch_fp8: q, k, do, lse, delta, lens, dq, dk, dv, the FP8 operands
+      Tensor2D f[17] = {t[0], t[1], t[3], t[4], t[5], t[6], t[7], t[8], t[9]};
+      JMX_RETURN_IF_ERROR(Fp8Tensors(*fp8, qd, kd, b, &f[9]));
+      return Launch(entry, device, f, 17, stream, scalars, 1);
     }
     return Launch(entry, device, t, 10, stream, scalars, 1);
   }
@@ -194,16 +198,16 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
                          dq_scale_log2, nullptr);
 }
 
-// The sdp_fp8 variants: the same operands, then q8, k8, v8, do8, qs, ks, vs, dos.
+// The sdp_fp8 variants: the same operands with v8 (float8_e4m3fn) in v's place, then q8, k8, do8, qs, ks, vs, dos.
 ffi::Error AttentionBwdFp8Impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                               ffi::AnyBuffer v, ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta,
-                               ffi::AnyBuffer lens, ffi::AnyBuffer q8, ffi::AnyBuffer k8, ffi::AnyBuffer v8,
-                               ffi::AnyBuffer do8, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
-                               ffi::AnyBuffer dos, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                               ffi::AnyBuffer v8, ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta,
+                               ffi::AnyBuffer lens, ffi::AnyBuffer q8, ffi::AnyBuffer k8, ffi::AnyBuffer do8,
+                               ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs, ffi::AnyBuffer dos,
+                               ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                                ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
                                std::string_view kernel, float scale, int32_t dq_scale_log2) {
   const Fp8Operands fp8{{&q8, &k8, &v8, &do8}, {&qs, &ks, &vs, &dos}};
-  return AttentionBwdRun(stream, device, q, k, v, d_o, lse, delta, lens, dq, dk, dv, dq_sem, kernel, scale,
+  return AttentionBwdRun(stream, device, q, k, v8, d_o, lse, delta, lens, dq, dk, dv, dq_sem, kernel, scale,
                          dq_scale_log2, &fp8);
 }
 
@@ -220,15 +224,15 @@ ffi::Error AttentionBwdIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuf
 
 // Test hook of the sdp_fp8 variants: jax_mxfp8_attention_bwd_fp8's operands, then dq, dk, dv, dq_sem (aliased).
 ffi::Error AttentionBwdFp8IntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                                   ffi::AnyBuffer v, ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta,
-                                   ffi::AnyBuffer lens, ffi::AnyBuffer q8, ffi::AnyBuffer k8, ffi::AnyBuffer v8,
-                                   ffi::AnyBuffer do8, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
-                                   ffi::AnyBuffer dos, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer,
+                                   ffi::AnyBuffer v8, ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta,
+                                   ffi::AnyBuffer lens, ffi::AnyBuffer q8, ffi::AnyBuffer k8, ffi::AnyBuffer do8,
+                                   ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs, ffi::AnyBuffer dos,
+                                   ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer,
                                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                                    ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
                                    std::string_view kernel, float scale, int32_t dq_scale_log2) {
-  return AttentionBwdFp8Impl(stream, device, q, k, v, d_o, lse, delta, lens, q8, k8, v8, do8, qs, ks, vs, dos, dq, dk,
-                             dv, dq_sem, kernel, scale, dq_scale_log2);
+  return AttentionBwdFp8Impl(stream, device, q, k, v8, d_o, lse, delta, lens, q8, k8, do8, qs, ks, vs, dos, dq, dk, dv,
+                             dq_sem, kernel, scale, dq_scale_log2);
 }
 
 }  // namespace
@@ -247,7 +251,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd, jmx::AttentionBwdImpl,
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_bwd);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd_fp8, jmx::AttentionBwdFp8Impl,
-                              (jmx::BindBuffers<15, 4>()
+                              (jmx::BindBuffers<14, 4>()
                                    .Attr<std::string_view>("kernel")
                                    .Attr<float>("scale")
                                    .Attr<int32_t>("dq_scale_log2")),
@@ -263,7 +267,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd_into, jmx::AttentionBwdInt
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_bwd_into);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd_fp8_into, jmx::AttentionBwdFp8IntoImpl,
-                              (jmx::BindBuffers<19, 4>()
+                              (jmx::BindBuffers<18, 4>()
                                    .Attr<std::string_view>("kernel")
                                    .Attr<float>("scale")
                                    .Attr<int32_t>("dq_scale_log2")),

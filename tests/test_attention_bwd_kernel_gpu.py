@@ -192,8 +192,9 @@ def kernel_bwd(case, ops, o, lse, *, tune=0, poison=True, mode=None, dq_scale_lo
     )
     specs = tuple((x.shape, str(x.dtype)) for x in outs)
     args = (qh, kh, vh, doh, jnp.asarray(lse_p), jnp.asarray(delta_p), jnp.asarray(lens))
-    if variant.sdp_fp8:
-        args += fp8_copies(case, do, tp, sp)
+    if variant.sdp_fp8:  # v8 in v's place, then q8, k8, do8, qs, ks, vs, dos
+        q8, k8, v8, do8, qs, ks, vs, dos = fp8_copies(case, do, tp, sp)
+        args = (qh, kh, v8, *args[3:], q8, k8, do8, qs, ks, vs, dos)
     fn = _into_fn(variant.name, float(case["tau"]), int(dq_scale_log2), specs, variant.sdp_fp8)
     dq, dk, dv, sem = fn(*args, *outs)
     raw_dq = np.asarray(dq)
@@ -225,7 +226,7 @@ def fp8_copies(case, do, tp: int, sp: int) -> tuple[jax.Array, ...]:
 def _into_fn(kernel: str, tau: float, dq_scale_log2: int, specs: tuple, sdp_fp8: bool = False):
     """jit of the `_into` call (outputs aliased to the last four operands), compiled once per variant, tau,
     e and output shapes (the 20-run determinism test calls it repeatedly)."""
-    n_in = 15 if sdp_fp8 else 7
+    n_in = 14 if sdp_fp8 else 7
     call = jax.ffi.ffi_call(
         "jax_mxfp8_attention_bwd_fp8_into" if sdp_fp8 else "jax_mxfp8_attention_bwd_into",
         tuple(jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in specs),

@@ -417,7 +417,8 @@ def test_ffi_lowering_and_into_hook():
 
 # ----------------------------------------------------- sdp_fp8: the FP8 copies of S^T's and dP^T's operands
 def test_fp8_copies_hold_the_operands():
-    """bwd_operands(fp8_path=...): q8, k8, v8, do8 re-encoded to one exponent per 32 rows, times their row
+    """bwd_operands(path="emulated") gives the XLA pre-pass's bfloat16 operands bit for bit (lengths and
+    128-padding included). bwd_operands(fp8_path=...): q8, k8, v8, do8 re-encoded to one exponent per 32 rows, times their row
     factors (qs without tau log2(e)), equal the bfloat16 MX operands within the re-encoding's bound (half an
     E4M3 subnormal step at the row exponent, 2^-10 2^e, only where an element falls below E4M3's normal
     range), and exactly where the row block's column blocks share one exponent."""
@@ -430,11 +431,19 @@ def test_fp8_copies_hold_the_operands():
         do_q = attn_ops.square_sequence_major(do, q_len, "up", "emulated")
         mxs = [attn_ops.kernel_operand(quants, key, ln) for key, ln in (("q:square", q_len), ("k:square", kv_len),
                                                                         ("v:square", kv_len))]  # fmt: skip
-        kw = dict(q_len=q_len, kv_len=kv_len, fp8_path="emulated", scale=st.scale)
-        return abwd.bwd_operands(*mxs, do_q, do, o, lse, dlse, **kw)
+        plain = abwd.bwd_operands(*mxs, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len)
+        calls = abwd.bwd_operands(*mxs, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len, path="emulated")
+        kw = dict(q_len=q_len, kv_len=kv_len, fp8_path="emulated", scale=st.scale, path="emulated")
+        return plain, calls, abwd.bwd_operands(*mxs, do_q, do, o, lse, dlse, **kw)
 
-    ops = jax.jit(run)(q, k, v, do, dlse, q_len, kv_len)
-    f8 = ops.fp8
+    ops, calls, with_fp8 = jax.jit(run)(q, k, v, do, dlse, q_len, kv_len)
+    # path="emulated": the bfloat16 operands through the realign (zero shift) and dequantize calls, bit for bit
+    for name in ("q", "k", "v", "do", "lse", "delta", "lens"):
+        np.testing.assert_array_equal(_bits(getattr(calls, name)), _bits(getattr(ops, name)), err_msg=name)
+    assert with_fp8.v is None  # V reaches the sdp_fp8 kernel only as v8
+    for name in ("q", "k", "do", "lse", "delta", "lens"):
+        np.testing.assert_array_equal(_bits(getattr(with_fp8, name)), _bits(getattr(ops, name)), err_msg=name)
+    f8 = with_fp8.fp8
     tau_log2e = np.float32(st.scale * np.log2(np.e))
     pairs = (("q", ops.q, f8.q8, f8.qs, tau_log2e), ("k", ops.k, f8.k8, f8.ks, 1.0),
              ("v", ops.v, f8.v8, f8.vs, 1.0), ("do", ops.do, f8.do8, f8.dos, 1.0))  # fmt: skip
@@ -450,31 +459,34 @@ def test_fp8_copies_hold_the_operands():
 
 
 def _with_fp8(ops, rng):
-    """ops plus sdp_fp8 copies (values irrelevant to the emulation, which reads the bfloat16 operands)."""
+    """(ops with random sdp_fp8 copies and v None, ops with v = v8 2^eV in bfloat16: what the sdp_fp8 call's
+    emulation reads for V; it reads q, k, do in bfloat16 and ignores q8, k8, do8 and their factors)."""
     f8 = lambda x: x.astype(jnp.float8_e4m3fn)  # noqa: E731
-    fac = lambda x: jnp.asarray(rng.uniform(0.5, 2.0, x.shape[:2] + (x.shape[2] // 32,)), jnp.float32)  # noqa: E731
-    extra = abwd.SdpFp8Operands(f8(ops.q), f8(ops.k), f8(ops.v), f8(ops.do), fac(ops.q), fac(ops.k), fac(ops.v),
-                                fac(ops.do))  # fmt: skip
-    return dataclasses.replace(ops, fp8=extra)
+    pow2 = lambda x: jnp.asarray(2.0 ** rng.integers(-3, 3, x.shape[:2] + (x.shape[2] // 32,)), jnp.float32)  # noqa: E731
+    extra = abwd.SdpFp8Operands(f8(ops.q), f8(ops.k), f8(ops.v), f8(ops.do), pow2(ops.q), pow2(ops.k), pow2(ops.v),
+                                pow2(ops.do))  # fmt: skip
+    v_equiv = (extra.v8.astype(jnp.float32) * jnp.repeat(extra.vs, 32, axis=2)[..., None]).astype(jnp.bfloat16)
+    return dataclasses.replace(ops, v=None, fp8=extra), dataclasses.replace(ops, v=v_equiv)
 
 
 def test_sdp_fp8_call_partitions_and_lowers():
-    """The sdp_fp8 target (jax_mxfp8_attention_bwd_fp8, 15 operands): its emulation is the plain call's, it
-    partitions over a 2x4 mesh without gathers like the plain call, lowers to its own target (and its
-    `_into` hook), and refuses operands without the FP8 copies."""
+    """The sdp_fp8 target (jax_mxfp8_attention_bwd_fp8, 14 operands: v8 in v's place): its emulation is the
+    plain call's on V = v8 2^eV, it partitions over a 2x4 mesh without gathers like the plain call, lowers to
+    its own target (and its `_into` hook), and refuses operands without the FP8 copies (and the plain
+    variants refuse operands without v)."""
     plain = _need_variant(dict(h=64, causal=True))
     fp8 = registry.find(registry.AttentionBwdConfig, head_dim=64, causal=True, tune=19)
     rng = fresh_rng()
-    ops = _with_fp8(_call_operands(rng), rng)
+    ops, plain_ops = _with_fp8(_call_operands(rng), rng)
     f = jax.jit(functools.partial(_run, variant=fp8))
-    want = jax.jit(functools.partial(_run, variant=plain))(ops)
+    want = jax.jit(functools.partial(_run, variant=plain))(plain_ops)
     got = f(ops)
     for name, a, w in zip("qkv", got, want, strict=True):
         np.testing.assert_array_equal(_bits(a), _bits(w), err_msg=f"d{name}")
     m = mesh((2, 4), ("data", "model"))
     four, three = ("data", "model", None, None), ("data", "model", None)
     extra = abwd.SdpFp8Operands(four, four, four, four, three, three, three, three)
-    specs = abwd.BwdOperands(four, four, four, four, three, three, (None, "data"), extra)
+    specs = abwd.BwdOperands(four, four, None, four, three, three, (None, "data"), extra)
     placed = jax.tree.map(lambda x, sp: put(x, m, *sp), ops, specs, is_leaf=lambda x: isinstance(x, tuple))
     assert "all-gather" not in f.lower(placed).compile().as_text()
     for name, a, w in zip("qkv", f(placed), want, strict=True):
@@ -482,10 +494,12 @@ def test_sdp_fp8_call_partitions_and_lowers():
     cuda = jax.jit(functools.partial(_run, variant=fp8, path="cuda"))
     text = cuda.trace(ops).lower(lowering_platforms=("cuda",)).as_text()
     assert "@jax_mxfp8_attention_bwd_fp8(" in text
-    outs = tuple(jnp.full(x.shape, jnp.nan, jnp.float32) for x in (ops.q, ops.k, ops.v))
+    outs = tuple(jnp.full(x.shape, jnp.nan, jnp.float32) for x in (ops.q, ops.k, ops.k))
     outs += (jnp.zeros(ops.lse.shape[:2] + (ops.lse.shape[2] // 32,), jnp.int32),)
     hook = jax.jit(lambda ops, outs: abwd.attention_bwd(ops, variant=fp8, scale=0.125, out=outs))
     text = hook.trace(ops, outs).lower(lowering_platforms=("cuda",)).as_text()
     assert "@jax_mxfp8_attention_bwd_fp8_into(" in text and text.count("output_operand_alias<") == 4
     with pytest.raises(ValueError, match="fp8_path"):
         _run(dataclasses.replace(ops, fp8=None), fp8)
+    with pytest.raises(ValueError, match="bfloat16 v"):
+        _run(ops, plain)

@@ -4,14 +4,15 @@
                                                                                     the kernel
   kernel_backward(static, variant, res, cts, broadcast_q=False) -> (dq, dk, dv, None, None, None, None)
 
-Dataflow (/work/coord/ATTN_BWD_INTERFACE.md): the forward's residuals (sequence-major square MXArrays q, k,
-v; O (B, T, N, H); LSE (B, N, T)) and the cotangents (dO, dLSE) -> dO square-quantized (the CUDA square
-quantize kernel where the forward ran the kernel, its emulation on path "emulated"; rows >= q_len zeroed
-first) -> the pre-pass (primitives/attention_bwd.py bwd_operands: bfloat16 head-major padded operands,
-LSE, Delta) -> the backward call ATTENTION_BWD (path "cuda" or "emulated", as the forward's) -> dq, dk, dv
-sliced to T / S, transposed to (B, T, N, H) / (B, S, K, H), cast to the output dtype. GQA's dk and dv
-come summed over the group from the call. varlen_attention's kernel route reaches this through
-dot_product_attention's bwd (ops/varlen_kernel.py gathers its residuals into the padded batch).
+Dataflow (/work/coord/ATTN_BWD_INTERFACE.md): the forward's residuals (sequence-major square MXArrays q, k, v; O (B,
+T, N, H); LSE (B, N, T)) and the cotangents (dO, dLSE) -> dO square-quantized (the CUDA square quantize kernel where
+the forward ran the kernel, its emulation on path "emulated"; rows >= q_len zeroed first) -> the pre-pass
+(primitives/attention_bwd.py bwd_operands: bfloat16 head-major padded operands through the realign (zero shift) and
+dequantize calls on the forward's path, LSE, Delta; for an sdp_fp8 variant the FP8 copies of Q, K, V, dO instead of
+the bfloat16 V) -> the backward call ATTENTION_BWD (path "cuda" or "emulated", as the forward's) -> dq, dk, dv
+sliced to T / S, transposed to (B, T, N, H) / (B, S, K, H), cast to the output dtype. GQA's dk and dv come summed
+over the group from the call. varlen_attention's kernel route reaches this through dot_product_attention's bwd
+(ops/varlen_kernel.py gathers its residuals into the padded batch).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def kernel_backward(static: dense.AttentionStatic, variant, res, cts, broadcast_
     fp8_path = static.impl if variant.sdp_fp8 else None  # the FP8 copies of S^T's and dP^T's operands
     ops = abwd.bwd_operands(
         q, k, v, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len, broadcast_q=broadcast_q, fp8_path=fp8_path,
-        scale=static.scale,
+        scale=static.scale, path=static.impl,
     )  # fmt: skip
     e = static.config.dq_fp16_scale_log2
     dq, dk, dv = abwd.attention_bwd(ops, variant=variant, scale=static.scale, dq_scale_log2=e, path=static.impl)

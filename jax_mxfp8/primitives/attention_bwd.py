@@ -40,8 +40,10 @@ from jax_mxfp8.formats.quantize import dequantize
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives.attention_emulation import p_options
 from jax_mxfp8.primitives.attention_layout import LOG2E, TILE_M, TILE_N, round_up
-from jax_mxfp8.primitives.attention_operands import aligned_rows
+from jax_mxfp8.primitives.attention_operands import aligned_rows, head_major_scale
+from jax_mxfp8.primitives.attention_realign import realign
 from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
+from jax_mxfp8.primitives.quantize import DEQUANTIZE
 from jax_mxfp8.reference.attention_bwd import attention_bwd_quantized, bwd_delta
 from jax_mxfp8.reference.attention_config import (
     DQ_ACCUMS,
@@ -105,9 +107,6 @@ class SdpFp8Operands:
     vs: jax.Array  # (B, K, Sp/32) float32 2^eV
     dos: jax.Array  # (B, N, Tp/32) float32 2^edO
 
-    def args(self) -> tuple[jax.Array, ...]:
-        return (self.q8, self.k8, self.v8, self.do8, self.qs, self.ks, self.vs, self.dos)
-
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +115,7 @@ class BwdOperands:
 
     q: jax.Array  # (B, N, Tp, H) bfloat16 Q^, rows >= q_len and padding 0
     k: jax.Array  # (B, K, Sp, H) bfloat16 K^, rows >= kv_len 0
-    v: jax.Array  # (B, K, Sp, H) bfloat16 V^, rows >= kv_len 0
+    v: jax.Array | None  # (B, K, Sp, H) bfloat16 V^, rows >= kv_len 0 (None with fp8: V only as fp8.v8)
     do: jax.Array  # (B, N, Tp, H) bfloat16 dO^ (rows >= q_len zeroed before the square quantization)
     lse: jax.Array  # (B, N, Tp) float32, -inf on rows >= q_len and padding
     delta: jax.Array  # (B, N, Tp) float32 rowsum(dO * O) - dLSE, 0 on padding rows
@@ -124,7 +123,14 @@ class BwdOperands:
     fp8: SdpFp8Operands | None = None  # the sdp_fp8 variants' FP8 copies (None for the others)
 
     def args(self) -> tuple[jax.Array, ...]:
+        """The plain call's operands (q, k, v, do, lse, delta, lens)."""
         return (self.q, self.k, self.v, self.do, self.lse, self.delta, self.lens)
+
+    def fp8_args(self) -> tuple[jax.Array, ...]:
+        """The sdp_fp8 call's operands (q, k, v8, do, lse, delta, lens, q8, k8, do8, qs, ks, vs, dos)."""
+        f = self.fp8
+        head = (self.q, self.k, f.v8, self.do, self.lse, self.delta, self.lens)
+        return head + (f.q8, f.k8, f.do8, f.qs, f.ks, f.vs, f.dos)
 
 
 def _keep_rows(length: int, lengths: jax.Array | None) -> jax.Array | None:
@@ -145,10 +151,26 @@ def _head_major(x: jax.Array, keep: jax.Array | None, padded: int, fill=0.0) -> 
     return jnp.pad(x, widths, constant_values=fill)
 
 
-def _operand(x: MXArray, keep, padded: int) -> jax.Array:
+def _operand(x: MXArray, keep, padded: int, path: str | None = None) -> jax.Array:
     """A sequence-major square MXArray (B, L, N, H) -> bfloat16 (B, N, Lp, H), zero rows past the lengths
-    (zeroed after dequantization, as the reference does, so no NaN block scale past them reaches a GEMM)."""
-    return _head_major(dequantize(x, jnp.bfloat16), keep, padded)
+    (zeroed after dequantization, as the reference does, so no NaN block scale past them reaches a GEMM).
+
+    path None: in XLA (dequantize, transpose and pad in one program). "cuda" / "emulated": the FP8 bytes
+    moved head-major by the realign call with zero shifts (exact, zero-padded to Lp), then the dequantize call
+    on the head-major square blocks, the same values: on the H200 XLA's version ran as two fusions per operand
+    (a per-element predicate, then a transposing bit-level decode: 0.109 ms at B4 T4k N16 H128,
+    benchmarks/results/h200_profile_attention_step.json), the two calls are copy-speed kernels."""
+    if path is None:
+        return _head_major(dequantize(x, jnp.bfloat16), keep, padded)
+    b, length, n, h = x.shape
+    zero = jnp.zeros((b, length // 32, n, h // 32), jnp.int8)
+    data = realign(x.data, zero, "rows", path)  # (B, N, Lp, H)
+    variant = registry.find(registry.DequantizeConfig, elem_dtype="float8_e4m3fn", block="square", out_dtype="bfloat16")
+    out = DEQUANTIZE.call(variant, path, data, head_major_scale(x, padded))
+    if keep is None:
+        return out
+    keep_hm = jnp.pad(keep, [(0, 0), (0, padded - length)])[:, None, :, None]
+    return jnp.where(keep_hm, out, jnp.zeros((), out.dtype))
 
 
 def bwd_operands(
@@ -166,6 +188,7 @@ def bwd_operands(
     broadcast_q: bool = False,
     fp8_path: str | None = None,
     scale: float | None = None,
+    path: str | None = None,
 ) -> BwdOperands:
     """The backward's pre-pass (XLA; one elementwise + transpose + pad fusion per operand).
 
@@ -179,8 +202,11 @@ def bwd_operands(
       q_len, kv_len: (B,) int32 or None (= T, S).
       broadcast_q: q (and nothing else) has batch 1, one query sequence for all B rows; q_len must then be
         the same for every row (its first entry zeroes q's rows). The operands' q keeps batch 1.
-      fp8_path: also make the sdp_fp8 variants' FP8 copies (SdpFp8Operands) through the realign call on this
-        path ("cuda" or "emulated"); scale (tau, folded into qs) is then required. Not with broadcast_q.
+      path: None (default): the bfloat16 operands in XLA; "cuda" / "emulated": through the realign and
+        dequantize calls on that path (the same values; see _operand).
+      fp8_path: make the sdp_fp8 variants' FP8 copies (SdpFp8Operands) through the realign call on this path
+        ("cuda" or "emulated") instead of the bfloat16 v (those variants read V only as v8); scale (tau,
+        folded into qs) is then required. Not with broadcast_q.
     """
     _, t, n, h = q.shape
     b = do.shape[0]
@@ -206,10 +232,10 @@ def bwd_operands(
         fp8 = SdpFp8Operands(q8=q8, k8=k8, v8=v8, do8=do8, qs=qs, ks=ks, vs=vs, dos=dos)
     return BwdOperands(
         fp8=fp8,
-        q=_operand(q, keep_q[:1] if broadcast_q and keep_q is not None else keep_q, tp),
-        k=_operand(k, keep_k, sp),
-        v=_operand(v, keep_k, sp),
-        do=_operand(do_q, keep_q, tp),
+        q=_operand(q, keep_q[:1] if broadcast_q and keep_q is not None else keep_q, tp, path),
+        k=_operand(k, keep_k, sp, path),
+        v=None if fp8 is not None else _operand(v, keep_k, sp, path),
+        do=_operand(do_q, keep_q, tp, path),
         lse=lse_p,
         delta=_head_major(delta, None, tp),
         lens=jnp.stack([ql, kl]),
@@ -298,11 +324,13 @@ def _emulation(call: AttentionBwdCall, q, k, v, do, lse, delta, lens):
     return dq, dk, dv, sem
 
 
-def _emulation_fp8(call: AttentionBwdCall, q, k, v, do, lse, delta, lens, *fp8):
-    """The sdp_fp8 target's emulation: the bfloat16 operands' (the FP8 copies hold the same values except
-    where the one-exponent-per-32-rows re-encoding rounds an element below E4M3's normal range; the kernel
-    then differs from this by that rounding, measured in tests/test_attention_bwd_kernel_gpu.py)."""
-    del fp8
+def _emulation_fp8(call: AttentionBwdCall, q, k, v8, do, lse, delta, lens, q8, k8, do8, qs, ks, vs, dos):
+    """The sdp_fp8 target's emulation: the plain call's on V = v8 2^eV (the re-encoded V the kernel's dP^T
+    reads, exact in bfloat16) and the bfloat16 q, k, do. The kernel's S^T and dP^T read the re-encoded Q, K,
+    dO as well, which differ from q, k, do only where the one-exponent-per-32-rows re-encoding rounded an
+    element below E4M3's normal range (measured in tests/test_attention_bwd_kernel_gpu.py)."""
+    del q8, k8, do8, qs, ks, dos
+    v = (v8.astype(jnp.float32) * jnp.repeat(vs, 32, axis=2)[..., None]).astype(jnp.bfloat16)
     return _emulation(call, q, k, v, do, lse, delta, lens)
 
 
@@ -370,7 +398,7 @@ def _sharding_fp8(call: AttentionBwdCall) -> ShardingRule:
     rule = _sharding(call)
     q_spec, k_spec, _, do_spec = rule.operands[:4]
     qf = do_spec.rsplit(" ", 2)[0] + " u"  # "b {n} u"
-    extra = (q_spec, k_spec, k_spec, do_spec, qf, "b k w", "b k w", qf)
+    extra = (q_spec, k_spec, do_spec, qf, "b k w", "b k w", qf)  # q8, k8, do8, qs, ks, vs, dos (v8 in v's place)
     return dataclasses.replace(rule, operands=rule.operands + extra, replicated=rule.replicated + ("w",))
 
 
@@ -379,11 +407,11 @@ ATTENTION_BWD_FP8 = FfiOp(
     outputs=_outputs,
     emulation=_emulation_fp8,
     sharding=_sharding_fp8,
-    batch_dims=(0, 0, 0, 0, 0, 0, 1) + (0,) * 8,
+    batch_dims=(0, 0, 0, 0, 0, 0, 1) + (0,) * 7,
     result_batch_dims=(0, 0, 0, 0),
     attrs=ATTENTION_BWD.attrs,
 )
-"""(q, k, v, do, lse, delta, lens, q8, k8, v8, do8, qs, ks, vs, dos) -> (dq, dk, dv, dq_sem): the sdp_fp8
+"""(q, k, v8, do, lse, delta, lens, q8, k8, do8, qs, ks, vs, dos) -> (dq, dk, dv, dq_sem): the sdp_fp8
 variants (csrc/attention_bwd.cc)."""
 
 ATTENTION_BWD_BROADCAST_Q = dataclasses.replace(ATTENTION_BWD, batch_dims=None, result_batch_dims=None)
@@ -418,11 +446,14 @@ def attention_bwd(
     op = ATTENTION_BWD_BROADCAST_Q if variant.broadcast_q else ATTENTION_BWD
     if variant.broadcast_q and ops.q.shape[0] != 1:
         raise ValueError(f"a broadcast_q variant takes q of batch 1; got {ops.q.shape}")
-    args = ops.args()
     if variant.sdp_fp8:
         if ops.fp8 is None:
             raise ValueError(f"variant {variant.name} (sdp_fp8) needs the FP8 copies: bwd_operands(..., fp8_path=)")
-        op, args = ATTENTION_BWD_FP8, args + ops.fp8.args()
+        op, args = ATTENTION_BWD_FP8, ops.fp8_args()
+    elif ops.v is None:
+        raise ValueError(f"variant {variant.name} reads the bfloat16 v: bwd_operands without fp8_path")
+    else:
+        args = ops.args()
     if out is None:
         dq, dk, dv, _ = op.call(call, path, *args)
     else:

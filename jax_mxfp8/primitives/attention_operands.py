@@ -171,7 +171,7 @@ def _lengths(q_len, kv_len, b: int, t: int, s: int) -> jax.Array:
     return jnp.stack([ql, kl])
 
 
-def _head_major_scale(x: MXArray, padded: int) -> jax.Array:
+def head_major_scale(x: MXArray, padded: int) -> jax.Array:
     """(B, L/32, N, H/32) scales of a sequence-major MXArray -> (B, N, Lp/32, H/32), zero blocks past L."""
     sc = x.scale.transpose(0, 2, 1, 3)
     return jnp.pad(sc, [(0, 0), (0, 0), (0, padded // 32 - sc.shape[2]), (0, 0)])
@@ -189,7 +189,7 @@ def aligned_rows(x: MXArray, padded: int, path: str = "cuda", mult: float = 1.0)
     per 32 rows, head-major and zero-padded to Lp = padded; its row factors (B, N, Lp/32) float32 mult * 2^e,
     NaN for row blocks holding a NaN block): Q and K of prepare_sequence_major, and the backward's FP8 copies
     of V and dO (kernels/sm90/attention_bwd.py sdp_fp8). Padding positions must already be zero."""
-    e, nan_row, shift, nan = row_exponents(_head_major_scale(x, padded))
+    e, nan_row, shift, nan = row_exponents(head_major_scale(x, padded))
     return realign(x.data, _shift_bytes(shift, nan, x.shape[1]), "rows", path), _factor(e, nan_row, mult)
 
 
@@ -223,7 +223,7 @@ def prepare_sequence_major(
     tp, sp = round_up(t, TILE_M), round_up(s, TILE_N)
     q_al, qs = aligned_rows(q, tp, path, float(np.float32(scale * LOG2E)))
     k_al, ks = aligned_rows(k, sp, path)
-    ev, nv, shv, nanv = v_exponents(_head_major_scale(v, sp), kv_tile_seq)
+    ev, nv, shv, nanv = v_exponents(head_major_scale(v, sp), kv_tile_seq)
     ev, nv = ev.reshape(b, ev.shape[1], -1), nv.reshape(b, nv.shape[1], -1)  # (B, K, Sp/128 * H/32)
     return AlignedOperands(
         q=q_al,

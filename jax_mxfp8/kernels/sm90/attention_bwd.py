@@ -168,13 +168,15 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         sem = (t(Int32, s(), s(divisibility=4)),) if self.dq_mode else ()
         dq_scale = (Float32(1.0),) if self.dq_mode else ()
         fp8 = ()
+        v = (t(BF16, s(), s(divisibility=rows_h)),)  # v (B*K, Sp*H)
         if self.sdp_fp8:  # q8 (B*N, Tp*H), k8, v8 (B*K, Sp*H), do8; qs (B*N, Tp/32), ks, vs (B*K, Sp/32), dos
             fp8 = tuple(t(FP8, s(), s(divisibility=rows_h)) for _ in range(4))
             fp8 += tuple(t(Float32, s(), s(divisibility=4)) for _ in range(4))
+            v = ()  # V is read only by dP^T: as v8
         return (
             t(BF16, s(), s(divisibility=rows_h)),  # q (B*N, Tp*H)
             t(BF16, s(), s(divisibility=rows_h)),  # k (B*K, Sp*H)
-            t(BF16, s(), s(divisibility=rows_h)),  # v
+            *v,
             t(BF16, s(), s(divisibility=rows_h)),  # do
             t(Float32, s(), s(divisibility=128)),  # lse (B*N, Tp)
             t(Float32, s(), s(divisibility=128)),  # delta
@@ -192,7 +194,7 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
     def tensor_names(self) -> tuple[str, ...]:
         names = ("q", "k", "v", "do", "lse", "delta", "lens", "dq", "dk", "dv")
         if self.sdp_fp8:
-            return names + SDP_FP8_OPERANDS
+            return tuple(x for x in names if x != "v") + SDP_FP8_OPERANDS
         return names + ("dq_sem",) if self.dq_mode else names
 
     def entry(self):
@@ -310,7 +312,6 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         self,
         q2: cute.Tensor,
         k2: cute.Tensor,
-        v2: cute.Tensor,
         do2: cute.Tensor,
         lse: cute.Tensor,
         delta: cute.Tensor,
@@ -329,9 +330,10 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         scale: Float32,
         stream: cuda.CUstream,
     ):
-        """The sdp_fp8 entry: launch's operands plus the FP8 copies and their row factors (v2 is not read)."""
+        """The sdp_fp8 entry: launch's operands without v (V is read only by dP^T, as v8), plus the FP8 copies
+        and their row factors."""
         fp8 = (q8, k8, v8, do8, qs, ks, vs, dos)
-        self._launch(q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, None, scale, None, stream, fp8)
+        self._launch(q2, k2, None, do2, lse, delta, lens, dq2, dk2, dv2, None, scale, None, stream, fp8)
 
     @cute.jit
     def launch_dq(
@@ -370,7 +372,8 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
             return cute.make_tensor(x.iterator, cute.make_layout((length, h, heads), stride=(h, 1, length * h)))
 
         q, do, dq = rows(q2, tp, q_heads), rows(do2, tp, bn), rows(dq2, tp, q_heads)  # broadcast_q: dq batch 1
-        k, v, dk, dv = rows(k2, sp, bk), rows(v2, sp, bk), rows(dk2, sp, bk), rows(dv2, sp, bk)
+        k, dk, dv = rows(k2, sp, bk), rows(dk2, sp, bk), rows(dv2, sp, bk)
+        v = k if cutlass.const_expr(self.sdp_fp8) else rows(v2, sp, bk)  # (sdp_fp8: no bfloat16 v; tma_v unused)
 
         sdp_mma, dkv_mma, dq_mma = self._sdp_mma(), self._dkv_mma(), self._dq_mma()
         q_smem, k_smem, ds_smem = self._smem_layouts()
