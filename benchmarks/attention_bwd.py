@@ -249,7 +249,9 @@ def _bwd_kernel(variant, q, k, v, ct, lens, causal, smoke):
         (o, lse), (quants, *_) = attn_ops.mx_attention_fwd(st, q, k, v, None, None, lens, lens)
         do_q = attn_ops.square_sequence_major(ct, lens, "up", st.impl)
         mxs = (quants[f"{x}:square"] for x in "qkv")
-        return abwd.bwd_operands(*mxs, do_q, ct, o, lse, jnp.zeros_like(lse), q_len=lens, kv_len=lens)
+        fp8_path = st.impl if variant.sdp_fp8 else None  # the FP8 copies of an sdp_fp8 variant (production)
+        kw = dict(q_len=lens, kv_len=lens, fp8_path=fp8_path, scale=st.scale, path=st.impl)
+        return abwd.bwd_operands(*mxs, do_q, ct, o, lse, jnp.zeros_like(lse), **kw)
 
     ops = prepare(q, k, v, ct)
     path = st.impl

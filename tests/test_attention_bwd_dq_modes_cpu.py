@@ -87,7 +87,7 @@ def test_fp16_call_and_exponent(ops):
     raw = jax.eval_shape(lambda *a: abwd.ATTENTION_BWD.call(call, "emulated", *a), *small.args())
     assert raw[0].dtype == jnp.float16 and raw[0].shape == ops.q.shape
     assert raw[3].shape == (1, 2, 128 // 32) and raw[3].dtype == jnp.int32
-    dq32 = np.asarray(jax.jit(lambda o: _run(o, _variant()))(small)[0], np.float64)
+    dq32 = np.asarray(jax.jit(lambda o: _run(o, _variant(tune=17)))(small)[0], np.float64)  # fp32, BF16 GEMMs
     dq12, dq0 = (np.asarray(jax.jit(lambda o, e=e: _run_e(o, fp16, e))(small)[0], np.float64) for e in (12, 0))
     live = dq32 != 0
     assert np.median(np.abs(dq32[live])) < 2.0**-25
@@ -98,7 +98,7 @@ def test_fp16_call_and_exponent(ops):
 def test_fp16_overflow_is_inf(ops):
     """e = 15: wherever the float32 call's |dQ| 2^15 > 2 * 65504 the float16 call's dq is Inf or NaN, and
     its finite elements are dQ to float16 accuracy."""
-    dq32 = np.asarray(jax.jit(lambda o: _run(o, _variant()))(ops)[0], np.float64)
+    dq32 = np.asarray(jax.jit(lambda o: _run(o, _variant(tune=17)))(ops)[0], np.float64)  # fp32, BF16 GEMMs
     dq16 = np.asarray(jax.jit(lambda o: _run_e(o, _variant(dq_accum="fp16"), 15))(ops)[0], np.float64)
     big = np.abs(dq32) * 2.0**15 > 2 * 65504
     assert big.any() and not np.isfinite(dq16[big]).any()

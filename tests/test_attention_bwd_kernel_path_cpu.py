@@ -83,6 +83,14 @@ def _static(case, impl_path, config=None):
     )
 
 
+def _plain_variant(h: int, causal: bool):
+    """A backward variant that takes the plain call (bfloat16 q, k, v, do): tune 17, production's schedule on
+    BF16 wgmma only (production itself takes the sdp_fp8 call)."""
+    variant = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=causal, tune=17)
+    assert variant is not None and not variant.sdp_fp8
+    return variant
+
+
 def _need_variant(case, config=None):
     cfg = config or AttentionConfig()
     variant, why = abwd.kernel_variant(
@@ -363,7 +371,7 @@ def _run(ops, variant, path="emulated"):
 def test_sharded_call_equals_unsharded():
     """A 2x4 mesh: batch over "data", KV-head groups over "model". The call partitions without gathers
     and its results equal the unsharded call's."""
-    variant = _need_variant(dict(h=64, causal=True))
+    variant = _plain_variant(64, True)
     ops = _call_operands(fresh_rng())
     f = jax.jit(functools.partial(_run, variant=variant))
     want = f(ops)
@@ -385,7 +393,7 @@ def test_sharded_call_equals_unsharded():
 @pytest.mark.parametrize("n,n_kv", [(2, 2), (4, 1)])
 def test_mha_and_mqa_rules_partition(n, n_kv):
     """MHA and MQA have their own Shardy rules (no size-1 factor inside a compound one)."""
-    variant = _need_variant(dict(h=64, causal=False))
+    variant = _plain_variant(64, False)
     ops = _call_operands(fresh_rng(), b=2, n=n, n_kv=n_kv)
     f = jax.jit(functools.partial(_run, variant=variant))
     want = f(ops)
@@ -402,7 +410,7 @@ def test_ffi_lowering_and_into_hook():
     FFI target with attributes kernel (the variant name), scale (f32) and dq_scale_log2 (s32), the hook
     aliasing its four NaN-filled output buffers to the results (the GPU tests check that the kernel writes
     every element)."""
-    variant = _need_variant(dict(h=64, causal=True))
+    variant = _plain_variant(64, True)
     ops = _call_operands(fresh_rng(), b=1, n=2, n_kv=1)
     outs = tuple(jnp.full(x.shape, jnp.nan, jnp.float32) for x in (ops.q, ops.k, ops.v))
     outs += (jnp.zeros(ops.lse.shape[:2] + (ops.lse.shape[2] // 32,), jnp.int32),)
@@ -418,10 +426,10 @@ def test_ffi_lowering_and_into_hook():
 # ----------------------------------------------------- sdp_fp8: the FP8 copies of S^T's and dP^T's operands
 def test_fp8_copies_hold_the_operands():
     """bwd_operands(path="emulated") gives the XLA pre-pass's bfloat16 operands bit for bit (lengths and
-    128-padding included). bwd_operands(fp8_path=...): q8, k8, v8, do8 re-encoded to one exponent per 32 rows, times their row
-    factors (qs without tau log2(e)), equal the bfloat16 MX operands within the re-encoding's bound (half an
-    E4M3 subnormal step at the row exponent, 2^-10 2^e, only where an element falls below E4M3's normal
-    range), and exactly where the row block's column blocks share one exponent."""
+    128-padding included). bwd_operands(fp8_path=...): q8, k8, v8, do8 re-encoded to one exponent per 32
+    rows, times their row factors (qs without tau log2(e)), equal the bfloat16 MX operands within the
+    re-encoding's bound (half an E4M3 subnormal step at the row exponent, 2^-10 2^e, only where an element
+    falls below E4M3's normal range), and exactly where the row block's column blocks share one exponent."""
     case = CASES[0]
     st = _static(case, "emulated")
     q, k, v, do, dlse, q_len, kv_len = _inputs(case, fresh_rng())
@@ -474,8 +482,9 @@ def test_sdp_fp8_call_partitions_and_lowers():
     plain call's on V = v8 2^eV, it partitions over a 2x4 mesh without gathers like the plain call, lowers to
     its own target (and its `_into` hook), and refuses operands without the FP8 copies (and the plain
     variants refuse operands without v)."""
-    plain = _need_variant(dict(h=64, causal=True))
-    fp8 = registry.find(registry.AttentionBwdConfig, head_dim=64, causal=True, tune=19)
+    plain = _plain_variant(64, True)
+    fp8 = _need_variant(dict(h=64, causal=True))  # production: sdp_fp8
+    assert fp8.sdp_fp8
     rng = fresh_rng()
     ops, plain_ops = _with_fp8(_call_operands(rng), rng)
     f = jax.jit(functools.partial(_run, variant=fp8))

@@ -143,9 +143,12 @@ def test_bad_inputs(kwargs, match):
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_cuda_equals_tiled_query(causal):
-    """On the kernels (the broadcast_q forward and backward variants): the tiled query's bits. float32 inputs,
-    so that the tiled call's per-copy dq is float32 too and its sum is the contract's dq (up to the order of
-    the kernel's float32 atomics)."""
+    """On the kernels (the broadcast_q forward and backward variants) against the tiled query through
+    dot_product_attention: the forward's bits; the gradients within 40 dB, because the tiled query's
+    backward (production, sdp_fp8) runs S^T and dP^T on FP8 wgmma while the broadcast_q variants keep the
+    BF16 schedule (the bits of the two on the same BF16 math are compared at the call level:
+    test_broadcast_q_bwd_kernel_reads_batch_zero). float32 inputs, so that the tiled call's per-copy dq is
+    float32 too and its sum is the contract's dq (up to the order of the kernel's float32 atomics)."""
     names = {name for name, _ in library.kernel_names()}
     tag = "_causal" if causal else ""
     assert {f"attention_fwd_h{H}{tag}_bcastq", f"attention_bwd_h{H}{tag}_bcastq"} <= names
@@ -153,9 +156,9 @@ def test_cuda_equals_tiled_query(causal):
     o, dq, dk, dv = _broadcast("cuda", causal)(q, k, v, do, cu_k)
     o_t, dq_t, dk_t, dv_t = _tiled("cuda", causal)(q, k, v, do, cu_k)
     np.testing.assert_array_equal(np.asarray(o), np.asarray(o_t))
-    np.testing.assert_array_equal(np.asarray(dk), np.asarray(dk_t))
-    np.testing.assert_array_equal(np.asarray(dv), np.asarray(dv_t))
-    assert sqnr_db(dq, np.asarray(dq_t, np.float64).sum(0)) > 100.0
+    assert sqnr_db(np.asarray(dk_t, np.float64), np.asarray(dk, np.float64)) > 40.0
+    assert sqnr_db(np.asarray(dv_t, np.float64), np.asarray(dv, np.float64)) > 40.0
+    assert sqnr_db(dq, np.asarray(dq_t, np.float64).sum(0)) > 40.0
 
 
 def _kernel_call_pair(path: str, causal: bool, p_scale: str):
@@ -227,7 +230,8 @@ def _bwd_call_pair(path: str, causal: bool, kv_lens=None, poison: bool = False):
     ops = abwd.bwd_operands(qm, *args, q_len=ql, kv_len=kl, broadcast_q=True)
     tiled = dataclasses.replace(ops, q=jnp.broadcast_to(ops.q, (b,) + ops.q.shape[1:]))
     var_b, _ = abwd.kernel_variant(head_dim=H, causal=causal, broadcast_q=True)
-    var_t, _ = abwd.kernel_variant(head_dim=H, causal=causal)
+    # the tiled query on the same BF16-wgmma math (tune 17: production's schedule without sdp_fp8's FP8 S^T, dP^T)
+    var_t, _ = abwd.kernel_variant(head_dim=H, causal=causal, tune=17)
     run = lambda var: jax.jit(lambda ops: abwd.attention_bwd(ops, variant=var, scale=H**-0.5, path=path))
     if poison:
         ok, why = library.kernels_runnable(("sm_90a",))  # loads the library: the _into hook is registered then

@@ -224,11 +224,15 @@ class AttentionBwdConfig(KernelConfig):
 #   tune 16: tune 7 + dq_store "tma_warp" (one TMA reduce-add per warp of its 16 rows: no dQ barrier)
 #   tune 17: tune 16 + dq_first (the dQ store under the dK wgmma)
 #   tune 18: tune 12 + dq_first (production's red.v2 store under the dK wgmma)
-#   tune 19: tune 17 + sdp_fp8 (S^T and dP^T on FP8 wgmma from realigned FP8 copies of Q, K, V, dO)
+#   tune 19: tune 17 + sdp_fp8 (S^T and dP^T on FP8 wgmma from realigned FP8 copies of Q, K, V, dO): the
+#            production config since session 8, so not registered as a tuning
 _T7 = dict(smem_stats=True, amax_reduce="redux", stats_early=True)
-PRODUCTION: dict[int, dict] = {h: dict(_T7, dq_store="tma_warp", dq_first=True) for h in (128, 64)}
-"""Tune 0's fields per head_dim: tune 17's config since 2026-12-02 (session 5 round B, B4 T4k N16: 412.2 /
-371.7 TFLOP/s H128 non-causal / causal vs 348.4 / 311.3 for the previous production, H64 319.2 vs 209.6)."""
+PRODUCTION: dict[int, dict] = {h: dict(_T7, dq_store="tma_warp", dq_first=True, sdp_fp8=True) for h in (128, 64)}
+"""Tune 0's fields per head_dim: tune 17's config + sdp_fp8 since session 8 (2026-12-02; measured as tune 19,
+B4 T4k N16, three H200 runs against tune 17's config: H128 non-causal +0.9 / +4.5 / +1.4%, causal +5.5 / +5.2 /
++3.6%, H64 +4.8 / +3.7 / +5.0%; docs/perf-notes.md "FP8 S^T and dP^T"). Tune 17 (session 5 round B: 412.2 /
+371.7 TFLOP/s H128 non-causal / causal vs 348.4 / 311.3 for the production before it, H64 319.2 vs 209.6)
+stays registered: the same schedule on BF16 wgmma only."""
 TUNINGS: tuple[tuple[int, dict], ...] = (
     (0, {}),  # production: PRODUCTION[head_dim]
     (1, dict(dq_store="red")),

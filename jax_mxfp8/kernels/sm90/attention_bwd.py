@@ -28,8 +28,9 @@ Outputs:
   dv    (B*K, Sp*H)  float32
 
 Numerics (the contract, reference/attention_bwd.py): every operand is an MX value (E4M3 x 2^e), exact in
-bfloat16, so BF16 wgmma with float32 accumulation forms exact products; the five GEMMs all run on BF16
-wgmma (no FP8 transposes):
+bfloat16, so BF16 wgmma with float32 accumulation forms exact products; without config.sdp_fp8 the five GEMMs
+all run on BF16 wgmma (no FP8 transposes); with it (production) S^T and dP^T run on FP8 wgmma from the FP8
+copies (launch_fp8: q8, k8, v8, do8 K-major in shared memory, accumulators times the row factors):
   S^T  = K Q^T                                   (SS, both K-major)
   P^T  = exp2(min(S^T tau log2(e) - LSE log2(e), 0)); 0 where masked or LSE = -inf (NaN propagates)
   Pq^T = E4M3_satfinite(P^T 2^8) 2^-8            (p_scale "const")
@@ -73,12 +74,12 @@ modes); attention_bwd_blocks.py (tile geometry, named barriers, dS square quanti
 warp_specialization, wgmma, wgmma_fragment (acc_coords).
 
 Measured on the H200 (docs/perf-notes.md "Attention backward (sm90)", tests/test_attention_bwd_kernel_gpu.py):
-dq, dk, dv 68-156 dB SQNR against the XLA reference, their float64 SQNR equal to the reference's to 0.01 dB;
-production (registry PRODUCTION: at H128 smem_stats + redux + stats_early + dq_store "red" with
-dq_red_width 2; at H64 dq_store "red") 349.6 TFLOP/s at B4 T4k N16 H128 non-causal (307.5 causal), 0.67x /
-0.72x cuDNN BF16's backward; H64 208.5 (run 12). Latency-bound (ncu of smem_stats alone: 0.28 IPC per
-scheduler; its largest wait was the dQ bulk reductions' one-lane-at-a-time issue loop on warp 0, which the
-8-byte atomics remove).
+BF16-wgmma tunes: dq, dk, dv 68-156 dB SQNR against the XLA reference; production (sdp_fp8, session 8) 44-51
+dB (the FP8 wgmma's accumulation and the re-encoding move some P / dS roundings); both with their float64
+SQNR equal to the reference's within 0.01 dB. Production 427-433 TFLOP/s at B4 T4k N16 H128 non-causal, 385-391
+causal, 330-333 at H64 (0.78-0.88x cuDNN BF16's backward; registry PRODUCTION for the history). Latency-bound
+(ncu, session 8: 0.5 eligible warps per scheduler, 5.8 cycles per issued instruction; the largest waits are
+the end-of-step dK wgmma, the 256-thread dS barrier before dQ, and the first S^T of a step).
 """
 
 from __future__ import annotations
