@@ -144,6 +144,7 @@ def main(argv=None) -> int:
         return 0
     rows = []
     meta = dict(device=str(jax.devices()[0]), jax=jax.__version__, flops="2.5 * 4 * B * N * T * S * H (/2 causal)")
+    meta["command"] = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
     print(
         f"{'shape':34s} {'tune':>4s} {'kernel ms':>10s} {'TFLOP/s':>8s} {'cuDNN ms':>9s} {'TFLOP/s':>8s} {'ratio':>6s}"
     )

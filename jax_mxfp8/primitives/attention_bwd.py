@@ -1,7 +1,9 @@
 """FFI-backed Hopper MXFP8 attention backward (layer 5): the kernel call, its pre-pass and its XLA emulation.
 
   kernel_variant(head_dim=, causal=, p_scale=, p_rounding=, dq_accum=, deterministic=, ...) -> (variant | None, why)
-  bwd_operands(q, k, v, do_q, do, o, lse, dlse, *, q_len, kv_len) -> BwdOperands      the pre-pass (XLA)
+  bwd_operands(q, k, v, do_q, do, o, lse, dlse, *, q_len, kv_len, path=None, fp8_path=None, scale=None)
+      -> BwdOperands   the pre-pass (XLA, or the realign + dequantize calls on `path`; with fp8_path the FP8
+      copies of the sdp_fp8 variants)
   attention_bwd(ops, *, variant, scale, dq_scale_log2, out=None, path="cuda") -> (dq, dk, dv) padded,
       head-major, float32
   emulate_bwd(ops, *, causal, scale, p_scale, p_rounding, dq_accum, dq_scale_log2) -> the same, in XLA
@@ -15,6 +17,10 @@ Shapes (Tp = T, Sp = S rounded up to 128; N = K * G):
   -> the call's dq (B, N, Tp, H) float32 (dq_accum "fp16": float16 holding dQ * 2^e), dk, dv (B, K, Sp, H)
   float32 (dk, dv summed over each KV head's G query heads), dq_sem (B, N, Tp / 32) int32 (the
   deterministic variants' counters; garbage for the others). attention_bwd returns dq / 2^e in float32.
+sdp_fp8 variants (production; S^T and dP^T on FP8 wgmma): target `jax_mxfp8_attention_bwd_fp8` with operands
+(q, k, v8, do, lse, delta, lens, q8, k8, do8, qs, ks, vs, dos): the FP8 copies (float8_e4m3fn, shapes of q, k,
+v, do) re-encoded to one exponent per 32 rows and their row factors qs, dos (B, N, Tp/32), ks, vs (B, K,
+Sp/32) float32 (qs includes tau log2(e)); its emulation is the plain one on V = v8 2^eV.
 Every operand is an MX value (E4M3 element x 2^e), exact in bfloat16 (docs/numerics.md "Hopper attention
 backward"), so the emulation is the contract itself: reference/attention_bwd.py's attention_bwd_quantized
 run on these operands, which equals the reference backward on the same values bit for bit. Under jit with

@@ -1,8 +1,9 @@
 """Hopper attention backward variants (kernels/sm90/attention_bwd.py), sm_90a only (wgmma).
 
 The FFI call is `jax_mxfp8_attention_bwd` (csrc/attention_bwd.cc; /work/coord/ATTN_BWD_INTERFACE.md): dense
-padded batches, operands in bfloat16 holding the contract's MX values exactly. Only tested variants are
-registered (ATTENTION_BWD_VARIANTS).
+padded batches, operands in bfloat16 holding the contract's MX values exactly; the sdp_fp8 variants
+(production since session 8) take `jax_mxfp8_attention_bwd_fp8` with FP8 copies of Q, K, V, dO as well. Only
+tested variants are registered (ATTENTION_BWD_VARIANTS).
 """
 
 from __future__ import annotations

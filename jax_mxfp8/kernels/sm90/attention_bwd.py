@@ -19,6 +19,10 @@ from the shapes):
   delta (B*N, Tp)    float32   rowsum(dO * O) - dLSE; 0 on padding rows
   lens  (2, B)       int32     query lengths, KV lengths
   scale              float32   tau (kernel argument)
+  config.sdp_fp8 (launch_fp8, FFI call jax_mxfp8_attention_bwd_fp8): no v; after dv
+  q8, k8, v8, do8    float8_e4m3fn  as q, k, v, do, re-encoded to one exponent per 32 rows (attention_operands
+                     .aligned_rows)
+  qs, dos (B*N, Tp/32), ks, vs (B*K, Sp/32)  float32  their row factors (qs: tau log2(e) 2^eQ; the others 2^e)
 Outputs:
   dq    (B*N, Tp*H)  float32   accumulated by float32 reductions: the caller (the FFI handler) zero-fills it
                      (float16 dQ * 2^e for dq_accum "fp16"; broadcast_q: (N, Tp*H), the sum over the B rows)
