@@ -2,15 +2,18 @@
 """Times the Hopper MXFP8 attention backward kernel alone next to jax.grad of cuDNN BF16 attention.
 
 The kernel: one `jax_mxfp8_attention_bwd` FFI call on operands prepared once (bf16 MX values, head-major,
-float32 LSE and delta; the pre-pass is not timed). cuDNN: the backward half of
+float32 LSE and delta; the pre-pass is not timed); the sdp_fp8 variants (production) take
+`jax_mxfp8_attention_bwd_fp8` with FP8 copies made by casting the same N(0, 1) values (fp8_inputs: right for
+timing, not MX values). cuDNN: the backward half of
 jax.nn.dot_product_attention(implementation="cudnn") in bfloat16 (jax.vjp once, then the jitted VJP
 function on a random cotangent), same shapes.
 
 FLOPs: backward = 2.5 x forward = 2.5 * 4 * B * N * T * S * H (five T x S x H GEMMs: S, dP, dV, dK, dQ),
 halved for causal. Every registered tuning (TUNES) is timed; "kernel_s" is the fastest. The dQ modes (MODES:
 dq_accum "fp16" with e = 12, deterministic "fp32" and "fp16"; kernels/sm90/attention_bwd_dq.py) are timed on
-the same inputs, with their dq's SQNR against tune 0's float32 dq ("kernel_<mode>_dq_db"; dk, dv are the
-same math).
+the same inputs, with their dq's SQNR against the float32 dq of the first BF16-only tune timed
+("kernel_<mode>_dq_db"; the modes run all GEMMs on BF16 wgmma, so dk, dv are the same math; time tune 17 for
+it: --tunes 0,17).
 Usage: python benchmarks/attention_bwd_kernel.py [--out results.json] [--calls 10] [--batches 5] [--tunes 0,5]
              [--shapes 0,2] [--modes none|fp16,det,fp16_det]
        ncu -k regex:attention_bwd --launch-skip 1 --launch-count 1 python benchmarks/attention_bwd_kernel.py --profile 0
@@ -157,7 +160,10 @@ def main(argv=None) -> int:
             fn, a = kernel_fn(shape, rng, tune, inputs=inputs)
             if fn is not None:
                 out = jax.block_until_ready(fn(*a))
-                dq0 = np.asarray(out[0], np.float64) if tune == 0 else dq0
+                h, causal = shape["h"], shape["causal"]
+                variant = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=causal, tune=tune)
+                if dq0 is None and not variant.sdp_fp8:  # the dQ modes' same-math baseline
+                    dq0 = np.asarray(out[0], np.float64)
                 row[f"kernel_t{tune}_s"] = timeit(fn, a, args.calls, args.batches)
         timed = [(row[f"kernel_t{t}_s"], t) for t in tunes if f"kernel_t{t}_s" in row]
         if timed:

@@ -281,7 +281,7 @@ def case_id(c) -> str:
 
 
 # every registered AttentionBwdConfig tuning (registry/attention_bwd.py TUNINGS); same inputs, same oracles.
-# JAX_MXFP8_TEST_TUNES="0,5,7" restricts a device run to those (tune 0, the same-math baseline, always runs).
+# JAX_MXFP8_TEST_TUNES="0,5,7" restricts a device run to those (tune 0, production, always runs).
 _ONLY = os.environ.get("JAX_MXFP8_TEST_TUNES")
 TUNES = tuple(t for t, _ in TUNINGS if not _ONLY or t == 0 or str(t) in _ONLY.split(","))
 

@@ -242,8 +242,11 @@ def test_kernel_backward_equals_reference_on_same_residuals(case):
     """Gradients of the kernel-path backward (emulated) and of the reference backward on the emulated
     forward's residuals, with a random dO and dLSE: bit for bit (same math on the same exact values; the
     padding the pre-pass adds contributes exact zeros), but for rows that one dS rounding flip moved
-    (assert_equal_but_flipped_rows says why)."""
-    _need_variant(case)
+    (assert_equal_but_flipped_rows says why). With an sdp_fp8 production variant the call reads V re-encoded
+    (v8 2^eV, rounded where an element falls below E4M3's normal range at its row exponent), which can flip
+    more dS roundings: then >= 40 dB against the reference (the bits are checked on the BF16 schedule's call
+    in test_sdp_fp8_call_partitions_and_lowers)."""
+    fp8 = _need_variant(case).sdp_fp8
     q, k, v, do, dlse, q_len, kv_len = _inputs(case, fresh_rng())
     st = _static(case, "emulated")
     with impl.record() as decisions:
@@ -253,7 +256,10 @@ def test_kernel_backward_equals_reference_on_same_residuals(case):
     for name, a, w in zip("qkv", got[2], want[2], strict=True):
         assert a.shape == w.shape and a.dtype == w.dtype == _dtype(case), name
         assert np.isfinite(np.asarray(a, np.float32)).all(), name
-        assert_equal_but_flipped_rows(a, w, f"d{name}")
+        if fp8:
+            assert sqnr_db(np.asarray(w, np.float64), np.asarray(a, np.float64)) >= 40.0, f"d{name}"
+        else:
+            assert_equal_but_flipped_rows(a, w, f"d{name}")
     assert np.abs(np.asarray(got[2][0], np.float32)).max() > 0
 
 

@@ -22,9 +22,10 @@ sdp_fp8 variants (production; S^T and dP^T on FP8 wgmma): target `jax_mxfp8_atte
 v, do) re-encoded to one exponent per 32 rows and their row factors qs, dos (B, N, Tp/32), ks, vs (B, K,
 Sp/32) float32 (qs includes tau log2(e)); its emulation is the plain one on V = v8 2^eV.
 Every operand is an MX value (E4M3 element x 2^e), exact in bfloat16 (docs/numerics.md "Hopper attention
-backward"), so the emulation is the contract itself: reference/attention_bwd.py's attention_bwd_quantized
-run on these operands, which equals the reference backward on the same values bit for bit. Under jit with
-sharded operands the call partitions over batch and KV-head groups like the forward (attention_fwd.py);
+backward"), so the plain call's emulation is the contract itself: reference/attention_bwd.py's
+attention_bwd_quantized run on these operands, which equals the reference backward on the same values bit for bit
+(the sdp_fp8 call's reads V re-encoded, v8 2^eV, as its kernel does: not the contract's V^ bit for bit). Under jit
+with sharded operands the call partitions over batch and KV-head groups like the forward (attention_fwd.py);
 sequences and head_dim are replicated. Under vmap the mapped axis joins the batch.
 broadcast_q variants (broadcast_query_attention; dq_accum "fp32", not deterministic): q (1, N, Tp, H) is one
 query sequence for all B batch rows; the kernel loads it at batch 0 and adds every batch row's dQ into one
@@ -60,6 +61,7 @@ from jax_mxfp8.reference.attention_config import (
 from jax_mxfp8.reference.attention_tiling import Masking
 
 TARGET = "jax_mxfp8_attention_bwd"
+TARGET_FP8 = TARGET + "_fp8"  # the sdp_fp8 variants' call
 BWD_QUERY_TILE = 64  # the backward kernel's query rows per step (one dq_sem counter pair per tile)
 
 
@@ -196,7 +198,7 @@ def bwd_operands(
     scale: float | None = None,
     path: str | None = None,
 ) -> BwdOperands:
-    """The backward's pre-pass (XLA; one elementwise + transpose + pad fusion per operand).
+    """The backward's pre-pass (XLA, or the realign + dequantize calls with `path`).
 
     Args:
       q: (B, T, N, H) square-block MXArray (blocks over (T, H), axes (-3, -1)), the forward's residual.
@@ -212,7 +214,10 @@ def bwd_operands(
         dequantize calls on that path (the same values; see _operand).
       fp8_path: make the sdp_fp8 variants' FP8 copies (SdpFp8Operands) through the realign call on this path
         ("cuda" or "emulated") instead of the bfloat16 v (those variants read V only as v8); scale (tau,
-        folded into qs) is then required. Not with broadcast_q.
+        folded into qs) is then required. Not with broadcast_q. The copies are made from q, k, v, do_q as
+        given (not masked by the lengths): their data and scales past the lengths must already be zero, as
+        ops/attention.py's kernel_operand and square_sequence_major leave them (a NaN scale there would
+        make the whole 32-row factor NaN).
     """
     _, t, n, h = q.shape
     b = do.shape[0]
@@ -409,7 +414,7 @@ def _sharding_fp8(call: AttentionBwdCall) -> ShardingRule:
 
 
 ATTENTION_BWD_FP8 = FfiOp(
-    target=TARGET + "_fp8",
+    target=TARGET_FP8,
     outputs=_outputs,
     emulation=_emulation_fp8,
     sharding=_sharding_fp8,

@@ -72,7 +72,7 @@ class AttentionBwdConfig(KernelConfig):
         batch row. Not with the dQ modes (their float16 dq and dq_sem ordering are per batch row).
       sdp_fp8: S^T = K Q^T and dP^T = V dO^T on FP8 wgmma (twice BF16's rate) from FP8 copies of Q, K, V, dO
         re-encoded to one exponent per 32 rows (the forward's "way (a)", primitives/attention_operands.py
-        align_rows), their accumulators scaled by the row factors (the call's extra operands q8, k8, v8, do8,
+        aligned_rows), their accumulators scaled by the row factors (the call's extra operands q8, k8, v8, do8,
         qs, ks, vs, dos: target jax_mxfp8_attention_bwd_fp8); dV, dK, dQ stay on BF16 wgmma. Not with the dQ
         modes, broadcast_q or overlap.
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
@@ -202,7 +202,8 @@ class AttentionBwdConfig(KernelConfig):
 # its H128 GPU test cases passed), H64 dq_store "red" (run 12: 208.5 vs 170.9 for v1's "bulk"; run 14 passed
 # every GPU test case). smem_stats alone (the H128 production of rounds A/B) is tune 5 again.
 # Alternatives for benchmarks/attention_bwd_kernel.py (non-production; the GPU test checks each against the
-# reference and against tune 0's outputs, dk and dv bit for bit). A tuning whose config is the production one
+# reference and against the first tune run of the same GEMM precision, dk and dv bit for bit: tune 0 for sdp_fp8,
+# the first BF16-only tuning for the others). A tuning whose config is the production one
 # of a head_dim (tune 12 at H128, tune 1 at H64) is not registered for it (tuning_fields):
 #   tune 1: dq_store "red"
 #   tune 2: overlap 1 (the next tile's S^T issued before this tile's dQ store)

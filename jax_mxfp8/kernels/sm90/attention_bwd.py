@@ -1,4 +1,5 @@
-"""MXFP8 attention backward for Hopper (sm_90a), CuTe DSL, compiled ahead of time (v1: BF16 wgmma).
+"""MXFP8 attention backward for Hopper (sm_90a), CuTe DSL, compiled ahead of time (S^T, dP^T on FP8 wgmma with
+config.sdp_fp8, production; the other GEMMs on BF16 wgmma).
 
 Supported (kernels/registry/attention_bwd.py, AttentionBwdConfig): head_dim 64 and 128; non-causal or causal
 (top-left); GQA/MQA (query head n reads KV head n // G); per-batch query and KV lengths (dense padded batch);
@@ -8,7 +9,8 @@ kernels/sm90/attention_bwd_dq.py); one query sequence for every batch row (confi
 added into batch 0's dq; dO, LSE, delta per row). Not here (the XLA reference takes them):
 p_scale "block", packed sequences, bias / boolean masks.
 
-Operands (the FFI call jax_mxfp8_attention_bwd, /work/coord/ATTN_BWD_INTERFACE.md; the handler passes
+Operands (the FFI call jax_mxfp8_attention_bwd, or jax_mxfp8_attention_bwd_fp8 for sdp_fp8 (below);
+/work/coord/ATTN_BWD_INTERFACE.md; the handler passes
 each (B, heads, L, H) buffer as a 2-D (B * heads, L * H) row-major view, so the kernel reads N, K, Tp, Sp
 from the shapes):
   q     (B*N, Tp*H)  bfloat16  Q^ head-major (b, n, t); Tp = T rounded up to 128; rows >= q_len are 0
