@@ -174,6 +174,14 @@ def test_uncovered_configs_keep_the_reference_backward(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert kbwd.backward_variant(_static(case, "cuda"), 64)[0] is None  # warned once per cause
+    # a library built before the sdp_fp8 call: the production kernel's name, but not the target it needs
+    prod = _need_variant(case)
+    if prod.sdp_fp8:
+        monkeypatch.setattr(kbwd.library, "kernel_names", lambda: [(prod.name, "sm_90a")])
+        monkeypatch.setattr(kbwd.library, "ffi_targets", lambda: [abwd.TARGET, abwd.TARGET + "_into"])
+        with pytest.warns(impl.KernelFallbackWarning, match="jax_mxfp8_attention_bwd_fp8"):
+            variant, why = kbwd.backward_variant(_static(case, "cuda"), 64)
+        assert variant is None and "no jax_mxfp8_attention_bwd_fp8 target" in why
 
 
 # ------------------------------------------------------------------------------------------ the pre-pass
