@@ -200,7 +200,7 @@ def main(argv=None) -> int:
                 kt, db = row[f"kernel_{key}_s"], row.get(f"kernel_{key}_dq_db", float("nan"))
                 print(
                     f"{name:34s} {key:>8s} {kt * 1e3:10.3f} {flops / kt / 1e12:8.1f} {cs * 1e3:9.3f} "
-                    f"{row.get('cudnn_tflops', float('nan')):8.1f} {cs / kt:6.2f}  dq vs t0 {db:.1f} dB"
+                    f"{row.get('cudnn_tflops', float('nan')):8.1f} {cs / kt:6.2f}  dq vs BF16 fp32 {db:.1f} dB"
                 )
         rows.append(row)
         # rewritten after every shape: a run cut short by its time limit keeps the shapes it finished
