@@ -126,7 +126,7 @@ def test_registry_configs():
     assert len(set(keys)) == len(keys)
     for v in registry.VARIANTS:
         assert type(v) in registry.CONFIG_CLASSES and all(x >= 0 for x in v.key.values()), v
-        assert set(v.key) == {*v.key_fields, "tune"}
+        assert set(v.key) == {*v.key_fields, "tune", *v.table_fields}
         assert registry.find(type(v), **{f: getattr(v, f) for f in (*v.key_fields, "tune")}) is v
     assert registry.AttentionFwdConfig.archs == registry.AttentionRealignConfig.archs == ("sm_90a",)
 

@@ -82,6 +82,8 @@ class AttentionBwdConfig(KernelConfig):
     kernels = {"sm_90a": "jax_mxfp8.kernels.sm90.attention_bwd:make_kernel"}  # wgmma: Hopper only
     key_fields = ("head_dim", "causal", "p_scale", "p_rounding", "dq_accum", "deterministic", "packed", "broadcast_q")
     codes = {"p_scale": P_SCALE_CODE, "p_rounding": ROUNDING_CODE, "dq_accum": DQ_ACCUM_CODE}
+    # in the kernel table: the handler checks that an sdp_fp8 variant is called with its FP8 operands
+    table_fields = ("sdp_fp8",)
 
     head_dim: int = 128
     causal: bool = False
@@ -173,12 +175,6 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError("sdp_fp8=True needs dq_accum='fp32', deterministic=False, broadcast_q=False, overlap=0")
         if not 1 <= self.q_stage <= 4:
             raise ValueError(f"q_stage={self.q_stage} not in [1, 4]")
-
-    @property
-    def key(self) -> dict[str, int]:
-        """The table parameters plus sdp_fp8 (the handler checks that an sdp_fp8 variant is called with its FP8
-        operands, csrc/attention_bwd.cc)."""
-        return {**super().key, "sdp_fp8": int(self.sdp_fp8)}
 
     @property
     def dq_mode(self) -> bool:

@@ -55,6 +55,9 @@ class KernelConfig:
       key_fields: the fields that, with `tune`, identify a variant; they are written into the table as named
         integers (`key`) for the handlers to check.
       codes: field -> {value: integer} for the string-valued key fields (bools and ints are written as is).
+    Optional:
+      table_fields: fields written into the table as well (after `tune`) that are not lookup keys: schedule
+        choices a handler must know about (e.g. which operands the kernel takes), default none.
     """
 
     op: ClassVar[str]
@@ -62,6 +65,7 @@ class KernelConfig:
     archs: ClassVar[tuple[str, ...]]
     key_fields: ClassVar[tuple[str, ...]]
     codes: ClassVar[Mapping[str, Mapping[str, int]]] = {}
+    table_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -83,9 +87,10 @@ class KernelConfig:
 
     @property
     def key(self) -> dict[str, int]:
-        """The kernel table's named integer parameters: the key fields (encoded by `codes`) and `tune`."""
+        """The kernel table's named integer parameters: the key fields (encoded by `codes`), `tune` and the
+        table_fields."""
         out = {}
-        for field in (*self.key_fields, "tune"):
+        for field in (*self.key_fields, "tune", *self.table_fields):
             value = getattr(self, field)
             out[field] = int(self.codes[field][value]) if field in self.codes else int(value)
         return out
