@@ -29,8 +29,8 @@ from jax_mxfp8.kernels.registry.attention_bwd import (
         (dict(deterministic=1, dq_store="red"), "deterministic"),
         (dict(packed=True), "packed"),
         (dict(dq_store="tmem"), "dq_store"),
-        (dict(dq_store="tma", overlap=1), "overlap"),  # the TMA dQ stores: overlap 0, dq_keys "cta"
-        (dict(dq_store="tma_warp", dq_keys="own", head_dim=64), "dq_keys"),
+        (dict(dq_store="tma", overlap=1), "overlap"),  # the TMA dQ stores: overlap 0; "tma": dq_keys "cta"
+        (dict(dq_store="tma", dq_keys="own", head_dim=64), "dq_keys"),
         (dict(dq_first=1), "dq_first"),
         (dict(dq_first=True, overlap=1), "dq_first"),
         (dict(overlap=3), "overlap"),

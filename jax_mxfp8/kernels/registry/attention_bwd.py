@@ -41,7 +41,7 @@ class AttentionBwdConfig(KernelConfig):
         shared memory in the 128-byte-swizzled layout of a TMA tensor map on dq, then one
         cp.reduce.async.bulk.tensor .add per consumer and tile, issued by one thread, after a 128-thread
         barrier; overlap 0, dq_keys "cta" only) or "tma_warp" (the same, but each warp reduces its own 16
-        rows, 2 KB boxes: no barrier, a warp's staging stores and its TMA ordered by __syncwarp).
+        rows, 2 KB boxes: no barrier, a warp's staging stores and its TMA ordered by __syncwarp; overlap 0).
       overlap: 0, or issue the next query tile's S^T (1) or S^T and dP^T (2) wgmmas between this tile's dQ
         staging and its bulk reductions (waited at the end of the step), so that the dQ store's barriers and
         reductions run while they occupy the tensor cores; with 1, dP^T is issued at the top of the step and
@@ -65,7 +65,8 @@ class AttentionBwdConfig(KernelConfig):
         memory behind a 256-thread barrier, the head-dim split over the consumers at H128, consumer 0 alone
         at H64) or "own" (each consumer over its own 64 keys, all head-dim columns: only a 128-thread
         barrier per consumer, so the two consumers run independently; twice the dQ reductions into dq).
-        "own" needs overlap 0, and dq_store "red" at head_dim 128 (the bulk path stages 64 columns).
+        "own" needs overlap 0, and dq_store "red" or "tma_warp" at head_dim 128 (the bulk path stages 64
+        columns; "tma_warp" stages each consumer's two 64-column halves in turn in its own block).
       broadcast_q: one query sequence for every batch row (broadcast_query_attention): q and dq hold batch 1;
         the producer loads each query head's Q tiles at batch 0 and every batch row's dQ reductions add into
         batch 0's dq (the float32 sum over the batch, in the atomics' order); dO, LSE and delta stay per
@@ -75,6 +76,21 @@ class AttentionBwdConfig(KernelConfig):
         aligned_rows), their accumulators scaled by the row factors (the call's extra operands q8, k8, v8, do8,
         qs, ks, vs, dos: target jax_mxfp8_attention_bwd_fp8); dV, dK, dQ stay on BF16 wgmma. Not with the dQ
         modes, broadcast_q or overlap.
+      next_early: 0, or issue the next query tile's S^T (1) or S^T and dP^T (2) right after this tile's dQ
+        store (dq_first: while dK's wgmma runs), so that they queue behind dK on the tensor cores and are
+        complete (the step's final wait) when the next step starts: its P phase starts at once (with 1,
+        dP^T is issued at the top of the next step and runs under its P phase). Needs dq_first (overlap 0,
+        dq_keys "cta"); overlap is the older form for the "bulk" store. (Issued before the dS barrier instead,
+        acc_s next to acc_dq and dS's A fragment does not fit the H128 registers: ptxas serializes every
+        wgmma, C7512.)
+      dk_ss: dK += dSq^T Q reads dSq^T from the dS tile in shared memory (SS wgmma: the tile dQ reads,
+        query-contiguous, is K-major for dK's A) instead of a bfloat16 A fragment in registers: 16 fewer
+        registers held while dK runs and no second bfloat16 packing of dS. The same products (dk bits equal).
+      p_scaled: P is computed as 2^8 P by the exponent (8 folded into LSE log2(e) and the clamp), so Pq =
+        E4M3(2^8 P) needs no multiplies either side (dV accumulates 2^8 dV), dS comes out as 2^8 dS, its
+        square blocks quantize to the same E4M3 values with scales 2^8 larger, and the 2^-8 rides on dQ's and
+        dK's tau and dV's epilogue (exact powers of two). Saves 64 multiplies per thread and tile; ex2 of x + 8
+        instead of 2^8 ex2(x) moves P by an ulp or so, so dk, dv are not bit-equal to tune 0's.
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
     """
 
@@ -103,6 +119,9 @@ class AttentionBwdConfig(KernelConfig):
     dq_keys: str = "cta"
     broadcast_q: bool = False
     sdp_fp8: bool = False
+    next_early: int = 0
+    dk_ss: bool = False
+    p_scaled: bool = False
     tune: int = 0
 
     def __post_init__(self):
@@ -129,10 +148,10 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError("packed=True is not implemented (dense padded batches only)")
         if self.dq_store not in DQ_STORES:
             raise ValueError(f"dq_store={self.dq_store!r} not in {DQ_STORES}")
-        if self.dq_store.startswith("tma") and (self.overlap or self.dq_keys != "cta"):
-            raise ValueError(
-                f"dq_store={self.dq_store!r} needs overlap=0 and dq_keys='cta' (got {self.overlap}, {self.dq_keys!r})"
-            )
+        if self.dq_store.startswith("tma") and self.overlap:
+            raise ValueError(f"dq_store={self.dq_store!r} needs overlap=0 (got {self.overlap})")
+        if self.dq_store == "tma" and self.dq_keys != "cta":
+            raise ValueError(f"dq_store='tma' needs dq_keys='cta' (got {self.dq_keys!r}; 'tma_warp' takes 'own')")
         if self.broadcast_q and self.dq_mode:
             raise ValueError(
                 "broadcast_q=True sums dQ over the batch rows with float32 atomics: not with dq_accum='fp16' or "
@@ -173,6 +192,16 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"sdp_fp8={self.sdp_fp8!r} is not a bool")
         if self.sdp_fp8 and (self.dq_mode or self.broadcast_q or self.overlap):
             raise ValueError("sdp_fp8=True needs dq_accum='fp32', deterministic=False, broadcast_q=False, overlap=0")
+        if self.next_early not in (0, 1, 2):
+            raise ValueError(f"next_early={self.next_early} not in (0, 1, 2)")
+        if self.next_early and not self.dq_first:
+            raise ValueError(f"next_early={self.next_early} needs dq_first=True (the S^T issue follows dQ's store)")
+        if not isinstance(self.dk_ss, bool):
+            raise ValueError(f"dk_ss={self.dk_ss!r} is not a bool")
+        if not isinstance(self.p_scaled, bool):
+            raise ValueError(f"p_scaled={self.p_scaled!r} is not a bool")
+        if self.p_scaled and self.dq_mode:
+            raise ValueError("p_scaled=True needs dq_accum='fp32', deterministic=False (the dQ modes scale dq apart)")
         if not 1 <= self.q_stage <= 4:
             raise ValueError(f"q_stage={self.q_stage} not in [1, 4]")
 
@@ -222,6 +251,13 @@ class AttentionBwdConfig(KernelConfig):
 #   tune 16: tune 7 + dq_store "tma_warp" (one TMA reduce-add per warp of its 16 rows: no dQ barrier)
 #   tune 17: tune 16 + dq_first (the dQ store under the dK wgmma)
 #   tune 18: tune 12 + dq_first (production's red.v2 store under the dK wgmma)
+#   tune 20: production + dq_keys "own" with the "tma_warp" store instead of dq_first over the CTA's keys (the
+#            consumers decoupled: no 256-thread dS barrier, each consumer's dQ over its own 64 keys and all
+#            head-dim columns, twice the TMA reductions)
+#   tune 21: tune 23 + next_early 1 (the next tile's S^T issued after this tile's dQ store, under dK)
+#   tune 22: tune 23 + next_early 2 (the next tile's S^T and dP^T)
+#   tune 23: production + dk_ss (dK's A operand dS^T from shared memory: SS wgmma)
+#   tune 24: tune 23 + p_scaled (P computed as 2^8 P: no multiplies around Pq's FP8 rounding)
 #   tune 19: tune 17 + sdp_fp8 (S^T and dP^T on FP8 wgmma from realigned FP8 copies of Q, K, V, dO): the
 #            production config since session 8, so not registered as a tuning
 _T7 = dict(smem_stats=True, amax_reduce="redux", stats_early=True)
@@ -252,6 +288,11 @@ TUNINGS: tuple[tuple[int, dict], ...] = (
     (17, dict(_T7, dq_store="tma_warp", dq_first=True)),
     (18, dict(_T7, dq_store="red", dq_red_width=2, dq_first=True)),
     (19, dict(_T7, dq_store="tma_warp", dq_first=True, sdp_fp8=True)),
+    (20, dict(_T7, dq_store="tma_warp", dq_keys="own", sdp_fp8=True)),
+    (21, dict(_T7, dq_store="tma_warp", dq_first=True, sdp_fp8=True, next_early=1, dk_ss=True)),
+    (22, dict(_T7, dq_store="tma_warp", dq_first=True, sdp_fp8=True, next_early=2, dk_ss=True)),
+    (23, dict(_T7, dq_store="tma_warp", dq_first=True, sdp_fp8=True, dk_ss=True)),
+    (24, dict(_T7, dq_store="tma_warp", dq_first=True, sdp_fp8=True, dk_ss=True, p_scaled=True)),
 )
 BROADCAST_Q: dict[int, dict] = {128: dict(dict(TUNINGS)[12]), 64: dict(dict(TUNINGS)[1])}
 """The broadcast_q variants' fields: the previous production, tune 12 at H128 and tune 1 at H64 (per-element

@@ -141,8 +141,14 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         self.tma_dq = config.dq_store in ("tma", "tma_warp")
         # "tma": 64 rows (a consumer's tile) per TMA box; "tma_warp": 16 (a warp's rows)
         self.dq_box_rows = 16 if config.dq_store == "tma_warp" else TILE_M
+        # the staging tile's 64-column blocks (16 KB each): one per head-dim block of the CTA's dQ tile, or
+        # with dq_keys "own" one per consumer (each stages its 64-column halves in turn)
+        self.dq_stage_blocks = NUM_CONSUMERS if self.dq_own else self.h // 64
         self.dq_mode = config.dq_mode  # float16 dq and / or ordered adds (kernels/sm90/attention_bwd_dq.py)
         self.overlap = config.overlap
+        self.dk_ss = config.dk_ss  # dK's A operand from the dS tile in shared memory, not the registers
+        self.next_early = config.next_early  # the next tile's S^T (/ dP^T) right after this tile's dQ store
+        self.p_scaled = config.p_scaled  # P computed as 2^8 P (the FP8 rounding's scale in the exponent)
         self.smem_stats = config.smem_stats
         # sdp_fp8: S^T and dP^T on FP8 wgmma from the realigned FP8 copies q8, k8, v8, do8 (one exponent per 32
         # rows, scaled by their row factors qs, ks, vs, dos); the bfloat16 v is then not read
@@ -229,6 +235,12 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
             OperandSource.RMEM,
         )  # fmt: skip
 
+    def _dk_mma(self) -> cute.TiledMma:
+        """dk_ss: dK += dSq^T Q with A (keys, queries) K-major in shared memory (the transposed view of the dS
+        tile, which is query-contiguous), B as _dkv_mma's; 64-key halves as _sdp_mma."""
+        k, mn = OperandMajorMode.K, OperandMajorMode.MN
+        return sm90_utils.make_trivial_tiled_mma(BF16, BF16, k, mn, Float32, (NUM_CONSUMERS, 1, 1), (WG_N, self.h))
+
     def _dq_mma(self) -> cute.TiledMma:
         """dQ = dSq K: A (queries, keys) MN-major in shared memory (sdS), B (H, keys) an MN-major view of sK.
         H128: the consumers take head-dim halves (thread t covers columns 64 (t // 128) ..); H64: one."""
@@ -261,8 +273,9 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         """dq_store "tma": the dQ staging tile as (box rows R, 64 head-dim columns, stages) float32, row-major
         with the 128-byte swizzle (conflict-free 8-byte stores of the accumulator fragment: a warp's 8 rows
         x 32 bytes land on 8 distinct 16-byte chunk pairs); R = 64: a stage per 64-column block (H / 64),
-        R = 16 ("tma_warp"): a stage per (block, warp), block-major. The TMA box is (R rows, 32 columns)."""
-        stages = (self.h // 64) * (TILE_M // self.dq_box_rows)
+        R = 16 ("tma_warp"): a stage per (block, warp), block-major (dq_keys "own": a block per consumer).
+        The TMA box is (R rows, 32 columns)."""
+        stages = self.dq_stage_blocks * (TILE_M // self.dq_box_rows)
         return sm90_utils.make_smem_layout_epi(Float32, utils.LayoutEnum.ROW_MAJOR, (self.dq_box_rows, 64), stages)
 
     def _shared_storage(self, q_smem, k_smem, ds_smem):

@@ -3,7 +3,7 @@ loop (S^T, P^T, Pq^T, dP^T, dS^T and its square quantization, dV, dK, dQ wgmmas)
 
 Supported features: those of attention_bwd.py (head_dim 64 / 128, causal or not, GQA, per-batch lengths,
 p_scale "const"), and its schedule fields: overlap 0 / 1 / 2, smem_stats, stats_early, amax_reduce, dq_keys
-"cta" / "own". A mixin of AttentionBackwardSm90: it reads the kernel's config-derived attributes (self.h,
+"cta" / "own", dq_first, next_early 0 / 1 / 2, dk_ss, p_scaled, sdp_fp8. A mixin of AttentionBackwardSm90: it reads the kernel's config-derived attributes (self.h,
 self.overlap, ...) and calls the dQ store of AttentionBwdDqReduce (kernels/sm90/attention_bwd_dq_reduce.py).
 Consumer warpgroup c (0, 1) owns keys 64 c .. 64 c + 63 of the CTA's 128-key tile (wgmma M = 64).
 """
@@ -75,6 +75,13 @@ class AttentionBwdConsumer:
             tQrdS = dq_mma.make_fragment_A(thr_dq.partition_A(sdS))
             tQrKt = dq_mma.make_fragment_B(thr_dq.partition_B(sKt))
         tCsdS = thr_sdp.partition_C(sdSt)
+        tKrdS, tKrQt_ss = None, None
+        if cutlass.const_expr(self.dk_ss):
+            # dK's A = dSq^T (keys, queries) from the dS tile: K-major as the transposed view of sdS
+            dk_mma = self._dk_mma()
+            thr_dk = dk_mma.get_slice(tid)
+            tKrdS = dk_mma.make_fragment_A(thr_dk.partition_A(sdSt))
+            tKrQt_ss = dk_mma.make_fragment_B(thr_dk.partition_B(sQt))
 
         acc_s = cute.make_rmem_tensor(thr_sdp.partition_shape_C((CTA_N, TILE_M)), Float32)
         acc_dp = cute.make_rmem_tensor(thr_sdp.partition_shape_C((CTA_N, TILE_M)), Float32)
@@ -99,6 +106,14 @@ class AttentionBwdConsumer:
         key0 = n * CTA_N + c * WG_N + row_in  # its keys (S^T rows)
         col_in = 2 * (lane % 4)  # its query columns col_in + v0 + 8 nb of S^T / head-dim columns of dQ
         scale_log2 = scale * Float32(LOG2E)
+        # p_scaled: P is computed as 2^8 P (Pq's FP8 scale folded into the exponent), so dS comes out as
+        # 2^8 dS and its square blocks as 2^8 dSq (the block scales absorb it): dQ's and dK's tau takes the
+        # 2^-8 (exact), dV's accumulator holds 2^8 dV until the epilogue
+        dq_tau = scale
+        dv_unit = Float32(1.0)
+        if cutlass.const_expr(self.p_scaled):
+            dq_tau = scale * Float32(1.0 / P_CONST)
+            dv_unit = Float32(1.0 / P_CONST)
         # sdp_fp8: the accumulators of S^T, dP^T are in units of the FP8 copies' row factors: this thread's
         # keys (one 32-key group) times each of its two 32-query blocks (f_s: tau log2(e) included via qs)
         f_s = cute.make_rmem_tensor((2,), Float32)
@@ -146,16 +161,26 @@ class AttentionBwdConsumer:
             stage = it % self.q_stage
             buf = it % 2
             state = ws.ring_state(self.q_stage, it)
-            if cutlass.const_expr(not self.overlap):
+            if cutlass.const_expr(self.next_early):
+                # the first tile's S^T and dP^T here (no wgmma before them); later tiles' S^T (next_early 1: its
+                # dP^T here) were issued in the previous step, after its dQ store, and are complete
+                if it == 0:
+                    if cutlass.const_expr(not self.smem_stats):
+                        self._load_stats(mLse, mDelta, bn, q0 + col_in, lse2, dlt)
+                    q_pipe.consumer_wait(state)
+                    self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, 0)
+                    if cutlass.const_expr(self.sdp_fp8):
+                        self._load_factors(mQs, mdOs, bn, m, k_f, v_f, f_s, f_dp)
+                elif cutlass.const_expr(self.next_early == 1):
+                    self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, -1)
+            elif cutlass.const_expr(not self.overlap):
                 if cutlass.const_expr(not self.smem_stats):
                     self._load_stats(mLse, mDelta, bn, q0 + col_in, lse2, dlt)
                 q_pipe.consumer_wait(state)
                 self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, 0)
-            if cutlass.const_expr(self.sdp_fp8):
+            if cutlass.const_expr(self.sdp_fp8 and not self.next_early):
                 # the tile's query-block factors (uniform loads, under the S^T / dP^T wgmmas)
-                for qb in cutlass.range_constexpr(2):
-                    f_s[qb] = mQs[bn, 2 * m + qb] * k_f
-                    f_dp[qb] = mdOs[bn, 2 * m + qb] * v_f
+                self._load_factors(mQs, mdOs, bn, m, k_f, v_f, f_s, f_dp)
             if cutlass.const_expr(self.overlap == 1):
                 self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, -1)  # dP^T only (S^T is in flight)
             # stats_early: the LSE loads (LDS) are issued under the S^T wgmma instead of after its wait (not
@@ -166,13 +191,18 @@ class AttentionBwdConsumer:
             if cutlass.const_expr(self.smem_stats and not self.stats_early):
                 self._read_stats(sStats, stage, col_in, lse2, True)
             self._probabilities(acc_s, lse2, scale_log2, key0, q0 + col_in, q_len, kv_len, n, m, f_s)
-            # Pq = E4M3_satfinite(P 2^8) 2^-8, as dV's A operand (the A fragment's order is the accumulator's)
-            for i in cutlass.range_constexpr(32):
-                a_f32[i] = acc_s[i] * Float32(P_CONST)
-            a_fp8.store(a_f32.load().to(FP8))
-            a_f32.store(a_fp8.load().to(Float32))
-            for i in cutlass.range_constexpr(32):
-                a_f32[i] = a_f32[i] * Float32(1.0 / P_CONST)
+            # Pq = E4M3_satfinite(P 2^8) 2^-8, as dV's A operand (the A fragment's order is the accumulator's);
+            # p_scaled: acc_s already holds 2^8 P, and Pq stays in 2^8 units (no multiplies)
+            if cutlass.const_expr(self.p_scaled):
+                a_fp8.store(acc_s.load().to(FP8))
+                a_f32.store(a_fp8.load().to(Float32))
+            else:
+                for i in cutlass.range_constexpr(32):
+                    a_f32[i] = acc_s[i] * Float32(P_CONST)
+                a_fp8.store(a_f32.load().to(FP8))
+                a_f32.store(a_fp8.load().to(Float32))
+                for i in cutlass.range_constexpr(32):
+                    a_f32[i] = a_f32[i] * Float32(1.0 / P_CONST)
             p_a.store(a_f32.load().to(BF16))
             cute.nvgpu.warpgroup.fence()
             self._gemm_acc(self._dkv_mma, acc_dv, p_a, tVrdOt[None, None, None, stage], it)
@@ -187,9 +217,10 @@ class AttentionBwdConsumer:
                     dp = dp * f_dp[nbk // 4]
                 acc_dp[i] = acc_s[i] * (dp - dlt[v0 + 2 * nbk])
             quantize_ds_square(acc_dp, sAmax, buf, c, warp_wg, lane, pair_barrier, self.redux)
-            for i in cutlass.range_constexpr(32):
-                a_f32[i] = acc_dp[i]
-            ds_a.store(a_f32.load().to(BF16))
+            if cutlass.const_expr(not self.dk_ss):  # dK's A fragment (dk_ss: read from the dS tile instead)
+                for i in cutlass.range_constexpr(32):
+                    a_f32[i] = acc_dp[i]
+                ds_a.store(a_f32.load().to(BF16))
             ds_c.store(acc_dp.load().to(BF16))
             cute.autovec_copy(ds_c, tCsdS[None, None, None, buf])
             cute.arch.fence_view_async_shared()
@@ -201,12 +232,12 @@ class AttentionBwdConsumer:
                 cute.nvgpu.warpgroup.fence()
                 self._gemm(self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[0][None, None, None, 0], False)
                 cute.nvgpu.warpgroup.commit_group()
-                self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
+                self._issue_dk(acc_dk, ds_a, tKrQt, tKrdS, tKrQt_ss, stage, buf, it)
                 cute.nvgpu.warpgroup.commit_group()
                 for hh in cutlass.range_constexpr(1, self.dq_halves):
                     cute.nvgpu.warpgroup.wait_group(1)
                     self._store_dq(
-                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, Int32(64 * (hh - 1)), col_in, q_len, scale,
+                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, Int32(64 * (hh - 1)), col_in, q_len, dq_tau,
                         c, warp_wg, lane,
                     )  # fmt: skip
                     cute.nvgpu.warpgroup.fence()
@@ -228,22 +259,36 @@ class AttentionBwdConsumer:
                     # dQ first, then dK; dQ's store while dK's wgmma runs (wait_group(1): dQ's group is done;
                     # the H64 consumer 1 has only dK's group, waited by the step's wait_group(0) below)
                     self._issue_dq(acc_dq, tQrdS, tQrKt, buf, c)
-                    self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
+                    self._issue_dk(acc_dk, ds_a, tKrQt, tKrdS, tKrQt_ss, stage, buf, it)
                     cute.nvgpu.warpgroup.commit_group()
                     cute.nvgpu.warpgroup.wait_group(1)
                     if cutlass.const_expr(self.dq_split):
                         self._store_dq(
-                            acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg,
+                            acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, dq_tau, c, warp_wg,
                             lane,
                         )  # fmt: skip
                     else:
                         if c == 0:
                             self._store_dq(
-                                acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c,
+                                acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, dq_tau, c,
                                 warp_wg, lane,
                             )  # fmt: skip
+                    if cutlass.const_expr(self.next_early):
+                        # acc_s, acc_dp and acc_dq are free: the next tile's S^T (and dP^T) queue behind this
+                        # tile's dK on the tensor cores. Issued on the last step too, on a stale stage, result
+                        # unused (a wgmma issued on one path only serializes them all, C7514); waited by this
+                        # step's final wait_group(0), so the next step's P phase starts at once.
+                        m_nx, bn_nx, q_nx = self._tile(it + 1, n_m, m_start, bn0)
+                        if it + 1 < n_iter:
+                            if cutlass.const_expr(not self.smem_stats):
+                                self._load_stats(mLse, mDelta, bn_nx, q_nx + col_in, lse2, dlt)
+                            q_pipe.consumer_wait(ws.ring_state(self.q_stage, it + 1))
+                        which = 1 if self.next_early == 1 else 0
+                        self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, (it + 1) % self.q_stage, which)
+                        if cutlass.const_expr(self.sdp_fp8):
+                            self._load_factors(mQs, mdOs, bn_nx, m_nx, k_f, v_f, f_s, f_dp)
                 else:
-                    self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
+                    self._issue_dk(acc_dk, ds_a, tKrQt, tKrdS, tKrQt_ss, stage, buf, it)
                     cute.nvgpu.warpgroup.commit_group()
                     self._issue_dq(acc_dq, tQrdS, tQrKt, buf, c)
             cute.nvgpu.warpgroup.wait_group(0)
@@ -254,13 +299,13 @@ class AttentionBwdConsumer:
             if cutlass.const_expr(early):
                 if cutlass.const_expr(self.dq_split):
                     self._store_dq(
-                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg,
+                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, dq_tau, c, warp_wg,
                         lane, "stage",
                     )  # fmt: skip
                 else:
                     if c == 0:
                         self._store_dq(
-                            acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg,
+                            acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, dq_tau, c, warp_wg,
                             lane, "stage",
                         )  # fmt: skip
             if cutlass.const_expr(self.overlap):
@@ -280,16 +325,30 @@ class AttentionBwdConsumer:
             elif cutlass.const_expr(self.dq_own):
                 self._store_dq(
                     acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, Int32(64 * (self.dq_halves - 1)), col_in, q_len,
-                    scale, c, warp_wg, lane, part,
+                    dq_tau, c, warp_wg, lane, part,
                 )  # fmt: skip
             elif cutlass.const_expr(self.dq_split):
                 self._store_dq(
-                    acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg, lane, part
+                    acc_dq,
+                    dq_base,
+                    sdq_base,
+                    bn,
+                    tp,
+                    q0,
+                    row_in,
+                    dq_col0,
+                    col_in,
+                    q_len,
+                    dq_tau,
+                    c,
+                    warp_wg,
+                    lane,
+                    part,
                 )
             else:
                 if c == 0:
                     self._store_dq(
-                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, scale, c, warp_wg, lane,
+                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, dq_tau, c, warp_wg, lane,
                         part,
                     )  # fmt: skip
             if cutlass.const_expr(self.overlap):
@@ -306,8 +365,8 @@ class AttentionBwdConsumer:
             live = key0 + 8 * v1 < kv_len
             if cutlass.const_expr(self.overlap):
                 live = live & (n_iter > 0)
-            acc_dk[i] = cutlass.select_(live, acc_dk[i] * scale, Float32(0.0))
-            acc_dv[i] = cutlass.select_(live, acc_dv[i], Float32(0.0))
+            acc_dk[i] = cutlass.select_(live, acc_dk[i] * dq_tau, Float32(0.0))
+            acc_dv[i] = cutlass.select_(live, acc_dv[i] * dv_unit, Float32(0.0))
         cute.autovec_copy(acc_dk, tDKgDK)
         cute.autovec_copy(acc_dv, tDVgDV)
 
@@ -323,6 +382,27 @@ class AttentionBwdConsumer:
                 self._gemm(self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[None, None, None, 0], False)
                 cute.nvgpu.warpgroup.commit_group()
 
+    def _p_log2(self) -> float:
+        """log2 of the unit P is computed in: 8 with p_scaled (2^8 P, folded into LSE log2(e) as -8), else 0."""
+        return 8.0 if self.p_scaled else 0.0
+
+    @cute.jit
+    def _issue_dk(self, acc_dk, ds_a, tKrQt, tKrdS, tKrQt_ss, stage, buf, it):
+        """dK += dSq^T Q of this tile (no commit): A from the registers (ds_a) or, dk_ss, from dS buffer buf in
+        shared memory (after the barrier that follows its stores)."""
+        if cutlass.const_expr(self.dk_ss):
+            self._gemm_acc(self._dk_mma, acc_dk, tKrdS[None, None, None, buf], tKrQt_ss[None, None, None, stage], it)
+        else:
+            self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
+
+    @cute.jit
+    def _load_factors(self, mQs, mdOs, bn, m, k_f, v_f, f_s, f_dp):
+        """sdp_fp8: query tile m's two 32-query-block factors of S^T (f_s: qs ks, tau log2(e) included) and
+        dP^T (f_dp: dos vs), for this thread's key factors k_f, v_f (uniform loads)."""
+        for qb in cutlass.range_constexpr(2):
+            f_s[qb] = mQs[bn, 2 * m + qb] * k_f
+            f_dp[qb] = mdOs[bn, 2 * m + qb] * v_f
+
     @cute.jit
     def _tile(self, it, n_m, m_start, bn0):
         """(query tile m, query head bn, first row q0) of loop step it (head g = it // n_m of the group)."""
@@ -337,7 +417,7 @@ class AttentionBwdConsumer:
         for j in cutlass.range_constexpr(16):
             col = qcol0 + (j % 2) + 8 * (j // 2)
             lv = mLse[bn, col]
-            lse2[j] = cutlass.select_(lv == -Float32.inf, Float32.inf, lv * Float32(LOG2E))
+            lse2[j] = cutlass.select_(lv == -Float32.inf, Float32.inf, lv * Float32(LOG2E) - Float32(self._p_log2()))
             dlt[j] = mDelta[bn, col]
 
     @cute.jit
@@ -349,7 +429,7 @@ class AttentionBwdConsumer:
             col = col_in + (j % 2) + 8 * (j // 2)
             if cutlass.const_expr(is_lse):
                 x = sStats[col, 0, stage]
-                out[j] = cutlass.select_(x == -Float32.inf, Float32.inf, x * Float32(LOG2E))
+                out[j] = cutlass.select_(x == -Float32.inf, Float32.inf, x * Float32(LOG2E) - Float32(self._p_log2()))
             else:
                 out[j] = sStats[col, 1, stage]
 
@@ -371,13 +451,14 @@ class AttentionBwdConsumer:
         the key is >= kv_len, the query >= q_len, or (causal) the key after the query. LSE = -inf rows
         come in as lse2 = +inf (P = 0). sdp_fp8: acc_s is in the FP8 copies' units, f_s[query block] =
         tau log2(e) 2^(eQ + eK) replaces scale_log2."""
+        p_log2 = self._p_log2()  # lse2 carries -p_log2: P 2^p_log2 <= 2^p_log2
         for i in cutlass.range_constexpr(32):
             v0, _, nbk = acc_coords(i)
             mult = scale_log2
             if cutlass.const_expr(self.sdp_fp8):
                 mult = f_s[nbk // 4]
             x = acc_s[i] * mult - lse2[v0 + 2 * nbk]
-            acc_s[i] = cute.math.exp2(cute.arch.fmin(x, Float32(0.0), nan=True), fastmath=True)
+            acc_s[i] = cute.math.exp2(cute.arch.fmin(x, Float32(p_log2), nan=True), fastmath=True)
         need = ((n + 1) * CTA_N > kv_len) | ((m + 1) * TILE_M > q_len)
         if cutlass.const_expr(self.config.causal):
             need = need | (m * TILE_M < (n + 1) * CTA_N)

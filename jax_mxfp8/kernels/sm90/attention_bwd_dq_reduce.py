@@ -11,7 +11,8 @@ the other dQ modes are kernels/sm90/attention_bwd_dq.py's, dispatched from _stor
           boxes on dq), then one cp.reduce.async.bulk.tensor .add per consumer and tile (its 64 columns),
           issued by warp 0's elected lane after the consumer's barrier; no overlap, dq_keys "cta" only
   "tma_warp"  the same with (16, 32) boxes: each warp reduces its own 16 rows after a __syncwarp (no
-          barrier across the consumer's warps)
+          barrier across the consumer's warps); dq_keys "cta" or "own" (each consumer's two 64-column
+          halves at H128 staged in turn in its own block)
 Rows >= q_len are never added ("tma" adds +0.0 to the rows q_len .. Tp - 1 of a tile that crosses q_len:
 the zero-filled dq stays +0.0 there). A mixin of AttentionBackwardSm90 (it reads self.config, self.h, ...).
 """
@@ -61,7 +62,7 @@ class AttentionBwdDqReduce:
                 warp_wg * 32 + lane, DQ_BARRIER0 + c,
             )  # fmt: skip
         elif cutlass.const_expr(self.tma_dq):
-            self._reduce_dq_tma(acc_dq, sdq_base, bn, q0, row_in, col_in, q_len, scale, c, warp_wg)
+            self._reduce_dq_tma(acc_dq, sdq_base, bn, q0, row_in, col0, col_in, q_len, scale, c, warp_wg)
         elif cutlass.const_expr(not self.bulk_dq):
             self._add_dq(acc_dq, dq_base, bn, tp, q0 + row_in, col0 + col_in, q_len, scale)
         else:
@@ -91,24 +92,33 @@ class AttentionBwdDqReduce:
         for _reduce_dq_tma). The layout is the one _reduce_dq_tma's stores assume (checked at trace time)."""
         tma_dq, mdQt, sDQ = self.dq_tma
         rows = self.dq_box_rows
-        stages = (self.h // 64) * (TILE_M // rows)
+        stages = self.dq_stage_blocks * (TILE_M // rows)
         stride = 0 if stages == 1 else rows * 64
         want = f"((8,{rows // 8}),(32,2),(1,{stages})):((32,256),(1,{rows * 32}),(0,{stride}))"
         assert str(sDQ.layout) == want, f"dQ staging layout {sDQ.layout} is not {want}"
         self.tDsDQ, self.tDgDQ = tma_tile_partition(tma_dq, mdQt, sDQ, (rows, 64))
 
     @cute.jit
-    def _reduce_dq_tma(self, acc_dq, sdq_base, bn, q0, row_in, col_in, q_len, scale, c, warp_wg):
+    def _reduce_dq_tma(self, acc_dq, sdq_base, bn, q0, row_in, col0, col_in, q_len, scale, c, warp_wg):
         """dq[bn, q0 .., 64 c ..] += tau * acc_dq by TMA tensor reduce-adds of this consumer's 64 x 64 tile
         (c = 0 at H64): tau * acc (0 in rows >= q_len) into the staging tile (its previous reads were waited
         for before the dS barrier), fence.proxy.async, then "tma": the consumer's barrier and warp 0 issues
         the tile (two 64 x 32 boxes); "tma_warp": __syncwarp and each warp issues its 16 rows (two 16 x 32
         boxes). The copy elects its lane (elect.sync): the whole warp takes the branch.
 
+        dq_keys "own" ("tma_warp" only): the tile is dq's columns col0 .. col0 + 63 (a multiple of 64) and is
+        staged in consumer c's own 16 KB block; each warp first waits until its previous reduction (the
+        previous half or tile) has read that block (wait_group.read in the issuing lane, then __syncwarp).
+
         Staging addresses by hand (kernels/sm90/attention_bwd_dq_layout.py): cute's partition of the swizzled
         tile kept 16 addresses live across the loop (40 spill stores instead of 10)."""
         lim = q_len - q0
-        blk = c if self.dq_split else 0
+        blk = c if self.dq_split else 0  # the staging block (16 KB) and dq's 64-column block
+        col_blk = blk
+        if cutlass.const_expr(self.dq_own):
+            blk, col_blk = c, col0 // 64
+            bulk_wait_read()
+            cute.arch.sync_warp()
         warp_boxes = self.dq_box_rows == 16
         offset, x0 = dq_layout.thread_base(row_in, col_in, blk, warp_boxes)
         base = sdq_base + offset
@@ -124,7 +134,7 @@ class AttentionBwdDqReduce:
             cute.arch.sync_warp()
             stage = blk * (TILE_M // 16) + warp_wg
             row_tile = q0 // 16 + warp_wg
-            cute.copy(self.dq_tma[0], self.tDsDQ[(None, stage)], self.tDgDQ[(None, row_tile, blk, bn)])
+            cute.copy(self.dq_tma[0], self.tDsDQ[(None, stage)], self.tDgDQ[(None, row_tile, col_blk, bn)])
             bulk_commit()
         else:
             cute.arch.barrier(barrier_id=DQ_BARRIER0 + c, number_of_threads=ws.WARPGROUP_THREADS)
