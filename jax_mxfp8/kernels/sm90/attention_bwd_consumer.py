@@ -3,8 +3,9 @@ loop (S^T, P^T, Pq^T, dP^T, dS^T and its square quantization, dV, dK, dQ wgmmas)
 
 Supported features: those of attention_bwd.py (head_dim 64 / 128, causal or not, GQA, per-batch lengths,
 p_scale "const"), and its schedule fields: overlap 0 / 1 / 2, smem_stats, stats_early, amax_reduce, dq_keys
-"cta" / "own", dq_first, next_early 0 / 1 / 2, dk_ss, p_scaled, sdp_fp8. A mixin of AttentionBackwardSm90: it reads the kernel's config-derived attributes (self.h,
-self.overlap, ...) and calls the dQ store of AttentionBwdDqReduce (kernels/sm90/attention_bwd_dq_reduce.py).
+"cta" / "own", dq_first, next_early 0 / 1 / 2, dk_ss, p_scaled, sdp_fp8. A mixin of AttentionBackwardSm90:
+it reads the kernel's config-derived attributes (self.h, self.overlap, ...) and calls the dQ store of
+AttentionBwdDqReduce (kernels/sm90/attention_bwd_dq_reduce.py).
 Consumer warpgroup c (0, 1) owns keys 64 c .. 64 c + 63 of the CTA's 128-key tile (wgmma M = 64).
 """
 
