@@ -14,7 +14,7 @@ from jax_mxfp8.kernels.registry.base import P_SCALE_CODE, P_SCALES, ROUNDING_COD
 
 DQ_ACCUMS = ("fp32", "fp16")
 DQ_ACCUM_CODE = {"fp32": 0, "fp16": 1}
-DQ_STORES = ("red", "bulk", "tma", "tma_warp")
+DQ_STORES = ("red", "bulk", "tma", "tma_warp", "tma_writer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,10 @@ class AttentionBwdConfig(KernelConfig):
         shared memory in the 128-byte-swizzled layout of a TMA tensor map on dq, then one
         cp.reduce.async.bulk.tensor .add per consumer and tile, issued by one thread, after a 128-thread
         barrier; overlap 0, dq_keys "cta" only) or "tma_warp" (the same, but each warp reduces its own 16
-        rows, 2 KB boxes: no barrier, a warp's staging stores and its TMA ordered by __syncwarp; overlap 0).
+        rows, 2 KB boxes: no barrier, a warp's staging stores and its TMA ordered by __syncwarp; overlap 0) or
+        "tma_writer" (the "tma_warp" staging, but the consumers only arrive on a named barrier after their
+        stores and warp 1 of the producer warpgroup issues every box's reduction, waits for their reads and
+        frees the tile on a second barrier, FA3's dQ writer; overlap 0, dq_keys "cta").
       overlap: 0, or issue the next query tile's S^T (1) or S^T and dP^T (2) wgmmas between this tile's dQ
         staging and its bulk reductions (waited at the end of the step), so that the dQ store's barriers and
         reductions run while they occupy the tensor cores; with 1, dP^T is issued at the top of the step and
@@ -150,8 +153,10 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"dq_store={self.dq_store!r} not in {DQ_STORES}")
         if self.dq_store.startswith("tma") and self.overlap:
             raise ValueError(f"dq_store={self.dq_store!r} needs overlap=0 (got {self.overlap})")
-        if self.dq_store == "tma" and self.dq_keys != "cta":
-            raise ValueError(f"dq_store='tma' needs dq_keys='cta' (got {self.dq_keys!r}; 'tma_warp' takes 'own')")
+        if self.dq_store in ("tma", "tma_writer") and self.dq_keys != "cta":
+            raise ValueError(
+                f"dq_store={self.dq_store!r} needs dq_keys='cta' (got {self.dq_keys!r}; 'tma_warp' takes 'own')"
+            )
         if self.broadcast_q and self.dq_mode:
             raise ValueError(
                 "broadcast_q=True sums dQ over the batch rows with float32 atomics: not with dq_accum='fp16' or "
@@ -259,6 +264,8 @@ class AttentionBwdConfig(KernelConfig):
 #   tune 23: production + dk_ss (dK's A operand dS^T from shared memory: SS wgmma)
 #   tune 24: tune 23 + p_scaled (P computed as 2^8 P: no multiplies around Pq's FP8 rounding): the production
 #            config since session 9, so not registered as a tuning
+#   tune 25: production with dq_store "tma_writer" (the dQ reductions issued by a writer warp of the producer
+#            warpgroup instead of each consumer warp)
 #   tune 19: tune 17 + sdp_fp8 (S^T and dP^T on FP8 wgmma from realigned FP8 copies of Q, K, V, dO): the
 #            production config of session 8 (registered again since session 9's production differs)
 _T7 = dict(smem_stats=True, amax_reduce="redux", stats_early=True)
@@ -296,6 +303,7 @@ TUNINGS: tuple[tuple[int, dict], ...] = (
     (22, dict(_T7, dq_store="tma_warp", dq_first=True, sdp_fp8=True, next_early=2, dk_ss=True)),
     (23, dict(_T7, dq_store="tma_warp", dq_first=True, sdp_fp8=True, dk_ss=True)),
     (24, dict(_T7, dq_store="tma_warp", dq_first=True, sdp_fp8=True, dk_ss=True, p_scaled=True)),
+    (25, dict(_T7, dq_store="tma_writer", dq_first=True, sdp_fp8=True, dk_ss=True, p_scaled=True)),
 )
 BROADCAST_Q: dict[int, dict] = {128: dict(dict(TUNINGS)[12]), 64: dict(dict(TUNINGS)[1])}
 """The broadcast_q variants' fields: the previous production, tune 12 at H128 and tune 1 at H64 (per-element

@@ -138,9 +138,11 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         self.bulk_dq = config.dq_store == "bulk"
         # dq_store "tma": the dQ tile staged in a 128-byte-swizzled (64, 64, H / 64) float32 tile, one TMA
         # tensor reduce-add per consumer and tile (kernels/sm90/attention_bwd_dq_reduce.py)
-        self.tma_dq = config.dq_store in ("tma", "tma_warp")
-        # "tma": 64 rows (a consumer's tile) per TMA box; "tma_warp": 16 (a warp's rows)
-        self.dq_box_rows = 16 if config.dq_store == "tma_warp" else TILE_M
+        self.tma_dq = config.dq_store in ("tma", "tma_warp", "tma_writer")
+        # "tma_writer": the consumers stage dQ and signal; warp 1 of the producer warpgroup issues the reductions
+        self.dq_writer = config.dq_store == "tma_writer"
+        # "tma": 64 rows (a consumer's tile) per TMA box; "tma_warp", "tma_writer": 16 (a warp's rows)
+        self.dq_box_rows = 16 if config.dq_store in ("tma_warp", "tma_writer") else TILE_M
         # the staging tile's 64-column blocks (16 KB each): one per head-dim block of the CTA's dQ tile, or
         # with dq_keys "own" one per consumer (each stages its 64-column halves in turn)
         self.dq_stage_blocks = NUM_CONSUMERS if self.dq_own else self.h // 64
@@ -569,6 +571,9 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
                     tma_q, mQ, sQ, tma_do, mdO, sdO, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_pipe,
                     n, bk, bn0, m_start, n_m, n_iter, mLse, mDelta, stats_base,
                 )  # fmt: skip
+            if cutlass.const_expr(self.dq_writer):
+                if warp == 1:
+                    self._write_dq(n_iter, n_m, m_start, bn0)
         else:
             cute.arch.setmaxregister_increase(ws.CONSUMER_REGISTERS)
             self._consume(

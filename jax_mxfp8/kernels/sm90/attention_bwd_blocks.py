@@ -36,6 +36,8 @@ DS_BARRIER = 1  # named barrier: dS tile written by both consumers (256 threads)
 AMAX_BARRIER0 = 2  # named barriers 2..5: one per warp pair (64 threads), the dS block amax exchange
 DQ_BARRIER0 = 6  # named barriers 6, 7: one per consumer (128 threads), its dQ staging tile (dq_store "bulk")
 DS_OWN_BARRIER0 = 8  # dq_keys "own": named barriers 8, 9, one per consumer (128 threads), its own dS keys
+DQ_FULL_BARRIER = 10  # dq_store "tma_writer": the dQ staging tile written (consumers arrive, the writer warp syncs)
+DQ_EMPTY_BARRIER = 11  # dq_store "tma_writer": the staging tile read by the TMA (the writer arrives, consumers sync)
 
 SDP_FP8_OPERANDS = ("q8", "k8", "v8", "do8", "qs", "ks", "vs", "dos")
 """The sdp_fp8 variants' extra operands, after dv: the FP8 copies (realigned to one exponent per 32 rows,

@@ -21,6 +21,7 @@ from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
     AMAX_BARRIER0,
     BF16,
     CTA_N,
+    DQ_EMPTY_BARRIER,
     DS_BARRIER,
     DS_OWN_BARRIER0,
     FP8,
@@ -247,7 +248,13 @@ class AttentionBwdConsumer:
                     )
                     cute.nvgpu.warpgroup.commit_group()
             else:
-                if cutlass.const_expr(self.tma_dq):
+                if cutlass.const_expr(self.dq_writer):
+                    # the writer warp has read the previous tile's staging tile out (its stagers only)
+                    if cutlass.const_expr(self.dq_split):
+                        cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=self._dq_writer_threads())
+                    elif c == 0:
+                        cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=self._dq_writer_threads())
+                elif cutlass.const_expr(self.tma_dq):
                     # the previous tile's TMA reduce has read the staging tile: after the dS barrier every
                     # thread may overwrite it (no barrier of its own before the staging stores)
                     if cutlass.const_expr(self.dq_box_rows == 16):
@@ -354,7 +361,9 @@ class AttentionBwdConsumer:
                     )  # fmt: skip
             if cutlass.const_expr(self.overlap):
                 cute.nvgpu.warpgroup.wait_group(0)  # the next tile's S^T (and dP^T)
-        if cutlass.const_expr(self.tma_dq and self.dq_box_rows == 16):
+        if cutlass.const_expr(self.dq_writer):
+            pass  # the writer warp waits for the last reductions
+        elif cutlass.const_expr(self.tma_dq and self.dq_box_rows == 16):
             bulk_wait()  # "tma_warp": every warp's last reductions
         elif cutlass.const_expr(self.bulk_dq or self.tma_dq):
             if warp_wg == 0:

@@ -28,9 +28,12 @@ from jax_mxfp8.kernels.sm90 import attention_bwd_dq_layout as dq_layout
 from jax_mxfp8.kernels.sm90 import warp_specialization as ws
 from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
     DQ_BARRIER0,
+    DQ_EMPTY_BARRIER,
+    DQ_FULL_BARRIER,
     TILE_M,
     bulk_commit,
     bulk_reduce_add_f32,
+    bulk_wait,
     bulk_wait_read,
     red_add_f32,
     red_add_v2_f32,
@@ -130,7 +133,10 @@ class AttentionBwdDqReduce:
             hi = cutlass.select_(live, acc_dq[i + 1] * scale, Float32(0.0))
             st_shared_v2_f32(addr, lo, hi)
         cute.arch.fence_view_async_shared()  # the generic-proxy stores, visible to the TMA (async proxy)
-        if cutlass.const_expr(warp_boxes):
+        if cutlass.const_expr(self.dq_writer):
+            # the writer warp issues the reductions once every staging warp has arrived
+            cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER, number_of_threads=self._dq_writer_threads())
+        elif cutlass.const_expr(warp_boxes):
             cute.arch.sync_warp()
             stage = blk * (TILE_M // 16) + warp_wg
             row_tile = q0 // 16 + warp_wg
@@ -141,6 +147,39 @@ class AttentionBwdDqReduce:
             if warp_wg == 0:
                 cute.copy(self.dq_tma[0], self.tDsDQ[(None, blk)], self.tDgDQ[(None, q0 // TILE_M, blk, bn)])
                 bulk_commit()
+
+    def _dq_writer_threads(self) -> int:
+        """dq_store "tma_writer": the threads of the DQ_FULL / DQ_EMPTY barriers, the staging consumers (both
+        at H128, consumer 0 at H64) and the writer warp."""
+        return (256 if self.dq_split else 128) + 32
+
+    @cute.jit
+    def _write_dq(self, n_iter, n_m, m_start, bn0):
+        """dq_store "tma_writer", warp 1 of the producer warpgroup (FA3's dQ writer): per query tile, wait until
+        the consumers have staged the tile (DQ_FULL), issue its TMA reduce-adds (one per 16-row box pair:
+        8 at H128, 4 at H64), wait until they have read the staging tile and free it (DQ_EMPTY). The
+        consumers then never wait for a TMA issue; the staging tile is single-buffered, as before."""
+        self._partition_dq_tma()
+        threads = self._dq_writer_threads()
+        if n_iter > 0:  # the tile starts free (one arrival per consumer sync: none left pending at exit)
+            cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=threads)
+        for it in cutlass.range(n_iter, unroll=1):
+            g = it // n_m
+            m = m_start + it - g * n_m
+            bn = bn0 + g
+            cute.arch.barrier(barrier_id=DQ_FULL_BARRIER, number_of_threads=threads)
+            for blk in cutlass.range_constexpr(self.dq_stage_blocks if self.dq_split else 1):
+                for w in cutlass.range_constexpr(TILE_M // 16):
+                    row_tile = m * (TILE_M // 16) + w
+                    cute.copy(
+                        self.dq_tma[0], self.tDsDQ[(None, blk * (TILE_M // 16) + w)],
+                        self.tDgDQ[(None, row_tile, blk, bn)],
+                    )  # fmt: skip
+            bulk_commit()
+            bulk_wait_read()
+            if it + 1 < n_iter:
+                cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=threads)
+        bulk_wait()  # the last reductions, before the CTA (and its shared memory) goes away
 
     @cute.jit
     def _add_dq(self, acc_dq, dq_base, bn, tp, row0, col0, q_len, scale):
