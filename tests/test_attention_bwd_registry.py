@@ -61,20 +61,24 @@ def test_production_lookup(head_dim, causal):
     # tune 17's config at both head dims (session 5): TMA dQ reduce-add per warp, dQ under the dK wgmma; since
     # session 8 S^T and dP^T on FP8 wgmma (sdp_fp8, tune 19's measurements); since session 9 dK's A operand
     # from shared memory and P computed in 2^8 units (dk_ss, p_scaled: tune 24's)
-    assert v.dq_store == "tma_warp" and v.dq_first and v.smem_stats and v.amax_reduce == "redux" and v.sdp_fp8
-    assert v.dk_ss and v.p_scaled
+    # and at H128 the dQ writer warp (dq_store "tma_writer", tune 25's)
+    assert v.dq_store == ("tma_writer" if head_dim == 128 else "tma_warp")
+    assert v.dq_first and v.smem_stats and v.amax_reduce == "redux" and v.sdp_fp8 and v.dk_ss and v.p_scaled
     assert v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}"
     assert v.key == dict(
         head_dim=head_dim, causal=int(causal), p_scale=0, p_rounding=0, dq_accum=0, deterministic=0, packed=0,
         broadcast_q=0, tune=0, sdp_fp8=1,
     )  # fmt: skip
     # tune 17: the same schedule on BF16 wgmma only; tune 19: the session 8 production (its sdp_fp8 form);
-    # tune 24 is production's config, so it is not registered; the handler reads sdp_fp8 from the table
+    # the handler reads sdp_fp8 from the table
     t17 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=17)
     assert not t17.sdp_fp8 and t17.key["sdp_fp8"] == 0 and t17.dq_store == "tma_warp" and t17.dq_first
     t19 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=19)
     assert t19.sdp_fp8 and t19.key["sdp_fp8"] == 1 and not t19.dk_ss and not t19.p_scaled
-    assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=24) is None
+    # tune 24 (25 at H128) is production's config there, so it is not registered for that head dim
+    prod_tune, other = (25, 24) if head_dim == 128 else (24, 25)
+    assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=prod_tune) is None
+    assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=other) is not None
     v1 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=13)
     assert v1.dq_store == "bulk" and not v1.smem_stats  # the v1 production, kept as a tuning
     # broadcast_query_attention's variant: BROADCAST_Q's schedule (per-element dQ reductions: the TMA dQ
