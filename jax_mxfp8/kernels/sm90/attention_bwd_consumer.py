@@ -337,22 +337,9 @@ class AttentionBwdConsumer:
                 )  # fmt: skip
             elif cutlass.const_expr(self.dq_split):
                 self._store_dq(
-                    acc_dq,
-                    dq_base,
-                    sdq_base,
-                    bn,
-                    tp,
-                    q0,
-                    row_in,
-                    dq_col0,
-                    col_in,
-                    q_len,
-                    dq_tau,
-                    c,
-                    warp_wg,
-                    lane,
+                    acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, dq_tau, c, warp_wg, lane,
                     part,
-                )
+                )  # fmt: skip
             else:
                 if c == 0:
                     self._store_dq(

@@ -30,6 +30,7 @@ from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
     DQ_BARRIER0,
     DQ_EMPTY_BARRIER,
     DQ_FULL_BARRIER,
+    NUM_CONSUMERS,
     TILE_M,
     bulk_commit,
     bulk_reduce_add_f32,
@@ -151,7 +152,7 @@ class AttentionBwdDqReduce:
     def _dq_writer_threads(self) -> int:
         """dq_store "tma_writer": the threads of the DQ_FULL / DQ_EMPTY barriers, the staging consumers (both
         at H128, consumer 0 at H64) and the writer warp."""
-        return (256 if self.dq_split else 128) + 32
+        return (NUM_CONSUMERS if self.dq_split else 1) * ws.WARPGROUP_THREADS + 32
 
     @cute.jit
     def _write_dq(self, n_iter, n_m, m_start, bn0):
@@ -164,9 +165,7 @@ class AttentionBwdDqReduce:
         if n_iter > 0:  # the tile starts free (one arrival per consumer sync: none left pending at exit)
             cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=threads)
         for it in cutlass.range(n_iter, unroll=1):
-            g = it // n_m
-            m = m_start + it - g * n_m
-            bn = bn0 + g
+            m, bn, _ = self._tile(it, n_m, m_start, bn0)  # the consumers' tile order (AttentionBwdConsumer)
             cute.arch.barrier(barrier_id=DQ_FULL_BARRIER, number_of_threads=threads)
             for blk in cutlass.range_constexpr(self.dq_stage_blocks if self.dq_split else 1):
                 for w in cutlass.range_constexpr(TILE_M // 16):
