@@ -4,7 +4,7 @@
 The kernel: one `jax_mxfp8_attention_bwd` FFI call on operands prepared once (bf16 MX values, head-major,
 float32 LSE and delta; the pre-pass is not timed); the sdp_fp8 variants (production) take
 `jax_mxfp8_attention_bwd_fp8` with FP8 copies made by casting the same N(0, 1) values (fp8_inputs: right for
-timing, not MX values). cuDNN: the backward half of
+timing, not MX values), the dv_f16 ones dO in float16. cuDNN: the backward half of
 jax.nn.dot_product_attention(implementation="cudnn") in bfloat16 (jax.vjp once, then the jitted VJP
 function on a random cotangent), same shapes.
 
@@ -78,7 +78,8 @@ def kernel_fn(shape, rng, tune=0, mode=None, inputs=None):
     inputs = inputs if inputs is not None else kernel_inputs(shape, rng)
     if variant.sdp_fp8:  # v8 in v's place, then q8, k8, do8, qs, ks, vs, dos
         q8, k8, v8, do8, qs, ks, vs, dos = fp8_inputs(inputs, h)
-        inputs = (inputs[0], inputs[1], v8, *inputs[3:], q8, k8, do8, qs, ks, vs, dos)
+        do = inputs[3].astype(jnp.float16) if variant.dv_f16 else inputs[3]  # dv_f16: dO 2^-shift (0 for N(0, 1))
+        inputs = (inputs[0], inputs[1], v8, do, *inputs[4:], q8, k8, do8, qs, ks, vs, dos)
     return jax.jit(lambda *a: call(*a, **attrs)), inputs
 
 

@@ -101,11 +101,15 @@ ffi::Error AttentionBwdRun(cudaStream_t stream, int32_t device, ffi::AnyBuffer q
   JMX_RETURN_IF_ERROR(Want(!broadcast_q || qd[0] == 1, "a broadcast_q variant takes q of batch 1"));
   const int64_t b = broadcast_q ? kd[0] : qd[0], n = qd[1], tp = qd[2], h = qd[3], nk = kd[1], sp = kd[2];
   const int64_t q_rows = broadcast_q ? 1 : b;
-  // (sdp_fp8: v is v8, float8_e4m3fn, checked with the other FP8 operands)
+  // (sdp_fp8: v is v8, float8_e4m3fn, checked with the other FP8 operands; dv_f16: do is f16, dO 2^-shift)
+  const bool dv_f16 = Param(entry, "dv_f16") == 1;
   JMX_RETURN_IF_ERROR(Want(q.element_type() == ffi::DataType::BF16 && k.element_type() == ffi::DataType::BF16 &&
-                               (fp8 != nullptr || v.element_type() == ffi::DataType::BF16) &&
-                               d_o.element_type() == ffi::DataType::BF16,
-                           fp8 != nullptr ? "q, k and do must be bf16" : "q, k, v and do must be bf16"));
+                               (fp8 != nullptr || v.element_type() == ffi::DataType::BF16),
+                           fp8 != nullptr ? "q and k must be bf16" : "q, k and v must be bf16"));
+  const ffi::DataType do_type = dv_f16 ? ffi::DataType::F16 : ffi::DataType::BF16;
+  JMX_RETURN_IF_ERROR(Want(d_o.element_type() == do_type, "kernel '" + std::string(entry->name) + "' needs do " +
+                                                              DTypeName(do_type) + ", got " +
+                                                              DTypeName(d_o.element_type())));
   JMX_RETURN_IF_ERROR(Want(lse.element_type() == ffi::DataType::F32 && delta.element_type() == ffi::DataType::F32,
                            "lse and delta must be f32"));
   JMX_RETURN_IF_ERROR(Want(lens.element_type() == ffi::DataType::S32, "lens must be s32"));

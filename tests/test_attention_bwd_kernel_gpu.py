@@ -33,7 +33,7 @@ from jax_mxfp8.kernels.registry.attention_bwd import TUNINGS
 from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.ops.attention import square_sequence_major
 from jax_mxfp8.primitives import library
-from jax_mxfp8.primitives.attention_operands import aligned_rows
+from jax_mxfp8.primitives.attention_operands import aligned_rows, do_float16, do_shift
 from jax_mxfp8.reference.attention_bwd import attention_bwd
 from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.attention_quant import fake_quant_square
@@ -194,13 +194,19 @@ def kernel_bwd(case, ops, o, lse, *, tune=0, poison=True, mode=None, dq_scale_lo
     )
     specs = tuple((x.shape, str(x.dtype)) for x in outs)
     args = (qh, kh, vh, doh, jnp.asarray(lse_p), jnp.asarray(delta_p), jnp.asarray(lens))
+    shift = None
     if variant.sdp_fp8:  # v8 in v's place, then q8, k8, do8, qs, ks, vs, dos
         q8, k8, v8, do8, qs, ks, vs, dos = fp8_copies(case, do, tp, sp)
-        args = (qh, kh, v8, *args[3:], q8, k8, do8, qs, ks, vs, dos)
+        if variant.dv_f16:  # float16 dO^ 2^-shift (the library's pre-pass helpers); dv comes back times 2^-shift
+            shift = do_shift(dos, g)
+            doh = do_float16(doh, dos, shift)
+        args = (qh, kh, v8, doh, *args[4:], q8, k8, do8, qs, ks, vs, dos)
     fn = _into_fn(variant.name, float(case["tau"]), int(dq_scale_log2), specs, variant.sdp_fp8)
     dq, dk, dv, sem = fn(*args, *outs)
     raw_dq = np.asarray(dq)
     dq, dk, dv = (np.asarray(x, np.float64) for x in (dq, dk, dv))
+    if shift is not None:
+        dv = dv * 2.0 ** np.asarray(shift, np.float64)[:, :, None, None]
     if fp16:
         dq = dq * 2.0**-dq_scale_log2
     raw = dict(dq=dq, dk=dk, dv=dv, tp=tp, sp=sp, dq_raw=raw_dq, dq_sem=np.asarray(sem))

@@ -34,6 +34,7 @@ from jax_mxfp8.ops import attention as attn_ops
 from jax_mxfp8.ops import attention_bwd_kernel as kbwd
 from jax_mxfp8.primitives import attention_bwd as abwd
 from jax_mxfp8.primitives import implementation as impl
+from jax_mxfp8.primitives.attention_operands import DO_F16_TOP
 from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.attention_quant import fake_quant_square
 
@@ -526,3 +527,82 @@ def test_sdp_fp8_call_partitions_and_lowers():
         _run(dataclasses.replace(ops, fp8=None), fp8)
     with pytest.raises(ValueError, match="bfloat16 v"):
         _run(ops, plain)
+
+
+def _dv_f16_variant(h: int, causal: bool):
+    v = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=causal, tune={128: 26, 64: 27}[h])
+    if v is None or not v.dv_f16:
+        pytest.skip(f"no dv_f16 tuning registered at head_dim {h}")
+    return v
+
+
+def test_do_float16_holds_do_exactly():
+    """The dv_f16 operand (attention_operands.do_shift / do_float16) on the library's own square blocks and
+    FP8 row factors, row blocks up to 40 binades apart: do_f16 2^shift equals dO^ bit for bit in every block
+    within 22 binades of its KV head group's largest, and within half float16's smallest subnormal step
+    (2^(shift - 25)) below that; the group's largest element lands in (2^14, 57344] (the tightest power of two
+    below float16's max); a NaN block makes its 32 rows NaN (as in the FP8 copies), and no element overflows."""
+    from jax_mxfp8.formats.quantize import dequantize
+    from jax_mxfp8.primitives.attention_operands import aligned_rows, do_float16, do_shift
+
+    rng = fresh_rng()
+    b, t, n, n_kv, h = 2, 128, 4, 2, 64
+    mag = 2.0 ** rng.integers(-30, 10, size=(b, t // 32, n, 1))  # per 32-row block
+    x = rng.standard_normal((b, t, n, h)) * np.repeat(mag, 32, axis=1)
+    x[1, 64:96, 3, :32] = np.nan  # one NaN block (batch 1, KV head 1, row block 2)
+    mx_do = attn_ops.square_sequence_major(jnp.asarray(x, jnp.float32), None, "up", "emulated")
+    _, dos = aligned_rows(mx_do, t, "emulated")
+    do_bf16 = jnp.swapaxes(dequantize(mx_do, jnp.float32), 1, 2).astype(jnp.bfloat16)  # dO^ (B, N, T, H)
+    shift = do_shift(dos, n // n_kv)
+    got = do_float16(do_bf16, dos, shift)
+    assert got.dtype == jnp.float16 and shift.shape == (b, n_kv)
+    sh = np.repeat(np.asarray(shift), n // n_kv, axis=1)[:, :, None, None]  # (B, N, 1, 1)
+    back = np.asarray(got, np.float64) * 2.0**sh
+    want = np.asarray(do_bf16, np.float64)
+    assert np.isnan(want).sum() == 32 * 32
+    nan_rows = np.broadcast_to(np.isnan(want).any(axis=-1, keepdims=True), want.shape)  # its 32 rows, all H
+    np.testing.assert_array_equal(np.isnan(back), nan_rows)
+    want = np.where(nan_rows, np.nan, want)
+    # each element's square-block exponent (scale byte - 127), head-major like want
+    e_blk = np.asarray(mx_do.scale, np.int32).transpose(0, 2, 1, 3) - 127  # (B, N, T/32, H/32)
+    e_blk = np.repeat(np.repeat(e_blk, 32, axis=2), 32, axis=3)
+    near = (e_blk >= sh + DO_F16_TOP - 22) & ~np.isnan(want)
+    assert near.any() and (~near & ~np.isnan(want)).any(), "the case must hold blocks on both sides"
+    np.testing.assert_array_equal(back[near], want[near])
+    far = ~near & ~np.isnan(want)
+    assert np.all(np.abs(back[far] - want[far]) <= 2.0 ** (np.broadcast_to(sh, want.shape)[far] - 25))
+    top = np.nanmax(np.abs(np.asarray(got, np.float64)).reshape(b, n_kv, -1), axis=-1)
+    assert np.all(top <= 57344.0) and np.all(top > 2.0**14), top
+
+
+def test_dv_f16_call_equals_its_base_variant():
+    """The dv_f16 call's emulation on float16 do (do_float16 of the base's bfloat16 do, the shift from the
+    random row factors) gives the sdp_fp8 base variant's (production) dq, dk, dv bit for bit, plain and over a
+    2x4 mesh; a dv_f16 variant refuses bfloat16 do, the others refuse float16 do, and bwd_operands refuses
+    do_f16 without fp8_path."""
+    from jax_mxfp8.primitives.attention_operands import do_float16, do_shift
+
+    base = _need_variant(dict(h=64, causal=True))
+    dv16 = _dv_f16_variant(64, True)
+    assert base.sdp_fp8 and base.p_scaled and not base.dv_f16
+    rng = fresh_rng()
+    ops, _ = _with_fp8(_call_operands(rng), rng)
+    shift = do_shift(ops.fp8.dos, ops.q.shape[1] // ops.k.shape[1])
+    ops16 = dataclasses.replace(ops, do=do_float16(ops.do, ops.fp8.dos, shift), do_shift=shift)
+    want = jax.jit(functools.partial(_run, variant=base))(ops)
+    f = jax.jit(functools.partial(_run, variant=dv16))
+    for name, a, w in zip("qkv", f(ops16), want, strict=True):
+        np.testing.assert_array_equal(_bits(a), _bits(w), err_msg=f"d{name}")
+    m = mesh((2, 4), ("data", "model"))
+    four, three = ("data", "model", None, None), ("data", "model", None)
+    extra = abwd.SdpFp8Operands(four, four, four, four, three, three, three, three)
+    specs = abwd.BwdOperands(four, four, None, four, three, three, (None, "data"), extra, ("data", "model"))
+    placed = jax.tree.map(lambda x, sp: put(x, m, *sp), ops16, specs, is_leaf=lambda x: isinstance(x, tuple))
+    for name, a, w in zip("qkv", f(placed), want, strict=True):
+        _assert_close(a, w, name)
+    with pytest.raises(ValueError, match="float16 do"):
+        _run(ops, dv16)
+    with pytest.raises(ValueError, match="bfloat16 do"):
+        _run(ops16, base)
+    with pytest.raises(ValueError, match="fp8_path"):
+        abwd.bwd_operands(None, None, None, None, None, None, None, None, q_len=None, kv_len=None, do_f16=True)

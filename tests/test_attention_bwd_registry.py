@@ -46,6 +46,9 @@ from jax_mxfp8.kernels.registry.attention_bwd import (
         (dict(sdp_fp8=1), "sdp_fp8"),
         (dict(sdp_fp8=True, dq_accum="fp16", dq_store="red"), "sdp_fp8"),  # fp32, non-deterministic only
         (dict(sdp_fp8=True, broadcast_q=True, dq_store="red"), "sdp_fp8"),
+        (dict(dv_f16=1), "dv_f16"),
+        (dict(dv_f16=True, sdp_fp8=True), "dv_f16"),  # needs p_scaled as well
+        (dict(dv_f16=True, p_scaled=True), "dv_f16"),  # and sdp_fp8
     ],
 )
 def test_bad_fields_raise_naming_the_field(kwargs, field):
@@ -67,8 +70,12 @@ def test_production_lookup(head_dim, causal):
     assert v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}"
     assert v.key == dict(
         head_dim=head_dim, causal=int(causal), p_scale=0, p_rounding=0, dq_accum=0, deterministic=0, packed=0,
-        broadcast_q=0, tune=0, sdp_fp8=1,
+        broadcast_q=0, tune=0, sdp_fp8=1, dv_f16=0,
     )  # fmt: skip
+    # tunes 26 (H128) / 27 (H64): production + dv_f16 (the handler reads dv_f16 from the table: do's dtype)
+    f16_tune = {128: 26, 64: 27}[head_dim]
+    t_f16 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=f16_tune)
+    assert t_f16.dv_f16 and t_f16.key["dv_f16"] == 1 and dataclasses.replace(t_f16, dv_f16=False, tune=0) == v
     # tune 17: the same schedule on BF16 wgmma only; tune 19: the session 8 production (its sdp_fp8 form);
     # the handler reads sdp_fp8 from the table
     t17 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=17)
@@ -134,7 +141,7 @@ def test_tunings_registered_as_non_production(head_dim, causal):
         assert (v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}") == (tune == 0)
         if tune != 0:
             assert dataclasses.replace(v, tune=0) != prod  # no tuning duplicates production
-    assert registered >= len(TUNINGS) - 2
+    assert registered >= len(TUNINGS) - 3  # tune 10 (H64 only), 26 / 27 (one head dim each), production's twin
     assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=len(TUNINGS)) is None
 
 

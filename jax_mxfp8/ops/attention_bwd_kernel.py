@@ -93,7 +93,7 @@ def kernel_backward(static: dense.AttentionStatic, variant, res, cts, broadcast_
     fp8_path = static.impl if variant.sdp_fp8 else None  # the FP8 copies of S^T's and dP^T's operands
     ops = abwd.bwd_operands(
         q, k, v, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len, broadcast_q=broadcast_q, fp8_path=fp8_path,
-        scale=static.scale, path=static.impl,
+        scale=static.scale, path=static.impl, do_f16=variant.dv_f16,
     )  # fmt: skip
     e = static.config.dq_fp16_scale_log2
     dq, dk, dv = abwd.attention_bwd(ops, variant=variant, scale=static.scale, dq_scale_log2=e, path=static.impl)

@@ -44,10 +44,11 @@ import numpy as np
 
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
+from jax_mxfp8.formats.scales import mul_pow2
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives.attention_emulation import p_options
 from jax_mxfp8.primitives.attention_layout import LOG2E, TILE_M, TILE_N, round_up
-from jax_mxfp8.primitives.attention_operands import aligned_rows, head_major_scale
+from jax_mxfp8.primitives.attention_operands import aligned_rows, do_float16, do_shift, head_major_scale
 from jax_mxfp8.primitives.attention_realign import realign
 from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
 from jax_mxfp8.primitives.quantize import DEQUANTIZE
@@ -129,6 +130,8 @@ class BwdOperands:
     delta: jax.Array  # (B, N, Tp) float32 rowsum(dO * O) - dLSE, 0 on padding rows
     lens: jax.Array  # (2, B) int32 query lengths, KV lengths
     fp8: SdpFp8Operands | None = None  # the sdp_fp8 variants' FP8 copies (None for the others)
+    # dv_f16 variants: do is float16 dO^ 2^-do_shift[b, n // G] (attention_operands.do_float16), (B, K) int32
+    do_shift: jax.Array | None = None
 
     def args(self) -> tuple[jax.Array, ...]:
         """The plain call's operands (q, k, v, do, lse, delta, lens)."""
@@ -197,6 +200,7 @@ def bwd_operands(
     fp8_path: str | None = None,
     scale: float | None = None,
     path: str | None = None,
+    do_f16: bool = False,
 ) -> BwdOperands:
     """The backward's pre-pass (XLA, or the realign + dequantize calls with `path`).
 
@@ -218,7 +222,11 @@ def bwd_operands(
         given (not masked by the lengths): their data and scales past the lengths must already be zero, as
         ops/attention.py's kernel_operand and square_sequence_major leave them (a NaN scale there would
         make the whole 32-row factor NaN).
+      do_f16: the dv_f16 variants' do: float16 dO^ 2^-shift with one shift per (batch, KV head) from dO's
+        row factors (attention_operands.do_shift / do_float16; BwdOperands.do_shift). Needs fp8_path.
     """
+    if do_f16 and fp8_path is None:
+        raise ValueError("do_f16=True needs fp8_path (the shift comes from dO's FP8 row factors)")
     _, t, n, h = q.shape
     b = do.shape[0]
     s = k.shape[1]
@@ -241,12 +249,17 @@ def bwd_operands(
         v8, vs = aligned_rows(v, sp, fp8_path)
         do8, dos = aligned_rows(do_q, tp, fp8_path)
         fp8 = SdpFp8Operands(q8=q8, k8=k8, v8=v8, do8=do8, qs=qs, ks=ks, vs=vs, dos=dos)
+    do_op, shift = _operand(do_q, keep_q, tp, path), None
+    if do_f16:
+        shift = do_shift(fp8.dos, n // k.shape[2])
+        do_op = do_float16(do_op, fp8.dos, shift)
     return BwdOperands(
         fp8=fp8,
+        do_shift=shift,
         q=_operand(q, keep_q[:1] if broadcast_q and keep_q is not None else keep_q, tp, path),
         k=_operand(k, keep_k, sp, path),
         v=None if fp8 is not None else _operand(v, keep_k, sp, path),
-        do=_operand(do_q, keep_q, tp, path),
+        do=do_op,
         lse=lse_p,
         delta=_head_major(delta, None, tp),
         lens=jnp.stack([ql, kl]),
@@ -339,10 +352,15 @@ def _emulation_fp8(call: AttentionBwdCall, q, k, v8, do, lse, delta, lens, q8, k
     """The sdp_fp8 target's emulation: the plain call's on V = v8 2^eV (the re-encoded V the kernel's dP^T
     reads, exact in bfloat16) and the bfloat16 q, k, do. The kernel's S^T and dP^T read the re-encoded Q, K,
     dO as well, which differ from q, k, do only where the one-exponent-per-32-rows re-encoding rounded an
-    element below E4M3's normal range (measured in tests/test_attention_bwd_kernel_gpu.py)."""
-    del q8, k8, do8, qs, ks, dos
+    element below E4M3's normal range (measured in tests/test_attention_bwd_kernel_gpu.py). dv_f16 variants:
+    do is float16 dO^ 2^-shift (shift from dos, as bwd_operands made it) and dv comes out times 2^-shift."""
+    del q8, k8, do8, qs, ks
     v = (v8.astype(jnp.float32) * jnp.repeat(vs, 32, axis=2)[..., None]).astype(jnp.bfloat16)
-    return _emulation(call, q, k, v, do, lse, delta, lens)
+    if not call.variant.dv_f16:
+        return _emulation(call, q, k, v, do, lse, delta, lens)
+    shift = jnp.repeat(do_shift(dos, call.group), call.group, axis=1)[:, :, None, None]  # (B, N, 1, 1)
+    dq, dk, dv, sem = _emulation(call, q, k, v, mul_pow2(do.astype(jnp.float32), shift), lse, delta, lens)
+    return dq, dk, mul_pow2(dv, -shift[:, :: call.group]), sem
 
 
 def _emulated_sem(call: AttentionBwdCall, q_shape, lens) -> jax.Array:
@@ -457,6 +475,9 @@ def attention_bwd(
     op = ATTENTION_BWD_BROADCAST_Q if variant.broadcast_q else ATTENTION_BWD
     if variant.broadcast_q and ops.q.shape[0] != 1:
         raise ValueError(f"a broadcast_q variant takes q of batch 1; got {ops.q.shape}")
+    if variant.dv_f16 != (ops.do_shift is not None):
+        want = "float16 do and its shift: bwd_operands(..., do_f16=True)" if variant.dv_f16 else "bfloat16 do"
+        raise ValueError(f"variant {variant.name} takes {want}")
     if variant.sdp_fp8:
         if ops.fp8 is None:
             raise ValueError(f"variant {variant.name} (sdp_fp8) needs the FP8 copies: bwd_operands(..., fp8_path=)")
@@ -471,4 +492,6 @@ def attention_bwd(
         dq, dk, dv, _ = op.ffi_into(call, args, out)
     if fp16:
         dq = dq.astype(jnp.float32) * jnp.float32(2.0**-e)
+    if variant.dv_f16:  # the kernel's dv holds dV 2^-shift (exact powers of two)
+        dv = mul_pow2(dv, ops.do_shift[:, :, None, None])
     return dq, dk, dv

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.formats.scales import pow2
+from jax_mxfp8.formats.scales import mul_pow2, pow2
 from jax_mxfp8.primitives.attention_layout import (
     E_MAX,
     E_MIN,
@@ -235,3 +235,33 @@ def prepare_sequence_major(
         vi=_factor(-ev, nv),
         lens=_lengths(q_len, kv_len, b, t, s),
     )
+
+
+DO_F16_TOP = 7
+"""The dv_f16 variants' dO operand puts its largest block exponent at 2^7: |dO 2^-shift| <= 448 * 2^7 = 57344,
+below float16's 65504, and every E4M3 value of a block within 22 binades of it stays exact in float16."""
+
+
+def do_shift(dos: jax.Array, group: int) -> jax.Array:
+    """(B, N, Tp/32) float32 row factors 2^e of dO's FP8 copy (aligned_rows; NaN for row blocks holding a NaN
+    block) -> (B, K) int32: the largest e over each KV head's `group` query heads and row blocks, NaN ones
+    skipped (E_MIN when none is left), minus DO_F16_TOP. The same rows' largest square-block exponent: e_row
+    is the max of its blocks'."""
+    b, n, r = dos.shape
+    top = jnp.max(jnp.where(jnp.isnan(dos), 0.0, dos).reshape(b, n // group, group * r), axis=-1)
+    _, e = jnp.frexp(top)  # top = 2^(e - 1) (a power of two, or 0)
+    e = jnp.where(top > 0, e - 1, E_MIN)
+    return (e - DO_F16_TOP).astype(jnp.int32)
+
+
+def do_float16(do: jax.Array, dos: jax.Array, shift: jax.Array) -> jax.Array:
+    """dV's dO operand of the dv_f16 variants: do (B, N, Tp, H) (the MX values dO^, bfloat16 or float32) times
+    2^-shift[b, n // G] (shift (B, K) from do_shift of the row factors dos (B, N, Tp/32)), rounded to float16:
+    exact for every element of a block within 22 binades of the group's largest (float16's subnormals then
+    hold E4M3's 4 significant bits). A row block whose factor is NaN (it holds a NaN block) is NaN as a whole,
+    as in the FP8 copies (its finite blocks were left out of the shift and could exceed float16)."""
+    b, n = do.shape[:2]
+    s = jnp.repeat(shift, n // shift.shape[1], axis=1)  # (B, N)
+    x = mul_pow2(do.astype(jnp.float32), -s[:, :, None, None])
+    nan_rows = jnp.repeat(jnp.isnan(dos), 32, axis=2)[..., None]  # (B, N, Tp, 1)
+    return jnp.where(nan_rows, jnp.nan, x).astype(jnp.float16)

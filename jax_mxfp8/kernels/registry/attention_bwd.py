@@ -94,6 +94,12 @@ class AttentionBwdConfig(KernelConfig):
         square blocks quantize to the same E4M3 values with scales 2^8 larger, and the 2^-8 rides on dQ's and
         dK's tau and dV's epilogue (exact powers of two). Saves 64 multiplies per thread and tile; ex2 of x + 8
         instead of 2^8 ex2(x) moves P by an ulp or so, so dk, dv are not bit-equal to tune 0's.
+      dv_f16: dV += Pq^T dO on float16 wgmma: Pq's E4M3 values go to the A fragment by one cvt per pair
+        (e4m3x2 -> f16x2, exact) instead of the round trip through float32 to bfloat16, and the do operand is
+        float16 holding dO 2^-shift, one power of two per (batch, KV head) that puts its largest block near
+        2^15 (primitives/attention_bwd.py do_float16; exact for blocks within 22 binades of it). dv comes out
+        times 2^-shift and the caller scales it back: dv bit-equal to the same config without dv_f16. Needs
+        sdp_fp8 and p_scaled (dO's bfloat16 copy is then read by dV alone).
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
     """
 
@@ -102,7 +108,7 @@ class AttentionBwdConfig(KernelConfig):
     key_fields = ("head_dim", "causal", "p_scale", "p_rounding", "dq_accum", "deterministic", "packed", "broadcast_q")
     codes = {"p_scale": P_SCALE_CODE, "p_rounding": ROUNDING_CODE, "dq_accum": DQ_ACCUM_CODE}
     # in the kernel table: the handler checks that an sdp_fp8 variant is called with its FP8 operands
-    table_fields = ("sdp_fp8",)
+    table_fields = ("sdp_fp8", "dv_f16")  # dv_f16: the handler checks that do is float16
 
     head_dim: int = 128
     causal: bool = False
@@ -125,6 +131,7 @@ class AttentionBwdConfig(KernelConfig):
     next_early: int = 0
     dk_ss: bool = False
     p_scaled: bool = False
+    dv_f16: bool = False
     tune: int = 0
 
     def __post_init__(self):
@@ -207,6 +214,10 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"p_scaled={self.p_scaled!r} is not a bool")
         if self.p_scaled and self.dq_mode:
             raise ValueError("p_scaled=True needs dq_accum='fp32', deterministic=False (the dQ modes scale dq apart)")
+        if not isinstance(self.dv_f16, bool):
+            raise ValueError(f"dv_f16={self.dv_f16!r} is not a bool")
+        if self.dv_f16 and not (self.sdp_fp8 and self.p_scaled):
+            raise ValueError("dv_f16=True needs sdp_fp8=True and p_scaled=True (dV alone reads the do operand)")
         if not 1 <= self.q_stage <= 4:
             raise ValueError(f"q_stage={self.q_stage} not in [1, 4]")
 
@@ -266,6 +277,9 @@ class AttentionBwdConfig(KernelConfig):
 #            since session 9 (not registered there)
 #   tune 25: tune 24 with dq_store "tma_writer" (the dQ reductions issued by a writer warp of the producer
 #            warpgroup instead of each consumer warp): the H128 production since session 9 (not registered there)
+#   tune 26 (H128 only): production + dv_f16 (dV on float16 wgmma: Pq's E4M3 values to the A fragment by one
+#            cvt per pair, dO in float16 times a power of two per (batch, KV head))
+#   tune 27 (H64 only): production + dv_f16
 #   tune 19: tune 17 + sdp_fp8 (S^T and dP^T on FP8 wgmma from realigned FP8 copies of Q, K, V, dO): the
 #            production config of session 8 (registered again since session 9's production differs)
 _T7 = dict(smem_stats=True, amax_reduce="redux", stats_early=True)
@@ -306,12 +320,14 @@ TUNINGS: tuple[tuple[int, dict], ...] = (
     (23, dict(_T19, dk_ss=True)),
     (24, dict(_T24)),
     (25, dict(_T24, dq_store="tma_writer")),
+    (26, dict(PRODUCTION[128], dv_f16=True)),
+    (27, dict(PRODUCTION[64], dv_f16=True)),
 )
 BROADCAST_Q: dict[int, dict] = {128: dict(dict(TUNINGS)[12]), 64: dict(dict(TUNINGS)[1])}
 """The broadcast_q variants' fields: the previous production, tune 12 at H128 and tune 1 at H64 (per-element
 dQ reductions; a TMA dQ store addresses dq by tensor-map coordinates, which broadcast_q's per-CTA rebase of
 dq's address cannot move)."""
-TUNING_HEAD_DIMS: dict[int, tuple[int, ...]] = {10: (64,)}
+TUNING_HEAD_DIMS: dict[int, tuple[int, ...]] = {10: (64,), 26: (128,), 27: (64,)}
 """Tunings registered for some head dims only (the others: every head dim)."""
 
 

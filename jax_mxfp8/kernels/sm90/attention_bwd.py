@@ -17,6 +17,8 @@ from the shapes):
   k     (B*K, Sp*H)  bfloat16  K^ head-major (b, kv, s); Sp = S rounded up to 128; rows >= kv_len are 0
   v     (B*K, Sp*H)  bfloat16  V^
   do    (B*N, Tp*H)  bfloat16  dO^ (square-quantized, dequantized; rows >= q_len 0)
+                               (config.dv_f16: float16 dO^ 2^-shift[b, kv], read by dV alone; dv then
+                               holds dV 2^-shift, scaled back by the caller)
   lse   (B*N, Tp)    float32   natural-log LSE of the forward; -inf on rows >= q_len
   delta (B*N, Tp)    float32   rowsum(dO * O) - dLSE; 0 on padding rows
   lens  (2, B)       int32     query lengths, KV lengths
@@ -155,6 +157,9 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         # sdp_fp8: S^T and dP^T on FP8 wgmma from the realigned FP8 copies q8, k8, v8, do8 (one exponent per 32
         # rows, scaled by their row factors qs, ks, vs, dos); the bfloat16 v is then not read
         self.sdp_fp8 = config.sdp_fp8
+        # dv_f16: dO in float16 (times 2^-shift per batch and KV head), dV on float16 wgmma (Pq's E4M3 values
+        # to the A fragment by one cvt per pair)
+        self.do_dtype = cutlass.Float16 if config.dv_f16 else BF16
         # smem_stats: per Q / dO stage, the tile's 64 LSE then 64 delta values (float32), by cp.async.bulk
         self.stats_bytes = 2 * TILE_M * 4
         # dq_store "bulk": the dQ tile (64 rows x H float32) in shared memory, rows padded by 32 bytes so that
@@ -192,7 +197,7 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
             t(BF16, s(), s(divisibility=rows_h)),  # q (B*N, Tp*H)
             t(BF16, s(), s(divisibility=rows_h)),  # k (B*K, Sp*H)
             *v,
-            t(BF16, s(), s(divisibility=rows_h)),  # do
+            t(self.do_dtype, s(), s(divisibility=rows_h)),  # do (dv_f16: float16)
             t(Float32, s(), s(divisibility=128)),  # lse (B*N, Tp)
             t(Float32, s(), s(divisibility=128)),  # delta
             t(Int32, s(), s()),  # lens (2, B)
@@ -229,13 +234,17 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         k = OperandMajorMode.K
         return sm90_utils.make_trivial_tiled_mma(BF16, BF16, k, k, Float32, (NUM_CONSUMERS, 1, 1), (WG_N, TILE_M))
 
-    def _dkv_mma(self) -> cute.TiledMma:
+    def _dkv_mma(self, dtype=BF16) -> cute.TiledMma:
         """dV += Pq^T dO, dK += dSq^T Q: A (keys, queries) in registers, B (H, queries) an MN-major view of
         sdO / sQ; 64-key halves as _sdp_mma."""
         return sm90_utils.make_trivial_tiled_mma(
-            BF16, BF16, OperandMajorMode.K, OperandMajorMode.MN, Float32, (NUM_CONSUMERS, 1, 1), (WG_N, self.h),
+            dtype, dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32, (NUM_CONSUMERS, 1, 1), (WG_N, self.h),
             OperandSource.RMEM,
         )  # fmt: skip
+
+    def _dv_mma(self) -> cute.TiledMma:
+        """dV += Pq^T dO: _dkv_mma in dO's dtype (float16 with dv_f16)."""
+        return self._dkv_mma(self.do_dtype)
 
     def _dk_mma(self) -> cute.TiledMma:
         """dk_ss: dK += dSq^T Q with A (keys, queries) K-major in shared memory (the transposed view of the dS
@@ -290,7 +299,7 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
             sK=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem)], 1024],
             sV=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem)], 1024],
             sQ=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem)], 1024],
-            sdO=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem)], 1024],
+            sdO=cute.struct.Align[cute.struct.MemRange[self.do_dtype, cute.cosize(q_smem)], 1024],
             sdS=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(ds_smem)], 1024],
             sdQ=cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self._sdq_bytes() if self.bulk_dq else 16], 128],
         )

@@ -3,7 +3,7 @@ loop (S^T, P^T, Pq^T, dP^T, dS^T and its square quantization, dV, dK, dQ wgmmas)
 
 Supported features: those of attention_bwd.py (head_dim 64 / 128, causal or not, GQA, per-batch lengths,
 p_scale "const"), and its schedule fields: overlap 0 / 1 / 2, smem_stats, stats_early, amax_reduce, dq_keys
-"cta" / "own", dq_first, next_early 0 / 1 / 2, dk_ss, p_scaled, sdp_fp8. A mixin of AttentionBackwardSm90:
+"cta" / "own", dq_first, next_early 0 / 1 / 2, dk_ss, p_scaled, sdp_fp8, dv_f16. A mixin of AttentionBackwardSm90:
 it reads the kernel's config-derived attributes (self.h, self.overlap, ...) and calls the dQ store of
 AttentionBwdDqReduce (kernels/sm90/attention_bwd_dq_reduce.py).
 Consumer warpgroup c (0, 1) owns keys 64 c .. 64 c + 63 of the CTA's 128-key tile (wgmma M = 64).
@@ -64,7 +64,9 @@ class AttentionBwdConsumer:
         tSrQ = sdp_mma.make_fragment_B(thr_sdp.partition_B(sQa))
         tPrV = sdp_mma.make_fragment_A(thr_sdp.partition_A(sVa))
         tPrdO = sdp_mma.make_fragment_B(thr_sdp.partition_B(sdOa))
-        tVrdOt = dkv_mma.make_fragment_B(thr_dkv.partition_B(sdOt))
+        dv_mma = self._dv_mma()  # dkv_mma's, or its float16 twin (dv_f16)
+        thr_dv = dv_mma.get_slice(tid)
+        tVrdOt = dv_mma.make_fragment_B(thr_dv.partition_B(sdOt))
         tKrQt = dkv_mma.make_fragment_B(thr_dkv.partition_B(sQt))
         if cutlass.const_expr(self.dq_own):
             # this consumer's 64 keys of dS (queries x keys, per buffer) and of K^T (H x keys)
@@ -92,7 +94,7 @@ class AttentionBwdConsumer:
         acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((TILE_M, 64 if self.dq_own else h)), Float32)
         a_f32 = cute.make_rmem_tensor(thr_dkv.partition_shape_A((CTA_N, TILE_M)), Float32)
         a_fp8 = cute.make_rmem_tensor(thr_dkv.partition_shape_A((CTA_N, TILE_M)), FP8)
-        p_a = cute.make_rmem_tensor(thr_dkv.partition_shape_A((CTA_N, TILE_M)), BF16)
+        p_a = cute.make_rmem_tensor(thr_dv.partition_shape_A((CTA_N, TILE_M)), self.do_dtype)
         ds_a = cute.make_rmem_tensor(thr_dkv.partition_shape_A((CTA_N, TILE_M)), BF16)
         ds_c = cute.make_rmem_tensor(thr_sdp.partition_shape_C((CTA_N, TILE_M)), BF16)
         lse2 = cute.make_rmem_tensor((16,), Float32)
@@ -195,7 +197,11 @@ class AttentionBwdConsumer:
             self._probabilities(acc_s, lse2, scale_log2, key0, q0 + col_in, q_len, kv_len, n, m, f_s)
             # Pq = E4M3_satfinite(P 2^8) 2^-8, as dV's A operand (the A fragment's order is the accumulator's);
             # p_scaled: acc_s already holds 2^8 P, and Pq stays in 2^8 units (no multiplies)
-            if cutlass.const_expr(self.p_scaled):
+            if cutlass.const_expr(self.config.dv_f16):
+                # E4M3 -> float16 is exact (cvt.f16x2.e4m3x2 per pair): no float32 round trip
+                a_fp8.store(acc_s.load().to(FP8))
+                p_a.store(a_fp8.load().to(self.do_dtype))
+            elif cutlass.const_expr(self.p_scaled):
                 a_fp8.store(acc_s.load().to(FP8))
                 a_f32.store(a_fp8.load().to(Float32))
             else:
@@ -205,9 +211,10 @@ class AttentionBwdConsumer:
                 a_f32.store(a_fp8.load().to(Float32))
                 for i in cutlass.range_constexpr(32):
                     a_f32[i] = a_f32[i] * Float32(1.0 / P_CONST)
-            p_a.store(a_f32.load().to(BF16))
+            if cutlass.const_expr(not self.config.dv_f16):
+                p_a.store(a_f32.load().to(BF16))
             cute.nvgpu.warpgroup.fence()
-            self._gemm_acc(self._dkv_mma, acc_dv, p_a, tVrdOt[None, None, None, stage], it)
+            self._gemm_acc(self._dv_mma, acc_dv, p_a, tVrdOt[None, None, None, stage], it)
             cute.nvgpu.warpgroup.commit_group()
             cute.nvgpu.warpgroup.wait_group(1)
             if cutlass.const_expr(self.smem_stats):
