@@ -250,7 +250,7 @@ def _bwd_kernel(variant, q, k, v, ct, lens, causal, smoke):
         do_q = attn_ops.square_sequence_major(ct, lens, "up", st.impl)
         mxs = (quants[f"{x}:square"] for x in "qkv")
         fp8_path = st.impl if variant.sdp_fp8 else None  # the FP8 copies of an sdp_fp8 variant (production)
-        kw = dict(q_len=lens, kv_len=lens, fp8_path=fp8_path, scale=st.scale, path=st.impl)
+        kw = dict(q_len=lens, kv_len=lens, fp8_path=fp8_path, scale=st.scale, path=st.impl, do_f16=variant.dv_f16)
         return abwd.bwd_operands(*mxs, do_q, ct, o, lse, jnp.zeros_like(lse), **kw)
 
     ops = prepare(q, k, v, ct)

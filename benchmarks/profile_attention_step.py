@@ -11,7 +11,8 @@ time is the glue (quantize, producer passes, the backward's pre-pass, dq/dk/dv c
 It also times the backward's pre-pass alone (primitives/attention_bwd.bwd_operands on square MXArrays): the
 bfloat16 operands in XLA (path None, "prepass_xla_s"), through the realign + dequantize calls (the kernel
 path's, "prepass_calls_s"), and the latter with the sdp_fp8 copies instead of the bfloat16 V ("prepass_sdp_fp8_s":
-the producer work of a tuning with sdp_fp8, registry tune 19).
+the producer work of a tuning with sdp_fp8, registry tune 19), and with dO in float16 for dV as well
+("prepass_dv_f16_s": the production's since session 10).
 
 Run (GPU):   python benchmarks/profile_attention_step.py --out benchmarks/results/h200_profile_attention_step.json
 Smoke (CPU): python benchmarks/profile_attention_step.py --smoke --out /tmp/p.json  (tiny shape, emulated)
@@ -86,18 +87,23 @@ def prepass_times(sh, rng, args, path: str) -> dict:
     lse = jnp.full((b, n, t), math.log(t), jnp.float32)
     tau = 1.0 / math.sqrt(h)
 
-    def prepass(ops_path, fp8_path):
+    def prepass(ops_path, fp8_path, do_f16):
         def run(q, k, v, do, o, lse):
             mxs = [square_sequence_major(a, None, "up", path) for a in (q, k, v, do)]
-            kw = dict(q_len=None, kv_len=None, fp8_path=fp8_path, scale=tau, path=ops_path)
+            kw = dict(q_len=None, kv_len=None, fp8_path=fp8_path, scale=tau, path=ops_path, do_f16=do_f16)
             return abwd.bwd_operands(*mxs, do, o, lse, None, **kw)
 
         return jax.jit(run)
 
     out = {}
-    variants = (("prepass_xla_s", None, None), ("prepass_calls_s", path, None), ("prepass_sdp_fp8_s", path, path))
-    for key, ops_path, fp8_path in variants:
-        fn = prepass(ops_path, fp8_path)
+    variants = (
+        ("prepass_xla_s", None, None, False),
+        ("prepass_calls_s", path, None, False),
+        ("prepass_sdp_fp8_s", path, path, False),
+        ("prepass_dv_f16_s", path, path, True),  # production since session 10: dO in float16 for dV
+    )
+    for key, ops_path, fp8_path, do_f16 in variants:
+        fn = prepass(ops_path, fp8_path, do_f16)
         jax.block_until_ready(fn(q, k, v, do, o, lse))
         out[key] = timeit(fn, (q, k, v, do, o, lse), args.calls, args.batches)
     return out
@@ -152,7 +158,8 @@ def main(argv=None) -> int:
         print(f"\n{name}: ours {ours['step_ms']:.3f} ms ({ours['tflops']:.0f} TFLOP/s), cuDNN BF16 "
               f"{cudnn['step_ms']:.3f} ms ({cudnn['tflops']:.0f}); pre-pass in XLA {row['prepass_xla_s'] * 1e3:.3f} ms,"
               f" through the calls {row['prepass_calls_s'] * 1e3:.3f} ms, with the sdp_fp8 copies "
-              f"{row['prepass_sdp_fp8_s'] * 1e3:.3f} ms")  # fmt: skip
+              f"{row['prepass_sdp_fp8_s'] * 1e3:.3f} ms, and dO in float16 "
+              f"{row['prepass_dv_f16_s'] * 1e3:.3f} ms")  # fmt: skip
         for impl in ("ours", "cudnn_bf16"):
             r = row[impl]
             if "categories_ms" not in r:

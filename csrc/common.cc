@@ -144,14 +144,16 @@ int64_t CodeOf(ffi::DataType dtype) {
       return kE4M3;
     case ffi::DataType::F8E5M2:
       return kE5M2;
+    case ffi::DataType::F16:
+      return kF16;
     default:
       return -1;
   }
 }
 
 const char* CodeName(int64_t code) {
-  static const char* const kNames[] = {"bf16", "f32", "f8e4m3fn", "f8e5m2"};
-  return (code >= 0 && code < 4) ? kNames[code] : "(none)";
+  static const char* const kNames[] = {"bf16", "f32", "f8e4m3fn", "f8e5m2", "f16"};
+  return (code >= 0 && code < 5) ? kNames[code] : "(none)";
 }
 }  // namespace
 

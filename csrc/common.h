@@ -20,7 +20,7 @@ namespace ffi = xla::ffi;
 
 // Integer codes of the variants' named parameters, shared with jax_mxfp8/kernels/registry/base.py
 // (DTYPE_CODE, MODE_CODE).
-enum DTypeCode : int { kBF16 = 0, kF32 = 1, kE4M3 = 2, kE5M2 = 3 };
+enum DTypeCode : int { kBF16 = 0, kF32 = 1, kE4M3 = 2, kE5M2 = 3, kF16 = 4 };
 enum ModeCode : int { kRowCol = 0, kRow = 1, kCol = 2, kSquare = 3 };
 
 constexpr int kMaxDevices = 64;

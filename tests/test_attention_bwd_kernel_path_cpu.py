@@ -457,13 +457,22 @@ def test_fp8_copies_hold_the_operands():
         plain = abwd.bwd_operands(*mxs, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len)
         calls = abwd.bwd_operands(*mxs, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len, path="emulated")
         kw = dict(q_len=q_len, kv_len=kv_len, fp8_path="emulated", scale=st.scale, path="emulated")
-        return plain, calls, abwd.bwd_operands(*mxs, do_q, do, o, lse, dlse, **kw)
+        f16 = [abwd.bwd_operands(*mxs, do_q, do, o, lse, dlse, **kw, do_f16=True)]  # the float16 dequantize call
+        f16 += [abwd.bwd_operands(*mxs, do_q, do, o, lse, dlse, **{**kw, "path": None}, do_f16=True)]  # in XLA
+        return plain, calls, abwd.bwd_operands(*mxs, do_q, do, o, lse, dlse, **kw), f16
 
-    ops, calls, with_fp8 = jax.jit(run)(q, k, v, do, dlse, q_len, kv_len)
+    ops, calls, with_fp8, (f16_call, f16_xla) = jax.jit(run)(q, k, v, do, dlse, q_len, kv_len)
     # path="emulated": the bfloat16 operands through the realign (zero shift) and dequantize calls, bit for bit
     for name in ("q", "k", "v", "do", "lse", "delta", "lens"):
         np.testing.assert_array_equal(_bits(getattr(calls, name)), _bits(getattr(ops, name)), err_msg=name)
     assert with_fp8.v is None  # V reaches the sdp_fp8 kernel only as v8
+    # do_f16 (dv_f16 variants): the float16 dequantize call on lowered scale bytes gives do_float16's values
+    # (XLA's float32 pass) bit for bit, and those times 2^shift are the bfloat16 dO^ (exact at these scales)
+    assert f16_call.do.dtype == jnp.float16 and f16_call.do_shift.shape == (ops.do.shape[0], case["n_kv"])
+    np.testing.assert_array_equal(_bits(f16_call.do), _bits(f16_xla.do))
+    np.testing.assert_array_equal(np.asarray(f16_call.do_shift), np.asarray(f16_xla.do_shift))
+    sh = np.repeat(np.asarray(f16_call.do_shift), ops.do.shape[1] // case["n_kv"], axis=1)[:, :, None, None]
+    np.testing.assert_array_equal(np.asarray(f16_call.do, np.float64) * 2.0**sh, np.asarray(ops.do, np.float64))
     for name in ("q", "k", "do", "lse", "delta", "lens"):
         np.testing.assert_array_equal(_bits(getattr(with_fp8, name)), _bits(getattr(ops, name)), err_msg=name)
     f8 = with_fp8.fp8
@@ -498,8 +507,9 @@ def test_sdp_fp8_call_partitions_and_lowers():
     its own target (and its `_into` hook), and refuses operands without the FP8 copies (and the plain
     variants refuse operands without v)."""
     plain = _plain_variant(64, True)
-    fp8 = _need_variant(dict(h=64, causal=True))  # production: sdp_fp8
-    assert fp8.sdp_fp8
+    # tune 24: sdp_fp8 with bfloat16 do (the session 9 production; production's dv_f16 is tested below)
+    fp8 = registry.find(registry.AttentionBwdConfig, head_dim=64, causal=True, tune=24)
+    assert fp8.sdp_fp8 and not fp8.dv_f16
     rng = fresh_rng()
     ops, plain_ops = _with_fp8(_call_operands(rng), rng)
     f = jax.jit(functools.partial(_run, variant=fp8))
@@ -527,13 +537,6 @@ def test_sdp_fp8_call_partitions_and_lowers():
         _run(dataclasses.replace(ops, fp8=None), fp8)
     with pytest.raises(ValueError, match="bfloat16 v"):
         _run(ops, plain)
-
-
-def _dv_f16_variant(h: int, causal: bool):
-    v = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=causal, tune={128: 26, 64: 27}[h])
-    if v is None or not v.dv_f16:
-        pytest.skip(f"no dv_f16 tuning registered at head_dim {h}")
-    return v
 
 
 def test_do_float16_holds_do_exactly():
@@ -576,15 +579,16 @@ def test_do_float16_holds_do_exactly():
 
 
 def test_dv_f16_call_equals_its_base_variant():
-    """The dv_f16 call's emulation on float16 do (do_float16 of the base's bfloat16 do, the shift from the
-    random row factors) gives the sdp_fp8 base variant's (production) dq, dk, dv bit for bit, plain and over a
-    2x4 mesh; a dv_f16 variant refuses bfloat16 do, the others refuse float16 do, and bwd_operands refuses
-    do_f16 without fp8_path."""
+    """The dv_f16 call's emulation (production) on float16 do (do_float16 of the base's bfloat16 do, the shift
+    from the random row factors) gives the same variant without dv_f16 (tune 24, the session 9 production) dq,
+    dk, dv bit for bit, plain and over a 2x4 mesh without gathers, and lowers to the sdp_fp8 target; a dv_f16
+    variant refuses bfloat16 do, the others refuse float16 do, and bwd_operands refuses do_f16 without
+    fp8_path."""
     from jax_mxfp8.primitives.attention_operands import do_float16, do_shift
 
-    base = _need_variant(dict(h=64, causal=True))
-    dv16 = _dv_f16_variant(64, True)
-    assert base.sdp_fp8 and base.p_scaled and not base.dv_f16
+    dv16 = _need_variant(dict(h=64, causal=True))  # production: dv_f16 since session 10
+    base = registry.find(registry.AttentionBwdConfig, head_dim=64, causal=True, tune=24)  # the same without it
+    assert dv16.dv_f16 and base.sdp_fp8 and base.p_scaled and not base.dv_f16
     rng = fresh_rng()
     ops, _ = _with_fp8(_call_operands(rng), rng)
     shift = do_shift(ops.fp8.dos, ops.q.shape[1] // ops.k.shape[1])
@@ -598,8 +602,11 @@ def test_dv_f16_call_equals_its_base_variant():
     extra = abwd.SdpFp8Operands(four, four, four, four, three, three, three, three)
     specs = abwd.BwdOperands(four, four, None, four, three, three, (None, "data"), extra, ("data", "model"))
     placed = jax.tree.map(lambda x, sp: put(x, m, *sp), ops16, specs, is_leaf=lambda x: isinstance(x, tuple))
+    assert "all-gather" not in f.lower(placed).compile().as_text()
     for name, a, w in zip("qkv", f(placed), want, strict=True):
         _assert_close(a, w, name)
+    text = jax.jit(functools.partial(_run, variant=dv16, path="cuda")).trace(ops16).lower(lowering_platforms=("cuda",))
+    assert "@jax_mxfp8_attention_bwd_fp8(" in text.as_text()
     with pytest.raises(ValueError, match="float16 do"):
         _run(ops, dv16)
     with pytest.raises(ValueError, match="bfloat16 do"):

@@ -70,22 +70,24 @@ def test_production_lookup(head_dim, causal):
     assert v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}"
     assert v.key == dict(
         head_dim=head_dim, causal=int(causal), p_scale=0, p_rounding=0, dq_accum=0, deterministic=0, packed=0,
-        broadcast_q=0, tune=0, sdp_fp8=1, dv_f16=0,
+        broadcast_q=0, tune=0, sdp_fp8=1, dv_f16=1,
     )  # fmt: skip
-    # tunes 26 (H128) / 27 (H64): production + dv_f16 (the handler reads dv_f16 from the table: do's dtype)
-    f16_tune = {128: 26, 64: 27}[head_dim]
-    t_f16 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=f16_tune)
-    assert t_f16.dv_f16 and t_f16.key["dv_f16"] == 1 and dataclasses.replace(t_f16, dv_f16=False, tune=0) == v
+    # dV on float16 wgmma since session 10 (the handler reads dv_f16 from the table: do's dtype); the session 9
+    # production is tune 25 (H128) / 24 (H64): the same config without it
+    s9_tune = {128: 25, 64: 24}[head_dim]
+    base = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=s9_tune)
+    assert not base.dv_f16 and base.key["dv_f16"] == 0 and dataclasses.replace(base, dv_f16=True, tune=0) == v
     # tune 17: the same schedule on BF16 wgmma only; tune 19: the session 8 production (its sdp_fp8 form);
     # the handler reads sdp_fp8 from the table
     t17 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=17)
     assert not t17.sdp_fp8 and t17.key["sdp_fp8"] == 0 and t17.dq_store == "tma_warp" and t17.dq_first
     t19 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=19)
     assert t19.sdp_fp8 and t19.key["sdp_fp8"] == 1 and not t19.dk_ss and not t19.p_scaled
-    # tune 24 (25 at H128) is production's config there, so it is not registered for that head dim
-    prod_tune, other = (25, 24) if head_dim == 128 else (24, 25)
+    # tune 26 (27 at H64) is production's config there, so it is not registered; 24, 25 are at both head dims
+    prod_tune = 26 if head_dim == 128 else 27
     assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=prod_tune) is None
-    assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=other) is not None
+    for other in (24, 25):
+        assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=other) is not None
     v1 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=13)
     assert v1.dq_store == "bulk" and not v1.smem_stats  # the v1 production, kept as a tuning
     # broadcast_query_attention's variant: BROADCAST_Q's schedule (per-element dQ reductions: the TMA dQ
@@ -141,7 +143,7 @@ def test_tunings_registered_as_non_production(head_dim, causal):
         assert (v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}") == (tune == 0)
         if tune != 0:
             assert dataclasses.replace(v, tune=0) != prod  # no tuning duplicates production
-    assert registered >= len(TUNINGS) - 3  # tune 10 (H64 only), 26 / 27 (one head dim each), production's twin
+    assert registered >= len(TUNINGS) - 3  # tune 10 (H64 only); 26 / 27: one head dim each, where production is it
     assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=len(TUNINGS)) is None
 
 

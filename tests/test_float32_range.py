@@ -97,7 +97,7 @@ def _saturated(g, codes, scale, elem, layout, bound):
 @pytest.mark.parametrize("implementation", IMPLS)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("elem", list(ELEMS))
-@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16"])  # float16: the kernels since session 10
 def test_dequantize_saturates_finite_values(implementation, layout, elem, out_dtype):
     """Every FP8 code under every scale byte in SCALES: finite elements whose product overflows the output
     dtype come back as +-its max (they were +-Inf), Inf elements stay Inf, scale 0xFF stays NaN."""
@@ -109,7 +109,7 @@ def test_dequantize_saturates_finite_values(implementation, layout, elem, out_dt
     got = np.asarray(jax.jit(lambda v: mx.dequantize(v, dt, implementation=implementation))(a))
     assert got.dtype == dt
     g = _assert_oracle(got, codes, scale, elem, layout, dt)
-    n = _saturated(g, codes, scale, elem, layout, F32_MAX if out_dtype == "float32" else BF16_MAX)
+    n = _saturated(g, codes, scale, elem, layout, float(min(jnp.finfo(dt).max, F32_MAX)))
     assert n > 500, n  # the case is really exercised (scale bytes 241..254 x the large codes)
     finite_elem = np.isfinite(orc.decode(codes, orc.fmt_of(ELEMS[elem])))
     not_nan_block = orc.expand(scale, tuple(x % 2 for x in LAYOUTS[layout][0])) != 255
@@ -270,7 +270,8 @@ def test_other_entry_points_reject_concrete_float64_beyond_float32():
             mx.mx_dot_general(jnp.asarray(big), jnp.ones((64, 8)), dn)
 
 
-def test_kernel_variants_cover_both_output_dtypes():
-    """The saturation bound is compiled per out_dtype: every dequantize variant has one of the two."""
+def test_kernel_variants_cover_every_output_dtype():
+    """The saturation bound is compiled per out_dtype: every dequantize variant has one of the three (float16
+    since session 10: the attention backward's dO for dV)."""
     outs = {v.out_dtype for v in registry.DEQUANTIZE_VARIANTS}
-    assert outs == {"float32", "bfloat16"}
+    assert outs == {"float32", "bfloat16", "float16"}

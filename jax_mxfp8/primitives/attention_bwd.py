@@ -48,7 +48,13 @@ from jax_mxfp8.formats.scales import mul_pow2
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives.attention_emulation import p_options
 from jax_mxfp8.primitives.attention_layout import LOG2E, TILE_M, TILE_N, round_up
-from jax_mxfp8.primitives.attention_operands import aligned_rows, do_float16, do_shift, head_major_scale
+from jax_mxfp8.primitives.attention_operands import (
+    aligned_rows,
+    do_float16,
+    do_float16_scales,
+    do_shift,
+    head_major_scale,
+)
 from jax_mxfp8.primitives.attention_realign import realign
 from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
 from jax_mxfp8.primitives.quantize import DEQUANTIZE
@@ -162,22 +168,29 @@ def _head_major(x: jax.Array, keep: jax.Array | None, padded: int, fill=0.0) -> 
     return jnp.pad(x, widths, constant_values=fill)
 
 
-def _operand(x: MXArray, keep, padded: int, path: str | None = None) -> jax.Array:
-    """A sequence-major square MXArray (B, L, N, H) -> bfloat16 (B, N, Lp, H), zero rows past the lengths
+def _operand(x: MXArray, keep, padded: int, path: str | None = None, f16=None) -> jax.Array:
+    """A sequence-major square MXArray (B, L, N, H) -> bfloat16 (B, N, Lp, H) (f16: float16), zero rows past the lengths
     (zeroed after dequantization, as the reference does, so no NaN block scale past them reaches a GEMM).
 
     path None: in XLA (dequantize, transpose and pad in one program). "cuda" / "emulated": the FP8 bytes
     moved head-major by the realign call with zero shifts (exact, zero-padded to Lp), then the dequantize call
     on the head-major square blocks, the same values: on the H200 XLA's version ran as two fusions per operand
     (a per-element predicate, then a transposing bit-level decode: 0.109 ms at B4 T4k N16 H128,
-    benchmarks/results/h200_profile_attention_step.json), the two calls are copy-speed kernels."""
-    if path is None:
-        return _head_major(dequantize(x, jnp.bfloat16), keep, padded)
+    benchmarks/results/h200_profile_attention_step.json), the two calls are copy-speed kernels.
+    f16: (dos, shift) for the dv_f16 variants' dO: float16 dO^ 2^-shift (attention_operands.do_float16's values;
+    on a kernel path the dequantize call writes them from lowered scale bytes, do_float16_scales)."""
     b, length, n, h = x.shape
-    zero = jnp.zeros((b, length // 32, n, h // 32), jnp.int8)
-    data = realign(x.data, zero, "rows", path)  # (B, N, Lp, H)
-    variant = registry.find(registry.DequantizeConfig, elem_dtype="float8_e4m3fn", block="square", out_dtype="bfloat16")
-    out = DEQUANTIZE.call(variant, path, data, head_major_scale(x, padded))
+    if path is None:
+        out = _head_major(dequantize(x, jnp.bfloat16), None, padded)
+        out = out if f16 is None else do_float16(out, *f16)
+    else:
+        zero = jnp.zeros((b, length // 32, n, h // 32), jnp.int8)
+        data = realign(x.data, zero, "rows", path)  # (B, N, Lp, H)
+        scale, out_dtype = head_major_scale(x, padded), "bfloat16"
+        if f16 is not None:
+            scale, out_dtype = do_float16_scales(scale, *f16), "float16"
+        kw = dict(elem_dtype="float8_e4m3fn", block="square", out_dtype=out_dtype)
+        out = DEQUANTIZE.call(registry.find(registry.DequantizeConfig, **kw), path, data, scale)
     if keep is None:
         return out
     keep_hm = jnp.pad(keep, [(0, 0), (0, padded - length)])[:, None, :, None]
@@ -249,10 +262,8 @@ def bwd_operands(
         v8, vs = aligned_rows(v, sp, fp8_path)
         do8, dos = aligned_rows(do_q, tp, fp8_path)
         fp8 = SdpFp8Operands(q8=q8, k8=k8, v8=v8, do8=do8, qs=qs, ks=ks, vs=vs, dos=dos)
-    do_op, shift = _operand(do_q, keep_q, tp, path), None
-    if do_f16:
-        shift = do_shift(fp8.dos, n // k.shape[2])
-        do_op = do_float16(do_op, fp8.dos, shift)
+    shift = do_shift(fp8.dos, n // k.shape[2]) if do_f16 else None
+    do_op = _operand(do_q, keep_q, tp, path, None if shift is None else (fp8.dos, shift))
     return BwdOperands(
         fp8=fp8,
         do_shift=shift,

@@ -265,3 +265,15 @@ def do_float16(do: jax.Array, dos: jax.Array, shift: jax.Array) -> jax.Array:
     x = mul_pow2(do.astype(jnp.float32), -s[:, :, None, None])
     nan_rows = jnp.repeat(jnp.isnan(dos), 32, axis=2)[..., None]  # (B, N, Tp, 1)
     return jnp.where(nan_rows, jnp.nan, x).astype(jnp.float16)
+
+
+def do_float16_scales(scale: jax.Array, dos: jax.Array, shift: jax.Array) -> jax.Array:
+    """The dequantize call's scale bytes that give do_float16's values (a float16 dequantize of dO's FP8 bytes,
+    no float32 pass): (B, N, Lp/32, H/32) head-major square-block E8M0 bytes -> each lowered by shift[b, n // G]
+    (clamped at 0, where the block lies below float16's range either way: +-0), 0xFF (NaN) kept, and every
+    block of a row block whose factor in dos (B, N, Lp/32) is NaN set to 0xFF (do_float16's NaN rows)."""
+    g = scale.shape[1] // shift.shape[1]
+    s = jnp.repeat(shift, g, axis=1)[:, :, None, None]
+    b = scale.astype(jnp.int32)
+    out = jnp.where(b == 255, 255, jnp.maximum(b - s, 0))  # b - s <= 127 + DO_F16_TOP: never 0xFF
+    return jnp.where(jnp.isnan(dos)[..., None], 255, out).astype(jnp.uint8)

@@ -329,6 +329,12 @@ def pack_bf16x2_rn(y0: Uint32, y1: Uint32) -> Uint32:
     return inline_ptx("cvt.rn.bf16x2.f32 {$w0}, {$r1}, {$r0};", write_only_types=[Uint32], read_only_args=[y0, y1])
 
 
+def pack_f16x2_rn(y0: Uint32, y1: Uint32) -> Uint32:
+    """Two float32 bit patterns rounded (RNE) to float16, y0 in the low half (beyond float16's range: +-inf, so
+    the caller saturates first)."""
+    return inline_ptx("cvt.rn.f16x2.f32 {$w0}, {$r1}, {$r0};", write_only_types=[Uint32], read_only_args=[y0, y1])
+
+
 # ------------------------------------------------------------------------------------- float32 arithmetic
 # IEEE round-to-nearest float32 operations on bit patterns (no .ftz, no contraction into FMA: each call
 # is one rounding, in the order the caller writes them).

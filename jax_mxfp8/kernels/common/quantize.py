@@ -51,6 +51,7 @@ from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.registry import DequantizeConfig, QuantizeConfig
 
 _IN_TYPES = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
+_OUT_TYPES = {**_IN_TYPES, "float16": cutlass.Float16}  # dequantize's outputs
 _FP8_TYPES = {"float8_e4m3fn": cutlass.Float8E4M3FN, "float8_e5m2": cutlass.Float8E5M2}
 
 
@@ -470,14 +471,14 @@ class MXQuantize:
 class MXDequantize:
     """MX dequantize of 2-D FP8 data with row / col / square scales.
 
-    Host call: (data (M, K) fp8, scale, out (M, K) bf16/f32, stream); scale is (M, K/32) for "row",
+    Host call: (data (M, K) fp8, scale, out (M, K) bf16/f32/f16, stream); scale is (M, K/32) for "row",
     (M/32, K) for "col", (M/32, K/32) for "square". Each thread converts 16 consecutive elements.
     """
 
     def __init__(self, config: DequantizeConfig):
         self.config = config
         self.threads = config.threads_per_cta
-        self.out_bytes = 2 if config.out_dtype == "bfloat16" else 4
+        self.out_bytes = 4 if config.out_dtype == "float32" else 2
         # finite MX values saturate to the output dtype's largest finite value (formats.scales.saturate)
         self.sat_bits = int(np.float32(saturation_bound(config.out_dtype)).view(np.uint32))
 
@@ -497,7 +498,7 @@ class MXDequantize:
         return (
             t(_FP8_TYPES[c.elem_dtype], (m, k)),
             t(cutlass.Uint8, scale_shape),
-            t(_IN_TYPES[c.out_dtype], (m, k)),
+            t(_OUT_TYPES[c.out_dtype], (m, k)),
             make_fake_stream(),
         )
 
@@ -550,6 +551,8 @@ class MXDequantize:
                 ys.append(ptx.dequant1(xs[t], *factors[id(s)], self.sat_bits))
         if cutlass.const_expr(c.out_dtype == "bfloat16"):
             out = [ptx.pack_bf16x2_rn(ys[2 * p], ys[2 * p + 1]) for p in range(8)]
+        elif cutlass.const_expr(c.out_dtype == "float16"):  # ys saturated at 65504 (sat_bits): no inf
+            out = [ptx.pack_f16x2_rn(ys[2 * p], ys[2 * p + 1]) for p in range(8)]
         else:
             out = ys
         o_addr = mO.iterator.toint() + (row * k64 + col) * self.out_bytes

@@ -26,16 +26,17 @@ ELEM_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 SCALE_ROUNDINGS = ("up", "floor")
 QUANTIZE_MODES = ("rowcol", "row", "col", "square")
 DEQUANTIZE_BLOCKS = ("row", "col", "square")
+DEQUANTIZE_OUT_DTYPES = ("bfloat16", "float32", "float16")
 P_SCALES = ("const", "block")
 
 # Integer codes of string-valued key fields, shared with csrc/common.h (DTypeCode, ModeCode): the handlers
 # compare a variant's codes with the dtypes of the buffers they get.
-DTYPE_CODE = {"bfloat16": 0, "float32": 1, "float8_e4m3fn": 2, "float8_e5m2": 3}
+DTYPE_CODE = {"bfloat16": 0, "float32": 1, "float8_e4m3fn": 2, "float8_e5m2": 3, "float16": 4}
 MODE_CODE = {"rowcol": 0, "row": 1, "col": 2, "square": 3}
 ROUNDING_CODE = {"up": 0, "floor": 1}
 P_SCALE_CODE = {"const": 0, "block": 1}
 
-SHORT = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+SHORT = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "float16": "f16"}
 """Short dtype names used in variant names."""
 
 

@@ -17,6 +17,7 @@ import itertools
 
 from jax_mxfp8.kernels.registry.base import (
     DEQUANTIZE_BLOCKS,
+    DEQUANTIZE_OUT_DTYPES,
     DTYPE_CODE,
     ELEM_DTYPES,
     IN_DTYPES,
@@ -132,7 +133,7 @@ class DequantizeConfig(KernelConfig):
     Attributes:
       elem_dtype: "float8_e4m3fn" or "float8_e5m2".
       block: "row" (scale (M, K/32)), "col" (scale (M/32, K)) or "square" (scale (M/32, K/32)).
-      out_dtype: "bfloat16" or "float32".
+      out_dtype: "bfloat16", "float32" or "float16" (finite values saturate to the dtype's largest).
       threads_per_cta: threads per CTA; each thread converts 16 consecutive elements of one row.
     """
 
@@ -151,8 +152,8 @@ class DequantizeConfig(KernelConfig):
             raise ValueError(f"elem_dtype={self.elem_dtype!r} not in {ELEM_DTYPES}")
         if self.block not in DEQUANTIZE_BLOCKS:
             raise ValueError(f"block={self.block!r} not in {DEQUANTIZE_BLOCKS}")
-        if self.out_dtype not in IN_DTYPES:
-            raise ValueError(f"out_dtype={self.out_dtype!r} not in {IN_DTYPES}")
+        if self.out_dtype not in DEQUANTIZE_OUT_DTYPES:
+            raise ValueError(f"out_dtype={self.out_dtype!r} not in {DEQUANTIZE_OUT_DTYPES}")
 
     @property
     def name(self) -> str:
@@ -188,5 +189,5 @@ TUNING_VARIANTS: tuple[QuantizeConfig, ...] = (
 )
 DEQUANTIZE_VARIANTS: tuple[DequantizeConfig, ...] = tuple(
     DequantizeConfig(elem_dtype=e, block=b, out_dtype=o)
-    for e, b, o in itertools.product(ELEM_DTYPES, DEQUANTIZE_BLOCKS, IN_DTYPES)
+    for e, b, o in itertools.product(ELEM_DTYPES, DEQUANTIZE_BLOCKS, DEQUANTIZE_OUT_DTYPES)
 )

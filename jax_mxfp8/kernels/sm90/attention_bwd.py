@@ -1,5 +1,5 @@
 """MXFP8 attention backward for Hopper (sm_90a), CuTe DSL, compiled ahead of time (S^T, dP^T on FP8 wgmma with
-config.sdp_fp8, production; the other GEMMs on BF16 wgmma).
+config.sdp_fp8, dV on float16 wgmma with config.dv_f16, both production; dK, dQ on BF16 wgmma).
 
 Supported (kernels/registry/attention_bwd.py, AttentionBwdConfig): head_dim 64 and 128; non-causal or causal
 (top-left); GQA/MQA (query head n reads KV head n // G); per-batch query and KV lengths (dense padded batch);
@@ -46,7 +46,8 @@ copies (launch_fp8: q8, k8, v8, do8 K-major in shared memory, accumulators times
   dS^T = P^T (dP^T - delta)
   dSq  = 32x32 square blocks over (key, query), scale rule "up", E4M3 satfinite (bit-exact formula of
          formats/quantize.py; kernels/common/ptx.py scale_and_factor / quantize4_f32)
-  dV  += Pq^T dO                                 (RS: Pq^T from registers, dO^T an MN-major view of sdO)
+  dV  += Pq^T dO                                 (RS: Pq^T from registers, dO^T an MN-major view of sdO;
+                                                  dv_f16: both float16, dO 2^-shift, dv 2^-shift out)
   dK  += dSq^T Q                                 (RS: dSq^T from registers, Q^T an MN-major view of sQ)
   dQ   = dSq K  (per query tile), times tau, added into dq (config.dq_store: "bulk", production at H128, stages the
          tile in shared memory and issues one 256-byte cp.reduce.async.bulk .add.f32 per row; "red" issues
