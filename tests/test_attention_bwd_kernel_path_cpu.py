@@ -183,6 +183,15 @@ def test_uncovered_configs_keep_the_reference_backward(monkeypatch):
         with pytest.warns(impl.KernelFallbackWarning, match="jax_mxfp8_attention_bwd_fp8"):
             variant, why = kbwd.backward_variant(_static(case, "cuda"), 64)
         assert variant is None and "no jax_mxfp8_attention_bwd_fp8 target" in why
+    # a library built before dv_f16: the production kernel's name and target, but not the float16 dequantize
+    if prod.dv_f16:
+        monkeypatch.setattr(kbwd.library, "ffi_targets", lambda: [abwd.TARGET, abwd.TARGET_FP8])
+        with pytest.warns(impl.KernelFallbackWarning, match=abwd.DO_F16_DEQUANTIZE):
+            variant, why = kbwd.backward_variant(_static(case, "cuda"), 64)
+        assert variant is None and abwd.DO_F16_DEQUANTIZE in why
+        assert registry.find(registry.DequantizeConfig, block="square", out_dtype="float16").name == (
+            abwd.DO_F16_DEQUANTIZE
+        )
 
 
 # ------------------------------------------------------------------------------------------ the pre-pass
@@ -576,6 +585,12 @@ def test_do_float16_holds_do_exactly():
     assert np.all(np.abs(back[far] - want[far]) <= 2.0 ** (np.broadcast_to(sh, want.shape)[far] - 25))
     top = np.nanmax(np.abs(np.asarray(got, np.float64)).reshape(b, n_kv, -1), axis=-1)
     assert np.all(top <= 57344.0) and np.all(top > 2.0**14), top
+    # the kernel path's operand: the float16 dequantize call (emulated) on the lowered scale bytes
+    # (do_float16_scales: shifted, NaN rows 0xFF, clamped at 0 for the blocks far below) gives the same bits
+    call = abwd._operand(mx_do, None, t, "emulated", (dos, shift))
+    assert call.dtype == jnp.float16
+    np.testing.assert_array_equal(np.isnan(np.asarray(call)), np.isnan(np.asarray(got)))
+    np.testing.assert_array_equal(_bits(jnp.where(jnp.isnan(call), 0, call)), _bits(jnp.where(jnp.isnan(got), 0, got)))
 
 
 def test_dv_f16_call_equals_its_base_variant():
@@ -609,7 +624,13 @@ def test_dv_f16_call_equals_its_base_variant():
     assert "@jax_mxfp8_attention_bwd_fp8(" in text.as_text()
     with pytest.raises(ValueError, match="float16 do"):
         _run(ops, dv16)
+    with pytest.raises(ValueError, match="float16 do"):  # the shift given, do still bfloat16
+        _run(dataclasses.replace(ops, do_shift=shift), dv16)
     with pytest.raises(ValueError, match="bfloat16 do"):
         _run(ops16, base)
+    with pytest.raises(ValueError, match="bfloat16 do"):  # float16 do without its shift
+        _run(dataclasses.replace(ops16, do_shift=None), base)
+    with pytest.raises(ValueError, match="do_shift must be"):
+        _run(dataclasses.replace(ops16, do_shift=shift[:, :1]), dv16)
     with pytest.raises(ValueError, match="fp8_path"):
         abwd.bwd_operands(None, None, None, None, None, None, None, None, q_len=None, kv_len=None, do_f16=True)

@@ -49,6 +49,8 @@ from jax_mxfp8.kernels.registry.attention_bwd import (
         (dict(dv_f16=1), "dv_f16"),
         (dict(dv_f16=True, sdp_fp8=True), "dv_f16"),  # needs p_scaled as well
         (dict(dv_f16=True, p_scaled=True), "dv_f16"),  # and sdp_fp8
+        (dict(factors_ahead=1), "factors_ahead"),
+        (dict(factors_ahead=True), "factors_ahead"),  # needs sdp_fp8
     ],
 )
 def test_bad_fields_raise_naming_the_field(kwargs, field):
@@ -67,6 +69,7 @@ def test_production_lookup(head_dim, causal):
     # and at H128 the dQ writer warp (dq_store "tma_writer", tune 25's)
     assert v.dq_store == ("tma_writer" if head_dim == 128 else "tma_warp")
     assert v.dq_first and v.smem_stats and v.amax_reduce == "redux" and v.sdp_fp8 and v.dk_ss and v.p_scaled
+    assert v.dv_f16 and v.factors_ahead == (head_dim == 128)  # session 10
     assert v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}"
     assert v.key == dict(
         head_dim=head_dim, causal=int(causal), p_scale=0, p_rounding=0, dq_accum=0, deterministic=0, packed=0,
@@ -76,15 +79,16 @@ def test_production_lookup(head_dim, causal):
     # production is tune 25 (H128) / 24 (H64): the same config without it
     s9_tune = {128: 25, 64: 24}[head_dim]
     base = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=s9_tune)
-    assert not base.dv_f16 and base.key["dv_f16"] == 0 and dataclasses.replace(base, dv_f16=True, tune=0) == v
+    assert not base.dv_f16 and base.key["dv_f16"] == 0
+    assert dataclasses.replace(base, dv_f16=True, factors_ahead=v.factors_ahead, tune=0) == v
     # tune 17: the same schedule on BF16 wgmma only; tune 19: the session 8 production (its sdp_fp8 form);
     # the handler reads sdp_fp8 from the table
     t17 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=17)
     assert not t17.sdp_fp8 and t17.key["sdp_fp8"] == 0 and t17.dq_store == "tma_warp" and t17.dq_first
     t19 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=19)
     assert t19.sdp_fp8 and t19.key["sdp_fp8"] == 1 and not t19.dk_ss and not t19.p_scaled
-    # tune 26 (27 at H64) is production's config there, so it is not registered; 24, 25 are at both head dims
-    prod_tune = 26 if head_dim == 128 else 27
+    # tune 28 (27 at H64) is production's config there, so it is not registered; 24, 25 are at both head dims
+    prod_tune = 28 if head_dim == 128 else 27
     assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=prod_tune) is None
     for other in (24, 25):
         assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=other) is not None
@@ -143,7 +147,7 @@ def test_tunings_registered_as_non_production(head_dim, causal):
         assert (v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}") == (tune == 0)
         if tune != 0:
             assert dataclasses.replace(v, tune=0) != prod  # no tuning duplicates production
-    assert registered >= len(TUNINGS) - 3  # tune 10 (H64 only); 26 / 27: one head dim each, where production is it
+    assert registered >= len(TUNINGS) - 4  # tune 10 (H64 only); 26-29: one head dim each (28 / 27: production)
     assert registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune=len(TUNINGS)) is None
 
 

@@ -53,12 +53,16 @@ def backward_variant(static: dense.AttentionStatic, head_dim: int, broadcast_q: 
         broadcast_q=broadcast_q,
     )
     rebuild = "rebuild it: tools/build_library.py"
-    if variant is not None and static.impl == "cuda" and variant.name not in {n for n, _ in library.kernel_names()}:
+    names = {n for n, _ in library.kernel_names()} if variant is not None and static.impl == "cuda" else set()
+    if variant is not None and static.impl == "cuda" and variant.name not in names:
         variant, why = None, f"the kernel library has no {variant.name} ({rebuild})"
     elif variant is not None and static.impl == "cuda" and variant.sdp_fp8:
         # a library built before the sdp_fp8 call holds a kernel of the same name that takes the plain call
         if abwd.TARGET_FP8 not in library.ffi_targets():
             variant, why = None, f"the kernel library has no {abwd.TARGET_FP8} target ({rebuild})"
+        elif variant.dv_f16 and abwd.DO_F16_DEQUANTIZE not in names:
+            # a library built before dv_f16 holds a kernel of the same name that takes bfloat16 do
+            variant, why = None, f"the kernel library has no {abwd.DO_F16_DEQUANTIZE} (dv_f16's dO; {rebuild})"
     impl.note(OP, static.impl, "xla" if variant is None else static.impl, why or "")
     if variant is None and static.impl == "cuda" and why not in _warned:
         _warned.add(why)

@@ -1,7 +1,8 @@
 """FFI-backed Hopper MXFP8 attention backward (layer 5): the kernel call, its pre-pass and its XLA emulation.
 
   kernel_variant(head_dim=, causal=, p_scale=, p_rounding=, dq_accum=, deterministic=, ...) -> (variant | None, why)
-  bwd_operands(q, k, v, do_q, do, o, lse, dlse, *, q_len, kv_len, path=None, fp8_path=None, scale=None)
+  bwd_operands(q, k, v, do_q, do, o, lse, dlse, *, q_len, kv_len, broadcast_q=False, fp8_path=None, scale=None,
+               path=None, do_f16=False)
       -> BwdOperands   the pre-pass (XLA, or the realign + dequantize calls on `path`; with fp8_path the FP8
       copies of the sdp_fp8 variants)
   attention_bwd(ops, *, variant, scale, dq_scale_log2, out=None, path="cuda") -> (dq, dk, dv) padded,
@@ -69,6 +70,7 @@ from jax_mxfp8.reference.attention_tiling import Masking
 
 TARGET = "jax_mxfp8_attention_bwd"
 TARGET_FP8 = TARGET + "_fp8"  # the sdp_fp8 variants' call
+DO_F16_DEQUANTIZE = "dequantize_square_e4m3_f16"  # the dv_f16 variants' dO operand (in libraries since dv_f16)
 BWD_QUERY_TILE = 64  # the backward kernel's query rows per step (one dq_sem counter pair per tile)
 
 
@@ -131,12 +133,13 @@ class BwdOperands:
     q: jax.Array  # (B, N, Tp, H) bfloat16 Q^, rows >= q_len and padding 0
     k: jax.Array  # (B, K, Sp, H) bfloat16 K^, rows >= kv_len 0
     v: jax.Array | None  # (B, K, Sp, H) bfloat16 V^, rows >= kv_len 0 (None with fp8: V only as fp8.v8)
-    do: jax.Array  # (B, N, Tp, H) bfloat16 dO^ (rows >= q_len zeroed before the square quantization)
+    do: jax.Array  # (B, N, Tp, H) bfloat16 dO^ (rows >= q_len zeroed before the square quantization); dv_f16: float16
     lse: jax.Array  # (B, N, Tp) float32, -inf on rows >= q_len and padding
     delta: jax.Array  # (B, N, Tp) float32 rowsum(dO * O) - dLSE, 0 on padding rows
     lens: jax.Array  # (2, B) int32 query lengths, KV lengths
     fp8: SdpFp8Operands | None = None  # the sdp_fp8 variants' FP8 copies (None for the others)
-    # dv_f16 variants: do is float16 dO^ 2^-do_shift[b, n // G] (attention_operands.do_float16), (B, K) int32
+    # dv_f16 variants: do is float16 dO^ 2^-do_shift[b, n // G] (attention_operands.do_float16), (B, K) int32,
+    # do_shift(fp8.dos, N // K) as bwd_operands makes it (the call's emulation recomputes it from dos)
     do_shift: jax.Array | None = None
 
     def args(self) -> tuple[jax.Array, ...]:
@@ -364,7 +367,9 @@ def _emulation_fp8(call: AttentionBwdCall, q, k, v8, do, lse, delta, lens, q8, k
     reads, exact in bfloat16) and the bfloat16 q, k, do. The kernel's S^T and dP^T read the re-encoded Q, K,
     dO as well, which differ from q, k, do only where the one-exponent-per-32-rows re-encoding rounded an
     element below E4M3's normal range (measured in tests/test_attention_bwd_kernel_gpu.py). dv_f16 variants:
-    do is float16 dO^ 2^-shift (shift from dos, as bwd_operands made it) and dv comes out times 2^-shift."""
+    do is float16 dO^ 2^-shift (shift from dos, as bwd_operands made it) and dv comes out times 2^-shift; the
+    emulation reads dO as do 2^shift for dP as well, which equals dO^ except in blocks more than 22 binades
+    below the group's largest (rounded in float16; the kernel's dP^T reads do8 there)."""
     del q8, k8, do8, qs, ks
     v = (v8.astype(jnp.float32) * jnp.repeat(vs, 32, axis=2)[..., None]).astype(jnp.bfloat16)
     if not call.variant.dv_f16:
@@ -473,7 +478,8 @@ def attention_bwd(
     kernel's float16 dQ * 2^e times 2^-e (e = dq_scale_log2 in [0, 15]; ignored for "fp32"). out: optional
     (dq, dk, dv, dq_sem) buffers the kernel writes into (the call's dtypes and shapes; the `_into` test
     hook, aliased; tests pass NaN-filled ones to check that every element is written; no partitioning or
-    batching). path "emulated" runs emulate_bwd through the same partitioning and batching (CPU tests).
+    batching; dv_f16 variants: the returned dv is that buffer times 2^do_shift, a new array). path "emulated"
+    runs emulate_bwd through the same partitioning and batching (CPU tests).
     """
     fp16 = variant.dq_accum == "fp16"
     lo, hi = DQ_FP16_SCALE_LOG2_RANGE
@@ -486,9 +492,16 @@ def attention_bwd(
     op = ATTENTION_BWD_BROADCAST_Q if variant.broadcast_q else ATTENTION_BWD
     if variant.broadcast_q and ops.q.shape[0] != 1:
         raise ValueError(f"a broadcast_q variant takes q of batch 1; got {ops.q.shape}")
-    if variant.dv_f16 != (ops.do_shift is not None):
-        want = "float16 do and its shift: bwd_operands(..., do_f16=True)" if variant.dv_f16 else "bfloat16 do"
-        raise ValueError(f"variant {variant.name} takes {want}")
+    want_do = jnp.float16 if variant.dv_f16 else jnp.bfloat16
+    if variant.dv_f16 != (ops.do_shift is not None) or ops.do.dtype != want_do:
+        want = "float16 do and its do_shift: bwd_operands(..., do_f16=True)" if variant.dv_f16 else "bfloat16 do"
+        got = f"do {ops.do.dtype}, do_shift {'None' if ops.do_shift is None else 'given'}"
+        raise ValueError(f"variant {variant.name} takes {want}; got {got}")
+    if ops.do_shift is not None:
+        want_shape = (ops.k.shape[0], ops.k.shape[1])
+        if ops.do_shift.shape != want_shape or not jnp.issubdtype(ops.do_shift.dtype, jnp.integer):
+            got = f"{ops.do_shift.shape} {ops.do_shift.dtype}"
+            raise ValueError(f"do_shift must be {want_shape} (B, K) integers, got {got}")
     if variant.sdp_fp8:
         if ops.fp8 is None:
             raise ValueError(f"variant {variant.name} (sdp_fp8) needs the FP8 copies: bwd_operands(..., fp8_path=)")

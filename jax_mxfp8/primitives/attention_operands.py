@@ -275,5 +275,5 @@ def do_float16_scales(scale: jax.Array, dos: jax.Array, shift: jax.Array) -> jax
     g = scale.shape[1] // shift.shape[1]
     s = jnp.repeat(shift, g, axis=1)[:, :, None, None]
     b = scale.astype(jnp.int32)
-    out = jnp.where(b == 255, 255, jnp.maximum(b - s, 0))  # b - s <= 127 + DO_F16_TOP: never 0xFF
+    out = jnp.where(b == 255, 255, jnp.maximum(b - s, 0))  # b - s <= 128 + DO_F16_TOP (e_row <= 126): never 0xFF
     return jnp.where(jnp.isnan(dos)[..., None], 255, out).astype(jnp.uint8)

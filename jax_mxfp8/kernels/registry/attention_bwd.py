@@ -97,9 +97,13 @@ class AttentionBwdConfig(KernelConfig):
       dv_f16: dV += Pq^T dO on float16 wgmma: Pq's E4M3 values go to the A fragment by one cvt per pair
         (e4m3x2 -> f16x2, exact) instead of the round trip through float32 to bfloat16, and the do operand is
         float16 holding dO 2^-shift, one power of two per (batch, KV head) that puts its largest block near
-        2^15 (primitives/attention_bwd.py do_float16; exact for blocks within 22 binades of it). dv comes out
-        times 2^-shift and the caller scales it back: dv bit-equal to the same config without dv_f16. Needs
-        sdp_fp8 and p_scaled (dO's bfloat16 copy is then read by dV alone).
+        2^15 (primitives/attention_operands.py do_shift / do_float16; exact for blocks within 22 binades of it).
+        dv comes out times 2^-shift and the caller scales it back: dv bit-equal to the same config without
+        dv_f16 where every dO block is within those 22 binades and none is NaN (a NaN block makes its 32 rows
+        NaN in the float16 copy). Needs sdp_fp8 and p_scaled (dO's bfloat16 copy is then read by dV alone).
+      factors_ahead: sdp_fp8's per-tile query-block factors (qs, dos: four uniform global loads) are loaded one
+        loop step before their tile instead of at its top, where the P phase waited for them (ncu: ~5% of the
+        stall samples at the loads' first uses). Needs sdp_fp8 and next_early 0. The same products.
       tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
     """
 
@@ -132,6 +136,7 @@ class AttentionBwdConfig(KernelConfig):
     dk_ss: bool = False
     p_scaled: bool = False
     dv_f16: bool = False
+    factors_ahead: bool = False
     tune: int = 0
 
     def __post_init__(self):
@@ -218,6 +223,10 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"dv_f16={self.dv_f16!r} is not a bool")
         if self.dv_f16 and not (self.sdp_fp8 and self.p_scaled):
             raise ValueError("dv_f16=True needs sdp_fp8=True and p_scaled=True (dV alone reads the do operand)")
+        if not isinstance(self.factors_ahead, bool):
+            raise ValueError(f"factors_ahead={self.factors_ahead!r} is not a bool")
+        if self.factors_ahead and (not self.sdp_fp8 or self.next_early):
+            raise ValueError("factors_ahead=True needs sdp_fp8=True and next_early=0")
         if not 1 <= self.q_stage <= 4:
             raise ValueError(f"q_stage={self.q_stage} not in [1, 4]")
 
@@ -278,15 +287,20 @@ class AttentionBwdConfig(KernelConfig):
 #   tune 25: tune 24 with dq_store "tma_writer" (the dQ reductions issued by a writer warp of the producer
 #            warpgroup instead of each consumer warp): the H128 production since session 9 (not registered there)
 #   tune 26 (H128 only): tune 25 + dv_f16 (dV on float16 wgmma: Pq's E4M3 values to the A fragment by one
-#            cvt per pair, dO in float16 times a power of two per (batch, KV head)): the H128 production since
-#            session 10 (not registered there)
+#            cvt per pair, dO in float16 times a power of two per (batch, KV head))
 #   tune 27 (H64 only): tune 24 + dv_f16: the H64 production since session 10 (not registered there)
+#   tune 28 (H128 only): tune 26 + factors_ahead (the query-block factors loaded a step early): the H128
+#            production since session 10 (not registered there)
+#   tune 29 (H64 only): tune 27 + factors_ahead (4-5% slower than tune 27's config at H64)
 #   tune 19: tune 17 + sdp_fp8 (S^T and dP^T on FP8 wgmma from realigned FP8 copies of Q, K, V, dO): the
 #            production config of session 8 (registered again since session 9's production differs)
 _T7 = dict(smem_stats=True, amax_reduce="redux", stats_early=True)
 _T19 = dict(_T7, dq_store="tma_warp", dq_first=True, sdp_fp8=True)  # the session 8 production
 _T24 = dict(_T19, dk_ss=True, p_scaled=True)
-PRODUCTION: dict[int, dict] = {128: dict(_T24, dq_store="tma_writer", dv_f16=True), 64: dict(_T24, dv_f16=True)}
+PRODUCTION: dict[int, dict] = {
+    128: dict(_T24, dq_store="tma_writer", dv_f16=True, factors_ahead=True),
+    64: dict(_T24, dv_f16=True),
+}
 """Tune 0's fields per head_dim: tune 17's config + sdp_fp8 (session 8, measured as tune 19: +1-5% over tune 17)
 + dk_ss + p_scaled since session 9 (2026-12-02; measured as tune 24, B4 T4k N16, two H200 runs in opposite
 orders against the session 8 production: H128 non-causal +1.8 / +0.4%, causal +0.4 / +0.5%, H64 +1.8 / +1.5%;
@@ -295,7 +309,9 @@ no spills at H128 (19 before)), and at H128 the dQ writer warp (dq_store "tma_wr
 docs/perf-notes.md "Session 9". Since session 10 (2026-12-03) dv_f16 at both head dims (dV on float16 wgmma, measured
 as tunes 26 / 27 against the session 9 production in two H200 runs of opposite order: H128 +2.1 / +0.2%, causal
 +1.8 / +1.8%, H64 +3.8 / +5.1%; dk, dv bit-equal; docs/perf-notes.md "Session 10"), so tunes 25 (H128) and 24
-(H64) are the session 9 production again. Tune 23 (no p_scaled) keeps the session 8 products (dk, dv bits); tune
+(H64) are the session 9 production again; and at H128 factors_ahead (tune 28 against tune 26's config, two runs
+of opposite order: +6.6 / +4.9% non-causal, +6.6 / +7.2% causal; H64's tune 29 lost 4-5%, so H64 keeps
+tune 27's config). Tune 23 (no p_scaled) keeps the session 8 products (dk, dv bits); tune
 17 stays registered: the same schedule on BF16 wgmma only."""
 TUNINGS: tuple[tuple[int, dict], ...] = (
     (0, {}),  # production: PRODUCTION[head_dim]
@@ -326,12 +342,14 @@ TUNINGS: tuple[tuple[int, dict], ...] = (
     (25, dict(_T24, dq_store="tma_writer")),
     (26, dict(_T24, dq_store="tma_writer", dv_f16=True)),
     (27, dict(_T24, dv_f16=True)),
+    (28, dict(_T24, dq_store="tma_writer", dv_f16=True, factors_ahead=True)),
+    (29, dict(_T24, dv_f16=True, factors_ahead=True)),
 )
 BROADCAST_Q: dict[int, dict] = {128: dict(dict(TUNINGS)[12]), 64: dict(dict(TUNINGS)[1])}
 """The broadcast_q variants' fields: the previous production, tune 12 at H128 and tune 1 at H64 (per-element
 dQ reductions; a TMA dQ store addresses dq by tensor-map coordinates, which broadcast_q's per-CTA rebase of
 dq's address cannot move)."""
-TUNING_HEAD_DIMS: dict[int, tuple[int, ...]] = {10: (64,), 26: (128,), 27: (64,)}
+TUNING_HEAD_DIMS: dict[int, tuple[int, ...]] = {10: (64,), 26: (128,), 27: (64,), 28: (128,), 29: (64,)}
 """Tunings registered for some head dims only (the others: every head dim)."""
 
 

@@ -3,9 +3,9 @@ loop (S^T, P^T, Pq^T, dP^T, dS^T and its square quantization, dV, dK, dQ wgmmas)
 
 Supported features: those of attention_bwd.py (head_dim 64 / 128, causal or not, GQA, per-batch lengths,
 p_scale "const"), and its schedule fields: overlap 0 / 1 / 2, smem_stats, stats_early, amax_reduce, dq_keys
-"cta" / "own", dq_first, next_early 0 / 1 / 2, dk_ss, p_scaled, sdp_fp8, dv_f16. A mixin of AttentionBackwardSm90:
-it reads the kernel's config-derived attributes (self.h, self.overlap, ...) and calls the dQ store of
-AttentionBwdDqReduce (kernels/sm90/attention_bwd_dq_reduce.py).
+"cta" / "own", dq_first, next_early 0 / 1 / 2, dk_ss, p_scaled, sdp_fp8, dv_f16, factors_ahead. A mixin of
+AttentionBackwardSm90: it reads the kernel's config-derived attributes (self.h, self.overlap, ...) and calls the
+dQ store of AttentionBwdDqReduce (kernels/sm90/attention_bwd_dq_reduce.py).
 Consumer warpgroup c (0, 1) owns keys 64 c .. 64 c + 63 of the CTA's 128-key tile (wgmma M = 64).
 """
 
@@ -123,10 +123,16 @@ class AttentionBwdConsumer:
         f_s = cute.make_rmem_tensor((2,), Float32)
         f_dp = cute.make_rmem_tensor((2,), Float32)
         k_f, v_f = Float32(1.0), Float32(1.0)
+        # factors_ahead: the next tile's raw query-block factors (qs, dos), loaded one step before their use
+        q_raw = cute.make_rmem_tensor((4,), Float32)
         if cutlass.const_expr(self.sdp_fp8):
             mQs, mKs, mVs, mdOs = self.fp8_factors
             key_group = (n * CTA_N + c * WG_N + 16 * warp_wg) // 32
             k_f, v_f = mKs[bk, key_group], mVs[bk, key_group]
+            if cutlass.const_expr(self.config.factors_ahead):
+                if n_iter > 0:
+                    m1, bn1, _ = self._tile(Int32(0), n_m, m_start, bn0)
+                    self._load_raw_factors(mQs, mdOs, bn1, m1, q_raw)
         dq_col0 = Int32(0)
         if cutlass.const_expr(self.dq_split):
             dq_col0 = c * (h // NUM_CONSUMERS)
@@ -182,7 +188,15 @@ class AttentionBwdConsumer:
                     self._load_stats(mLse, mDelta, bn, q0 + col_in, lse2, dlt)
                 q_pipe.consumer_wait(state)
                 self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, 0)
-            if cutlass.const_expr(self.sdp_fp8 and not self.next_early):
+            if cutlass.const_expr(self.sdp_fp8 and not self.next_early and self.config.factors_ahead):
+                # the factors loaded a step ago (no global-load latency here); the next tile's loads now
+                for qb in cutlass.range_constexpr(2):
+                    f_s[qb] = q_raw[qb] * k_f
+                    f_dp[qb] = q_raw[2 + qb] * v_f
+                if it + 1 < n_iter:
+                    m1, bn1, _ = self._tile(it + 1, n_m, m_start, bn0)
+                    self._load_raw_factors(mQs, mdOs, bn1, m1, q_raw)
+            elif cutlass.const_expr(self.sdp_fp8 and not self.next_early):
                 # the tile's query-block factors (uniform loads, under the S^T / dP^T wgmmas)
                 self._load_factors(mQs, mdOs, bn, m, k_f, v_f, f_s, f_dp)
             if cutlass.const_expr(self.overlap == 1):
@@ -398,6 +412,14 @@ class AttentionBwdConsumer:
             self._gemm_acc(self._dk_mma, acc_dk, tKrdS[None, None, None, buf], tKrQt_ss[None, None, None, stage], it)
         else:
             self._gemm_acc(self._dkv_mma, acc_dk, ds_a, tKrQt[None, None, None, stage], it)
+
+    @cute.jit
+    def _load_raw_factors(self, mQs, mdOs, bn, m, q_raw):
+        """factors_ahead: query tile m's two 32-query-block factors of Q and dO as loaded (q_raw: qs, qs, dos,
+        dos), multiplied by the key factors when used, a step later."""
+        for qb in cutlass.range_constexpr(2):
+            q_raw[qb] = mQs[bn, 2 * m + qb]
+            q_raw[2 + qb] = mdOs[bn, 2 * m + qb]
 
     @cute.jit
     def _load_factors(self, mQs, mdOs, bn, m, k_f, v_f, f_s, f_dp):
