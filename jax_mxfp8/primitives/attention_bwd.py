@@ -55,6 +55,7 @@ from jax_mxfp8.primitives.attention_operands import (
     do_float16_scales,
     do_shift,
     head_major_scale,
+    shift_per_query_head,
 )
 from jax_mxfp8.primitives.attention_realign import realign
 from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
@@ -70,7 +71,13 @@ from jax_mxfp8.reference.attention_tiling import Masking
 
 TARGET = "jax_mxfp8_attention_bwd"
 TARGET_FP8 = TARGET + "_fp8"  # the sdp_fp8 variants' call
-DO_F16_DEQUANTIZE = "dequantize_square_e4m3_f16"  # the dv_f16 variants' dO operand (in libraries since dv_f16)
+# the dequantize variants of the pre-pass's 16-bit operands: bfloat16, and the dv_f16 variants' float16 dO (its
+# name marks a library built since dv_f16)
+_DEQUANTIZE = {
+    dt: registry.find(registry.DequantizeConfig, elem_dtype="float8_e4m3fn", block="square", out_dtype=dt)
+    for dt in ("bfloat16", "float16")
+}
+DO_F16_DEQUANTIZE = _DEQUANTIZE["float16"].name
 BWD_QUERY_TILE = 64  # the backward kernel's query rows per step (one dq_sem counter pair per tile)
 
 
@@ -192,8 +199,7 @@ def _operand(x: MXArray, keep, padded: int, path: str | None = None, f16=None) -
         scale, out_dtype = head_major_scale(x, padded), "bfloat16"
         if f16 is not None:
             scale, out_dtype = do_float16_scales(scale, *f16), "float16"
-        kw = dict(elem_dtype="float8_e4m3fn", block="square", out_dtype=out_dtype)
-        out = DEQUANTIZE.call(registry.find(registry.DequantizeConfig, **kw), path, data, scale)
+        out = DEQUANTIZE.call(_DEQUANTIZE[out_dtype], path, data, scale)
     if keep is None:
         return out
     keep_hm = jnp.pad(keep, [(0, 0), (0, padded - length)])[:, None, :, None]
@@ -374,7 +380,7 @@ def _emulation_fp8(call: AttentionBwdCall, q, k, v8, do, lse, delta, lens, q8, k
     v = (v8.astype(jnp.float32) * jnp.repeat(vs, 32, axis=2)[..., None]).astype(jnp.bfloat16)
     if not call.variant.dv_f16:
         return _emulation(call, q, k, v, do, lse, delta, lens)
-    shift = jnp.repeat(do_shift(dos, call.group), call.group, axis=1)[:, :, None, None]  # (B, N, 1, 1)
+    shift = shift_per_query_head(do_shift(dos, call.group), q.shape[1])  # (B, N, 1, 1)
     dq, dk, dv, sem = _emulation(call, q, k, v, mul_pow2(do.astype(jnp.float32), shift), lse, delta, lens)
     return dq, dk, mul_pow2(dv, -shift[:, :: call.group]), sem
 

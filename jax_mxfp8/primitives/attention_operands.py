@@ -254,15 +254,18 @@ def do_shift(dos: jax.Array, group: int) -> jax.Array:
     return (e - DO_F16_TOP).astype(jnp.int32)
 
 
+def shift_per_query_head(shift: jax.Array, n: int) -> jax.Array:
+    """(B, K) per-KV-head shifts -> (B, N, 1, 1): query head n takes KV head n // G's."""
+    return jnp.repeat(shift, n // shift.shape[1], axis=1)[:, :, None, None]
+
+
 def do_float16(do: jax.Array, dos: jax.Array, shift: jax.Array) -> jax.Array:
     """dV's dO operand of the dv_f16 variants: do (B, N, Tp, H) (the MX values dO^, bfloat16 or float32) times
     2^-shift[b, n // G] (shift (B, K) from do_shift of the row factors dos (B, N, Tp/32)), rounded to float16:
     exact for every element of a block within 22 binades of the group's largest (float16's subnormals then
     hold E4M3's 4 significant bits). A row block whose factor is NaN (it holds a NaN block) is NaN as a whole,
     as in the FP8 copies (its finite blocks were left out of the shift and could exceed float16)."""
-    b, n = do.shape[:2]
-    s = jnp.repeat(shift, n // shift.shape[1], axis=1)  # (B, N)
-    x = mul_pow2(do.astype(jnp.float32), -s[:, :, None, None])
+    x = mul_pow2(do.astype(jnp.float32), -shift_per_query_head(shift, do.shape[1]))
     nan_rows = jnp.repeat(jnp.isnan(dos), 32, axis=2)[..., None]  # (B, N, Tp, 1)
     return jnp.where(nan_rows, jnp.nan, x).astype(jnp.float16)
 
@@ -272,8 +275,7 @@ def do_float16_scales(scale: jax.Array, dos: jax.Array, shift: jax.Array) -> jax
     no float32 pass): (B, N, Lp/32, H/32) head-major square-block E8M0 bytes -> each lowered by shift[b, n // G]
     (clamped at 0, where the block lies below float16's range either way: +-0), 0xFF (NaN) kept, and every
     block of a row block whose factor in dos (B, N, Lp/32) is NaN set to 0xFF (do_float16's NaN rows)."""
-    g = scale.shape[1] // shift.shape[1]
-    s = jnp.repeat(shift, g, axis=1)[:, :, None, None]
+    s = shift_per_query_head(shift, scale.shape[1])
     b = scale.astype(jnp.int32)
     out = jnp.where(b == 255, 255, jnp.maximum(b - s, 0))  # b - s <= 128 + DO_F16_TOP (e_row <= 126): never 0xFF
     return jnp.where(jnp.isnan(dos)[..., None], 255, out).astype(jnp.uint8)

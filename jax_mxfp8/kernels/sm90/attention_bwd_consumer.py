@@ -190,9 +190,7 @@ class AttentionBwdConsumer:
                 self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, 0)
             if cutlass.const_expr(self.sdp_fp8 and not self.next_early and self.config.factors_ahead):
                 # the factors loaded a step ago (no global-load latency here); the next tile's loads now
-                for qb in cutlass.range_constexpr(2):
-                    f_s[qb] = q_raw[qb] * k_f
-                    f_dp[qb] = q_raw[2 + qb] * v_f
+                self._key_factors(q_raw, k_f, v_f, f_s, f_dp)
                 if it + 1 < n_iter:
                     m1, bn1, _ = self._tile(it + 1, n_m, m_start, bn0)
                     self._load_raw_factors(mQs, mdOs, bn1, m1, q_raw)
@@ -211,13 +209,13 @@ class AttentionBwdConsumer:
             self._probabilities(acc_s, lse2, scale_log2, key0, q0 + col_in, q_len, kv_len, n, m, f_s)
             # Pq = E4M3_satfinite(P 2^8) 2^-8, as dV's A operand (the A fragment's order is the accumulator's);
             # p_scaled: acc_s already holds 2^8 P, and Pq stays in 2^8 units (no multiplies)
-            if cutlass.const_expr(self.config.dv_f16):
-                # E4M3 -> float16 is exact (cvt.f16x2.e4m3x2 per pair): no float32 round trip
+            # dv_f16 (needs p_scaled): E4M3 -> float16 is exact (cvt.f16x2.e4m3x2 per pair), no float32 round trip
+            if cutlass.const_expr(self.p_scaled):
                 a_fp8.store(acc_s.load().to(FP8))
-                p_a.store(a_fp8.load().to(self.do_dtype))
-            elif cutlass.const_expr(self.p_scaled):
-                a_fp8.store(acc_s.load().to(FP8))
-                a_f32.store(a_fp8.load().to(Float32))
+                if cutlass.const_expr(self.config.dv_f16):
+                    p_a.store(a_fp8.load().to(self.do_dtype))
+                else:
+                    a_f32.store(a_fp8.load().to(Float32))
             else:
                 for i in cutlass.range_constexpr(32):
                     a_f32[i] = acc_s[i] * Float32(P_CONST)
@@ -422,12 +420,19 @@ class AttentionBwdConsumer:
             q_raw[2 + qb] = mdOs[bn, 2 * m + qb]
 
     @cute.jit
+    def _key_factors(self, q_raw, k_f, v_f, f_s, f_dp):
+        """f_s = (qs) ks, f_dp = (dos) vs for the two query blocks of q_raw (_load_raw_factors' layout)."""
+        for qb in cutlass.range_constexpr(2):
+            f_s[qb] = q_raw[qb] * k_f
+            f_dp[qb] = q_raw[2 + qb] * v_f
+
+    @cute.jit
     def _load_factors(self, mQs, mdOs, bn, m, k_f, v_f, f_s, f_dp):
         """sdp_fp8: query tile m's two 32-query-block factors of S^T (f_s: qs ks, tau log2(e) included) and
         dP^T (f_dp: dos vs), for this thread's key factors k_f, v_f (uniform loads)."""
-        for qb in cutlass.range_constexpr(2):
-            f_s[qb] = mQs[bn, 2 * m + qb] * k_f
-            f_dp[qb] = mdOs[bn, 2 * m + qb] * v_f
+        q_raw = cute.make_rmem_tensor((4,), Float32)
+        self._load_raw_factors(mQs, mdOs, bn, m, q_raw)
+        self._key_factors(q_raw, k_f, v_f, f_s, f_dp)
 
     @cute.jit
     def _tile(self, it, n_m, m_start, bn0):
