@@ -13,9 +13,10 @@ halved for causal. Every registered tuning (TUNES) is timed; "kernel_s" is the f
 dq_accum "fp16" with e = 12, deterministic "fp32" and "fp16"; kernels/sm90/attention_bwd_dq.py) are timed on
 the same inputs, with their dq's SQNR against the float32 dq of the first BF16-only tune timed
 ("kernel_<mode>_dq_db"; the modes run all GEMMs on BF16 wgmma, so dk, dv are the same math; time tune 17 for
-it: --tunes 0,17).
+it: --tunes 0,17). Mode "pblock": the p_scale="block" variant (registry BLOCK_P: tune 23's schedule with P
+quantized per 32 queries of each key; compare it with --tunes 0,23).
 Usage: python benchmarks/attention_bwd_kernel.py [--out results.json] [--calls 10] [--batches 5] [--tunes 0,5]
-             [--shapes 0,2] [--modes none|fp16,det,fp16_det]
+             [--shapes 0,2] [--modes none|fp16,det,fp16_det,pblock]
        ncu -k regex:attention_bwd --launch-skip 1 --launch-count 1 python benchmarks/attention_bwd_kernel.py --profile 0
 """
 
@@ -54,7 +55,7 @@ def bwd_flops(b, t, n, h, causal, **_) -> float:
 
 
 TUNES = tuple(t for t, _ in TUNINGS)
-MODES = {"fp16": DQ_MODES[0], "det": DQ_MODES[1], "fp16_det": DQ_MODES[2]}
+MODES = {"fp16": DQ_MODES[0], "det": DQ_MODES[1], "fp16_det": DQ_MODES[2], "pblock": dict(p_scale="block")}
 DQ_E = 12  # dq_accum "fp16": the default dq_fp16_scale_log2
 
 

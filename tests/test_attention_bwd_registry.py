@@ -20,7 +20,7 @@ from jax_mxfp8.kernels.registry.attention_bwd import (
     "kwargs, field",
     [
         (dict(head_dim=96), "head_dim"),
-        (dict(p_scale="block"), "p_scale"),
+        (dict(p_scale="block", p_scaled=True), "p_scale"),  # block: P's own scales (registry BLOCK_P)
         (dict(p_scale="nope"), "p_scale"),
         (dict(p_rounding="floor"), "p_rounding"),
         (dict(dq_accum="bf16"), "dq_accum"),
@@ -105,7 +105,7 @@ def test_production_lookup(head_dim, causal):
 
 def test_uncovered_arguments_find_nothing():
     assert registry.find(registry.AttentionBwdConfig, head_dim=128, packed=True) is None
-    assert registry.find(registry.AttentionBwdConfig, head_dim=128, p_scale="block") is None
+    assert registry.find(registry.AttentionBwdConfig, head_dim=128, p_scale="block", p_rounding="floor") is None
     assert registry.find(registry.AttentionBwdConfig, head_dim=128, dq_accum="fp16", tune=1) is None
 
 

@@ -69,8 +69,8 @@ def backward_variant(static: dense.AttentionStatic, head_dim: int, broadcast_q: 
         msg = (
             f"jax_mxfp8.dot_product_attention: the forward ran the Hopper kernel but the backward runs the XLA "
             f"reference (slow) because {why}. Fix: p_scale='const' (the default) has backward kernels for "
-            "dq_accum 'fp32' and 'fp16', deterministic or not; a library built before them needs "
-            "tools/build_library.py."
+            "dq_accum 'fp32' and 'fp16', deterministic or not, p_scale='block' for dq_accum 'fp32' without "
+            "deterministic; a library built before them needs tools/build_library.py."
         )
         warnings.warn(msg, impl.KernelFallbackWarning, stacklevel=2)
     return variant, why

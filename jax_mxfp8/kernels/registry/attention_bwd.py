@@ -24,8 +24,9 @@ class AttentionBwdConfig(KernelConfig):
     Attributes:
       head_dim: 64 or 128.
       causal: top-left causal masking (query i sees keys j <= i).
-      p_scale: the contract's AttentionConfig.p_scale for dV's P operand; only "const" (E4M3(P 2^8) 2^-8)
-        is implemented.
+      p_scale: the contract's AttentionConfig.p_scale for dV's P operand: "const" (E4M3(P 2^8) 2^-8) or
+        "block" (one E8M0 scale per 32 queries of each key, dV's contracting axis; needs p_scaled=False, the
+        fp32 dQ path and no broadcast_q; registered as BLOCK_P's variants).
       p_rounding: the P scale rule for p_scale="block" (unused for "const": must be "up").
       dq_accum: dQ accumulation across KV tiles: "fp32" (float32 adds into a zero-filled float32 dq) or
         "fp16" (a zero-filled float16 dq holding dQ * 2^e; e is the call's attribute dq_scale_log2, the
@@ -144,8 +145,11 @@ class AttentionBwdConfig(KernelConfig):
             raise ValueError(f"head_dim={self.head_dim} not in (64, 128)")
         if self.p_scale not in P_SCALES:
             raise ValueError(f"p_scale={self.p_scale!r} not in {P_SCALES}")
-        if self.p_scale != "const":
-            raise ValueError("p_scale='block' is not implemented by the backward kernel (use 'const')")
+        if self.p_scale == "block" and (self.p_scaled or self.dq_mode or self.broadcast_q):
+            raise ValueError(
+                "p_scale='block' needs p_scaled=False (its block scales come from P itself), dq_accum='fp32', "
+                "deterministic=False and broadcast_q=False"
+            )
         if self.p_rounding not in SCALE_ROUNDINGS:
             raise ValueError(f"p_rounding={self.p_rounding!r} not in {SCALE_ROUNDINGS}")
         if self.p_scale == "const" and self.p_rounding != "up":
@@ -242,6 +246,8 @@ class AttentionBwdConfig(KernelConfig):
         base += ("_fp16" if self.dq_accum == "fp16" else "") + ("_det" if self.deterministic else "")
         if self.broadcast_q:
             base += "_bcastq"
+        if self.p_scale == "block":
+            base += "_pblock" + ("_floor" if self.p_rounding == "floor" else "")
         return f"{base}_t{self.tune}" if self.tune else base
 
 
@@ -375,6 +381,12 @@ DQ_MODES: tuple[dict, ...] = (
     dict(dq_accum="fp16", deterministic=True),
 )
 
+BLOCK_P: dict[int, dict] = {h: dict(dict(TUNINGS)[23]) for h in (128, 64)}
+"""The p_scale="block" variants' fields (scale rule "up": the forward kernel's block variants take only that
+rule, so a "floor" call's forward and backward both run the reference): tune 23's schedule, the production one
+without p_scaled (whose 2^8 P units would move the block scales of P blocks below 2^-117), dq_store "tma_warp"
+and dv on bfloat16 wgmma (dv_f16 needs p_scaled). dk equals tune 23's bit for bit (dS does not read Pq)."""
+
 # broadcast_q (broadcast_query_attention): BROADCAST_Q's schedule only.
 ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = (
     tuple(
@@ -392,6 +404,11 @@ ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = (
     )
     + tuple(
         AttentionBwdConfig(head_dim=h, causal=c, broadcast_q=True, **BROADCAST_Q[h])
+        for h in (128, 64)
+        for c in (False, True)
+    )
+    + tuple(
+        AttentionBwdConfig(head_dim=h, causal=c, p_scale="block", **BLOCK_P[h])
         for h in (128, 64)
         for c in (False, True)
     )

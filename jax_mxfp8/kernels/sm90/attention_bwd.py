@@ -3,11 +3,12 @@ config.sdp_fp8, dV on float16 wgmma with config.dv_f16, both production; dK, dQ 
 
 Supported (kernels/registry/attention_bwd.py, AttentionBwdConfig): head_dim 64 and 128; non-causal or causal
 (top-left); GQA/MQA (query head n reads KV head n // G); per-batch query and KV lengths (dense padded batch);
-p_scale "const"; dq_accum "fp32" and "fp16" (dQ * 2^e in float16), deterministic or not (the dQ modes:
-kernels/sm90/attention_bwd_dq.py); one query sequence for every batch row (config.broadcast_q, dq_accum
+p_scale "const", and "block" (one E8M0 scale per 32 queries of each key for dV's P: quantize_p_blocks;
+registry BLOCK_P, dq_accum "fp32"); dq_accum "fp32" and "fp16" (dQ * 2^e in float16), deterministic or not
+(the dQ modes: kernels/sm90/attention_bwd_dq.py); one query sequence for every batch row (config.broadcast_q, dq_accum
 "fp32", not deterministic: q and dq of batch 1, Q loaded by the producer at batch 0, every batch row's dQ
 added into batch 0's dq; dO, LSE, delta per row). Not here (the XLA reference takes them):
-p_scale "block", packed sequences, bias / boolean masks.
+packed sequences, bias / boolean masks.
 
 Operands (the FFI call jax_mxfp8_attention_bwd, or jax_mxfp8_attention_bwd_fp8 for sdp_fp8 (below);
 /work/coord/ATTN_BWD_INTERFACE.md; the handler passes
@@ -42,6 +43,7 @@ copies (launch_fp8: q8, k8, v8, do8 K-major in shared memory, accumulators times
   S^T  = K Q^T                                   (SS, both K-major)
   P^T  = exp2(min(S^T tau log2(e) - LSE log2(e), 0)); 0 where masked or LSE = -inf (NaN propagates)
   Pq^T = E4M3_satfinite(P^T 2^8) 2^-8            (p_scale "const")
+         (p_scale "block": E4M3_satfinite(P^T / 2^b) 2^b, b per 32 queries of a key from their amax)
   dP^T = V dO^T                                  (SS, both K-major)
   dS^T = P^T (dP^T - delta)
   dSq  = 32x32 square blocks over (key, query), scale rule "up", E4M3 satfinite (bit-exact formula of

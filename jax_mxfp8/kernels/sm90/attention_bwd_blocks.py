@@ -2,6 +2,8 @@
 
   quantize_ds_square   dS^T (a consumer's 64 keys x 64 queries accumulator fragment) -> its 32x32 square-block
                        MX values (scale rule "up", E4M3 satfinite), the block amax shared by a warp pair
+  quantize_p_blocks    P^T (the same fragment) -> its MX values in blocks of 32 queries per key (p_scale "block":
+                       dV's contracting axis), the block amax reduced over a lane quad
   red_add_f32          red.global.add.f32 (dq_store "red"); red_add_v2_f32 / _v4_f32: 2 / 4 adjacent floats
   bulk_*               cp.reduce.async.bulk .add.f32 from shared memory and its bulk-group waits ("bulk");
                        bulk_load: cp.async.bulk global -> shared on an mbarrier (smem_stats)
@@ -45,6 +47,12 @@ head-major like q, k, v, do) and their row factors (qs: tau log2(e) 2^e per 32 q
 
 QB_INDICES = tuple(tuple(i for i in range(32) if acc_coords(i)[2] // 4 == qb) for qb in range(2))
 """Flat indices of a 64 x 64 accumulator fragment in query block qb (columns 32 qb .. 32 qb + 31)."""
+
+PB_INDICES = tuple(
+    tuple(tuple(i for i in QB_INDICES[qb] if acc_coords(i)[1] == v1) for v1 in range(2)) for qb in range(2)
+)
+"""PB_INDICES[qb][v1]: the 8 flat indices of one key row (row half v1) in query block qb; the row's 32 queries
+of the block are these 8 in each lane of the quad (lane % 4 = 0..3)."""
 
 
 def tma_tile_partition(atom, g_tensor, s_tensor, tile):
@@ -171,3 +179,27 @@ def quantize_ds_square(acc, sAmax, buf, c, warp_wg, lane, pair_barrier, redux: b
             vals = ptx.fp8x4_to_f32(word, "float8_e4m3fn")
             for t in cutlass.range_constexpr(4):
                 acc[group[t]] = bits_f32(vals[t]) * inv
+
+
+@cute.jit
+def quantize_p_blocks(acc, out, rounding: str):
+    """acc (P^T, 64 keys x 64 queries of this consumer, float32 in [0, 1] or NaN) -> out (the same fragment
+    layout): P's MX values in blocks of 32 queries per key (p_scale "block": dV = P^T dO contracts the
+    queries), scale rule `rounding`, E4M3 satfinite, dequantized (exact in bfloat16). A block is one row's 8
+    values in each lane of a quad: the amax (integer max of |x| bits, NaN seen) is a tree over the 8, then
+    two butterfly shuffles. Scale byte 0 (a block below ~2^-118) gives 0 as quantize_ds_square's does; a NaN
+    block gives NaN everywhere in it (scale byte 255), as the reference's."""
+    for qb in cutlass.range_constexpr(2):
+        for v1 in cutlass.range_constexpr(2):
+            idx = PB_INDICES[qb][v1]
+            mx = tree_max_u32([f32_bits(acc[i]) & Uint32(0x7FFFFFFF) for i in idx])
+            for k in cutlass.range_constexpr(2):
+                mx = ptx.max_u32(mx, ptx.shfl_bfly(mx, 1 << k))
+            b8, factor = ptx.scale_and_factor(mx, "float8_e4m3fn", rounding)
+            inv = bits_f32(b8 << Uint32(23))  # 2^(b - 127); b = 0: 0; b = 255: inf (times NaN elements)
+            for k4 in cutlass.range_constexpr(2):
+                group = idx[4 * k4 : 4 * k4 + 4]
+                word = ptx.quantize4_f32([f32_bits(acc[i]) for i in group], [factor] * 4, "float8_e4m3fn")
+                vals = ptx.fp8x4_to_f32(word, "float8_e4m3fn")
+                for t in cutlass.range_constexpr(4):
+                    out[group[t]] = bits_f32(vals[t]) * inv

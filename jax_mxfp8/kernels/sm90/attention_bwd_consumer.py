@@ -2,7 +2,7 @@
 loop (S^T, P^T, Pq^T, dP^T, dS^T and its square quantization, dV, dK, dQ wgmmas) and the dK / dV epilogue.
 
 Supported features: those of attention_bwd.py (head_dim 64 / 128, causal or not, GQA, per-batch lengths,
-p_scale "const"), and its schedule fields: overlap 0 / 1 / 2, smem_stats, stats_early, amax_reduce, dq_keys
+p_scale "const" and "block"), and its schedule fields: overlap 0 / 1 / 2, smem_stats, stats_early, amax_reduce, dq_keys
 "cta" / "own", dq_first, next_early 0 / 1 / 2, dk_ss, p_scaled, sdp_fp8, dv_f16, factors_ahead. A mixin of
 AttentionBackwardSm90: it reads the kernel's config-derived attributes (self.h, self.overlap, ...) and calls the
 dQ store of AttentionBwdDqReduce (kernels/sm90/attention_bwd_dq_reduce.py).
@@ -33,6 +33,7 @@ from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
     bulk_wait,
     bulk_wait_read,
     quantize_ds_square,
+    quantize_p_blocks,
 )
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
 
@@ -208,6 +209,7 @@ class AttentionBwdConsumer:
                 self._read_stats(sStats, stage, col_in, lse2, True)
             self._probabilities(acc_s, lse2, scale_log2, key0, q0 + col_in, q_len, kv_len, n, m, f_s)
             # Pq = E4M3_satfinite(P 2^8) 2^-8, as dV's A operand (the A fragment's order is the accumulator's);
+            # p_scale "block": per 32 queries of each key, on P's own scale (quantize_p_blocks);
             # p_scaled: acc_s already holds 2^8 P, and Pq stays in 2^8 units (no multiplies)
             # dv_f16 (needs p_scaled): E4M3 -> float16 is exact (cvt.f16x2.e4m3x2 per pair), no float32 round trip
             if cutlass.const_expr(self.p_scaled):
@@ -216,6 +218,8 @@ class AttentionBwdConsumer:
                     p_a.store(a_fp8.load().to(self.do_dtype))
                 else:
                     a_f32.store(a_fp8.load().to(Float32))
+            elif cutlass.const_expr(self.config.p_scale == "block"):
+                quantize_p_blocks(acc_s, a_f32, self.config.p_rounding)  # P's own scales (acc_s holds P)
             else:
                 for i in cutlass.range_constexpr(32):
                     a_f32[i] = acc_s[i] * Float32(P_CONST)
