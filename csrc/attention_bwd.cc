@@ -12,6 +12,8 @@
 //
 // Operands (/work/coord/ATTN_BWD_INTERFACE.md; Tp, Sp multiples of 128, H 64 or 128, N a multiple of K):
 //   q, do (B, N, Tp, H) bf16   k, v (B, K, Sp, H) bf16   lse, delta (B, N, Tp) f32   lens (2, B) s32
+//   (packed variants: B = 1, lens (4, Sp / 128) s32, per key tile: first query row, query end row, KV end
+//   row, first KV row of its sequence in the aligned packed layout)
 //   dq (B, N, Tp, H) f32 (f16 for dq_accum "fp16")   dk, dv (B, K, Sp, H) f32   dq_sem (B, N, Tp / 32) s32
 //   broadcast_q variants (fp32, not deterministic): q and dq (1, N, Tp, H), dq the sum over the B batch rows
 // dq is accumulated with atomics (or, deterministic, ordered adds): the handler zero-fills it first
@@ -132,7 +134,14 @@ ffi::Error AttentionBwdRun(cudaStream_t stream, int32_t device, ffi::AnyBuffer q
   }
   int64_t lens_dims[2];
   JMX_RETURN_IF_ERROR(Dims(lens, "lens", 2, lens_dims));
-  JMX_RETURN_IF_ERROR(Want(lens_dims[0] == 2 && lens_dims[1] == b, "lens must be (2, B)"));
+  // packed variants: one batch row of aligned packed sequences, lens the (4, Sp / 128) table per key tile
+  const bool packed = Param(entry, "packed") == 1;
+  if (packed) {
+    JMX_RETURN_IF_ERROR(Want(b == 1 && lens_dims[0] == 4 && lens_dims[1] * 128 == sp,
+                             "a packed variant takes B = 1 and lens (4, Sp / 128)"));
+  } else {
+    JMX_RETURN_IF_ERROR(Want(lens_dims[0] == 2 && lens_dims[1] == b, "lens must be (2, B)"));
+  }
 
   const bool sdp_fp8 = Param(entry, "sdp_fp8") == 1;
   JMX_RETURN_IF_ERROR(Want(sdp_fp8 == (fp8 != nullptr),

@@ -27,7 +27,8 @@ from jax_mxfp8.kernels.registry.attention_bwd import (
         (dict(dq_accum="fp16"), "dq_store"),  # the dQ modes take per-element adds
         (dict(deterministic=True), "dq_store"),
         (dict(deterministic=1, dq_store="red"), "deterministic"),
-        (dict(packed=True), "packed"),
+        (dict(packed=True, sdp_fp8=True, p_scaled=True, dv_f16=True), "packed"),  # one dO shift per KV head
+        (dict(packed=True, dq_accum="fp16", dq_store="red"), "packed"),
         (dict(dq_store="tmem"), "dq_store"),
         (dict(dq_store="tma", overlap=1), "overlap"),  # the TMA dQ stores: overlap 0; "tma": dq_keys "cta"
         (dict(dq_store="tma", dq_keys="own", head_dim=64), "dq_keys"),
@@ -104,7 +105,7 @@ def test_production_lookup(head_dim, causal):
 
 
 def test_uncovered_arguments_find_nothing():
-    assert registry.find(registry.AttentionBwdConfig, head_dim=128, packed=True) is None
+    assert registry.find(registry.AttentionBwdConfig, head_dim=128, packed=True, dq_accum="fp16") is None
     assert registry.find(registry.AttentionBwdConfig, head_dim=128, p_scale="block", p_rounding="floor") is None
     assert registry.find(registry.AttentionBwdConfig, head_dim=128, dq_accum="fp16", tune=1) is None
 
@@ -154,3 +155,15 @@ def test_tunings_registered_as_non_production(head_dim, causal):
 def test_variant_names_unique():
     assert len({v.name for v in registry.ATTENTION_BWD_VARIANTS}) == len(registry.ATTENTION_BWD_VARIANTS)
     assert [t for t, _ in TUNINGS] == list(range(len(TUNINGS)))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_variants(head_dim, causal):
+    """varlen_attention's packed backward: the session 9 production's config (tune 25 / 24: no dv_f16, whose dO
+    shift per KV head would span every sequence) with packed=True, named *_packed."""
+    v = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, packed=True)
+    s9 = registry.find(registry.AttentionBwdConfig, head_dim=head_dim, causal=causal, tune={128: 25, 64: 24}[head_dim])
+    assert v.tune == 0 and v.packed and not v.dv_f16 and v.sdp_fp8
+    assert dataclasses.replace(s9, packed=True, tune=0) == v
+    assert v.name == f"attention_bwd_h{head_dim}{'_causal' if causal else ''}_packed" and v.key["packed"] == 1

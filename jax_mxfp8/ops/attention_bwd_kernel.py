@@ -17,8 +17,10 @@ over the group from the call. varlen_attention's kernel route reaches this throu
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
+import jax
 import jax.numpy as jnp
 
 from jax_mxfp8.ops import attention as dense
@@ -76,11 +78,34 @@ def backward_variant(static: dense.AttentionStatic, head_dim: int, broadcast_q: 
     return variant, why
 
 
-def kernel_backward(static: dense.AttentionStatic, variant, res, cts, broadcast_q: bool = False):
+def packed_variant(static: dense.AttentionStatic, head_dim: int):
+    """The packed backward variant for varlen_attention's aligned packed residuals, or None (then varlen's
+    backward gathers them into the padded batch: backward_variant decides there). Path "cuda" needs it in the
+    loaded library. Recorded under OP when found."""
+    if not static.kernel_path:
+        return None
+    cfg = static.config
+    variant, _ = abwd.kernel_variant(
+        head_dim=head_dim, causal=static.is_causal, p_scale=cfg.p_scale, p_rounding=cfg.scale_rounding,
+        dq_accum=cfg.dq_accum, deterministic=cfg.deterministic, packed=True,
+    )  # fmt: skip
+    if variant is not None and static.impl == "cuda":
+        names = {n for n, _ in library.kernel_names()}
+        if variant.name not in names or abwd.TARGET_FP8 not in library.ffi_targets():
+            return None
+    if variant is not None:
+        impl.note(OP, static.impl, static.impl, "")
+    return variant
+
+
+def kernel_backward(
+    static: dense.AttentionStatic, variant, res, cts, broadcast_q: bool = False, tile_table: jax.Array | None = None
+):
     """The custom_vjp bwd on the kernel (see the module docstring); returns mx_attention_bwd's 7 cotangents.
 
     res, cts: mx_attention_fwd's residuals (quants, o, lse, bias, mask, q_len, kv_len) with bias and mask
     None (the kernel path has neither), and the cotangents (dO (B, T, N, H), dLSE (B, N, T)).
+    tile_table (a packed variant: packed_tile_table of the aligned packed layout, B = 1): the kernel's lens.
     broadcast_q (ops/broadcast_attention.py, with a broadcast_q variant): the query residuals hold batch 1
     for all B rows; dq comes back as their sum, (1, T, N, H) (the kernel's float32 reductions over the
     batch rows, one rounding to the output dtype here).
@@ -99,6 +124,8 @@ def kernel_backward(static: dense.AttentionStatic, variant, res, cts, broadcast_
         q, k, v, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len, broadcast_q=broadcast_q, fp8_path=fp8_path,
         scale=static.scale, path=static.impl, do_f16=variant.dv_f16,
     )  # fmt: skip
+    if tile_table is not None:
+        ops = dataclasses.replace(ops, lens=tile_table)
     e = static.config.dq_fp16_scale_log2
     dq, dk, dv = abwd.attention_bwd(ops, variant=variant, scale=static.scale, dq_scale_log2=e, path=static.impl)
     t, s = q.shape[1], k.shape[1]

@@ -148,8 +148,9 @@ def varlen_attention(
       implementation: None, "xla", "emulated" or "cuda", as for dot_product_attention ("emulated": the
         packed kernel path with the kernel calls emulated in XLA). "cuda" runs the packed Hopper
         kernel path (ops/varlen_kernel.py: FP8 operands in packed order, each sequence starting on a
-        128-row tile, no padding to max_seqlen); "xla" gathers the sequences into a padded batch with
-        lengths and runs the reference.
+        128-row tile, no padding to max_seqlen; its backward on the packed backward kernel where a variant
+        covers the config, p_scale "const" with dq_accum "fp32", else on the dense kernel over the padded
+        batch); "xla" gathers the sequences into a padded batch with lengths and runs the reference.
       config: AttentionConfig (default AttentionConfig()).
       check_offsets: the checked mode for traced offsets: the checks of concrete offsets become
         jax.experimental.checkify checks (non-decreasing, within [0, T_total], no sequence longer than

@@ -8,7 +8,11 @@ packed kernel variant over a work list of (sequence, query tile) items, longest 
 (primitives/attention_packed.py packed_tables). Nothing is padded to max_seqlen: the FP8 operands hold
 sum_b ceil128(L_b) rows, the scales one per 32-row block of those rows.
 
-Backward: the residuals (aligned MX operands, O, LSE) are gathered into the padded (B, max_seqlen) batch
+Backward: the packed backward kernel variant (registry PACKED; primitives/attention_bwd.packed_tile_table)
+runs on the aligned residuals themselves, one CTA per (key tile, KV head), each key tile's sequence from the
+table (ops/attention_bwd_kernel.packed_variant). Where no packed variant covers the call (p_scale "block",
+the dQ modes, a library built before it), the residuals (aligned MX operands, O, LSE) are gathered into the
+padded (B, max_seqlen) batch
 that dot_product_attention's backward takes; the MX blocks are the same blocks (both layouts start every
 sequence on a block boundary and hold zeros past its end), so the gradients equal those of the dense
 path on the padded batch (ops/varlen_attention.py's XLA route) given the same forward residuals. That
@@ -27,9 +31,11 @@ import jax.numpy as jnp
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.ops import attention as dense
+from jax_mxfp8.ops import attention_bwd_kernel as kbwd
 from jax_mxfp8.ops.cotangents import remat_safe
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.primitives import attention_fwd as attention_kernel
+from jax_mxfp8.primitives.attention_bwd import packed_tile_table
 from jax_mxfp8.primitives.attention_layout import TILE_M
 from jax_mxfp8.primitives.attention_operands import prepare_sequence_major
 from jax_mxfp8.primitives.attention_packed import packed_tables
@@ -130,7 +136,31 @@ def _padded_mx(x: MXArray, lay: _Layout, padded_len: int) -> MXArray:
     return MXArray(data, scale, x.axes, x.block)
 
 
+def _packed_bwd(st: VarlenStatic, variant, res, do):
+    """The packed backward kernel on the aligned residuals (B = 1, lens the key-tile table); the packed
+    cotangents (dq, dk, dv, None, None)."""
+    qm, km, vm, o_al, lse_al, cu_q, cu_k = res
+    lq, lk = _layout(cu_q, st.total_q, st.max_q), _layout(cu_k, st.total_k, st.max_k)
+    keys = dense.operand_keys(st.dense)
+    aligned = {"q": qm, "k": km, "v": vm}
+    quants = {key: aligned[key[0]] for key in set(keys.values())}
+    res_al = (quants, o_al.astype(st.dense.out_dtype), lse_al, None, None, None, None)
+    do_al = to_aligned(do, cu_q, lq.lengths, lq.starts, lq.rows)[None]  # (1, rows, N, H), zeros between sequences
+    table = packed_tile_table(lq.lengths, lk.lengths, lq.starts, lk.starts, lk.rows)
+    dq, dk, dv, *_ = kbwd.kernel_backward(st.dense, variant, res_al, (do_al, jnp.zeros_like(lse_al)), tile_table=table)
+    return (
+        aligned_to_packed(dq[0], cu_q, lq.lengths, lq.starts, st.total_q),
+        aligned_to_packed(dk[0], cu_k, lk.lengths, lk.starts, st.total_k),
+        aligned_to_packed(dv[0], cu_k, lk.lengths, lk.starts, st.total_k),
+        None,
+        None,
+    )
+
+
 def _bwd(st: VarlenStatic, res, do):
+    variant = kbwd.packed_variant(st.dense, do.shape[-1])
+    if variant is not None:
+        return _packed_bwd(st, variant, res, do)
     qm, km, vm, o_al, lse_al, cu_q, cu_k = res
     lq, lk = _layout(cu_q, st.total_q, st.max_q), _layout(cu_k, st.total_k, st.max_k)
     pq, pk = round_up(st.max_q, BLOCK_SIZE), round_up(st.max_k, BLOCK_SIZE)

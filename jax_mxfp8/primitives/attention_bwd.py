@@ -143,7 +143,7 @@ class BwdOperands:
     do: jax.Array  # (B, N, Tp, H) bfloat16 dO^ (rows >= q_len zeroed before the square quantization); dv_f16: float16
     lse: jax.Array  # (B, N, Tp) float32, -inf on rows >= q_len and padding
     delta: jax.Array  # (B, N, Tp) float32 rowsum(dO * O) - dLSE, 0 on padding rows
-    lens: jax.Array  # (2, B) int32 query lengths, KV lengths
+    lens: jax.Array  # (2, B) int32 query lengths, KV lengths (packed variants: (4, Sp / 128) packed_tile_table)
     fp8: SdpFp8Operands | None = None  # the sdp_fp8 variants' FP8 copies (None for the others)
     # dv_f16 variants: do is float16 dO^ 2^-do_shift[b, n // G] (attention_operands.do_float16), (B, K) int32,
     # do_shift(fp8.dos, N // K) as bwd_operands makes it (the call's emulation recomputes it from dos)
@@ -287,6 +287,64 @@ def bwd_operands(
 
 
 # ------------------------------------------------------------------------------------------ the emulation
+def packed_tile_table(
+    q_len: jax.Array, kv_len: jax.Array, q_start: jax.Array, kv_start: jax.Array, kv_rows: int
+) -> jax.Array:
+    """The packed variants' lens operand: (4, kv_rows / 128) int32, per key tile of the aligned packed layout
+    (every sequence from a 128-row tile; ops/varlen_kernel.py) its sequence's first query row, query end row,
+    KV end row and first KV row; zeros for tiles in no sequence (the kernel then writes their dk, dv rows 0)."""
+    tile0 = jnp.arange(kv_rows // TILE_N, dtype=jnp.int32) * TILE_N
+    seq = jnp.clip(jnp.searchsorted(kv_start, tile0, side="right").astype(jnp.int32) - 1, 0, q_len.shape[0] - 1)
+    live = (tile0 >= kv_start[seq]) & (tile0 < kv_start[seq] + kv_len[seq])
+    rows = (q_start[seq], q_start[seq] + q_len[seq], kv_start[seq] + kv_len[seq], kv_start[seq])
+    return jnp.stack([jnp.where(live, x, 0) for x in rows]).astype(jnp.int32)
+
+
+def _windows(x: jax.Array, start: jax.Array, length: jax.Array, size: int) -> jax.Array:
+    """(1, heads, L, ...) -> (W, heads, size, ...): window w holds rows start[w] .. start[w] + length[w] - 1,
+    zeros after them (no other sequence's rows, NaN included, reach a window)."""
+    pos = jnp.arange(size, dtype=jnp.int32)
+    idx = jnp.clip(start[:, None] + pos[None, :], 0, x.shape[2] - 1)  # (W, size)
+    g = jnp.moveaxis(x[0][:, idx], 1, 0)  # (W, heads, size, ...)
+    valid = (pos[None, :] < length[:, None]).reshape(idx.shape[:1] + (1,) + idx.shape[1:] + (1,) * (g.ndim - 3))
+    return jnp.where(valid, g, jnp.zeros((), x.dtype))
+
+
+def _unwindows(xw: jax.Array, start: jax.Array, length: jax.Array, total: int) -> jax.Array:
+    """_windows' inverse for disjoint windows: (W, heads, size, H) -> (1, heads, total, H), zeros elsewhere."""
+    size = xw.shape[2]
+    pos = jnp.arange(size, dtype=jnp.int32)
+    idx = jnp.where(pos[None, :] < length[:, None], start[:, None] + pos[None, :], total)  # total: dropped
+    rows = jnp.moveaxis(xw, 1, 0).reshape(xw.shape[1], -1, xw.shape[-1])
+    out = jnp.zeros((xw.shape[1], total, xw.shape[-1]), xw.dtype)
+    return out.at[:, idx.reshape(-1)].set(rows, mode="drop")[None]
+
+
+def _emulate_packed(ops: BwdOperands, **kw) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """emulate_bwd of a packed call (B = 1, lens = packed_tile_table): every sequence alone, as the kernel's
+    CTAs see it (a key tile reads only its sequence's query rows): the sequence starting at key tile w becomes
+    batch row w of a dense emulation (windows of its rows, zeros after its lengths; rows for tiles that start
+    no sequence are empty), and the gradients go back to their rows."""
+    table = ops.lens
+    tp, sp = ops.q.shape[2], ops.k.shape[2]
+    tile0 = jnp.arange(table.shape[1], dtype=jnp.int32) * TILE_N
+    first = (table[3] == tile0) & (table[2] > table[3])  # this key tile starts a sequence with keys
+    q0, kv0 = table[0], table[3]
+    q_len = jnp.where(first, table[1] - table[0], 0)
+    kv_len = jnp.where(first, table[2] - table[3], 0)
+    wq = lambda x: None if x is None else _windows(x, q0, q_len, tp)
+    wk = lambda x: None if x is None else _windows(x, kv0, kv_len, sp)
+    win = BwdOperands(
+        wq(ops.q), wk(ops.k), wk(ops.v), wq(ops.do), wq(ops.lse), wq(ops.delta), jnp.stack([q_len, kv_len])
+    )
+    dq, dk, dv = emulate_bwd(win, **kw)
+    return (
+        _unwindows(dq, q0, q_len, tp),
+        _unwindows(dk, kv0, kv_len, sp),
+        _unwindows(dv, kv0, kv_len, sp),
+    )
+
+
 def emulate_bwd(
     ops: BwdOperands,
     *,
@@ -296,12 +354,17 @@ def emulate_bwd(
     p_rounding: str = "up",
     dq_accum: str = "fp32",
     dq_scale_log2: int = DQ_FP16_SCALE_LOG2,
+    packed: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The interface's numerics in XLA: reference/attention_bwd.py on the kernel's operands.
 
     The padding rows and columns (>= q_len, >= kv_len, and the 128-padding) are masked by the lengths, so
     they produce exact zeros in dq, dk, dv. Returns dq (B, N, Tp, H), dk, dv (B, K, Sp, H) float32 (dq_accum
-    "fp16": the float16 accumulator's dQ * 2^e times 2^-e, e = dq_scale_log2)."""
+    "fp16": the float16 accumulator's dQ * 2^e times 2^-e, e = dq_scale_log2). packed: B = 1 and ops.lens the
+    packed_tile_table (_emulate_packed: each sequence alone, as the kernel's CTAs see it)."""
+    if packed:
+        kw = dict(causal=causal, scale=scale, p_scale=p_scale, p_rounding=p_rounding, dq_accum=dq_accum)
+        return _emulate_packed(ops, **kw, dq_scale_log2=dq_scale_log2)
     b, n, tp, h = ops.q.shape
     nk, sp = ops.k.shape[1], ops.k.shape[2]
     g = n // nk
@@ -357,6 +420,7 @@ def _emulation(call: AttentionBwdCall, q, k, v, do, lse, delta, lens):
         p_rounding=p_rounding,
         dq_accum=var.dq_accum,
         dq_scale_log2=e if var.dq_accum == "fp16" else DQ_FP16_SCALE_LOG2,
+        packed=var.packed,
     )
     # the call's dq: the float16 accumulator itself for "fp16" (dq 2^e is exact: dq is that float16 value
     # times 2^-e); dq_sem as the kernel leaves it for the deterministic variants (every counter at its
@@ -417,11 +481,12 @@ def _sharding(call: AttentionBwdCall) -> ShardingRule:
     # batch sharded, each device's dq sums its own rows and the partition adds the devices' (ffi_op summed)
     bq = call.variant.broadcast_q
     qb = "a" if bq else "b"
+    lens = "l x" if call.variant.packed else "l b"  # packed: the (4, Sp / 128) key-tile table, never sharded
     return ShardingRule(
-        operands=(f"{qb} {n} t h", "b k s h", "b k s h", f"b {n} t h", f"b {n} t", f"b {n} t", "l b"),
+        operands=(f"{qb} {n} t h", "b k s h", "b k s h", f"b {n} t h", f"b {n} t", f"b {n} t", lens),
         results=(f"{qb} {n} t h", "b k s h", "b k s h", f"b {n} u"),
         factor_sizes=sizes,
-        replicated=("a", "g", "t", "h", "s", "l", "u"),
+        replicated=("a", "g", "t", "h", "s", "l", "u", "x"),
         summed=((0, "b"),) if bq else (),
     )
 
@@ -468,6 +533,10 @@ variants (csrc/attention_bwd.cc)."""
 ATTENTION_BWD_BROADCAST_Q = dataclasses.replace(ATTENTION_BWD, batch_dims=None, result_batch_dims=None)
 """The same target for the broadcast_q variants: q has batch 1, so vmap maps the call."""
 
+ATTENTION_BWD_PACKED_FP8 = dataclasses.replace(ATTENTION_BWD_FP8, batch_dims=None, result_batch_dims=None)
+"""The FP8 target for the packed variants (B = 1 holds every sequence; lens is the key-tile table): vmap maps
+the call over the axis."""
+
 
 def attention_bwd(
     ops: BwdOperands,
@@ -498,6 +567,11 @@ def attention_bwd(
     op = ATTENTION_BWD_BROADCAST_Q if variant.broadcast_q else ATTENTION_BWD
     if variant.broadcast_q and ops.q.shape[0] != 1:
         raise ValueError(f"a broadcast_q variant takes q of batch 1; got {ops.q.shape}")
+    if variant.packed != (ops.lens.shape[0] == 4) or (variant.packed and not variant.sdp_fp8):
+        raise ValueError(
+            f"variant {variant.name} takes lens {'(4, Sp / 128): packed_tile_table' if variant.packed else '(2, B)'}"
+            f" (and packed variants the FP8 operands); got lens {ops.lens.shape}"
+        )
     want_do = jnp.float16 if variant.dv_f16 else jnp.bfloat16
     if variant.dv_f16 != (ops.do_shift is not None) or ops.do.dtype != want_do:
         want = "float16 do and its do_shift: bwd_operands(..., do_f16=True)" if variant.dv_f16 else "bfloat16 do"
@@ -511,7 +585,7 @@ def attention_bwd(
     if variant.sdp_fp8:
         if ops.fp8 is None:
             raise ValueError(f"variant {variant.name} (sdp_fp8) needs the FP8 copies: bwd_operands(..., fp8_path=)")
-        op, args = ATTENTION_BWD_FP8, ops.fp8_args()
+        op, args = (ATTENTION_BWD_PACKED_FP8 if variant.packed else ATTENTION_BWD_FP8), ops.fp8_args()
     elif ops.v is None:
         raise ValueError(f"variant {variant.name} reads the bfloat16 v: bwd_operands without fp8_path")
     else:

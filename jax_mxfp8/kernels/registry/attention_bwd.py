@@ -34,7 +34,10 @@ class AttentionBwdConfig(KernelConfig):
       deterministic: dQ's adds of the KV tiles in ascending tile order (a per-query-tile semaphore, the
         kernel's dq_sem operand), so dq is bit-identical across runs; False: in whatever order the CTAs
         reach them (atomics).
-      packed: packed jagged sequences (not implemented: False).
+      packed: packed jagged sequences: one batch row of the aligned packed layout (every sequence from a
+        128-row tile; ops/varlen_kernel.py), the lens operand a (4, Sp / 128) table per key tile (its sequence's
+        first query row, query end row, KV end row, first KV row); PACKED's variants (dq_accum "fp32", not
+        deterministic, no broadcast_q, no dv_f16: dv_f16's dO shift per KV head would span every sequence).
       q_stage: Q / dO tiles (64 query rows each) in flight in shared memory.
       dq_store: how each query tile's dQ partial reaches dq: "red" (one red.global.add.f32 per element
         from the registers) or "bulk" (staged in shared memory, then cp.reduce.async.bulk .add.f32 of
@@ -163,8 +166,13 @@ class AttentionBwdConfig(KernelConfig):
                 f"dq_accum={self.dq_accum!r}, deterministic={self.deterministic} take dq_store='red' (per-element "
                 f"adds; got {self.dq_store!r})"
             )
-        if self.packed:
-            raise ValueError("packed=True is not implemented (dense padded batches only)")
+        if not isinstance(self.packed, bool):
+            raise ValueError(f"packed={self.packed!r} is not a bool")
+        if self.packed and (self.dq_mode or self.broadcast_q or self.dv_f16):
+            raise ValueError(
+                "packed=True needs dq_accum='fp32', deterministic=False, broadcast_q=False and dv_f16=False (one "
+                "dO shift per KV head would span every sequence)"
+            )
         if self.dq_store not in DQ_STORES:
             raise ValueError(f"dq_store={self.dq_store!r} not in {DQ_STORES}")
         if self.dq_store.startswith("tma") and self.overlap:
@@ -248,6 +256,8 @@ class AttentionBwdConfig(KernelConfig):
             base += "_bcastq"
         if self.p_scale == "block":
             base += "_pblock" + ("_floor" if self.p_rounding == "floor" else "")
+        if self.packed:
+            base += "_packed"
         return f"{base}_t{self.tune}" if self.tune else base
 
 
@@ -387,6 +397,11 @@ rule, so a "floor" call's forward and backward both run the reference): tune 23'
 without p_scaled (whose 2^8 P units would move the block scales of P blocks below 2^-117), dq_store "tma_warp"
 and dv on bfloat16 wgmma (dv_f16 needs p_scaled). dk equals tune 23's bit for bit (dS does not read Pq)."""
 
+PACKED: dict[int, dict] = {128: dict(dict(TUNINGS)[25]), 64: dict(dict(TUNINGS)[24])}
+"""The packed variants' fields (varlen_attention's backward on the aligned packed layout, p_scale "const"): the
+session 9 productions, i.e. production without dv_f16 (H128 also without factors_ahead, measured with dv_f16
+only), so dk, dv equal the dense path's on the same sequences bit for bit."""
+
 # broadcast_q (broadcast_query_attention): BROADCAST_Q's schedule only.
 ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = (
     tuple(
@@ -411,5 +426,8 @@ ATTENTION_BWD_VARIANTS: tuple[AttentionBwdConfig, ...] = (
         AttentionBwdConfig(head_dim=h, causal=c, p_scale="block", **BLOCK_P[h])
         for h in (128, 64)
         for c in (False, True)
+    )
+    + tuple(
+        AttentionBwdConfig(head_dim=h, causal=c, packed=True, **PACKED[h]) for h in (128, 64) for c in (False, True)
     )
 )

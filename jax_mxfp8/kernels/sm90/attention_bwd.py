@@ -7,8 +7,9 @@ p_scale "const", and "block" (one E8M0 scale per 32 queries of each key for dV's
 registry BLOCK_P, dq_accum "fp32"); dq_accum "fp32" and "fp16" (dQ * 2^e in float16), deterministic or not
 (the dQ modes: kernels/sm90/attention_bwd_dq.py); one query sequence for every batch row (config.broadcast_q, dq_accum
 "fp32", not deterministic: q and dq of batch 1, Q loaded by the producer at batch 0, every batch row's dQ
-added into batch 0's dq; dO, LSE, delta per row). Not here (the XLA reference takes them):
-packed sequences, bias / boolean masks.
+added into batch 0's dq; dO, LSE, delta per row); packed jagged sequences (config.packed: one batch row of the
+aligned packed layout, lens a (4, Sp / 128) table per key tile, rows and tiles global, causal per sequence by
+the table's row offsets; registry PACKED). Not here (the XLA reference takes them): bias / boolean masks.
 
 Operands (the FFI call jax_mxfp8_attention_bwd, or jax_mxfp8_attention_bwd_fp8 for sdp_fp8 (below);
 /work/coord/ATTN_BWD_INTERFACE.md; the handler passes
@@ -22,7 +23,8 @@ from the shapes):
                                holds dV 2^-shift, scaled back by the caller)
   lse   (B*N, Tp)    float32   natural-log LSE of the forward; -inf on rows >= q_len
   delta (B*N, Tp)    float32   rowsum(dO * O) - dLSE; 0 on padding rows
-  lens  (2, B)       int32     query lengths, KV lengths
+  lens  (2, B)       int32     query lengths, KV lengths (packed: (4, Sp / 128), per key tile its sequence's
+                               first query row, query end row, KV end row, first KV row)
   scale              float32   tau (kernel argument)
   config.sdp_fp8 (launch_fp8, FFI call jax_mxfp8_attention_bwd_fp8): no v; after dv
   q8, k8, v8, do8    float8_e4m3fn  as q, k, v, do, re-encoded to one exponent per 32 rows (attention_operands
@@ -510,15 +512,29 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         group and the 64-row query tiles that can see this key tile."""
         tidx, _, _ = cute.arch.thread_idx()
         n, bk, _ = cute.arch.block_idx()
-        nb = mLen.shape[1]
-        n_kv = mdK.shape[2] // nb  # KV heads per batch row
-        g_size = mLse.shape[0] // mdK.shape[2]  # query heads per KV head (LSE: B * N rows, also broadcast_q)
-        b = bk // n_kv
-        q_len = mLen[0, b]
-        kv_len = mLen[1, b]
-        m_start = Int32(0)
-        if cutlass.const_expr(self.config.causal):
-            m_start = n * (CTA_N // TILE_M)  # the first query tile holding a row >= this tile's first key
+        if cutlass.const_expr(self.config.packed):
+            # one batch row of aligned packed sequences; mLen (4, Sp / 128) per key tile n: its sequence's first
+            # query row, query end row, KV end row and first KV row. Rows and tiles stay global (every address
+            # as in the dense kernel); q_len / kv_len are the end rows, and causal compares key - kv_row0 with
+            # query - q_row0: key <= query + causal_shift
+            g_size = mLse.shape[0] // mdK.shape[2]  # query heads per KV head
+            q_row0 = mLen[0, n]
+            q_len = mLen[1, n]
+            kv_len = mLen[2, n]
+            self.causal_shift = mLen[3, n] - q_row0
+            m_start = q_row0 // TILE_M
+            if cutlass.const_expr(self.config.causal):
+                m_start = (n * CTA_N - self.causal_shift) // TILE_M  # the first query row >= the first key
+        else:
+            nb = mLen.shape[1]
+            n_kv = mdK.shape[2] // nb  # KV heads per batch row
+            g_size = mLse.shape[0] // mdK.shape[2]  # query heads per KV head (LSE: B * N rows, also broadcast_q)
+            b = bk // n_kv
+            q_len = mLen[0, b]
+            kv_len = mLen[1, b]
+            m_start = Int32(0)
+            if cutlass.const_expr(self.config.causal):
+                m_start = n * (CTA_N // TILE_M)  # the first query tile holding a row >= this tile's first key
         n_m = (q_len + (TILE_M - 1)) // TILE_M - m_start
         if n * CTA_N >= kv_len:
             n_m = Int32(0)

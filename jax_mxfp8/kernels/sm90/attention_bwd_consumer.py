@@ -496,7 +496,10 @@ class AttentionBwdConsumer:
             acc_s[i] = cute.math.exp2(cute.arch.fmin(x, Float32(p_log2), nan=True), fastmath=True)
         need = ((n + 1) * CTA_N > kv_len) | ((m + 1) * TILE_M > q_len)
         if cutlass.const_expr(self.config.causal):
-            need = need | (m * TILE_M < (n + 1) * CTA_N)
+            if cutlass.const_expr(self.config.packed):  # global rows: key <= query + causal_shift
+                need = need | (m * TILE_M + self.causal_shift < (n + 1) * CTA_N)
+            else:
+                need = need | (m * TILE_M < (n + 1) * CTA_N)
         if need:
             for i in cutlass.range_constexpr(32):
                 v0, v1, nbk = acc_coords(i)
@@ -504,6 +507,8 @@ class AttentionBwdConsumer:
                 query = qcol0 + v0 + 8 * nbk
                 bad = (key >= kv_len) | (query >= q_len)
                 if cutlass.const_expr(self.config.causal):
+                    if cutlass.const_expr(self.config.packed):
+                        query = query + self.causal_shift
                     bad = bad | (key > query)
                 acc_s[i] = cutlass.select_(bad, Float32(0.0), acc_s[i])
 
