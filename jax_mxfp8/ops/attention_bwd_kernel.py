@@ -44,27 +44,10 @@ def backward_variant(static: dense.AttentionStatic, head_dim: int, broadcast_q: 
     """
     if not static.kernel_path:
         return None, "the forward ran the XLA reference"
-    cfg = static.config
-    variant, why = abwd.kernel_variant(
-        head_dim=head_dim,
-        causal=static.is_causal,
-        p_scale=cfg.p_scale,
-        p_rounding=cfg.scale_rounding,
-        dq_accum=cfg.dq_accum,
-        deterministic=cfg.deterministic,
-        broadcast_q=broadcast_q,
-    )
-    rebuild = "rebuild it: tools/build_library.py"
-    names = {n for n, _ in library.kernel_names()} if variant is not None and static.impl == "cuda" else set()
-    if variant is not None and static.impl == "cuda" and variant.name not in names:
-        variant, why = None, f"the kernel library has no {variant.name} ({rebuild})"
-    elif variant is not None and static.impl == "cuda" and variant.sdp_fp8:
-        # a library built before the sdp_fp8 call holds a kernel of the same name that takes the plain call
-        if abwd.TARGET_FP8 not in library.ffi_targets():
-            variant, why = None, f"the kernel library has no {abwd.TARGET_FP8} target ({rebuild})"
-        elif variant.dv_f16 and abwd.DO_F16_DEQUANTIZE not in names:
-            # a library built before dv_f16 holds a kernel of the same name that takes bfloat16 do
-            variant, why = None, f"the kernel library has no {abwd.DO_F16_DEQUANTIZE} (dv_f16's dO; {rebuild})"
+    variant, why = _lookup(static, head_dim, broadcast_q=broadcast_q)
+    if variant is not None and static.impl == "cuda":
+        why = _missing_from_library(variant)
+        variant = None if why else variant
     impl.note(OP, static.impl, "xla" if variant is None else static.impl, why or "")
     if variant is None and static.impl == "cuda" and why not in _warned:
         _warned.add(why)
@@ -84,18 +67,36 @@ def packed_variant(static: dense.AttentionStatic, head_dim: int):
     loaded library. Recorded under OP when found."""
     if not static.kernel_path:
         return None
-    cfg = static.config
-    variant, _ = abwd.kernel_variant(
-        head_dim=head_dim, causal=static.is_causal, p_scale=cfg.p_scale, p_rounding=cfg.scale_rounding,
-        dq_accum=cfg.dq_accum, deterministic=cfg.deterministic, packed=True,
-    )  # fmt: skip
-    if variant is not None and static.impl == "cuda":
-        names = {n for n, _ in library.kernel_names()}
-        if variant.name not in names or abwd.TARGET_FP8 not in library.ffi_targets():
-            return None
+    variant, _ = _lookup(static, head_dim, packed=True)
+    if variant is not None and static.impl == "cuda" and _missing_from_library(variant):
+        return None
     if variant is not None:
         impl.note(OP, static.impl, static.impl, "")
     return variant
+
+
+def _lookup(static: dense.AttentionStatic, head_dim: int, **kind):
+    """abwd.kernel_variant for the call's config (kind: broadcast_q / packed) -> (variant | None, why)."""
+    cfg = static.config
+    return abwd.kernel_variant(
+        head_dim=head_dim, causal=static.is_causal, p_scale=cfg.p_scale, p_rounding=cfg.scale_rounding,
+        dq_accum=cfg.dq_accum, deterministic=cfg.deterministic, **kind,
+    )  # fmt: skip
+
+
+def _missing_from_library(variant) -> str | None:
+    """Why the loaded library cannot run `variant` (path "cuda"), or None: its kernel name, the sdp_fp8 target
+    (a library built before it holds a kernel of the same name that takes the plain call), dv_f16's float16
+    dequantize (a library built before it holds a kernel of the same name that takes bfloat16 do)."""
+    rebuild = "rebuild it: tools/build_library.py"
+    names = {n for n, _ in library.kernel_names()}
+    if variant.name not in names:
+        return f"the kernel library has no {variant.name} ({rebuild})"
+    if variant.sdp_fp8 and abwd.TARGET_FP8 not in library.ffi_targets():
+        return f"the kernel library has no {abwd.TARGET_FP8} target ({rebuild})"
+    if variant.dv_f16 and abwd.DO_F16_DEQUANTIZE not in names:
+        return f"the kernel library has no {abwd.DO_F16_DEQUANTIZE} (dv_f16's dO; {rebuild})"
+    return None
 
 
 def kernel_backward(

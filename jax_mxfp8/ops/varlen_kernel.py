@@ -41,6 +41,7 @@ from jax_mxfp8.primitives.attention_operands import prepare_sequence_major
 from jax_mxfp8.primitives.attention_packed import packed_tables
 from jax_mxfp8.reference.attention_tiling import round_up
 from jax_mxfp8.reference.varlen import (
+    aligned_owner,
     aligned_rows,
     aligned_starts,
     aligned_to_packed,
@@ -98,7 +99,7 @@ def prepare_packed(st: VarlenStatic, q, k, v, cu_q, cu_k):
     qm = _square_aligned(q, cu_q, lq, rounding, path)
     km, vm = _square_aligned(k, cu_k, lk, rounding, path), _square_aligned(v, cu_k, lk, rounding, path)
     kv_tiles = jnp.arange(lk.rows // TILE, dtype=jnp.int32) * TILE
-    kv_tile_seq = jnp.clip(jnp.searchsorted(lk.starts, kv_tiles, side="right") - 1, 0, None).astype(jnp.int32)
+    kv_tile_seq = aligned_owner(lk.starts, kv_tiles)
     ops = prepare_sequence_major(
         qm, km, vm, scale=st.dense.scale, q_len=None, kv_len=None, kv_tile_seq=kv_tile_seq, path=path
     )

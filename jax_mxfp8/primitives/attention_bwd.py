@@ -57,6 +57,7 @@ from jax_mxfp8.primitives.attention_operands import (
     head_major_scale,
     shift_per_query_head,
 )
+from jax_mxfp8.primitives.attention_packed import sequence_windows
 from jax_mxfp8.primitives.attention_realign import realign
 from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
 from jax_mxfp8.primitives.quantize import DEQUANTIZE
@@ -68,6 +69,7 @@ from jax_mxfp8.reference.attention_config import (
     AttentionConfig,
 )
 from jax_mxfp8.reference.attention_tiling import Masking
+from jax_mxfp8.reference.varlen import aligned_owner
 
 TARGET = "jax_mxfp8_attention_bwd"
 TARGET_FP8 = TARGET + "_fp8"  # the sdp_fp8 variants' call
@@ -294,24 +296,15 @@ def packed_tile_table(
     (every sequence from a 128-row tile; ops/varlen_kernel.py) its sequence's first query row, query end row,
     KV end row and first KV row; zeros for tiles in no sequence (the kernel then writes their dk, dv rows 0)."""
     tile0 = jnp.arange(kv_rows // TILE_N, dtype=jnp.int32) * TILE_N
-    seq = jnp.clip(jnp.searchsorted(kv_start, tile0, side="right").astype(jnp.int32) - 1, 0, q_len.shape[0] - 1)
+    seq = aligned_owner(kv_start, tile0)
     live = (tile0 >= kv_start[seq]) & (tile0 < kv_start[seq] + kv_len[seq])
     rows = (q_start[seq], q_start[seq] + q_len[seq], kv_start[seq] + kv_len[seq], kv_start[seq])
     return jnp.stack([jnp.where(live, x, 0) for x in rows]).astype(jnp.int32)
 
 
-def _windows(x: jax.Array, start: jax.Array, length: jax.Array, size: int) -> jax.Array:
-    """(1, heads, L, ...) -> (W, heads, size, ...): window w holds rows start[w] .. start[w] + length[w] - 1,
-    zeros after them (no other sequence's rows, NaN included, reach a window)."""
-    pos = jnp.arange(size, dtype=jnp.int32)
-    idx = jnp.clip(start[:, None] + pos[None, :], 0, x.shape[2] - 1)  # (W, size)
-    g = jnp.moveaxis(x[0][:, idx], 1, 0)  # (W, heads, size, ...)
-    valid = (pos[None, :] < length[:, None]).reshape(idx.shape[:1] + (1,) + idx.shape[1:] + (1,) * (g.ndim - 3))
-    return jnp.where(valid, g, jnp.zeros((), x.dtype))
-
-
 def _unwindows(xw: jax.Array, start: jax.Array, length: jax.Array, total: int) -> jax.Array:
-    """_windows' inverse for disjoint windows: (W, heads, size, H) -> (1, heads, total, H), zeros elsewhere."""
+    """sequence_windows' inverse for disjoint windows (rows start .. start + length - 1 of each): (W, heads,
+    size, H) -> (1, heads, total, H), zeros elsewhere."""
     size = xw.shape[2]
     pos = jnp.arange(size, dtype=jnp.int32)
     idx = jnp.where(pos[None, :] < length[:, None], start[:, None] + pos[None, :], total)  # total: dropped
@@ -332,8 +325,10 @@ def _emulate_packed(ops: BwdOperands, **kw) -> tuple[jax.Array, jax.Array, jax.A
     q0, kv0 = table[0], table[3]
     q_len = jnp.where(first, table[1] - table[0], 0)
     kv_len = jnp.where(first, table[2] - table[3], 0)
-    wq = lambda x: None if x is None else _windows(x, q0, q_len, tp)
-    wk = lambda x: None if x is None else _windows(x, kv0, kv_len, sp)
+    # each sequence's whole tiles (the rows past its length in its last tile are its own padding, masked by
+    # the lengths), zeros after them
+    wq = lambda x: None if x is None else sequence_windows(x, q0 // TILE_N, -(-q_len // TILE_N), 2)
+    wk = lambda x: None if x is None else sequence_windows(x, kv0 // TILE_N, -(-kv_len // TILE_N), 2)
     win = BwdOperands(
         wq(ops.q), wk(ops.k), wk(ops.v), wq(ops.do), wq(ops.lse), wq(ops.delta), jnp.stack([q_len, kv_len])
     )

@@ -2,6 +2,7 @@
 
   packed_tables(q_len, kv_len, q_start, kv_start, *, causal, q_rows) -> (seqs (4, S), work (2, W))
   emulate_packed_fwd(ops, *, causal, p_scale, p_rounding) -> (o (1, N, Tp, H), lse (1, N, Tp))
+  sequence_windows(x, first_tile, n_tiles, axis) -> each sequence's tiles as a batch row (the emulations')
 
 Every sequence starts on a 128-row tile of the aligned packed layout (ops/varlen_kernel.py); the packed
 kernel variant runs one CTA per (sequence, query tile) work item, longest first.
@@ -46,7 +47,7 @@ def packed_tables(
     return seqs, work
 
 
-def _sequence_windows(x: jax.Array, first_tile: jax.Array, n_tiles: jax.Array, axis: int) -> jax.Array:
+def sequence_windows(x: jax.Array, first_tile: jax.Array, n_tiles: jax.Array, axis: int) -> jax.Array:
     """(1, ..., L, ...) aligned operand -> (S, ..., L, ...): sequence s's tiles first_tile[s] .. + n_tiles[s]
     along `axis` from position 0, zeros after them (so that no other sequence's bytes reach the emulation)."""
     length = x.shape[axis]
@@ -67,17 +68,17 @@ def emulate_packed_fwd(
     qt0, kt0, q_len, kv_len = seqs[0], seqs[1], seqs[2], seqs[3]
     nq, nk = -(-q_len // TILE_M), -(-kv_len // TILE_N)
     hg = ops.q.shape[-1] // 32
-    win_q = functools.partial(_sequence_windows, first_tile=qt0, n_tiles=nq)
-    win_k = functools.partial(_sequence_windows, first_tile=kt0, n_tiles=nk)
+    win_q = functools.partial(sequence_windows, first_tile=qt0, n_tiles=nq)
+    win_k = functools.partial(sequence_windows, first_tile=kt0, n_tiles=nk)
     # scale factors: per 32 rows (qs, ks) and per (tile, 32 columns) (vs, vi); windows in tile units
-    qs = _sequence_windows(jnp.repeat(ops.qs, 32, axis=-1), qt0, nq, 2)[..., ::32]
-    ks = _sequence_windows(jnp.repeat(ops.ks, 32, axis=-1), kt0, nk, 2)[..., ::32]
+    qs = sequence_windows(jnp.repeat(ops.qs, 32, axis=-1), qt0, nq, 2)[..., ::32]
+    ks = sequence_windows(jnp.repeat(ops.ks, 32, axis=-1), kt0, nk, 2)[..., ::32]
     nt = ops.vs.shape[-1] // hg
 
     def tile_factors(f):
         per_key = jnp.repeat(f.reshape(1, f.shape[1], nt, hg), TILE_N, axis=2).reshape(1, f.shape[1], nt * TILE_N * hg)
         per_key = per_key.reshape(1, f.shape[1], nt * TILE_N, hg)
-        w = _sequence_windows(per_key, kt0, nk, 2)[:, :, ::TILE_N]
+        w = sequence_windows(per_key, kt0, nk, 2)[:, :, ::TILE_N]
         return jnp.where(w == 0, 1.0, w).reshape(w.shape[0], w.shape[1], -1)
 
     seq_ops = AlignedOperands(

@@ -67,8 +67,9 @@ def aligned_rows(total: int, n_seq: int, max_len: int, align: int) -> int:
     return max(align, min(-(-bound // align) * align, n_seq * -(-max_len // align) * align))
 
 
-def _owner(starts: jax.Array, rows: jax.Array) -> jax.Array:
-    """The sequence whose aligned block holds each row (the last sequence starting at or before it)."""
+def aligned_owner(starts: jax.Array, rows: jax.Array) -> jax.Array:
+    """The sequence whose aligned block holds each row (the last sequence starting at or before it; an empty
+    sequence sharing its start with the next one never owns a row)."""
     return jnp.clip(jnp.searchsorted(starts, rows, side="right").astype(jnp.int32) - 1, 0, starts.shape[0] - 1)
 
 
@@ -76,7 +77,7 @@ def to_aligned(x: jax.Array, cu_seqlens: jax.Array, lengths: jax.Array, starts: 
     """Packed (T_total, ...) -> aligned packed (rows, ...): sequence b at rows starts[b] .. + lengths[b], zeros
     elsewhere. The same rows as to_padded's row b, moved, so MX blocks restart at every sequence start."""
     r = jnp.arange(rows, dtype=jnp.int32)
-    b = _owner(starts, r)
+    b = aligned_owner(starts, r)
     i = r - starts[b]
     valid = (i >= 0) & (i < lengths[b])
     idx = jnp.clip(cu_seqlens.astype(jnp.int32)[b] + i, 0, max(x.shape[0] - 1, 0))
