@@ -5,6 +5,8 @@ dot_product_attention, varlen_attention, broadcast_query_attention; opt-in MX gr
 jax_mxfp8.ops.attention_grads (dot_product_attention_vjp, varlen_attention_vjp).
 """
 
+from jax_mxfp8.config.attention import AttentionConfig
+from jax_mxfp8.config.gemm import MXDotConfig
 from jax_mxfp8.formats import MXArray, random_hadamard
 from jax_mxfp8.ops.attention import dot_product_attention
 from jax_mxfp8.ops.broadcast_attention import broadcast_query_attention
@@ -12,8 +14,6 @@ from jax_mxfp8.ops.mx_dot_general import mx_dot_general
 from jax_mxfp8.ops.quantize import dequantize, quantize
 from jax_mxfp8.ops.rms_norm_quantize import rms_norm_quantize
 from jax_mxfp8.ops.varlen_attention import varlen_attention
-from jax_mxfp8.reference.attention_config import AttentionConfig
-from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 __version__ = "0.1.0"
 

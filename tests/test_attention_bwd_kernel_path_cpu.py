@@ -28,6 +28,7 @@ from attention_testutil import fresh_rng
 from sharding_util import collectives, mesh, put
 
 import jax_mxfp8 as mx
+from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.ops import attention as attn_ops
@@ -35,7 +36,6 @@ from jax_mxfp8.ops import attention_bwd_kernel as kbwd
 from jax_mxfp8.primitives import attention_bwd as abwd
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives.attention_operands import DO_F16_TOP
-from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.attention_quant import fake_quant_square
 
 # T and S are multiples of 32, not of 128 (the pre-pass pads to 128), except where noted

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mxfp8.config.attention import AttentionConfig, operand_layouts
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import check_float32_range, dequantize
@@ -27,7 +28,6 @@ from jax_mxfp8.primitives import attention_fwd as attention_kernel
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives.attention_operands import prepare_sequence_major
 from jax_mxfp8.reference.attention_bwd import attention_bwd
-from jax_mxfp8.reference.attention_config import AttentionConfig, operand_layouts
 from jax_mxfp8.reference.attention_fwd import attention_fwd
 from jax_mxfp8.reference.attention_quant import quantize_operand
 from jax_mxfp8.reference.attention_tiling import Masking

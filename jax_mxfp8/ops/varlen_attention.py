@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import check_float32_range
@@ -32,7 +33,6 @@ from jax_mxfp8.ops.attention import (
 )
 from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.ops.varlen_kernel import VarlenStatic, packed_kernel_attention
-from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.attention_tiling import round_up
 from jax_mxfp8.reference.varlen import sanitize_offsets, seq_lengths, to_packed, to_padded
 

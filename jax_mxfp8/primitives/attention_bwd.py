@@ -43,6 +43,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mxfp8.config.attention import (
+    DQ_ACCUMS,
+    DQ_FP16_SCALE_LOG2,
+    DQ_FP16_SCALE_LOG2_RANGE,
+    AttentionConfig,
+)
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
 from jax_mxfp8.formats.scales import mul_pow2
@@ -62,12 +68,6 @@ from jax_mxfp8.primitives.attention_realign import realign
 from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
 from jax_mxfp8.primitives.quantize import DEQUANTIZE
 from jax_mxfp8.reference.attention_bwd import attention_bwd_quantized, bwd_delta
-from jax_mxfp8.reference.attention_config import (
-    DQ_ACCUMS,
-    DQ_FP16_SCALE_LOG2,
-    DQ_FP16_SCALE_LOG2_RANGE,
-    AttentionConfig,
-)
 from jax_mxfp8.reference.attention_tiling import Masking
 from jax_mxfp8.reference.varlen import aligned_owner
 

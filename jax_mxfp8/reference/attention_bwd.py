@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_mxfp8.reference.attention_config import AttentionConfig
+from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.reference.attention_quant import fake_quant_p, fake_quant_square
 from jax_mxfp8.reference.attention_tiling import (
     Masking,

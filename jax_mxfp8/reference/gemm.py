@@ -32,9 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_mxfp8.config.gemm import MXDotConfig
 from jax_mxfp8.formats import BLOCK_SIZE, MXArray, quantize, random_hadamard
 from jax_mxfp8.formats.quantize import check_blockable, dequantize_products, quantize_dequantize
-from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 HIGHEST = lax.Precision.HIGHEST
 OPERAND_DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
