@@ -32,7 +32,7 @@ from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.kernels.registry.attention_bwd import TUNINGS
 from jax_mxfp8.metrics import sqnr_db
-from jax_mxfp8.ops.attention import square_sequence_major
+from jax_mxfp8.ops.attention_core import square_sequence_major
 from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives.attention_operands import aligned_rows, do_float16, do_shift
 from jax_mxfp8.reference.attention_bwd import attention_bwd

@@ -25,7 +25,7 @@ from test_attention_kernel_emulation import emulated
 import jax_mxfp8 as mx
 from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.ops import attention as attn_ops
+from jax_mxfp8.ops import attention_core as attn_ops
 from jax_mxfp8.primitives import attention_operands as operands
 
 CASES = [
