@@ -1,6 +1,6 @@
 """jax_mxfp8: MXFP8 block-scaled attention, GEMM and fused-quantization ops for JAX and Flax.
 
-Public API (DESIGN.md section 5): MXArray, quantize, dequantize, mx_dot_general, rms_norm_quantize,
+Public API: MXArray, quantize, dequantize, mx_dot_general, rms_norm_quantize,
 dot_product_attention, varlen_attention, broadcast_query_attention; opt-in MX gradients of K and V:
 jax_mxfp8.ops.attention_grads (dot_product_attention_vjp, varlen_attention_vjp).
 """

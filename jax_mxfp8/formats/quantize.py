@@ -179,7 +179,7 @@ def quantize(
       zeros get scale 0 and zero data; blocks holding NaN or Inf get scale 0xFF (NaN) and NaN data.
 
     Not differentiable: the gradient with respect to `x` is zero. FP8 leaves cannot carry an exact
-    cotangent (autodiff through the FP8 cast used to round, flush or overflow it to NaN depending on the
+    cotangent (autodiff through the FP8 cast would round, flush or overflow it to NaN depending on the
     block scale). For a straight-through estimator use `fake_quantize`.
     """
     x = jax.lax.stop_gradient(_check_input(x))

@@ -153,8 +153,27 @@ def output_dtype(operands) -> np.dtype:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Packed (jagged) sequences: cu_seqlens offsets and max_seqlen
+# Packed (jagged) sequences: operands, cu_seqlens offsets and max_seqlen
 # ---------------------------------------------------------------------------------------------------------
+
+
+def check_packed_operand(x, name: str) -> jax.Array | MXArray:
+    """A packed (T_total, heads, head_dim) operand: an array, or an MXArray blocked along head_dim only (row
+    blocks, axis -1), since blocks along the packed sequence axis would cross sequences."""
+    if isinstance(x, MXArray):
+        if x.ndim != 3:
+            raise ValueError(f"{name} must have rank 3 (T_total, heads, head_dim); got shape {x.shape}")
+        if x.block != "row" or x.axes != (-1,):
+            raise ValueError(
+                f"{name} is an MXArray blocked along {x.axes} ({x.block}); packed jagged operands must be "
+                "blocked along head_dim only (row blocks, axis -1): sequence-axis blocks would cross sequences"
+            )
+        return x
+    check_float32_range(x, name)
+    x = jnp.asarray(x)
+    if x.ndim != 3:
+        raise ValueError(f"{name} must have rank 3 (T_total, heads, head_dim); got shape {x.shape}")
+    return x
 
 
 def check_cu_seqlens(cu, name: str) -> jax.Array:

@@ -1,4 +1,4 @@
-"""Public MXFP8 attention of ONE query sequence against B key/value sequences (issue 17, LP-FA4 parity).
+"""Public MXFP8 attention of ONE query sequence against B key/value sequences.
 
 The recommender's case: one candidate's query rows attend each of B user histories. The semantics are
 those of varlen_attention (or dot_product_attention with lengths) on the query tiled B times, without the
@@ -120,7 +120,7 @@ _broadcast_jit = jax.jit(_broadcast_attention, static_argnums=(0,))
 def _pad_rows(x, cu, lengths, padded_len: int, total: int):
     """Packed (T_total, ...) -> (B, padded_len, ...) rows (to_padded). Its VJP is the gather to_packed, the
     exact transpose (every packed row lands in at most one padded position), not autodiff's scatter-add
-    (atomics on the GPU; the suspected cause of round B's 1.9x slower forward+backward, docs/perf-notes.md)."""
+    (atomics on the GPU)."""
     return to_padded(x, cu, lengths, padded_len)
 
 

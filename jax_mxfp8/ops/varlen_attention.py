@@ -17,7 +17,6 @@ import jax.numpy as jnp
 from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.formats.quantize import check_float32_range
 from jax_mxfp8.ops.attention import dot_product_attention
 from jax_mxfp8.ops.attention_checks import (
     check_concrete_offsets,
@@ -27,6 +26,7 @@ from jax_mxfp8.ops.attention_checks import (
     check_implementation,
     check_max_seqlen,
     check_offsets_traced,
+    check_packed_operand,
     check_scale,
     output_dtype,
 )
@@ -35,23 +35,6 @@ from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.ops.varlen_kernel import VarlenStatic, packed_kernel_attention
 from jax_mxfp8.reference.attention_tiling import round_up
 from jax_mxfp8.reference.varlen import sanitize_offsets, seq_lengths, to_packed, to_padded
-
-
-def _check_packed(x, name: str):
-    if isinstance(x, MXArray):
-        if x.ndim != 3:
-            raise ValueError(f"{name} must have rank 3 (T_total, heads, head_dim); got shape {x.shape}")
-        if x.block != "row" or x.axes != (-1,):
-            raise ValueError(
-                f"{name} is an MXArray blocked along {x.axes} ({x.block}); packed jagged operands must be "
-                "blocked along head_dim only (row blocks, axis -1): sequence-axis blocks would cross sequences"
-            )
-        return x
-    check_float32_range(x, name)
-    x = jnp.asarray(x)
-    if x.ndim != 3:
-        raise ValueError(f"{name} must have rank 3 (T_total, heads, head_dim); got shape {x.shape}")
-    return x
 
 
 def _padded(x, cu, lengths, padded_len: int):
@@ -119,7 +102,7 @@ def varlen_attention(
       (T_total_q, N, H) in the inputs' dtype; packed rows outside every sequence are 0.
     """
     check_implementation(implementation)
-    q, k, v = _check_packed(q, "q"), _check_packed(k, "k"), _check_packed(v, "v")
+    q, k, v = check_packed_operand(q, "q"), check_packed_operand(k, "k"), check_packed_operand(v, "v")
     if k.shape != v.shape:
         raise ValueError(f"v must have k's shape {k.shape}; got {v.shape}")
     if q.shape[-1] != k.shape[-1]:

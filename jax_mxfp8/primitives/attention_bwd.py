@@ -244,7 +244,7 @@ def bwd_operands(
         ("cuda" or "emulated") instead of the bfloat16 v (those variants read V only as v8); scale (tau,
         folded into qs) is then required. Not with broadcast_q. The copies are made from q, k, v, do_q as
         given (not masked by the lengths): their data and scales past the lengths must already be zero, as
-        ops/attention.py's kernel_operand and square_sequence_major leave them (a NaN scale there would
+        ops/attention_core.py's kernel_operand and square_sequence_major leave them (a NaN scale there would
         make the whole 32-row factor NaN).
       do_f16: the dv_f16 variants' do: float16 dO^ 2^-shift with one shift per (batch, KV head) from dO's
         row factors (attention_operands.do_shift / do_float16; BwdOperands.do_shift). Needs fp8_path.
