@@ -71,7 +71,7 @@ from timing import timeit  # noqa: E402  (benchmarks/timing.py; the script's fol
 
 import jax_mxfp8 as mx  # noqa: E402
 from jax_mxfp8.kernels import registry  # noqa: E402
-from jax_mxfp8.ops import attention as attn_ops  # noqa: E402
+from jax_mxfp8.ops import attention_core as attn_ops  # noqa: E402
 from jax_mxfp8.ops import varlen_kernel  # noqa: E402
 from jax_mxfp8.primitives import attention_emulation as emulation  # noqa: E402
 from jax_mxfp8.primitives import attention_fwd as afwd  # noqa: E402

@@ -58,8 +58,8 @@ from attention_baselines import FP8_NO_LENGTHS, cudnn_fp8_attention, issue_shape
 from timing import timeit  # noqa: E402
 
 import jax_mxfp8 as mx  # noqa: E402
-from jax_mxfp8.ops import attention as attn_ops  # noqa: E402
 from jax_mxfp8.ops import attention_bwd_kernel as kbwd  # noqa: E402
+from jax_mxfp8.ops import attention_core as attn_ops  # noqa: E402
 from jax_mxfp8.primitives import attention_bwd as abwd  # noqa: E402
 from jax_mxfp8.primitives import attention_fwd as afwd  # noqa: E402
 from jax_mxfp8.primitives import implementation as impl  # noqa: E402

@@ -56,9 +56,9 @@ sys.path.insert(0, str(ROOT))
 from timing import timeit  # noqa: E402  (benchmarks/timing.py; the script's folder is on sys.path)
 
 import jax_mxfp8 as mx  # noqa: E402
+from jax_mxfp8.config.gemm import MXDotConfig  # noqa: E402
 from jax_mxfp8.metrics import sqnr_db  # noqa: E402
 from jax_mxfp8.reference import gemm  # noqa: E402
-from jax_mxfp8.reference.gemm_config import MXDotConfig  # noqa: E402
 
 DN = (((1,), (0,)), ((), ()))
 E4M3_MAX = 448.0

@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT))
 from timing import timeit  # noqa: E402
 
 import jax_mxfp8 as mx  # noqa: E402
+from jax_mxfp8.config.gemm import MXDotConfig  # noqa: E402
 from jax_mxfp8.reference import gemm  # noqa: E402
-from jax_mxfp8.reference.gemm_config import MXDotConfig  # noqa: E402
 
 DN = (((1,), (0,)), ((), ()))
 FULL_SHAPES = [(8192, 8192, 8192), (16384, 4096, 14336), (16384, 14336, 4096)]  # (M, K, N)

@@ -5,9 +5,9 @@
 
 Stages (each jitted on its own; timing as DESIGN.md section 6 via benchmarks/timing.py), bf16 BTNH inputs:
   quantize_seq_major   the three square MX quantizations of the kernel path (the CUDA kernel on the
-                       (B*T, N*H) view of the caller's layout; ops.attention.square_sequence_major)
+                       (B*T, N*H) view of the caller's layout; ops.attention_core.square_sequence_major)
   quantize_head_major  the former path: bf16 transpose to (B, N, T, H), then the same kernel
-  prepare_seq_major    primitives.attention_fwd.prepare_sequence_major, as ops.attention runs it (exponents
+  prepare_seq_major    primitives.attention_fwd.prepare_sequence_major, as ops.attention_core runs it (exponents
                        in XLA, the realign kernel for the FP8 re-encode + transposes + V'^T permutation)
   prepare_head_major   the XLA formulation (prepare) on head-major MXArrays
   realign_kernel_q/v   the realign kernel alone on Q / V (zero shifts)
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import timeit  # noqa: E402
 
 import jax_mxfp8 as mx  # noqa: E402
-from jax_mxfp8.ops import attention as attn_ops  # noqa: E402
+from jax_mxfp8.ops import attention_core as attn_ops  # noqa: E402
 from jax_mxfp8.primitives import attention_fwd as afwd  # noqa: E402
 from jax_mxfp8.primitives import attention_operands as operands  # noqa: E402
 from jax_mxfp8.primitives import attention_realign as realign_call  # noqa: E402

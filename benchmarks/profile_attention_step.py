@@ -41,7 +41,7 @@ from gpu_trace import category, gpu_kernel_times  # noqa: E402
 from timing import timeit  # noqa: E402
 
 import jax_mxfp8 as mx  # noqa: E402
-from jax_mxfp8.ops.attention import square_sequence_major  # noqa: E402
+from jax_mxfp8.ops.attention_core import square_sequence_major  # noqa: E402
 from jax_mxfp8.primitives import attention_bwd as abwd  # noqa: E402
 
 SHAPES = (dict(b=4, t=4096, n=16, h=128, causal=False), dict(b=2, t=8192, n=16, h=128, causal=True))

@@ -21,13 +21,13 @@ import pytest
 from attention_testutil import fresh_rng
 from test_attention_bwd_kernel_path_cpu import CASES, _bits, _call_operands, _run, _static, same_residual_grads
 
+from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.metrics import sqnr_db
-from jax_mxfp8.ops import attention as attn_ops
 from jax_mxfp8.ops import attention_bwd_kernel as kbwd
+from jax_mxfp8.ops import attention_core as attn_ops
 from jax_mxfp8.primitives import attention_bwd as abwd
 from jax_mxfp8.primitives import implementation as impl
-from jax_mxfp8.reference.attention_config import AttentionConfig
 
 
 def _variant(h=64, causal=True, **mode):

@@ -30,9 +30,9 @@ from test_attention_bwd_kernel_gpu import (
     reference_bwd,
 )
 
+from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.primitives import library
-from jax_mxfp8.reference.attention_config import AttentionConfig
 
 pytestmark = pytest.mark.gpu
 

@@ -28,14 +28,14 @@ import numpy as np
 import pytest
 from attention_testutil import fresh_rng
 
+from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.kernels.registry.attention_bwd import TUNINGS
 from jax_mxfp8.metrics import sqnr_db
-from jax_mxfp8.ops.attention import square_sequence_major
+from jax_mxfp8.ops.attention_core import square_sequence_major
 from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives.attention_operands import aligned_rows, do_float16, do_shift
 from jax_mxfp8.reference.attention_bwd import attention_bwd
-from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.attention_quant import fake_quant_square
 from jax_mxfp8.reference.attention_tiling import Masking
 

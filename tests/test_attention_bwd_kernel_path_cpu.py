@@ -28,14 +28,15 @@ from attention_testutil import fresh_rng
 from sharding_util import collectives, mesh, put
 
 import jax_mxfp8 as mx
+from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.metrics import sqnr_db
-from jax_mxfp8.ops import attention as attn_ops
 from jax_mxfp8.ops import attention_bwd_kernel as kbwd
+from jax_mxfp8.ops import attention_core as attn_ops
+from jax_mxfp8.ops.attention import mx_attention_bwd
 from jax_mxfp8.primitives import attention_bwd as abwd
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives.attention_operands import DO_F16_TOP
-from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.attention_quant import fake_quant_square
 
 # T and S are multiples of 32, not of 128 (the pre-pass pads to 128), except where noted
@@ -109,7 +110,7 @@ def _fwd_bwd(st: attn_ops.AttentionStatic, st_bwd: attn_ops.AttentionStatic):
 
     def run(q, k, v, do, dlse, q_len, kv_len):
         (o, lse), res = attn_ops.mx_attention_fwd(st, q, k, v, None, None, q_len, kv_len)
-        grads = attn_ops.mx_attention_bwd(st_bwd, res, (do, dlse))
+        grads = mx_attention_bwd(st_bwd, res, (do, dlse))
         return o, lse, grads[:3]
 
     return jax.jit(run)

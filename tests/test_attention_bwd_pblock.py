@@ -26,12 +26,12 @@ from test_attention_bwd_kernel_gpu import (
 )
 from test_attention_bwd_kernel_path_cpu import CASES, _need_variant, same_residual_grads
 
+from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.kernels.registry.attention_bwd import BLOCK_P, TUNINGS, AttentionBwdConfig
 from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.primitives import attention_bwd as abwd
 from jax_mxfp8.primitives import library
-from jax_mxfp8.reference.attention_config import AttentionConfig
 
 BLOCK = AttentionConfig(p_scale="block")
 

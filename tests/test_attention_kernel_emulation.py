@@ -167,7 +167,7 @@ def test_nan_block_propagates_like_reference():
 
 
 def test_kernel_choice_falls_back_where_not_covered():
-    from jax_mxfp8.ops.attention import kernel_unsupported
+    from jax_mxfp8.ops.attention_core import kernel_unsupported
 
     base = dict(head_dim=128, is_causal=False, has_bias=False, has_mask=False, out_dtype=jnp.bfloat16, mx_inputs=[])
     assert kernel_unsupported(mx.AttentionConfig(), **base) is None

@@ -23,10 +23,10 @@ from attention_testutil import assert_bits_equal, fresh_rng
 from test_attention_kernel_emulation import emulated
 
 import jax_mxfp8 as mx
+from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.ops import attention as attn_ops
+from jax_mxfp8.ops import attention_core as attn_ops
 from jax_mxfp8.primitives import attention_operands as operands
-from jax_mxfp8.reference.attention_config import AttentionConfig
 
 CASES = [
     dict(b=2, t=256, s=256, n=4, n_kv=2, h=64, causal=False, lengths=True),

@@ -216,7 +216,7 @@ def test_block_floor_rule_takes_the_reference_path():
     floor rule's scale choice (test_row_tile_scale_reproduces_contract_blocks) but not its saturation of the
     elements of blocks whose amax has a mantissa >= 1.75, which moves O by ~1-2% (36.8-40.5 dB measured,
     below the 40 dB gate). The emulation is never further from float64 than the contract there."""
-    from jax_mxfp8.ops.attention import kernel_unsupported
+    from jax_mxfp8.ops.attention_core import kernel_unsupported
 
     base = dict(head_dim=128, is_causal=False, has_bias=False, has_mask=False, out_dtype=jnp.bfloat16, mx_inputs=[])
     why = kernel_unsupported(mx.AttentionConfig(p_scale="block", scale_rounding="floor"), **base)

@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_mxfp8 as mx
-from jax_mxfp8.ops.attention import square_sequence_major
+from jax_mxfp8.ops.attention_core import square_sequence_major
 from jax_mxfp8.ops.broadcast_attention import broadcast_query_attention
 from jax_mxfp8.primitives import attention_bwd as abwd
 from jax_mxfp8.primitives import attention_fwd as afwd

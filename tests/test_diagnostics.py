@@ -194,7 +194,7 @@ def test_a_nested_fallback_names_the_op_the_user_called(monkeypatch, fresh_warni
     jax.eval_shape(var, pq_, pkv, pkv, cu, cu)
     assert _fallbacks(fresh_warnings)[-1].startswith("jax_mxfp8.varlen_attention (its internal quantize)")
     # a call traced after the public op returned (a backward pass quantizing dO) still names the attention
-    from jax_mxfp8.ops import attention as dense
+    from jax_mxfp8.ops import attention_core as dense
 
     monkeypatch.setattr(impl, "_warned", set())
     jax.eval_shape(lambda a: dense.square_sequence_major(a, None, "up"), jax.ShapeDtypeStruct((1, 64, 2, 64), bf16))

@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 
 import jax_mxfp8
+from jax_mxfp8.config.gemm import MXDotConfig
 from jax_mxfp8.formats import MXArray
 from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.reference import gemm
-from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 U = 2.0**-24
 ELEMS = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}

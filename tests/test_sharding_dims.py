@@ -86,8 +86,8 @@ def _out_shape(x_shape, w_shape, dn):
 def test_dims_layout_equals_the_3d_reference():
     """gemm_dims keeps the 3-D reference's numerics: several free and contracting dims, a ragged last
     free dimension (M flattened there), batch dims, bf16 weight gradients."""
+    from jax_mxfp8.config.gemm import MXDotConfig
     from jax_mxfp8.reference import gemm, gemm_dims
-    from jax_mxfp8.reference.gemm_config import MXDotConfig
 
     rng = np.random.default_rng(93)
     cases = [

@@ -19,7 +19,7 @@ from test_attention_kernel_gpu import _needs_kernel  # noqa: F401 - autouse: ski
 from varlen_testutil import dense_kernel_on_padded, packed_inputs
 
 import jax_mxfp8 as mx
-from jax_mxfp8.ops import attention as dense_ops
+from jax_mxfp8.ops import attention_core as dense_ops
 from jax_mxfp8.ops import varlen_kernel
 from jax_mxfp8.primitives import attention_fwd as afwd
 from jax_mxfp8.primitives import attention_packed as packed

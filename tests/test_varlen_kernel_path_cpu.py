@@ -16,7 +16,7 @@ from varlen_testutil import dense_kernel_on_padded, packed_inputs
 
 import jax_mxfp8
 from jax_mxfp8.metrics import sqnr_db
-from jax_mxfp8.ops import attention as dense
+from jax_mxfp8.ops import attention_core as dense
 from jax_mxfp8.ops import varlen_kernel
 from jax_mxfp8.primitives import attention_packed as packed
 from jax_mxfp8.reference.varlen import (

@@ -10,11 +10,11 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from jax_mxfp8.config.attention import AttentionConfig
+from jax_mxfp8.config.gemm import MXDotConfig
 from jax_mxfp8.ops.attention import dot_product_attention
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
 from jax_mxfp8.primitives import implementation as impl
-from jax_mxfp8.reference.attention_config import AttentionConfig
-from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 
 def dot_general(**options) -> Callable:

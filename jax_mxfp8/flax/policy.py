@@ -6,7 +6,7 @@ import dataclasses
 import fnmatch
 from collections.abc import Iterable, Sequence
 
-from jax_mxfp8.reference.gemm_config import MXDotConfig
+from jax_mxfp8.config.gemm import MXDotConfig
 
 PRECISIONS = ("mxfp8", "bf16")
 

@@ -1,4 +1,4 @@
-"""FP8 elements to float32 through their bit patterns.
+"""FP8 elements, and MX blocks (elements times their E8M0 scale), to float through their bit patterns.
 
 Why not `data.astype(jnp.float32)`: on GPU, XLA's SimplifyFPConversions pass (on by default through
 --xla_allow_excess_precision) deletes convert chains f32 -> f8 -> f32 inside one compiled program, so
@@ -9,12 +9,15 @@ backend.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_mxfp8.formats.blocks import merge_blocks, split_blocks, split_shape
 from jax_mxfp8.formats.elements import element_format
-from jax_mxfp8.formats.scales import pow2
+from jax_mxfp8.formats.scales import decode_scale, pow2, saturate
 
 
 def decode_elements(data: jax.Array) -> jax.Array:
@@ -35,3 +38,22 @@ def decode_elements(data: jax.Array) -> jax.Array:
         top = e == (1 << eb) - 1
         mag = jnp.where(top, jnp.where(m == 0, jnp.inf, jnp.nan), mag)
     return jnp.where((c & 0x80) != 0, -mag, mag)
+
+
+def decode_mx(data: jax.Array, scale: jax.Array, axes: Sequence[int], dtype, *, saturated: bool) -> jax.Array:
+    """The values of MX leaves: element * 2**(scale - 127) in `dtype`, NaN where the scale byte is 0xFF.
+
+    data: FP8 elements of any shape; scale: uint8 E8M0 bytes, data's shape with every blocked axis divided
+    by 32; axes: the blocked axes as non-negative indices. saturated=True: a finite element whose product
+    exceeds `dtype`'s range gives +-its largest finite value (formats.dequantize); False: the IEEE float32
+    product (+-Inf beyond float32), then the cast (formats.quantize.dequantize_products).
+    """
+    shape = tuple(data.shape)
+    split, inner = split_shape(shape, axes)
+    # broadcast over each block's 32 (x32) elements
+    scale = split_blocks(scale, tuple(1 if i in inner else d for i, d in enumerate(split)), axes)
+    elements = split_blocks(decode_elements(data), split, axes)  # not astype: the module docstring
+    out = decode_scale(scale, elements)
+    if saturated:
+        out = saturate(out, elements, dtype)
+    return merge_blocks(out, shape, data).astype(dtype)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mxfp8.formats.decode import decode_mx
 from jax_mxfp8.formats.elements import BLOCK_SIZE, SCALE_DTYPE, element_format
 
 BLOCK_KINDS = ("row", "square")
@@ -65,9 +66,8 @@ class MXArray:
         return tuple(a % self.ndim for a in self.axes)
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
-        from jax_mxfp8.formats.quantize import dequantize
-
-        return dequantize(self, dtype)
+        """The values in `dtype` (default float32): formats.dequantize(self, dtype), saturating finite values."""
+        return decode_mx(self.data, self.scale, self.positive_axes(), dtype, saturated=True)
 
     def __repr__(self) -> str:
         return (

@@ -1,4 +1,4 @@
-"""MX quantize / dequantize with the numerics of DESIGN.md section 4 (pure jnp, any backend)."""
+"""MX quantize / dequantize with the numerics of docs/numerics.md (pure jnp, any backend)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_mxfp8.formats.decode import decode_elements
+from jax_mxfp8.formats.blocks import merge_blocks, split_blocks, split_shape
+from jax_mxfp8.formats.decode import decode_mx
 from jax_mxfp8.formats.elements import BLOCK_SIZE, SCALE_BIAS, SCALE_NAN, element_format
 from jax_mxfp8.formats.mxarray import BLOCK_KINDS, MXArray
 from jax_mxfp8.formats.rounding import round_to_elements
@@ -80,46 +81,6 @@ def check_blockable(shape: Sequence[int], axes: Sequence[int], name: str = "x") 
             )
 
 
-def _split_shape(shape: Sequence[int], axes: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shape with every blocked axis n split into (n // 32, 32), and the positions of the 32s."""
-    split, inner = [], []
-    for i, d in enumerate(shape):
-        if i in axes:
-            split += [d // BLOCK_SIZE, BLOCK_SIZE]
-            inner.append(len(split) - 1)
-        else:
-            split.append(d)
-    return tuple(split), tuple(inner)
-
-
-def _explicit(x: jax.Array):
-    """x's NamedSharding when its mesh has Explicit axes (jax.make_mesh's default), else None."""
-    sharding = getattr(jax.typeof(x), "sharding", None)
-    axis_types = getattr(getattr(sharding, "mesh", None), "axis_types", ())
-    return sharding if any(t == jax.sharding.AxisType.Explicit for t in axis_types) else None
-
-
-def _split_blocks(x: jax.Array, split: tuple[int, ...], axes: Sequence[int]) -> jax.Array:
-    """x.reshape(split) (every blocked axis n -> (n // 32, 32)). On an Explicit-axis mesh the output
-    sharding must be named: the outer part keeps the axis's sharding, the 32 block elements are local."""
-    sharding = _explicit(x)
-    if sharding is None:
-        return x.reshape(split)
-    spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
-    out = []
-    for i, s in enumerate(spec):
-        out += [s, None] if i in axes else [s]
-    return jnp.reshape(x, split, out_sharding=sharding.update(spec=jax.sharding.PartitionSpec(*out)))
-
-
-def _merge_blocks(y: jax.Array, shape: Sequence[int], like: jax.Array) -> jax.Array:
-    """Inverse of _split_blocks (or dropping the size-1 block axes of a scale): `like`'s sharding."""
-    sharding = _explicit(like)
-    if sharding is None:
-        return y.reshape(shape)
-    return jnp.reshape(y, tuple(shape), out_sharding=sharding)
-
-
 def _check_key(rng) -> None:
     """ValueError naming rng unless it is a typed PRNG key or a legacy uint32 key array."""
     dt = getattr(rng, "dtype", None)
@@ -182,8 +143,8 @@ def _scaled_blocks(x: jax.Array, axis, block: str, fmt, scale_rounding: str):
     reduction does not propagate NaN), so amax is Inf exactly for them; finite blocks get their true amax."""
     axes = block_axes(x.ndim, axis, block)
     check_blockable(x.shape, axes)
-    split, inner = _split_shape(x.shape, axes)
-    xb = _split_blocks(x.astype(jnp.float32), split, axes)
+    split, inner = split_shape(x.shape, axes)
+    xb = split_blocks(x.astype(jnp.float32), split, axes)
     amax = jnp.max(jnp.where(jnp.isnan(xb), jnp.inf, jnp.abs(xb)), axis=inner, keepdims=True)
     finite = jnp.isfinite(amax)
     b = jnp.where(finite, scale_bits(jnp.where(finite, amax, 0.0), fmt, scale_rounding), SCALE_NAN)
@@ -218,7 +179,7 @@ def quantize(
       zeros get scale 0 and zero data; blocks holding NaN or Inf get scale 0xFF (NaN) and NaN data.
 
     Not differentiable: the gradient with respect to `x` is zero. FP8 leaves cannot carry an exact
-    cotangent (autodiff through the FP8 cast used to round, flush or overflow it to NaN depending on the
+    cotangent (autodiff through the FP8 cast would round, flush or overflow it to NaN depending on the
     block scale). For a straight-through estimator use `fake_quantize`.
     """
     x = jax.lax.stop_gradient(_check_input(x))
@@ -235,8 +196,8 @@ def quantize(
     axes, split, inner, finite, b, y = _scaled_blocks(x, axis, block, fmt, scale_rounding)
     if rounding == "stochastic":
         y = stochastic_round(y, fmt, rng)
-    data = _merge_blocks(jnp.where(finite, y, jnp.nan).astype(fmt.dtype), x.shape, x)
-    scale = _merge_blocks(b.astype(jnp.uint8), [d for i, d in enumerate(split) if i not in inner], x)
+    data = merge_blocks(jnp.where(finite, y, jnp.nan).astype(fmt.dtype), x.shape, x)
+    scale = merge_blocks(b.astype(jnp.uint8), [d for i, d in enumerate(split) if i not in inner], x)
     return MXArray(data=data, scale=scale, axes=tuple(a - x.ndim for a in axes), block=block)
 
 
@@ -267,7 +228,7 @@ def quantize_dequantize(
     out = decode_scale(b, elements)  # NaN where b == 0xFF
     if saturated:
         out = saturate(out, elements, out_dtype)  # elements are finite (|y| <= max); NaN blocks stay NaN
-    return _merge_blocks(out, x.shape, x).astype(out_dtype)
+    return merge_blocks(out, x.shape, x).astype(out_dtype)
 
 
 def dequantize(a: MXArray, dtype=jnp.float32) -> jax.Array:
@@ -278,7 +239,8 @@ def dequantize(a: MXArray, dtype=jnp.float32) -> jax.Array:
     2**120) saturates to +-the dtype's largest finite value (float32 3.4028235e38, bfloat16 3.3895314e38,
     float16 65504): finite MX values stay finite. Inf elements (E5M2) stay Inf.
     """
-    return _dequantize(a, dtype, saturated=True)
+    _check_mx(a)
+    return decode_mx(a.data, a.scale, a.positive_axes(), dtype, saturated=True)
 
 
 def dequantize_products(a: MXArray, dtype=jnp.float32) -> jax.Array:
@@ -289,21 +251,13 @@ def dequantize_products(a: MXArray, dtype=jnp.float32) -> jax.Array:
     multiplies the FP8 products by the scales), so they keep IEEE overflow rather than `dequantize`'s
     saturation, and the bfloat16-operand path stays bit-identical to the float32 one.
     """
-    return _dequantize(a, dtype, saturated=False)
+    _check_mx(a)
+    return decode_mx(a.data, a.scale, a.positive_axes(), dtype, saturated=False)
 
 
-def _dequantize(a: MXArray, dtype, saturated: bool) -> jax.Array:
+def _check_mx(a) -> None:
     if not isinstance(a, MXArray):
         raise ValueError(f"a must be an MXArray, got {type(a).__name__}")
-    axes = a.positive_axes()
-    split, inner = _split_shape(a.shape, axes)
-    # broadcast over each block's 32 (x32) elements
-    scale = _split_blocks(a.scale, tuple(1 if i in inner else d for i, d in enumerate(split)), axes)
-    elements = _split_blocks(decode_elements(a.data), split, axes)  # not astype: formats/decode.py
-    out = decode_scale(scale, elements)
-    if saturated:
-        out = saturate(out, elements, dtype)
-    return _merge_blocks(out, a.shape, a.data).astype(dtype)
 
 
 def fake_quantize(x: jax.Array, **kwargs) -> jax.Array:

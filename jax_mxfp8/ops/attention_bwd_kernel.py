@@ -2,17 +2,20 @@
 
   backward_variant(static, head_dim, broadcast_q=False) -> (variant | None, why)   whether the backward takes
                                                                                     the kernel
+  packed_variant(static, head_dim) -> variant | None                                  the same for varlen's packed
+                                                                                    residuals
   kernel_backward(static, variant, res, cts, broadcast_q=False) -> (dq, dk, dv, None, None, None, None)
 
-Dataflow (/work/coord/ATTN_BWD_INTERFACE.md): the forward's residuals (sequence-major square MXArrays q, k, v; O (B,
+Dataflow (operands: docs/interfaces.md): the forward's residuals (sequence-major square MXArrays q, k, v; O (B,
 T, N, H); LSE (B, N, T)) and the cotangents (dO, dLSE) -> dO square-quantized (the CUDA square quantize kernel where
 the forward ran the kernel, its emulation on path "emulated"; rows >= q_len zeroed first) -> the pre-pass
 (primitives/attention_bwd.py bwd_operands: bfloat16 head-major padded operands through the realign (zero shift) and
 dequantize calls on the forward's path, LSE, Delta; for an sdp_fp8 variant the FP8 copies of Q, K, V, dO instead of
 the bfloat16 V) -> the backward call ATTENTION_BWD (path "cuda" or "emulated", as the forward's) -> dq, dk, dv
 sliced to T / S, transposed to (B, T, N, H) / (B, S, K, H), cast to the output dtype. GQA's dk and dv come summed
-over the group from the call. varlen_attention's kernel route reaches this through dot_product_attention's bwd
-(ops/varlen_kernel.py gathers its residuals into the padded batch).
+over the group from the call. varlen_attention's kernel route (ops/varlen_kernel.py) calls kernel_backward with
+a packed variant (packed_variant) on its aligned residuals, or gathers them into the padded batch for
+dot_product_attention's bwd (ops/attention.py mx_attention_bwd).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from jax_mxfp8.ops import attention as dense
+from jax_mxfp8.ops.attention_core import AttentionStatic, kernel_operand, operand_keys, square_sequence_major
 from jax_mxfp8.primitives import attention_bwd as abwd
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives import library
@@ -33,7 +36,7 @@ OP = "dot_product_attention_bwd"
 _warned: set[str] = set()
 
 
-def backward_variant(static: dense.AttentionStatic, head_dim: int, broadcast_q: bool = False):
+def backward_variant(static: AttentionStatic, head_dim: int, broadcast_q: bool = False):
     """(the backward kernel variant, None) when the backward takes the kernel path, else (None, why not).
 
     It does when the forward took the kernel path (static.kernel_path), a variant covers (head_dim,
@@ -61,7 +64,7 @@ def backward_variant(static: dense.AttentionStatic, head_dim: int, broadcast_q: 
     return variant, why
 
 
-def packed_variant(static: dense.AttentionStatic, head_dim: int):
+def packed_variant(static: AttentionStatic, head_dim: int):
     """The packed backward variant for varlen_attention's aligned packed residuals, or None (then varlen's
     backward gathers them into the padded batch: backward_variant decides there). Path "cuda" needs it in the
     loaded library. Recorded under OP when found."""
@@ -75,7 +78,7 @@ def packed_variant(static: dense.AttentionStatic, head_dim: int):
     return variant
 
 
-def _lookup(static: dense.AttentionStatic, head_dim: int, **kind):
+def _lookup(static: AttentionStatic, head_dim: int, **kind):
     """abwd.kernel_variant for the call's config (kind: broadcast_q / packed) -> (variant | None, why)."""
     cfg = static.config
     return abwd.kernel_variant(
@@ -100,9 +103,10 @@ def _missing_from_library(variant) -> str | None:
 
 
 def kernel_backward(
-    static: dense.AttentionStatic, variant, res, cts, broadcast_q: bool = False, tile_table: jax.Array | None = None
+    static: AttentionStatic, variant, res, cts, broadcast_q: bool = False, tile_table: jax.Array | None = None
 ):
-    """The custom_vjp bwd on the kernel (see the module docstring); returns mx_attention_bwd's 7 cotangents.
+    """The custom_vjp bwd on the kernel (see the module docstring); returns the 7 cotangents of
+    (q, k, v, bias, mask, q_len, kv_len), as attention_core.reference_backward.
 
     res, cts: mx_attention_fwd's residuals (quants, o, lse, bias, mask, q_len, kv_len) with bias and mask
     None (the kernel path has neither), and the cotangents (dO (B, T, N, H), dLSE (B, N, T)).
@@ -115,11 +119,11 @@ def kernel_backward(
     if bias is not None or mask is not None:  # kernel_unsupported keeps them off the kernel path
         raise ValueError("the backward kernel takes no bias or mask")
     do, dlse = cts
-    keys = dense.operand_keys(static)
-    q = dense.kernel_operand(quants, keys["q_s"], q_len)
-    k = dense.kernel_operand(quants, keys["k_s"], kv_len)
-    v = dense.kernel_operand(quants, keys["v_dp"], kv_len)
-    do_q = dense.square_sequence_major(do, q_len, static.config.scale_rounding, static.impl)
+    keys = operand_keys(static)
+    q = kernel_operand(quants, keys["q_s"], q_len)
+    k = kernel_operand(quants, keys["k_s"], kv_len)
+    v = kernel_operand(quants, keys["v_dp"], kv_len)
+    do_q = square_sequence_major(do, q_len, static.config.scale_rounding, static.impl)
     fp8_path = static.impl if variant.sdp_fp8 else None  # the FP8 copies of S^T's and dP^T's operands
     ops = abwd.bwd_operands(
         q, k, v, do_q, do, o, lse, dlse, q_len=q_len, kv_len=kv_len, broadcast_q=broadcast_q, fp8_path=fp8_path,

@@ -1,4 +1,4 @@
-"""Attention with dK and dV returned as MXArrays for the QKV projection's backward GEMMs (issue 17, opt-in).
+"""Attention with dK and dV returned as MXArrays for the QKV projection's backward GEMMs (opt-in).
 
 A custom_vjp cannot change a cotangent's type, so this is a function-level API in the style of jax.vjp:
 

@@ -1,4 +1,4 @@
-"""Public MXFP8 attention of ONE query sequence against B key/value sequences (issue 17, LP-FA4 parity).
+"""Public MXFP8 attention of ONE query sequence against B key/value sequences.
 
 The recommender's case: one candidate's query rows attend each of B user histories. The semantics are
 those of varlen_attention (or dot_product_attention with lengths) on the query tiled B times, without the
@@ -35,12 +35,30 @@ import numpy as np
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import check_float32_range
-from jax_mxfp8.ops import attention as dense
 from jax_mxfp8.ops import attention_bwd_kernel as kernel_bwd
+from jax_mxfp8.ops.attention import mx_attention_bwd
+from jax_mxfp8.ops.attention_checks import (
+    check_concrete_offsets,
+    check_config,
+    check_cu_seqlens,
+    check_head_dim,
+    check_implementation,
+    check_max_seqlen,
+    check_scale,
+    check_seq_lengths,
+    output_dtype,
+)
+from jax_mxfp8.ops.attention_core import (
+    AttentionStatic,
+    choose_implementation,
+    forward_from_quants,
+    fwd_kernel,
+    kernel_unsupported,
+    quantize_operands,
+)
 from jax_mxfp8.ops.cotangents import remat_safe
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.ops.scope import named_op
-from jax_mxfp8.ops.varlen_attention import _check_concrete_lengths, _check_cu, _check_max
 from jax_mxfp8.reference.attention_tiling import round_up
 from jax_mxfp8.reference.varlen import sanitize_offsets, seq_lengths, to_packed, to_padded
 
@@ -57,23 +75,23 @@ def _broadcast_quants(quants: dict[str, MXArray], b: int) -> dict[str, MXArray]:
     return {key: _broadcast_mx(x, b) if key[0] == "q" else x for key, x in quants.items()}
 
 
-def _fwd(static: dense.AttentionStatic, q1, k, v, q_len, kv_len):
+def _fwd(static: AttentionStatic, q1, k, v, q_len, kv_len):
     """q1 (1, Tp, N, H); k, v (B, S, K, H); q_len (B,) (all Tq), kv_len (B,) or None -> o (B, Tp, N, H)."""
-    quants = dense.quantize_operands(static, q1, k, v, q_len[:1], kv_len)  # the query once, at batch 1
+    quants = quantize_operands(static, q1, k, v, q_len[:1], kv_len)  # the query once, at batch 1
     if static.kernel_path:  # the broadcast_q kernel variant reads the one query row for every batch row
-        o, lse = dense.fwd_kernel(static, quants, q_len, kv_len, broadcast_q=True)
+        o, lse = fwd_kernel(static, quants, q_len, kv_len, broadcast_q=True)
     else:
         bq = _broadcast_quants(quants, k.shape[0])
-        (o, lse), _ = dense.forward_from_quants(static, bq, None, None, q_len, kv_len)
+        (o, lse), _ = forward_from_quants(static, bq, None, None, q_len, kv_len)
     return o, (quants, o, lse, q_len, kv_len)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _broadcast_attention(static: dense.AttentionStatic, q1, k, v, q_len, kv_len):
+def _broadcast_attention(static: AttentionStatic, q1, k, v, q_len, kv_len):
     return _fwd(static, q1, k, v, q_len, kv_len)[0]
 
 
-def _bwd(static: dense.AttentionStatic, res, do):
+def _bwd(static: AttentionStatic, res, do):
     """dot_product_attention's backward: the broadcast_q backward kernel where one covers the call (dq
     (1, Tp, N, H), summed over the batch in float32 in the kernel, cast once), else the reference in float32
     on the broadcast residuals (dq (B, Tp, N, H), summed over the batch here, then cast)."""
@@ -88,7 +106,7 @@ def _bwd(static: dense.AttentionStatic, res, do):
         dq, dk, dv, *_ = kernel_bwd.kernel_backward(static, variant, res_kernel, cts, broadcast_q=True)
     else:
         res_dense = (_broadcast_quants(quants, o.shape[0]), o, lse, None, None, q_len, kv_len)
-        dq, dk, dv, *_ = dense.mx_attention_bwd(f32, res_dense, cts)
+        dq, dk, dv, *_ = mx_attention_bwd(f32, res_dense, cts)
         dq = jnp.sum(dq, axis=0, keepdims=True)
     out = static.out_dtype
     return dq.astype(out), dk.astype(out), dv.astype(out), None, None
@@ -102,7 +120,7 @@ _broadcast_jit = jax.jit(_broadcast_attention, static_argnums=(0,))
 def _pad_rows(x, cu, lengths, padded_len: int, total: int):
     """Packed (T_total, ...) -> (B, padded_len, ...) rows (to_padded). Its VJP is the gather to_packed, the
     exact transpose (every packed row lands in at most one padded position), not autodiff's scatter-add
-    (atomics on the GPU; the suspected cause of round B's 1.9x slower forward+backward, docs/perf-notes.md)."""
+    (atomics on the GPU)."""
     return to_padded(x, cu, lengths, padded_len)
 
 
@@ -139,16 +157,16 @@ def _padded_kv(k, v, cu_seqlens_k, max_seqlen_k, key_value_seq_lengths):
         s = k.shape[1]
         if s % BLOCK_SIZE or s == 0:
             raise ValueError(f"key sequence length S={s} (axis 1) must be a positive multiple of {BLOCK_SIZE}")
-        kv_len = dense._check_lengths(key_value_seq_lengths, "key_value_seq_lengths", k.shape[0])
+        kv_len = check_seq_lengths(key_value_seq_lengths, "key_value_seq_lengths", k.shape[0])
         return k, v, kv_len
     if key_value_seq_lengths is not None:
         raise ValueError("key_value_seq_lengths is for padded key/value; packed ones take cu_seqlens_k")
     if max_seqlen_k is None:
         raise ValueError("packed key/value (cu_seqlens_k given) need max_seqlen_k")
     k, v = _check_float(k, "key", 3), _check_float(v, "value", 3)
-    cu = _check_cu(cu_seqlens_k, "cu_seqlens_k")
-    max_k = _check_max(max_seqlen_k, "max_seqlen_k")
-    _check_concrete_lengths(cu_seqlens_k, max_k, k.shape[0], "cu_seqlens_k", "max_seqlen_k")
+    cu = check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
+    max_k = check_max_seqlen(max_seqlen_k, "max_seqlen_k")
+    check_concrete_offsets(cu_seqlens_k, max_k, k.shape[0], "cu_seqlens_k", "max_seqlen_k")
     if k.shape != v.shape:
         raise ValueError(f"value must have key's shape {k.shape}; got {v.shape}")
     cu = sanitize_offsets(cu, k.shape[0])  # as varlen_attention: traced offsets never reach outside the rows
@@ -194,15 +212,15 @@ def broadcast_query_attention(
       (B, Tq, N, H) in the inputs' dtype: row b is the query's attention over key/value sequence b (0 where
       that sequence is empty). Gradients flow to query (summed over b), key and value.
     """
-    dense.check_implementation(implementation)
-    config = dense.check_config(config, is_causal)
+    check_implementation(implementation)
+    config = check_config(config, is_causal)
     q = _check_float(query, "query", 3)
     k, v, kv_len = _padded_kv(key, value, cu_seqlens_k, max_seqlen_k, key_value_seq_lengths)
     if k.shape != v.shape:
         raise ValueError(f"value must have key's shape {k.shape}; got {v.shape}")
     tq, n, h = q.shape
     b, _, n_kv, _ = k.shape
-    dense.check_head_dim(h, "query")
+    check_head_dim(h, "query")
     if k.shape[-1] != h:
         raise ValueError(f"key has head_dim {k.shape[-1]} but query has {h}")
     if n == 0 or n_kv == 0:
@@ -211,19 +229,19 @@ def broadcast_query_attention(
         raise ValueError(f"query has {n} heads, not a multiple of key's {n_kv} heads")
     if tq == 0:
         raise ValueError("query must hold at least one row (Tq >= 1)")
-    out_dtype = dense.output_dtype([("query", q), ("key", k), ("value", v)])
-    why_not = dense.kernel_unsupported(
+    out_dtype = output_dtype([("query", q), ("key", k), ("value", v)])
+    why_not = kernel_unsupported(
         config, head_dim=h, is_causal=bool(is_causal), has_bias=False, has_mask=False, out_dtype=out_dtype,
         mx_inputs=[],
     )  # fmt: skip
-    static = dense.AttentionStatic(
+    static = AttentionStatic(
         config=config,
-        scale=dense.check_scale(scale, h),
+        scale=check_scale(scale, h),
         is_causal=bool(is_causal),
         is_mx=(False, False, False),
         out_dtype=out_dtype,
         group=n // n_kv,
-        impl=dense.choose_implementation(implementation, why_not, op=OP),
+        impl=choose_implementation(implementation, why_not, op=OP),
     )
     tp = round_up(tq, BLOCK_SIZE)
     q1 = jnp.pad(q, [(0, tp - tq), (0, 0), (0, 0)])[None]

@@ -4,8 +4,8 @@ residuals that survive rematerialization.
 jax.checkpoint (remat) inserts x = reduce_precision(x, finfo(x.dtype)) on every floating-point residual it
 saves (jax/_src/ad_checkpoint.py, against XLA excess precision). For float8_e4m3fn that is
 reduce_precision(exponent_bits=4, mantissa_bits=3), an IEEE-style rounding with an infinity in the top
-binade, which E4M3FN uses for finite values: every element in 256..448 comes back NaN (issue 16 item 8:
-NaN losses under everything_saveable / save_anything_except_these_names). Residuals that hold FP8 arrays
+binade, which E4M3FN uses for finite values: every element in 256..448 comes back NaN (NaN losses
+under everything_saveable / save_anything_except_these_names). Residuals that hold FP8 arrays
 go through `to_residuals` (uint8 bit patterns, not floating point, so remat leaves them alone) and come
 back with `from_residuals`; `remat_safe(fwd, bwd)` wraps a custom_vjp's rules that way.
 """

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_mxfp8.reference.gemm_config import MXDotConfig
+from jax_mxfp8.config.gemm import MXDotConfig
 
 _E4M3 = np.dtype(jnp.float8_e4m3fn)
 

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mxfp8.config.gemm import MXDotConfig
 from jax_mxfp8.formats import MXArray, dequantize
 from jax_mxfp8.formats.quantize import check_float32_range
 from jax_mxfp8.ops import mx_dot_kernel
@@ -20,7 +21,6 @@ from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives import library
 from jax_mxfp8.reference import gemm_dims
 from jax_mxfp8.reference.gemm import OperandLayout, operand_layouts
-from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 IMPLEMENTATIONS = impl.IMPLEMENTATIONS
 

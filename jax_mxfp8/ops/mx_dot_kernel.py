@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mxfp8.config.gemm import MXDotConfig
 from jax_mxfp8.formats import MXArray
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives.gemm_operands import gemm_operands, gemm_operands_unsupported
@@ -37,7 +38,6 @@ from jax_mxfp8.primitives.mx_gemm import mx_gemm, mx_gemm_unsupported
 from jax_mxfp8.primitives.mx_gemm_epilogue import mx_gemm_quantized, mx_gemm_quantized_unsupported
 from jax_mxfp8.reference.gemm import OperandLayout, matmul_3d
 from jax_mxfp8.reference.gemm_align import align128, padded
-from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 KERNEL_OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
 ARCHS = registry.MX_GEMM_VARIANTS[0].archs  # the MX GEMM kernel's (sm_90a); Blackwell: ops/mx_dot_blackwell.py

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mxfp8.config.gemm import MXDotConfig
 from jax_mxfp8.formats import BLOCK_SIZE, MXArray
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.ops import mx_dot_kernel
@@ -51,7 +52,6 @@ from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives.gemm_operands import gemm_operands, gemm_operands_unsupported
 from jax_mxfp8.primitives.mx_gemm_epilogue import ACTIVATIONS
 from jax_mxfp8.reference.gemm import operand_layouts
-from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 ARCHS = mx_dot_kernel.ARCHS
 ORIENTATIONS = (("row",), ("row", "col"), ("row", "wgrad"))

@@ -13,87 +13,28 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.experimental import checkify
 
+from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.formats.quantize import check_float32_range
-from jax_mxfp8.ops.attention import (
-    AttentionStatic,
+from jax_mxfp8.ops.attention import dot_product_attention
+from jax_mxfp8.ops.attention_checks import (
+    check_concrete_offsets,
     check_config,
+    check_cu_seqlens,
     check_head_dim,
     check_implementation,
+    check_max_seqlen,
+    check_offsets_traced,
+    check_packed_operand,
     check_scale,
-    choose_implementation,
-    dot_product_attention,
-    kernel_unsupported,
     output_dtype,
 )
+from jax_mxfp8.ops.attention_core import AttentionStatic, choose_implementation, kernel_unsupported
 from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.ops.varlen_kernel import VarlenStatic, packed_kernel_attention
-from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.attention_tiling import round_up
 from jax_mxfp8.reference.varlen import sanitize_offsets, seq_lengths, to_packed, to_padded
-
-
-def _check_packed(x, name: str):
-    if isinstance(x, MXArray):
-        if x.ndim != 3:
-            raise ValueError(f"{name} must have rank 3 (T_total, heads, head_dim); got shape {x.shape}")
-        if x.block != "row" or x.axes != (-1,):
-            raise ValueError(
-                f"{name} is an MXArray blocked along {x.axes} ({x.block}); packed jagged operands must be "
-                "blocked along head_dim only (row blocks, axis -1): sequence-axis blocks would cross sequences"
-            )
-        return x
-    check_float32_range(x, name)
-    x = jnp.asarray(x)
-    if x.ndim != 3:
-        raise ValueError(f"{name} must have rank 3 (T_total, heads, head_dim); got shape {x.shape}")
-    return x
-
-
-def _check_cu(cu, name: str):
-    cu = jnp.asarray(cu)
-    if cu.ndim != 1 or cu.shape[0] < 2 or not jnp.issubdtype(cu.dtype, jnp.integer):
-        raise ValueError(f"{name} must be an integer array of shape (B + 1,) with B >= 1; got {cu.dtype}{cu.shape}")
-    return cu.astype(jnp.int32)
-
-
-def _check_max(m, name: str) -> int:
-    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m <= 0:
-        raise ValueError(f"{name}={m!r} must be a positive Python int (it is static)")
-    return int(m)
-
-
-def _check_concrete_lengths(cu, max_len: int, total: int, name_cu: str, name_max: str) -> None:
-    """When cu_seqlens is concrete (not traced), checks it is monotone, fits T_total and max_seqlen."""
-    try:
-        c = np.asarray(cu)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return
-    lengths = np.diff(c)
-    if c[0] < 0 or np.any(lengths < 0) or c[-1] > total:
-        raise ValueError(f"{name_cu}={c.tolist()} must be non-decreasing offsets within [0, {total}]")
-    if lengths.size and lengths.max() > max_len:
-        raise ValueError(f"{name_max}={max_len} is smaller than the longest sequence ({int(lengths.max())})")
-
-
-def check_offsets_traced(cu: jax.Array, max_len: int, total: int, name_cu: str, name_max: str) -> None:
-    """The checked mode (check_offsets=True): the concrete checks as jax.experimental.checkify checks, so
-    they also run on traced offsets; the caller wraps the computation in checkify.checkify."""
-    lengths = cu[1:] - cu[:-1]
-    checkify.check(
-        (cu[0] >= 0) & jnp.all(lengths >= 0) & (cu[-1] <= total),
-        f"{name_cu}={{}} must be non-decreasing offsets within [0, {total}]",
-        cu,
-    )
-    checkify.check(
-        jnp.max(lengths) <= max_len,
-        f"{name_max}={max_len} is smaller than the longest sequence ({{}})",
-        jnp.max(lengths),
-    )
 
 
 def _padded(x, cu, lengths, padded_len: int):
@@ -161,18 +102,18 @@ def varlen_attention(
       (T_total_q, N, H) in the inputs' dtype; packed rows outside every sequence are 0.
     """
     check_implementation(implementation)
-    q, k, v = _check_packed(q, "q"), _check_packed(k, "k"), _check_packed(v, "v")
+    q, k, v = check_packed_operand(q, "q"), check_packed_operand(k, "k"), check_packed_operand(v, "v")
     if k.shape != v.shape:
         raise ValueError(f"v must have k's shape {k.shape}; got {v.shape}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"k has head_dim {k.shape[-1]} but q has {q.shape[-1]}")
     check_head_dim(q.shape[-1], "q")
-    cu_q, cu_k = _check_cu(cu_seqlens_q, "cu_seqlens_q"), _check_cu(cu_seqlens_k, "cu_seqlens_k")
+    cu_q, cu_k = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
     if cu_q.shape != cu_k.shape:
         raise ValueError(f"cu_seqlens_q {cu_q.shape} and cu_seqlens_k {cu_k.shape} must describe the same B")
-    max_q, max_k = _check_max(max_seqlen_q, "max_seqlen_q"), _check_max(max_seqlen_k, "max_seqlen_k")
-    _check_concrete_lengths(cu_seqlens_q, max_q, q.shape[0], "cu_seqlens_q", "max_seqlen_q")
-    _check_concrete_lengths(cu_seqlens_k, max_k, k.shape[0], "cu_seqlens_k", "max_seqlen_k")
+    max_q, max_k = check_max_seqlen(max_seqlen_q, "max_seqlen_q"), check_max_seqlen(max_seqlen_k, "max_seqlen_k")
+    check_concrete_offsets(cu_seqlens_q, max_q, q.shape[0], "cu_seqlens_q", "max_seqlen_q")
+    check_concrete_offsets(cu_seqlens_k, max_k, k.shape[0], "cu_seqlens_k", "max_seqlen_k")
     if check_offsets:
         check_offsets_traced(cu_q, max_q, q.shape[0], "cu_seqlens_q", "max_seqlen_q")
         check_offsets_traced(cu_k, max_k, k.shape[0], "cu_seqlens_k", "max_seqlen_k")

@@ -30,8 +30,9 @@ import jax.numpy as jnp
 
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.ops import attention as dense
 from jax_mxfp8.ops import attention_bwd_kernel as kbwd
+from jax_mxfp8.ops.attention import mx_attention_bwd
+from jax_mxfp8.ops.attention_core import AttentionStatic, operand_keys, square_sequence_major
 from jax_mxfp8.ops.cotangents import remat_safe
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.primitives import attention_fwd as attention_kernel
@@ -60,7 +61,7 @@ class VarlenStatic:
     """Trace-time facts of one packed call: the dense op's facts (config, scale, causal, dtype, group), the
     static maximum lengths and the packed row counts."""
 
-    dense: dense.AttentionStatic
+    dense: AttentionStatic
     max_q: int
     max_k: int
     total_q: int  # T_total_q
@@ -83,9 +84,7 @@ def _layout(cu: jax.Array, total: int, max_len: int) -> _Layout:
 
 def _square_aligned(x: jax.Array, cu: jax.Array, lay: _Layout, scale_rounding: str, path: str) -> MXArray:
     """Packed (T_total, N, H) -> (1, rows, N, H) square-block MXArray in the aligned layout."""
-    return dense.square_sequence_major(
-        to_aligned(x, cu, lay.lengths, lay.starts, lay.rows)[None], None, scale_rounding, path
-    )
+    return square_sequence_major(to_aligned(x, cu, lay.lengths, lay.starts, lay.rows)[None], None, scale_rounding, path)
 
 
 def prepare_packed(st: VarlenStatic, q, k, v, cu_q, cu_k):
@@ -142,7 +141,7 @@ def _packed_bwd(st: VarlenStatic, variant, res, do):
     cotangents (dq, dk, dv, None, None)."""
     qm, km, vm, o_al, lse_al, cu_q, cu_k = res
     lq, lk = _layout(cu_q, st.total_q, st.max_q), _layout(cu_k, st.total_k, st.max_k)
-    keys = dense.operand_keys(st.dense)
+    keys = operand_keys(st.dense)
     aligned = {"q": qm, "k": km, "v": vm}
     quants = {key: aligned[key[0]] for key in set(keys.values())}
     res_al = (quants, o_al.astype(st.dense.out_dtype), lse_al, None, None, None, None)
@@ -167,12 +166,12 @@ def _bwd(st: VarlenStatic, res, do):
     pq, pk = round_up(st.max_q, BLOCK_SIZE), round_up(st.max_k, BLOCK_SIZE)
     o = aligned_to_padded(o_al[0], lq.starts, lq.lengths, pq).astype(st.dense.out_dtype)  # (B, pq, N, H)
     lse = aligned_to_padded(lse_al[0].T, lq.starts, lq.lengths, pq, fill=-jnp.inf).transpose(0, 2, 1)  # (B, N, pq)
-    keys = dense.operand_keys(st.dense)
+    keys = operand_keys(st.dense)
     padded = {"q": _padded_mx(qm, lq, pq), "k": _padded_mx(km, lk, pk), "v": _padded_mx(vm, lk, pk)}
     quants = {key: padded[key[0]] for key in set(keys.values())}
     res_dense = (quants, o, lse, None, None, lq.lengths, lk.lengths)
     do_p = to_padded(do, cu_q, lq.lengths, pq)
-    dq, dk, dv, *_ = dense.mx_attention_bwd(st.dense, res_dense, (do_p, jnp.zeros_like(lse)))
+    dq, dk, dv, *_ = mx_attention_bwd(st.dense, res_dense, (do_p, jnp.zeros_like(lse)))
     return (
         to_packed(dq, cu_q, lq.lengths, st.total_q),
         to_packed(dk, cu_k, lk.lengths, st.total_k),

@@ -24,11 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_mxfp8.config.gemm import MXDotConfig
 from jax_mxfp8.formats import BLOCK_SIZE, MXArray, quantize
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.reference import gemm_dims
 from jax_mxfp8.reference.gemm import operand_layouts
-from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 
 def gather_quantized(

@@ -37,14 +37,14 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from jax_mxfp8.config.attention import AttentionConfig, operand_layouts
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
-from jax_mxfp8.ops.attention import check_config, check_qkv_shapes, check_scale
+from jax_mxfp8.ops.attention_checks import check_config, check_qkv_shapes, check_scale
 from jax_mxfp8.ops.cotangents import remat_safe
 from jax_mxfp8.parallel.fsdp import pack_bytes, unpack_bytes
 from jax_mxfp8.reference.attention_bwd import attention_bwd
-from jax_mxfp8.reference.attention_config import AttentionConfig, operand_layouts
 from jax_mxfp8.reference.attention_fwd import attention_fwd
 from jax_mxfp8.reference.attention_quant import quantize_operand
 from jax_mxfp8.reference.attention_tiling import Masking

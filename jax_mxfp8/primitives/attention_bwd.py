@@ -43,6 +43,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mxfp8.config.attention import (
+    DQ_ACCUMS,
+    DQ_FP16_SCALE_LOG2,
+    DQ_FP16_SCALE_LOG2_RANGE,
+    AttentionConfig,
+)
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
 from jax_mxfp8.formats.scales import mul_pow2
@@ -62,12 +68,6 @@ from jax_mxfp8.primitives.attention_realign import realign
 from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
 from jax_mxfp8.primitives.quantize import DEQUANTIZE
 from jax_mxfp8.reference.attention_bwd import attention_bwd_quantized, bwd_delta
-from jax_mxfp8.reference.attention_config import (
-    DQ_ACCUMS,
-    DQ_FP16_SCALE_LOG2,
-    DQ_FP16_SCALE_LOG2_RANGE,
-    AttentionConfig,
-)
 from jax_mxfp8.reference.attention_tiling import Masking
 from jax_mxfp8.reference.varlen import aligned_owner
 
@@ -244,7 +244,7 @@ def bwd_operands(
         ("cuda" or "emulated") instead of the bfloat16 v (those variants read V only as v8); scale (tau,
         folded into qs) is then required. Not with broadcast_q. The copies are made from q, k, v, do_q as
         given (not masked by the lengths): their data and scales past the lengths must already be zero, as
-        ops/attention.py's kernel_operand and square_sequence_major leave them (a NaN scale there would
+        ops/attention_core.py's kernel_operand and square_sequence_major leave them (a NaN scale there would
         make the whole 32-row factor NaN).
       do_f16: the dv_f16 variants' do: float16 dO^ 2^-shift with one shift per (batch, KV head) from dO's
         row factors (attention_operands.do_shift / do_float16; BwdOperands.do_shift). Needs fp8_path.

@@ -1,6 +1,6 @@
 """MXFP8 attention backward (XLA reference), tiled over KV like the forward.
 
-Numerics (DESIGN.md section 4): dO^ in 32x32 square blocks; Delta = rowsum(dO * O) from the unquantized
+Numerics (docs/numerics.md): dO^ in 32x32 square blocks; Delta = rowsum(dO * O) from the unquantized
 dO and O; P = exp(S - LSE); dV = quant(P)^T @ dO^; dP = dO^ @ V^T; dS = P * (dP - Delta) in 32x32 square
 blocks (scale rounding "up"); dQ = tau dS^ @ K^ accumulated over KV tiles in float32 or float16 (x 2^e,
 e = config.dq_fp16_scale_log2, one rounding per tile, tiles in ascending order);
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_mxfp8.reference.attention_config import AttentionConfig
+from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.reference.attention_quant import fake_quant_p, fake_quant_square
 from jax_mxfp8.reference.attention_tiling import (
     Masking,

@@ -1,6 +1,6 @@
 """MXFP8 attention forward (XLA reference): online softmax over KV tiles with quantized P~.
 
-Numerics (DESIGN.md section 4): S = tau Q^ K^T in float32, masked to -inf; per KV tile a running row max
+Numerics (docs/numerics.md): S = tau Q^ K^T in float32, masked to -inf; per KV tile a running row max
 m, P~ = exp(S - m) in float32, l accumulated from the unquantized P~, P~ quantized along KV, and
 O = (sum over tiles of rescale * quant(P~) @ V^) / l; LSE = m + log l.
 """
@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_mxfp8.reference.attention_config import AttentionConfig
+from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.reference.attention_quant import fake_quant_p
 from jax_mxfp8.reference.attention_tiling import (
     Masking,

@@ -13,11 +13,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jax_mxfp8.config.attention import HEAD, SEQ, SQUARE
 from jax_mxfp8.formats.elements import E4M3
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import quantize, quantize_dequantize
 from jax_mxfp8.formats.rounding import round_to_elements
-from jax_mxfp8.reference.attention_config import HEAD, SEQ, SQUARE
 
 P_CONST_LOG2 = 8
 """p_scale="const": P~ in [0, 1] is stored as E4M3(P~ * 2^8) with the fixed scale 2^-8."""

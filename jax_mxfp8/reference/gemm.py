@@ -12,7 +12,7 @@ of 2^-133 (bfloat16's smallest subnormal). Every element of a block is exact whe
 b >= 3 (E4M3: smallest element step 2^-9) or b >= 10 (E5M2: 2^-16); only blocks whose amax is below
 about 2^-116 (E4M3) / 2^-102 (E5M2) can hold an inexact value, and a value under 2^-126 comes only
 from a quantize input under 2^-126 (2^-126 lies on every such block's grid and rounding is monotone),
-which DESIGN.md section 4 allows to be flushed. The bfloat16 cast rounds those values (error below
+which the contract (docs/numerics.md) allows to be flushed. The bfloat16 cast rounds those values (error below
 2^-134 at most); FTZ backends (XLA:CPU) flush them, as they flush the float32 path's subnormals too.
 Overflow, NaN and Inf are identical: both types share float32's exponent range. Products of two
 bfloat16 values are exact in float32 (unless below 2^-126, where either GEMM may flush), so both
@@ -32,9 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_mxfp8.config.gemm import MXDotConfig
 from jax_mxfp8.formats import BLOCK_SIZE, MXArray, quantize, random_hadamard
 from jax_mxfp8.formats.quantize import check_blockable, dequantize_products, quantize_dequantize
-from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 HIGHEST = lax.Precision.HIGHEST
 OPERAND_DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}

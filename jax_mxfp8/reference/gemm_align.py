@@ -1,8 +1,8 @@
 """align128: MX operands re-encoded to one exponent per 128 K for the Hopper MX GEMM (XLA reference).
 
-The contract (DESIGN.md section 4) quantizes a GEMM operand along its contracting axis K in blocks of 32:
+The contract (docs/numerics.md) quantizes a GEMM operand along its contracting axis K in blocks of 32:
 FP8 elements q (E4M3 or E5M2) and one E8M0 byte e_b per block, value q * 2^(e_b - 127). Hopper's FP8
-wgmma has no per-32 scales, so the kernel (docs/architecture.md, GEMM_INTERFACE) takes the ALIGNED form:
+wgmma has no per-32 scales, so the kernel (its operands: docs/interfaces.md) takes the ALIGNED form:
 for every run of 4 consecutive K blocks (128 K; the last run padded with zero blocks up to
 Kp = ceil(K / 128) * 128)
 

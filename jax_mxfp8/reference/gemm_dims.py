@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_mxfp8.config.gemm import MXDotConfig
 from jax_mxfp8.formats import BLOCK_SIZE, MXArray
 from jax_mxfp8.formats.quantize import dequantize_products
 from jax_mxfp8.reference.gemm import (
@@ -46,7 +47,6 @@ from jax_mxfp8.reference.gemm import (
     quantized_3d,
     quantized_in_place,
 )
-from jax_mxfp8.reference.gemm_config import MXDotConfig
 
 
 def keeps_dims(config: MXDotConfig) -> bool:

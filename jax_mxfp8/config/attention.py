@@ -30,7 +30,7 @@ DQ_FP16_SCALE_LOG2_RANGE = (0, 15)
 
 @dataclasses.dataclass(frozen=True)
 class AttentionConfig:
-    """Numerics options of MXFP8 attention (DESIGN.md section 4; decisions in docs/numerics.md).
+    """Numerics options of MXFP8 attention (the contract and its decisions: docs/numerics.md).
 
     Attributes:
       qkv_blocks: "square" (default): Q, K, V are each quantized once in 32x32 blocks over

@@ -1,0 +1,5 @@
+"""Layer 1b: the public options and layout types of the ops (AttentionConfig, OperandLayouts, MXDotConfig).
+
+Frozen, hashable dataclasses that every layer above `formats` may import (reference, kernels' callers,
+primitives, ops, flax, parallel); they import nothing from jax_mxfp8 but `formats`.
+"""
