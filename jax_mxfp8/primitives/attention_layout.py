@@ -1,9 +1,9 @@
 """Layout constants and element-level helpers of the Hopper attention kernels' operands (layer 5).
 
 Shared by the producer pass (attention_operands.py), the realign call (attention_realign.py), the kernel
-calls and their emulations (attention_fwd.py, attention_emulation.py, attention_packed.py), and the coming
-backward kernel: tile sizes, the exponent clamp, the E4M3 re-encoding of MX elements at a coarser exponent
-and the P V key permutation.
+calls and their emulations (attention_fwd.py, attention_emulation.py, attention_packed.py), and the backward
+kernel's pre-pass (attention_bwd.py): tile sizes, the exponent clamp, the E4M3 re-encoding of MX elements at
+a coarser exponent and the P V key permutation.
 """
 
 from __future__ import annotations

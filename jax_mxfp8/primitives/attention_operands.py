@@ -5,9 +5,9 @@
       the same from (B, L, N, H) MXArrays: exponents in XLA, the FP8 data through the realign call
       (attention_realign.py; path "emulated" runs its XLA body)
 
-Shared by the forward kernel call (attention_fwd.py) and the coming backward. The kernels take the
-contract's square-block MX operands re-encoded to one exponent per GEMM sub-tile ("way (a)",
-docs/numerics.md "Hopper attention kernel"):
+Shared by the forward kernel call (attention_fwd.py) and the backward's pre-pass (attention_bwd.py). The
+kernels take the contract's square-block MX operands re-encoded to one exponent per GEMM sub-tile ("way
+(a)", docs/numerics.md "Hopper attention kernel"):
 
 * Q, K: every 32-row block gets e_row = max of its H/32 block exponents; each element is re-rounded
   to E4M3 at that exponent: q' = RNE(q * 2^(e_block - e_row)), starting from the MX element q (so Q^ is
