@@ -58,6 +58,7 @@ def test_every_gemm_variant_map_is_sound(config):
     assert m.alloc_columns <= MAX_COLUMNS
     accs = [m.region(f"acc{s}") for s in range(config.acc_stages)]
     assert all(r.cols == config.tile_n and r.phases == {"mma", "epilogue"} for r in accs)
-    # scales of one 128-K tile (4 MMAs) for 128 rows: 16 columns each (tools/check_sm100.py compares these
-    # with the DSL's TMEM layouts of the compiled kernel)
-    assert K_TILE // MMA_K == 4 and m.region("sfa").cols == 16 and m.region("sfb").cols == 16
+    # scales of one 128-K tile (4 MMAs) for 128 rows: 4 columns each, after the two accumulators
+    # (tools/check_sm100.py compares these with the DSL's TMEM layouts of the compiled kernel)
+    assert K_TILE // MMA_K == 4 and m.region("sfa").cols == 4 and m.region("sfb").cols == 4
+    assert m.region("sfa").start == config.acc_stages * config.tile_n

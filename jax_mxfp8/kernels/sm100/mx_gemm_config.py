@@ -42,6 +42,13 @@ SMEM_LIMIT = 227 * 1024
 """Dynamic shared memory per CTA: 228 KB per SM less the 1 KB the driver reserves per CTA."""
 BLOCK = 32
 SCALE_TILE_BYTES = 512
+COL_PITCH = 48
+"""Bytes per column of an epilogue warp's column staging tile (col / rowcol epilogues): 32 rows + 16, so
+that the 16-byte reads of 8 lanes (8 columns) fall in distinct banks."""
+COL_SCALES = BLOCK * COL_PITCH
+COL_STAGE_BYTES = COL_SCALES + 128
+"""Shared memory per epilogue warp for the column orientation: the 32 x 32 byte staging tile, then the 32
+column scale bytes (128 keeps the next warp's tile aligned)."""
 
 ELEM_DTYPES = ("float8_e4m3fn",)
 """The operand element dtypes built so far (the MMA also takes E5M2; the emulation models E4M3 limbs)."""
@@ -168,21 +175,27 @@ class MXGemmSm100Config:
     def smem_bytes(self) -> int:
         """The storage struct of kernels/sm100/mx_gemm.py: the mbarriers (ring full/empty, accumulator
         full/empty, TMEM dealloc) and the TMEM address word, then sA and sB (1024-byte aligned for the 128B
-        swizzle), sSFA and sSFB (128-byte aligned). tools/check_sm100.py compares it with the struct."""
+        swizzle), sSFA and sSFB (128-byte aligned), and for the column orientation the epilogue warps'
+        staging tiles (128-byte aligned). tools/check_sm100.py compares it with the struct's size."""
         size = 8 * (2 * self.stages + 2 * self.acc_stages + 1) + 4
         sb = self.stage_bytes
         for name, align in (("a", 1024), ("b", 1024), ("sfa", 128), ("sfb", 128)):
             size = _round_up(size, align) + self.stages * sb[name]
+        if self.epilogue in ("col", "rowcol"):
+            size = _round_up(size, 128) + EPILOGUE_WARPS * COL_STAGE_BYTES
         return _round_up(size, 1024)
 
     @property
     def sfa_tmem_columns(self) -> int:
-        """TMEM columns of A's scales for one K tile: 4 per MMA and 32 rows (tcgen05.cp 4x32x128b), 4 MMAs."""
-        return (CTA_ROWS // BLOCK) * (K_TILE // MMA_K)
+        """TMEM columns of A's scales for one K tile: tcgen05.cp 32x128b.warpx4 puts a 128x4 scale tile's
+        16-byte lines (rows r, r + 32, r + 64, r + 96 of K blocks 0..3) in 4 columns of lane r, broadcast
+        to the 4 lane quarters: 4 columns per 128 rows and 4 MMAs (the DSL's layout spans the same,
+        tools/check_sm100.py compares)."""
+        return (CTA_ROWS // BLOCK) * (K_TILE // MMA_K) // 4
 
     @property
     def sfb_tmem_columns(self) -> int:
-        return (self.sfb_rows // BLOCK) * (K_TILE // MMA_K)
+        return (self.sfb_rows // BLOCK) * (K_TILE // MMA_K) // 4
 
     def tmem_map(self) -> TmemMap:
         """acc0 .. acc{acc_stages - 1}: float32 accumulators, tile_n columns each, written by the MMA warp
