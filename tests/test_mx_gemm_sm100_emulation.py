@@ -130,9 +130,10 @@ def test_quantize_rule_bit_exact_against_quantize_and_oracle(make):
 
 
 def test_nan_block_gets_nan_scale_in_both_orientations():
-    """A block holding NaN gets 0xFF whether it is a row block or a column block (the kernel's column amax
-    is REDUX.MAX.U32 of |x| bit patterns, NaN above Inf). A float max that ignores NaN (redux.sync.max.abs.f32
-    without .NaN, modelled by np.fmax) would give that block a finite scale."""
+    """A block holding NaN gets 0xFF whether it is a row block or a column block (the kernel's amaxes are
+    unsigned maxes of |x| bit patterns, NaN above Inf: thread-local, or REDUX.MAX.U32 across a warp). A float
+    max that ignores NaN (redux.sync.max.abs.f32 without .NaN, modelled by np.fmax) would give that block a
+    finite scale."""
     z = np.ones((64, 64), np.float32)
     z[40, 10] = np.nan  # row block (40, 0) and column block (10, 1)
     cfg = MXGemmSm100Config(epilogue="rowcol", store_pre=True)

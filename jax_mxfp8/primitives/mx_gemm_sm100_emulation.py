@@ -23,10 +23,12 @@ Epilogue model (the kernel's formula, written independently of formats.quantize;
 for bit): y = acc (+ bias); z = y or jax.nn.gelu(y, approximate=True) (the kernel's tanh is tanh.approx.f32,
 so with GELU elements may differ by one FP8 step where the ~2^-11 tanh difference crosses a rounding
 boundary); per block of 32 along the blocked axis, amax = the unsigned max of the |x| float32 bit patterns
-(the kernel: a thread's own 32 values for row blocks, REDUX.MAX.U32 over the warp's 32 lanes for column
-blocks). NaN patterns (0x7F800001..) order above +Inf above every finite value, so a block holding NaN or
-Inf gets scale 0xFF and NaN elements, as docs/numerics.md requires; the float reduction
-redux.sync.max.abs.f32 (CREDUX) without .NaN ignores NaN and would give a NaN block a finite scale.
+(the kernel: a thread's own 32 values for row blocks, and for column blocks the same after its warp
+transposes the 32 x 32 block through shared memory; the comparison schedule column_amax "redux" takes
+REDUX.MAX.U32 over the warp's 32 lanes: the same maximum). NaN patterns (0x7F800001..) order above
++Inf above every finite value, so a block holding NaN or Inf gets scale 0xFF and NaN elements, as
+docs/numerics.md requires; the float reduction redux.sync.max.abs.f32 (CREDUX) without .NaN ignores NaN
+and would give a NaN block a finite scale.
 Scale byte: scale_rounding "up" from the bits (E - 8 + (mantissa > 0x600000) for E4M3, 0/1 below the
 normal range); element = RNE_satfinite(z * 2^(127 - b)).
 

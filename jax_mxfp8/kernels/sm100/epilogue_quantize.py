@@ -6,8 +6,11 @@ tcgen05.ld.32x32b.x32 (SASS LDTM): 32 float32 values of its row. That makes the 
   row blocks (32 along N): the thread's own 32 values ARE the block: amax is a local max of |x| bit
     patterns, no shuffles (row_block_quantize);
   column blocks (32 along M): the 32 rows of a block are the 32 lanes of one warp (warp w holds rows
-    32 w .. 32 w + 31 of the tile): per column, one warp-wide `redux.sync.max.u32` (SASS REDUX) of the |x|
-    bit patterns (column_block_scales).
+    32 w .. 32 w + 31 of the tile). Either the warp transposes the 32 x 32 block through shared memory and
+    each lane quantizes one column with row_block_quantize (the GEMM's production schedule), or every
+    lane keeps its row and each column's amax is one warp-wide `redux.sync.max.u32` (SASS REDUX / CREDUX.MAX
+    on the integer path) of the |x| bit patterns (column_block_scales, warp_max_u32: the comparison
+    schedule, and the warp-level amax for 32 x 32 square blocks).
 
 NaN handling: amax is the UNSIGNED max of the float32 magnitude bit patterns. NaN patterns (0x7F800001 ..)
 order above +Inf (0x7F800000) above every finite value, so a block holding NaN or Inf gets scale 0xFF and NaN

@@ -55,7 +55,7 @@ from jax_mxfp8.kernels.sm100.blockscaled_mma import (
     mma_k_tile,
     scale_tmem_tensors,
 )
-from jax_mxfp8.kernels.sm100.mx_gemm_config import COL_STAGE_BYTES, CTA_ROWS, K_TILE, MXGemmSm100Config
+from jax_mxfp8.kernels.sm100.mx_gemm_config import COLUMN_SMEM_PER_WARP, CTA_ROWS, K_TILE, MXGemmSm100Config
 from jax_mxfp8.kernels.sm100.mx_gemm_epilogue import EpilogueTile, make_release
 
 DTYPES = {
@@ -178,7 +178,8 @@ class MXGemmSm100:
         tx_bytes = setup.tx_bytes(self.a_dtype, self.b_dtype)
         assert tx_bytes == cfg.tx_bytes * cfg.cta_group, (tx_bytes, cfg.tx_bytes)
 
-        col_bytes = len(roles.EPILOGUE_WARPS) * COL_STAGE_BYTES if cfg.epilogue in ("col", "rowcol") else 0
+        col_bytes = len(roles.EPILOGUE_WARPS) * COLUMN_SMEM_PER_WARP[cfg.column_amax]
+        col_bytes = col_bytes if cfg.epilogue in ("col", "rowcol") else 0
 
         @cute.struct
         class SharedStorage:

@@ -42,13 +42,17 @@ SMEM_LIMIT = 227 * 1024
 """Dynamic shared memory per CTA: 228 KB per SM less the 1 KB the driver reserves per CTA."""
 BLOCK = 32
 SCALE_TILE_BYTES = 512
+TRANSPOSE_PITCH = BLOCK + 1
+"""float32 words per row of an epilogue warp's 32 x 32 transpose tile (column_amax "transpose"): the odd
+pitch puts a row's and a column's 32 words in 32 distinct banks."""
 COL_PITCH = 48
-"""Bytes per column of an epilogue warp's column staging tile (col / rowcol epilogues): 32 rows + 16, so
-that the 16-byte reads of 8 lanes (8 columns) fall in distinct banks."""
+"""Bytes per column of an epilogue warp's E4M3 staging tile (column_amax "redux"): 32 rows + 16, so that
+the 16-byte reads of 8 lanes (8 columns) fall in distinct banks."""
 COL_SCALES = BLOCK * COL_PITCH
-COL_STAGE_BYTES = COL_SCALES + 128
-"""Shared memory per epilogue warp for the column orientation: the 32 x 32 byte staging tile, then the 32
-column scale bytes (128 keeps the next warp's tile aligned)."""
+COLUMN_SMEM_PER_WARP = {"transpose": BLOCK * TRANSPOSE_PITCH * 4, "redux": COL_SCALES + 128}
+"""Shared memory per epilogue warp for the column orientation (the redux tile: E4M3 bytes, then the 32
+column scale bytes; 128 keeps the next warp's tile aligned)."""
+COLUMN_AMAX = ("transpose", "redux")
 
 ELEM_DTYPES = ("float8_e4m3fn",)
 """The operand element dtypes built so far (the MMA also takes E5M2; the emulation models E4M3 limbs)."""
@@ -82,8 +86,14 @@ class MXGemmSm100Config:
         high-precision output a later backward needs).
       has_bias: y = acc + bias[n] (float32 (N,)) before anything else.
       activation: "" or "gelu" (tanh form, float32), applied to y before quantizing (quantized epilogues).
+      column_amax: how the column orientation finds a block's amax (col / rowcol): "transpose" (each
+        epilogue warp transposes its 32 x 32 float32 block through shared memory, so that lane j owns
+        column j and quantizes it like a row block: production) or "redux" (every lane keeps its row; per
+        column one warp-wide REDUX.MAX.U32 and the scale arithmetic, bytes transposed through shared
+        memory afterwards: about 3x the instructions, kept as the comparison schedule).
       group_m: tile rasterization: consecutive work tiles walk group_m M tiles before the next N tile.
       max_ctas: persistent grid bound: one CTA per SM of a B200 (148).
+      tune: 0 for the production variant of its key; > 0 for comparison schedules.
     """
 
     a_dtype: str = "float8_e4m3fn"
@@ -97,8 +107,10 @@ class MXGemmSm100Config:
     store_pre: bool = False
     has_bias: bool = False
     activation: str = ""
+    column_amax: str = "transpose"
     group_m: int = 8
     max_ctas: int = 148
+    tune: int = 0
 
     def __post_init__(self):
         for field in ("a_dtype", "b_dtype"):
@@ -116,6 +128,8 @@ class MXGemmSm100Config:
             raise ValueError(f"out_dtype={self.out_dtype!r} not in {OUT_DTYPES}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation={self.activation!r} not in {ACTIVATIONS}")
+        if self.column_amax not in COLUMN_AMAX:
+            raise ValueError(f"column_amax={self.column_amax!r} not in {COLUMN_AMAX}")
         if self.epilogue == "plain" and (self.activation or self.store_pre):
             raise ValueError("the plain epilogue takes no activation and no store_pre (c is its output)")
         if self.group_m < 1 or self.max_ctas < self.cta_group:
@@ -182,7 +196,7 @@ class MXGemmSm100Config:
         for name, align in (("a", 1024), ("b", 1024), ("sfa", 128), ("sfb", 128)):
             size = _round_up(size, align) + self.stages * sb[name]
         if self.epilogue in ("col", "rowcol"):
-            size = _round_up(size, 128) + EPILOGUE_WARPS * COL_STAGE_BYTES
+            size = _round_up(size, 128) + EPILOGUE_WARPS * COLUMN_SMEM_PER_WARP[self.column_amax]
         return _round_up(size, 1024)
 
     @property
@@ -235,7 +249,7 @@ class MXGemmSm100Config:
         base += "_bias" if self.has_bias else ""
         base += f"_{self.activation}" if self.activation else ""
         base += f"_pre{SHORT[self.out_dtype]}" if self.store_pre else ""
-        return base
+        return f"{base}_t{self.tune}" if self.tune else base
 
 
 _STAGES = {1: 6, 2: 8}
@@ -260,7 +274,16 @@ def _variants(cta_group: int) -> tuple[MXGemmSm100Config, ...]:
     return plain + row + rowcol + col
 
 
-MX_GEMM_SM100_VARIANTS: tuple[MXGemmSm100Config, ...] = _variants(2) + _variants(1)
+MX_GEMM_SM100_VARIANTS: tuple[MXGemmSm100Config, ...] = (
+    _variants(2)
+    + _variants(1)
+    + (
+        MXGemmSm100Config(
+            epilogue="rowcol", has_bias=True, activation="gelu", store_pre=True, column_amax="redux", tune=1
+        ),
+    )
+)
 """Every compiled variant: for the 2-CTA (256-row) production tiling and the 1-CTA (128-row) one for small M:
 plain {bf16, f32} x {bias}; row {bias} x {gelu} x {pre}; rowcol {bias} x {gelu} with pre (the training
-forward's two orientations); col with pre."""
+forward's two orientations); col with pre. Then the comparison schedule t1: the 2-CTA rowcol + bias + GELU
+with column_amax "redux" (warp-wide REDUX amaxes instead of the shared-memory transpose)."""

@@ -9,9 +9,11 @@ from ONE read of TMEM:
   z = gelu_tanh(y) (activation "gelu") or y
   row:  q[row, n0:n0+32], s[row, n0/32] = quantize of the thread's 32 values       (2 16-byte stores;
         the tile's 4 scale bytes of a row are adjacent in the blocked layout: one 4-byte store per row)
-  col:  per column n: the warp's 32 rows are one block along M: REDUX.MAX.U32 amax, factors, elements;
-        qc[n, row] byte stores (the warp writes 32 contiguous bytes of row n of the transposed output), and
-        sc[n, row/32] by the lane whose index is n's column in the chunk
+  col:  the warp's 32 rows x the chunk's 32 columns are 32 blocks along M; the warp transposes them
+        through shared memory so that lane l owns column n0 + l and quantizes it like a row block (a
+        thread-local amax), then writes qc[n, rows] (32 contiguous bytes of the transposed output, two
+        16-byte stores) and sc[n, row/32] (config.column_amax "redux", the comparison schedule: one
+        warp-wide REDUX per column instead, bytes transposed afterwards)
 
 Blocked scales (formats/blocked_scales.py): a CTA tile (128 rows x 128 columns) is exactly one 128x4 scale
 tile of s (rows, N/32 blocks) and one of sc (N rows, M/32 blocks), so the tile's threads write every byte of
@@ -33,7 +35,14 @@ from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.sm90.mx_epilogue import gelu_tanh_f32
 from jax_mxfp8.kernels.sm90.mx_epilogue_col import ld_shared_v4
 from jax_mxfp8.kernels.sm100 import epilogue_quantize as eq
-from jax_mxfp8.kernels.sm100.mx_gemm_config import COL_PITCH, COL_SCALES, COL_STAGE_BYTES, CTA_ROWS, MXGemmSm100Config
+from jax_mxfp8.kernels.sm100.mx_gemm_config import (
+    COL_PITCH,
+    COL_SCALES,
+    COLUMN_SMEM_PER_WARP,
+    CTA_ROWS,
+    TRANSPOSE_PITCH,
+    MXGemmSm100Config,
+)
 
 CHUNK = eq.CHUNK
 SCALE_TILE_BYTES = 512
@@ -98,17 +107,40 @@ class EpilogueTile:
         return base + t * SCALE_TILE_BYTES + Int64(16 * lane + 4 * warp)
 
     def _column_chunk(self, z, outs, tile, warp, lane, row, row_ok, live, j: int, col0, chunk_ok, dims) -> None:
-        """The column orientation of one 32 x 32 block (the warp's 32 rows x the chunk's 32 columns).
-
-        Lane l holds row l of the block. Per 4 columns: 4 warp-wide amaxes (REDUX), their scales and factors,
-        one quantize4 word; its bytes go to the warp's staging tile in shared memory at [column][row]
-        (COL_PITCH bytes per column), the 4 scale bytes (the same in every lane) next to it. After a warp
-        sync lane l owns column col0 + l: its 32 bytes (rows of the block, contiguous in the transposed
-        qc) leave in two 16-byte stores, its scale byte in one byte store. Staging keeps ptxas from holding
-        32 byte-store addresses (which spilled) and turns 32 byte stores per lane into 2 vector stores."""
+        """The column orientation of one 32 x 32 block: the warp's 32 rows (lane l holds row l) x the chunk's
+        32 columns. Either way, lane l ends up writing column col0 + l: its 32 E4M3 bytes (the block's rows,
+        contiguous in the transposed qc) in two 16-byte stores and its scale byte."""
         m, n = dims
         ok = row_ok & chunk_ok  # M % 32 == 0: a warp's rows are all inside M or all outside
-        stage = outs["stage"] + Int32(warp * COL_STAGE_BYTES)
+        stage = outs["stage"] + Int32(warp * COLUMN_SMEM_PER_WARP[self.cfg.column_amax])
+        if cutlass.const_expr(self.cfg.column_amax == "transpose"):
+            scale, words = self._transposed_block(z, stage, lane)
+        else:
+            scale, words = self._redux_block(z, stage, lane)
+        # qc (G, N, M): row n = col0 + lane, the block's 32 rows from tile.m_tile * 128 + 32 * warp
+        qrow = Int64(tile.g) * Int64(n) + Int64(col0 + lane)
+        addr = outs["qc"] + qrow * Int64(m) + Int64(tile.m_tile * CTA_ROWS + 32 * warp)
+        eq.store_words(addr, words, ok)
+        # sc (G, ceil(N/128) * ceil(M/128), 512): row n = col0 + lane, block m_tile * 4 + warp
+        trn, tcm = (n + 127) // 128, (m + CTA_ROWS - 1) // CTA_ROWS
+        t = (Int64(tile.g) * Int64(trn) + Int64(tile.n_tile)) * Int64(tcm) + Int64(tile.m_tile)
+        addr = outs["sc"] + t * SCALE_TILE_BYTES + Int64(16 * lane + 4 * j + warp)
+        ptx.st_global_u8(addr, eq.select_u32(ok, scale, Uint32(0)), pred=live)
+
+    def _transposed_block(self, z, stage, lane):
+        """column_amax "transpose": lane l writes its row into a [32][33] float32 tile, reads column l back
+        (both conflict-free: the odd pitch), and quantizes it as a row block (a thread-local amax)."""
+        for c in range(CHUNK):
+            ptx.st_shared_b32(stage + (lane * TRANSPOSE_PITCH + c) * 4, z[c])
+        cute.arch.sync_warp()
+        column = [ptx.ld_shared_b32(stage + (r * TRANSPOSE_PITCH + lane) * 4) for r in range(CHUNK)]
+        cute.arch.sync_warp()  # the next chunk rewrites the tile
+        return eq.row_block_quantize(column)
+
+    def _redux_block(self, z, stage, lane):
+        """column_amax "redux": per 4 columns, 4 warp-wide amaxes (REDUX.MAX.U32), their scales and factors,
+        one quantize4 word whose bytes go to a [column][row] E4M3 staging tile (COL_PITCH bytes per
+        column), and the 4 scale bytes (the same in every lane) beside it; lane l then reads column l."""
         for c4 in range(0, CHUNK, 4):
             scale_bytes, factors = eq.column_block_scales(z[c4 : c4 + 4])
             word = eq.column_block_quantize(z[c4 : c4 + 4], factors)
@@ -117,18 +149,10 @@ class EpilogueTile:
             ptx.st_shared_b32(stage + Int32(COL_SCALES + c4), eq.pack_bytes(scale_bytes))
         cute.arch.sync_warp()
         mine = stage + lane * COL_PITCH
-        data = [ld_shared_v4(mine), ld_shared_v4(mine + 16)]
+        data = [*ld_shared_v4(mine), *ld_shared_v4(mine + 16)]
         scale = ptx.ld_shared_u8(stage + Int32(COL_SCALES) + lane)
         cute.arch.sync_warp()  # the next chunk rewrites the staging tile
-        # qc (G, N, M): row n = col0 + lane, the block's 32 rows from tile.m_tile * 128 + 32 * warp
-        qrow = Int64(tile.g) * Int64(n) + Int64(col0 + lane)
-        addr = outs["qc"] + qrow * Int64(m) + Int64(tile.m_tile * CTA_ROWS + 32 * warp)
-        eq.store_words(addr, [*data[0], *data[1]], ok)
-        # sc (G, ceil(N/128) * ceil(M/128), 512): row n = col0 + lane, block m_tile * 4 + warp
-        trn, tcm = (n + 127) // 128, (m + CTA_ROWS - 1) // CTA_ROWS
-        t = (Int64(tile.g) * Int64(trn) + Int64(tile.n_tile)) * Int64(tcm) + Int64(tile.m_tile)
-        addr = outs["sc"] + t * SCALE_TILE_BYTES + Int64(16 * lane + 4 * j + warp)
-        ptx.st_global_u8(addr, eq.select_u32(ok, scale, Uint32(0)), pred=live)
+        return scale, data
 
 
 def make_release(acc_pipeline, acc_state):

@@ -2,6 +2,8 @@
 measurements -- no Blackwell GPU has run this kernel (docs/perf/blackwell.md explains every term).
 
   predict(config, shape, gpu, epilogue_instructions) -> Prediction     time and TFLOP/s of one call
+  unfused_seconds(plain, shape, gpu, epilogue_instructions, orientations)   a bf16 GEMM, then separate
+                                                                       quantize passes (the unfused path)
   B200, GB300                                                          the two targets' figures
 
 Per CTA (one per SM; a 2-CTA pair splits a 256-row tile), per 128-K stage:
@@ -120,3 +122,18 @@ def predict(
     t_hbm = (operand_bytes + out_bytes) / (gpu.hbm_tb_per_s * 1e12)
     seconds = max(t_compute, t_hbm) + LAUNCH_US * 1e-6
     return Prediction(2.0 * g * m * n * k, t_mma, t_fill, t_main, t_epi, per_cluster, t_compute, t_hbm, seconds)
+
+
+def unfused_seconds(
+    plain: MXGemmSm100Config,
+    shape: tuple[int, int, int, int],
+    gpu: Gpu,
+    epilogue_instructions: int,
+    orientations: int,
+) -> float:
+    """The unfused path: the plain GEMM writing bf16 (plain.out_dtype), then one quantize pass per MX
+    orientation that reads it and writes E4M3 + scales at the HBM rate, each pass a launch of its own."""
+    g, m, n, _ = shape
+    gemm = predict(plain, shape, gpu, epilogue_instructions).seconds
+    per_pass = g * m * n * (output_bytes_per_element(plain) + 1 + 1 / BLOCK) / (gpu.hbm_tb_per_s * 1e12)
+    return gemm + orientations * (per_pass + LAUNCH_US * 1e-6)
