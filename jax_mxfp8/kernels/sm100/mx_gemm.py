@@ -27,7 +27,7 @@ them (config.unsupported gives the kernel's limits).
 Structure (kernels/sm100/warp_roles.py): persistent, one CTA per SM (cta_group 2: a cluster pair per
 256-row tile), warps 0-3 epilogue, warp 4 MMA, warp 5 TMA; a `stages`-deep shared-memory ring of 128-K
 stages (A, B, SFA, SFB; TMA, 128B swizzle); per K tile the MMA warp copies the stage's scales to TMEM
-(tcgen05.cp, UTCCP) and issues 4 block-scaled MMAs (UTCQMMA) into one of two TMEM accumulator buffers
+(tcgen05.cp, UTCCP) and runs the 4 block-scaled MMAs (UTCQMMA) into one of two TMEM accumulator buffers
 (kernels/sm100/blockscaled_mma.py), so the epilogue of a tile overlaps the next tile's mainloop. TMEM
 columns come from the variant's declared map (config.tmem_map()).
 """
