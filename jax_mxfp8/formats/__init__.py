@@ -1,6 +1,7 @@
 """Layer 1: MX element/scale formats, the MXArray pytree, quantize/dequantize, stochastic rounding and
 random Hadamard transforms. Pure jnp; imports nothing else from jax_mxfp8."""
 
+from jax_mxfp8.formats.blocked_scales import from_blocked_scales, to_blocked_scales
 from jax_mxfp8.formats.elements import BLOCK_SIZE, E4M3, E5M2, SCALE_DTYPE, ElementFormat, element_format
 from jax_mxfp8.formats.hadamard import hadamard_matrix, random_hadamard
 from jax_mxfp8.formats.mxarray import BLOCK_KINDS, MXArray
@@ -18,9 +19,11 @@ __all__ = [
     "dequantize",
     "element_format",
     "fake_quantize",
+    "from_blocked_scales",
     "hadamard_matrix",
     "random_hadamard",
     "quantize",
     "quantize_dequantize",
     "round_to_elements",
+    "to_blocked_scales",
 ]

@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""Compiles every Blackwell MX GEMM variant (kernels/sm100/mx_gemm_config.py) for sm_100f and checks the
+cubins statically -- no GPU needed, and none of these kernels has run on one.
+
+Per variant:
+  arch      the cubin was built with -arch sm_100f (the family target: one cubin for cc 10.0 and 10.3)
+  mma       SASS holds UTCQMMA (".2CTA" exactly for cta_group 2) with its two TMEM scale operands
+            (gdesc, gdesc, tmem[D], tmem[SFA], idesc, tmem[SFB]), 4 per K tile
+  scales    SASS holds UTCCP.T.S[.2CTA].4x32dp128bit at the TMEM columns of the map's sfa and sfb regions
+  local     `cuobjdump -res-usage`: LOCAL 0 and STACK 0 (no spills), REG <= 255 and REG * threads <= 64 K
+  smem      the storage struct's size (traced) equals config.smem_bytes, and with the static shared memory
+            it fits 227 KB
+  tmem      the PTX's tcgen05.alloc column count equals the declared map's allocation, <= 512, the map
+            has no overlapping live regions, and its accumulator and scale regions are as wide as the DSL's
+            TMEM layouts (traced)
+  epilogue  no float warp max (CREDUX .F32 ignores NaN); column_amax "redux" variants reduce with the
+            integer REDUX/CREDUX.MAX; GELU variants use MUFU.TANH
+and the per-variant table (registers, shared memory, TMEM, epilogue instructions, predicted TFLOP/s on B200
+and GB300 from kernels/sm100/perf_model.py) is written (--write-table) or compared (--check-table).
+
+Usage:
+  python tools/check_sm100.py --dump DIR [--only NAME ...] [--reuse] [--write-table F | --check-table F]
+Compiling needs nvidia-cutlass-dsl 4.8.1 in this Python (or --python PY); cuobjdump comes from PATH or the
+nvidia-cuda-cuobjdump wheel. --reuse skips variants whose DIR/<name>/meta.json exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from compare_sass import find_cuobjdump  # noqa: E402
+
+from jax_mxfp8.kernels.sm100 import perf_model  # noqa: E402 (pure Python, no DSL)
+from jax_mxfp8.kernels.sm100.mx_gemm_config import (  # noqa: E402
+    ARCH,
+    K_TILE,
+    MMA_K,
+    MX_GEMM_SM100_VARIANTS,
+    SMEM_LIMIT,
+    THREADS,
+)
+
+TABLE_SHAPE = (1, 8192, 8192, 8192)
+"""(G, M, N, K) of the table's predictions."""
+REGISTER_FILE = 65536
+_UTCQMMA = re.compile(
+    r"UTCQMMA(\.2CTA)?\s+gdesc\[\w+\],\s*gdesc\[\w+\],\s*tmem\[\w+\],\s*tmem\[\w+\],\s*idesc\[\w+\],\s*tmem\[\w+\]"
+)
+_UTCCP = re.compile(r"UTCCP\.T\.S(\.2CTA)?\.4x32dp128bit\s+tmem\[\w+(?:\+0x([0-9a-f]+))?\]")
+_RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+_ALLOC = re.compile(r"tcgen05\.alloc\.cta_group::(\d)\.sync\.aligned\.shared::cta\.b32\s+\[%r\d+\],\s*(%r\d+|\d+);")
+
+
+def variants(only: list[str] | None):
+    chosen = [v for v in MX_GEMM_SM100_VARIANTS if not only or v.name in only]
+    missing = set(only or ()) - {v.name for v in chosen}
+    if missing:
+        raise SystemExit(f"unknown variants: {sorted(missing)}")
+    return chosen
+
+
+# ------------------------------------------------------------------------------------------------ compile
+def compile_worker(dump: Path, names: list[str], reuse: bool) -> None:
+    """Runs in a process with CUTE_DSL_ARCH=sm_100f: compiles each variant, keeps cubin and PTX."""
+    import cutlass.cute as cute
+
+    from jax_mxfp8.kernels.sm100.mx_gemm import make_kernel
+
+    for config in variants(names):
+        out = dump / config.name
+        if reuse and (out / "meta.json").exists():
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob("*"):
+            old.unlink()
+        kernel = make_kernel(config)
+        t0 = time.time()
+        cute.compile(
+            kernel.entry(), *kernel.fake_args(), options=f"--gpu-arch {ARCH} --keep-cubin --keep-ptx --dump-dir {out}"
+        )
+        meta = {
+            "smem_struct_bytes": int(kernel.smem_struct_bytes),
+            "tmem_layout_columns": kernel.tmem_layout_columns,
+            "seconds": round(time.time() - t0, 2),
+        }
+        (out / "meta.json").write_text(json.dumps(meta))
+        print(f"[{ARCH}] {config.name}: {meta['seconds']:.2f} s", flush=True)
+
+
+def compile_all(dump: Path, names: list[str], reuse: bool, python: str) -> None:
+    cmd = [python, __file__, "--worker", "--dump", str(dump)] + [a for n in names for a in ("--only", n)]
+    cmd += ["--reuse"] if reuse else []
+    subprocess.run(cmd, check=True, env={**os.environ, "CUTE_DSL_ARCH": ARCH})
+
+
+# ------------------------------------------------------------------------------------------------- checks
+def _one(folder: Path, pattern: str) -> Path:
+    found = sorted(folder.glob(pattern))
+    if len(found) != 1:
+        raise SystemExit(f"{folder}: expected one {pattern}, found {[p.name for p in found]}")
+    return found[0]
+
+
+def epilogue_instructions(sass: list[str]) -> int:
+    """SASS instructions from the first TMEM load (LDTM) to the last global store after it: one
+    epilogue warp's straight-line work for one tile (the 32-column chunks are unrolled)."""
+    first = next(i for i, line in enumerate(sass) if "LDTM" in line)
+    last = max(i for i, line in enumerate(sass) if i > first and re.search(r"\bSTG\.", line))
+    return sum(1 for line in sass[first : last + 1] if re.match(r"\s*/\*[0-9a-f]{4,}\*/", line))
+
+
+def check_variant(config, dump: Path, cuobjdump: str) -> tuple[dict, list[str]]:
+    """(the table row's measured values, problems) of one compiled variant."""
+    folder = dump / config.name
+    cubin, ptx_text = _one(folder, "*.cubin"), _one(folder, "*.ptx").read_text()
+    meta = json.loads((folder / "meta.json").read_text())
+    run = lambda *args: subprocess.run([cuobjdump, *args, str(cubin)], capture_output=True, text=True, check=True)  # noqa: E731
+    sass = run("-sass").stdout.splitlines()
+    text = "\n".join(sass)
+    reg, stack, static_smem, local = map(int, _RES.search(run("-res-usage").stdout).groups())
+    problems = []
+    if f"-arch {ARCH}" not in run("-elf").stdout:
+        problems.append(f"cubin not built for {ARCH}")
+    mmas = _UTCQMMA.findall(text)
+    two = config.cta_group == 2
+    if len(mmas) != K_TILE // MMA_K or any(bool(s) != two for s in mmas):
+        problems.append(f"UTCQMMA with TMEM scale operands: {len(mmas)} found ({mmas}), want {K_TILE // MMA_K}")
+    tmem = config.tmem_map()
+    copies = _UTCCP.findall(text)
+    offsets = sorted(int(off or "0", 16) for _, off in copies)
+    want = sorted([tmem.region("sfa").start, tmem.region("sfb").start])
+    if len(copies) != 2 or any(bool(s) != two for s, _ in copies) or offsets != want:
+        problems.append(f"UTCCP scale copies {copies}: want 2 at TMEM columns {want}")
+    if local or stack:
+        problems.append(f"LOCAL {local}, STACK {stack}: registers spill")
+    if reg > 255 or reg * THREADS > REGISTER_FILE:
+        problems.append(f"{reg} registers x {THREADS} threads")
+    smem = meta["smem_struct_bytes"]
+    if smem != config.smem_bytes:
+        problems.append(f"storage struct {smem} B != config.smem_bytes {config.smem_bytes}")
+    if smem + static_smem > SMEM_LIMIT:
+        problems.append(f"shared memory {smem} + {static_smem} static > {SMEM_LIMIT}")
+    alloc = _ALLOC.search(ptx_text)
+    cols = None
+    if alloc:
+        value = alloc.group(2)
+        if value.startswith("%"):
+            mov = re.search(rf"mov\.(?:b|u)32\s+{re.escape(value)},\s*(\d+);", ptx_text)
+            value = mov.group(1) if mov else None
+        cols = int(value) if value else None
+    if cols is None or cols != tmem.alloc_columns or cols > 512 or int(alloc.group(1)) != config.cta_group:
+        group = alloc and alloc.group(1)
+        problems.append(f"tcgen05.alloc of {cols} columns (cta_group {group}); map: {tmem.alloc_columns}")
+    problems += tmem.problems()
+    layout_cols = meta["tmem_layout_columns"]
+    declared = {"acc": tmem.region("acc0").cols, "sfa": tmem.region("sfa").cols, "sfb": tmem.region("sfb").cols}
+    if layout_cols != declared:
+        problems.append(f"the DSL's TMEM layouts span {layout_cols} columns; the map declares {declared}")
+    if re.search(r"CREDUX\.MAX\w*\.F32", text):
+        problems.append("a float warp max (CREDUX .F32) ignores NaN: amaxes must be integer maxes of |x| bits")
+    if config.epilogue in ("col", "rowcol") and config.column_amax == "redux":
+        if not re.search(r"\b(CREDUX|REDUX)\.MAX\b", text):
+            problems.append("column_amax 'redux': no integer warp reduction (REDUX/CREDUX.MAX) in the SASS")
+    if (config.activation == "gelu") != ("MUFU.TANH" in text):
+        problems.append("MUFU.TANH present iff activation == 'gelu'")
+    row = {"reg": reg, "smem": smem + static_smem, "tmem": cols, "epi": epilogue_instructions(sass)}
+    return row, problems
+
+
+# -------------------------------------------------------------------------------------------------- table
+SWEEP_SHAPES = ((1, 8192, 8192, 8192), (1, 4096, 4096, 4096), (1, 2048, 2048, 2048), (1, 1024, 1024, 1024),
+                (1, 16384, 8192, 2048), (1, 16384, 2048, 8192))  # fmt: skip
+"""(G, M, N, K) of the shape sweep: cubes, and a transformer MLP's up (K = d = 2048) and down (N = 2048)."""
+SWEEP_VARIANTS = (
+    "mx_gemm_sm100_2cta_e4m3_e4m3_bf16",
+    "mx_gemm_sm100_2cta_e4m3_e4m3_mxrow_bias_gelu_prebf16",
+    "mx_gemm_sm100_2cta_e4m3_e4m3_mxrowcol_bias_gelu_prebf16",
+    "mx_gemm_sm100_1cta_e4m3_e4m3_bf16",
+)
+L2_SENSITIVITY = (48, 64, 96, 128)
+
+
+def _pred(config, shape, gpu, epi, l2=perf_model.L2_BYTES_PER_CLK_PER_SM) -> str:
+    p = perf_model.predict(config, shape, gpu, epi, l2)
+    return f"{p.tflops:.0f} ({p.bound})"
+
+
+def table(rows: dict) -> str:
+    """The generated Markdown: the per-variant table, a shape sweep, the L2 sensitivity."""
+    gpus = (perf_model.B200, perf_model.GB300)
+    by_name = {c.name: c for c in MX_GEMM_SM100_VARIANTS}
+    out = [
+        "# Blackwell MX GEMM variants: resources and predicted throughput",
+        "",
+        "Compiled for sm_100f and checked by tools/check_sm100.py; the model and its assumptions are in",
+        "[blackwell.md](blackwell.md). NOT RUN ON HARDWARE: every TFLOP/s figure here is a prediction.",
+        "",
+        "## Variants",
+        "",
+        "| variant | CTAs | epilogue | registers | shared memory (B) | TMEM columns | epilogue instr / tile | "
+        "predicted TFLOP/s B200 | predicted TFLOP/s GB300 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for config in MX_GEMM_SM100_VARIANTS:
+        if config.name in rows:
+            r = rows[config.name]
+            preds = " | ".join(_pred(config, TABLE_SHAPE, gpu, r["epi"]) for gpu in gpus)
+            out.append(
+                f"| {config.name} | {config.cta_group} | {config.epilogue} | {r['reg']} | {r['smem']} | "
+                f"{config.tmem_map().used_columns} of {r['tmem']} | {r['epi']} | {preds} |"
+            )
+    out += ["", f"Predictions at (G, M, N, K) = {TABLE_SHAPE}; in parentheses what bounds the call.", ""]
+    sweep = [n for n in SWEEP_VARIANTS if n in rows]
+    if sweep:
+        out += ["## Shapes", "", "| (G, M, N, K) | " + " | ".join(f"{n} {g.name}" for n in sweep for g in gpus) + " |"]
+        out.append("| --- |" + " --- |" * (len(sweep) * len(gpus)))
+        for shape in SWEEP_SHAPES:
+            cells = [_pred(by_name[n], shape, g, rows[n]["epi"]) for n in sweep for g in gpus]
+            out.append(f"| {shape} | " + " | ".join(cells) + " |")
+        out += ["", "## L2 -> SM fill rate (assumed) vs prediction, B200, " + str(TABLE_SHAPE), ""]
+        out.append("| variant | " + " | ".join(f"{b} B/clk/SM" for b in L2_SENSITIVITY) + " |")
+        out.append("| --- |" + " --- |" * len(L2_SENSITIVITY))
+        for n in sweep:
+            cells = [_pred(by_name[n], TABLE_SHAPE, perf_model.B200, rows[n]["epi"], b) for b in L2_SENSITIVITY]
+            out.append(f"| {n} | " + " | ".join(cells) + " |")
+        out.append("")
+    fused = [("mx_gemm_sm100_2cta_e4m3_e4m3_mxrow_bias_gelu_prebf16", 1),
+             ("mx_gemm_sm100_2cta_e4m3_e4m3_mxrowcol_bias_gelu_prebf16", 2)]  # fmt: skip
+    plain = by_name["mx_gemm_sm100_2cta_e4m3_e4m3_bf16"]
+    if plain.name in rows and all(n in rows for n, _ in fused):
+        out += ["## Fused quantize epilogue vs a bf16 GEMM + separate quantize passes, B200, TFLOP/s", ""]
+        out.append("| (G, M, N, K) | " + " | ".join(f"{n}: fused / unfused" for n, _ in fused) + " |")
+        out.append("| --- |" + " --- |" * len(fused))
+        for shape in SWEEP_SHAPES:
+            cells = []
+            for n, orientations in fused:
+                p = perf_model.predict(by_name[n], shape, perf_model.B200, rows[n]["epi"])
+                u = perf_model.unfused_seconds(plain, shape, perf_model.B200, rows[plain.name]["epi"], orientations)
+                cells.append(f"{p.tflops:.0f} / {p.flops / u / 1e12:.0f}")
+            out.append(f"| {shape} | " + " | ".join(cells) + " |")
+        out.append("")
+    out.append(
+        "Generated by tools/check_sm100.py from the compiled cubins and kernels/sm100/perf_model.py "
+        "(assumptions: docs/perf/blackwell.md). Predictions, not measurements: none of these kernels has run "
+        "on a GPU."
+    )
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dump", required=True, help="folder for the cubins and PTX (DIR/<variant>/)")
+    ap.add_argument("--only", action="append", help="check only these variants")
+    ap.add_argument("--reuse", action="store_true", help="do not recompile variants already in --dump")
+    ap.add_argument("--python", default=sys.executable, help="the Python with nvidia-cutlass-dsl (compiling)")
+    ap.add_argument("--write-table", help="write the table to this file")
+    ap.add_argument("--check-table", help="compare the table with this file (exit 1 when it differs)")
+    ap.add_argument("--cuobjdump")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    dump = Path(args.dump).resolve()
+    names = args.only or []
+    if args.worker:
+        compile_worker(dump, names, args.reuse)
+        return 0
+    compile_all(dump, names, args.reuse, args.python)
+    cuobjdump = find_cuobjdump(args.cuobjdump)
+    rows, failed = {}, 0
+    for config in variants(names):
+        rows[config.name], problems = check_variant(config, dump, cuobjdump)
+        status = "ok" if not problems else "FAILED: " + "; ".join(problems)
+        failed += bool(problems)
+        print(f"{config.name}: {rows[config.name]} {status}")
+    text = table(rows)
+    if args.write_table:
+        Path(args.write_table).write_text(text)
+    if args.check_table and Path(args.check_table).read_text() != text:
+        print(f"the table differs from {args.check_table}:\n{text}")
+        failed += 1
+    print(f"{len(rows)} variants checked, {failed} with problems")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
