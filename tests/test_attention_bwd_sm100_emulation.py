@@ -20,13 +20,13 @@ import pytest
 from attention_emulation import exact_attention, sqnr_db
 from attention_testutil import fresh_rng
 
+from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.formats.quantize import dequantize
 from jax_mxfp8.primitives import attention_sm100_operands as ops
 from jax_mxfp8.primitives import attention_sm100_packed as packed
 from jax_mxfp8.primitives.attention_bwd_sm100_emulation import bwd_prepass, emulate_bwd_sm100
 from jax_mxfp8.primitives.attention_sm100_emulation import emulate_fwd_sm100, head_major
 from jax_mxfp8.reference.attention_bwd import attention_bwd
-from jax_mxfp8.reference.attention_config import AttentionConfig
 from jax_mxfp8.reference.attention_tiling import Masking
 
 B, T, S, N, K, H = 2, 256, 384, 4, 2, 64

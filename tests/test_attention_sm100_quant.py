@@ -6,8 +6,8 @@ and their operand layout (attention_sm100_operands.py), against independent mode
 * P ("const" and "block" along either axis) and dS (32x32) equal the reference's quantizations bit for bit and
   an E4M3 cast by ml_dtypes; a block holding one NaN or Inf gets byte 0xFF (the NaN-keeping warp reduction),
   a zero block byte 0;
-* the 128x4 blocked scale layout puts byte (r, c) at (r % 32) * 16 + (r // 32) * 4 + c of its chunk, and the
-  "hd" / "seq" orientations repeat each square block's byte over its 32 rows.
+* the "hd" / "seq" orientations (in formats/blocked_scales.py's 128x4 layout) repeat each square block's byte
+  over its 32 rows, and every orientation decodes to the contract's dequantized values.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from attention_testutil import fresh_rng
 
+from jax_mxfp8.formats.blocked_scales import from_blocked_scales
 from jax_mxfp8.formats.elements import E4M3
 from jax_mxfp8.formats.quantize import dequantize, quantize
 from jax_mxfp8.formats.scales import scale_bits
@@ -93,19 +94,6 @@ def test_ds_square_bit_exact_and_nan_block():
     np.testing.assert_array_equal(got[fin], want[fin].astype(np.float32))
 
 
-def test_blocked_layout_byte_positions():
-    rng = fresh_rng()
-    s = rng.integers(0, 256, (2, 300, 6), dtype=np.uint8)
-    blk = np.asarray(ops.to_blocked(jnp.asarray(s)))
-    assert blk.shape == (2, 3, 2, 32, 4, 4)
-    flat = blk.reshape(2, 3, 2, 512)
-    for r, c in [(0, 0), (31, 3), (32, 0), (127, 2), (128, 4), (299, 5), (200, 1)]:
-        assert flat[1, r // 128, c // 4, (r % 128 % 32) * 16 + (r % 128 // 32) * 4 + c % 4] == s[1, r, c]
-    full = np.asarray(ops.from_blocked(jnp.asarray(blk), 384, 8))  # with the padding
-    assert np.all(full[:, 300:] == 0) and np.all(full[:, :, 6:] == 0)
-    np.testing.assert_array_equal(np.asarray(ops.from_blocked(jnp.asarray(blk), 300, 6)), s)
-
-
 @pytest.mark.parametrize("h", [64, 128])
 def test_orientation_bytes_repeat_the_square_block(h):
     rng = fresh_rng()
@@ -113,17 +101,17 @@ def test_orientation_bytes_repeat_the_square_block(h):
     mx = ops.quantize_square(jnp.asarray(x))
     op = ops.sm100_operand(mx)
     sqr = np.asarray(mx.scale).transpose(0, 2, 1, 3)  # (B, heads, L/32, H/32)
-    hd = np.asarray(ops.from_blocked(op.sf_hd, 96, h // 32))
-    seq = np.asarray(ops.from_blocked(op.sf_seq, h, 3))
+    hd = np.asarray(from_blocked_scales(op.sf_hd, 96, h // 32))
+    seq = np.asarray(from_blocked_scales(op.sf_seq, h, 3))
     for t, c in [(0, 0), (37, 1), (95, h // 32 - 1)]:
         assert np.all(hd[:, :, t, c] == sqr[:, :, t // 32, c])
     for ch, i in [(0, 0), (40, 1), (h - 1, 2)]:
         assert np.all(seq[:, :, ch, i] == sqr[:, :, i, ch // 32])
-    assert op.sf_hd.shape == (2, 3, 1, 1, 32, 4, 4) and op.sf_seq.shape == (2, 3, 1, 1, 32, 4, 4)
+    assert op.sf_hd.shape == (2, 3, 1, 1, 512) and op.sf_seq.shape == (2, 3, 1, 1, 512)
     # padding: rows 96..127 of "hd", K blocks past H/32 and channels past H of "seq" hold byte 0
-    assert np.all(np.asarray(ops.from_blocked(op.sf_hd, 128, 4))[:, :, 96:] == 0)
-    assert np.all(np.asarray(ops.from_blocked(op.sf_hd, 128, 4))[:, :, :, h // 32 :] == 0)
-    assert np.all(np.asarray(ops.from_blocked(op.sf_seq, 128, 4))[:, :, h:] == 0)
+    assert np.all(np.asarray(from_blocked_scales(op.sf_hd, 128, 4))[:, :, 96:] == 0)
+    assert np.all(np.asarray(from_blocked_scales(op.sf_hd, 128, 4))[:, :, :, h // 32 :] == 0)
+    assert np.all(np.asarray(from_blocked_scales(op.sf_seq, 128, 4))[:, :, h:] == 0)
     # every orientation decodes to the same MX values as the contract's dequantize
     want = np.pad(np.asarray(dequantize(mx)), [(0, 0), (0, 32), (0, 0), (0, 0)])
     for o in ops.ORIENTATIONS:

@@ -47,6 +47,16 @@ def test_in_order_dependencies_are_the_documented_ones(kernel, head_dim):
     assert pairs == {tuple(sorted(p)) for p in IN_ORDER_PAIRS[(kernel, head_dim)]}
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("kernel", ["forward", "backward"])
+def test_as_the_kernels_common_tmem_map(kernel, head_dim):
+    """One linearization of the order, declared as kernels/sm100/tmem_map.TmemMap: its checker agrees and the
+    kernel allocates all 512 columns."""
+    common = MAPS[kernel](head_dim).as_tmem_map().check()
+    assert common.alloc_columns == 512
+    assert "| S" in common.table()
+
+
 def test_accumulators_fill_the_columns_at_head_dim_128():
     fwd = {_kind(r.name): (r.start, r.stop) for r in tm.forward_map(128).regions}
     assert [fwd[k] for k in ("S_0", "S_1", "O_0", "O_1")] == [(0, 128), (128, 256), (256, 384), (384, 512)]
@@ -55,7 +65,7 @@ def test_accumulators_fill_the_columns_at_head_dim_128():
     assert bwd["dQ"] == bwd["dP^T"]
 
 
-def _moved(m: tm.TmemMap, kind: str, start: int) -> tm.TmemMap:
+def _moved(m: tm.OrderedTmemMap, kind: str, start: int) -> tm.TmemMap:
     regions = tuple(dataclasses.replace(r, start=start) if _kind(r.name) == kind else r for r in m.regions)
     return dataclasses.replace(m, regions=regions)
 

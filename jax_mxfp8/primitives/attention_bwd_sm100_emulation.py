@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_mxfp8.config.attention import DQ_FP16_SCALE_LOG2, DQ_FP16_SCALE_LOG2_RANGE
 from jax_mxfp8.primitives.attention_sm100_emulation import (
     KV_TILE,
     LOG2E,
@@ -50,7 +51,6 @@ from jax_mxfp8.primitives.attention_sm100_emulation import (
 from jax_mxfp8.primitives.attention_sm100_operands import Sm100Operand, operand_values, quantize_square, sm100_operand
 from jax_mxfp8.primitives.attention_sm100_quant import quantize_square as quantize_ds
 from jax_mxfp8.reference.attention_bwd import bwd_delta
-from jax_mxfp8.reference.attention_config import DQ_FP16_SCALE_LOG2, DQ_FP16_SCALE_LOG2_RANGE
 from jax_mxfp8.reference.attention_tiling import Masking, mm, tile_logits
 
 DQ_ACCUMS = ("fp32", "fp16", "fp16_reduce")

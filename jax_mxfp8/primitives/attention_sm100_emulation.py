@@ -37,9 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_mxfp8.config.attention import P_SCALES
 from jax_mxfp8.primitives.attention_sm100_operands import Sm100Operand, operand_values
 from jax_mxfp8.primitives.attention_sm100_quant import quantize_p_const, quantize_rows
-from jax_mxfp8.reference.attention_config import P_SCALES
 from jax_mxfp8.reference.attention_tiling import Masking, mm, tile_logits
 
 DOMAINS = ("log2", "natural")

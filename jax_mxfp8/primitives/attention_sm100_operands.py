@@ -1,7 +1,6 @@
 """The Blackwell (sm_100a / sm_100f) attention kernels' operands (layer 5): E4M3 data as quantized, plus the
 E8M0 scale bytes in the tcgen05 block-scaled MMA's 128x4 layout, once per GEMM orientation.
 
-  to_blocked(s) / from_blocked(b, mn, kb)   (..., MN, KB) uint8 <-> (..., MN/128, KB/4, 32, 4, 4) chunks
   sm100_operand(x, orientations)             square-block MXArray (B, L, heads, H) -> Sm100Operand
   operand_values(op, orientation)            the MX values a GEMM reading `op` in that orientation multiplies
 (packed jagged sequences: attention_sm100_packed.py)
@@ -17,9 +16,8 @@ i.e. the square block's byte repeated over its 32 rows. The producer (the quanti
 square scales; the kernels TMA them into shared memory and copy them to tensor memory (tcgen05.cp) as is.
 This module is their XLA formulation: what the producer emits and what the emulations read.
 
-The 128x4 layout (cuBLAS / cuDNN "F8_128x4", CUTLASS BlockScaledBasicChunk): rows padded to 128 and K blocks to
-4 with zero bytes; chunk (row // 128, kb // 4) is 512 bytes, byte (r % 32) * 16 + (r // 32) * 4 + kb % 4 inside
-(r = row % 128), chunks row-major. Padding rows/blocks hold byte 0 (2^-127) against zero data.
+The 128x4 layout is formats/blocked_scales.py's (the GEMM's): rows padded to 128 and K blocks to 4 with zero
+bytes, 512-byte chunks (row // 128, kb // 4), byte (r % 32) * 16 + (r // 32) * 4 + kb % 4 inside (r = row % 128).
 
 Data stays sequence-major and compact, (B, L, heads, H) E4M3, as the quantize pass wrote it: the kernels' TMA
 boxes read a (128 rows x H) tile of one head with row stride heads * H and zero-fill rows past L (dense) or
@@ -33,40 +31,18 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jax_mxfp8.formats.blocked_scales import from_blocked_scales, to_blocked_scales
 from jax_mxfp8.formats.decode import decode_elements
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import quantize
 from jax_mxfp8.formats.scales import decode_scale
 
 TILE = 128  # MN rows per scale chunk, and the attention kernels' query / key tile
-KB_PER_CHUNK = 4  # K blocks of 32 per chunk
 ORIENTATIONS = ("hd", "seq")
 
 
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
-
-
-def to_blocked(s: jax.Array) -> jax.Array:
-    """(..., MN, KB) uint8 scale bytes -> (..., MNp/128, KBp/4, 32, 4, 4) in the 128x4 chunk layout, zero-padded
-    to MNp = MN rounded up to 128 and KBp = KB rounded up to 4. Element [.., i, c, a, b, k] is row
-    128 i + 32 b + a, K block 4 c + k."""
-    *lead, mn, kb = s.shape
-    mnp, kbp = _round_up(mn, TILE), _round_up(kb, KB_PER_CHUNK)
-    s = jnp.pad(s, [(0, 0)] * len(lead) + [(0, mnp - mn), (0, kbp - kb)])
-    s = s.reshape(*lead, mnp // TILE, 4, 32, kbp // KB_PER_CHUNK, KB_PER_CHUNK)  # row = 128 i + 32 b + a
-    nd = len(lead)
-    perm = (*range(nd), nd, nd + 3, nd + 2, nd + 1, nd + 4)  # -> (i, c, a, b, k)
-    return s.transpose(perm)
-
-
-def from_blocked(b: jax.Array, mn: int, kb: int) -> jax.Array:
-    """to_blocked's inverse: (..., MNp/128, KBp/4, 32, 4, 4) -> (..., mn, kb) (the padding dropped)."""
-    *lead, mnc, kbc, a, bb, k = b.shape
-    nd = len(lead)
-    perm = (*range(nd), nd, nd + 3, nd + 2, nd + 1, nd + 4)  # (i, c, a, b, k) -> (i, b, a, c, k)
-    s = b.transpose(perm).reshape(*lead, mnc * TILE, kbc * KB_PER_CHUNK)
-    return s[..., :mn, :kb]
 
 
 @jax.tree_util.register_dataclass
@@ -75,9 +51,9 @@ class Sm100Operand:
     """One attention operand as the sm100 kernels take it (L = sequence length, Lp = L rounded up to 128).
 
     data:   (B, L, heads, H) float8_e4m3fn, sequence-major (the quantize pass's output, compact)
-    sf_hd:  (B, heads, Lp/128, ceil(H/128), 32, 4, 4) uint8, orientation "hd", or None when no GEMM reads it so
-    sf_seq: (B, heads, ceil(H/128), Lp/128, 32, 4, 4) uint8, orientation "seq" (rows = the H channels padded to
-            128), or None
+    sf_hd:  (B, heads, Lp/128, ceil(H/128), 512) uint8, orientation "hd", or None when no GEMM reads it so
+    sf_seq: (B, heads, ceil(H/128), Lp/128, 512) uint8, orientation "seq" (rows = the H channels padded to 128),
+            or None
     """
 
     data: jax.Array
@@ -89,9 +65,9 @@ def orientation_scales(square: jax.Array, orientation: str) -> jax.Array:
     """(..., L/32, H/32) square-block scale bytes of one head -> that orientation's blocked bytes (module
     docstring): the byte of square block (i, j) repeated over its 32 rows."""
     if orientation == "hd":
-        return to_blocked(jnp.repeat(square, 32, axis=-2))  # (..., L, H/32)
+        return to_blocked_scales(jnp.repeat(square, 32, axis=-2))  # (..., L, H/32)
     if orientation == "seq":
-        return to_blocked(jnp.repeat(jnp.swapaxes(square, -1, -2), 32, axis=-2))  # (..., H, L/32)
+        return to_blocked_scales(jnp.repeat(jnp.swapaxes(square, -1, -2), 32, axis=-2))  # (..., H, L/32)
     raise ValueError(f"orientation={orientation!r} is not one of {ORIENTATIONS}")
 
 
@@ -123,12 +99,12 @@ def operand_values(op: Sm100Operand, orientation: str) -> jax.Array:
     if orientation == "hd":
         if op.sf_hd is None:
             raise ValueError("the operand has no 'hd' scales (sf_hd is None)")
-        s = from_blocked(op.sf_hd, lp, h // 32)  # (B, heads, Lp, H/32)
+        s = from_blocked_scales(op.sf_hd, lp, h // 32)  # (B, heads, Lp, H/32)
         per_elem = jnp.repeat(s, 32, axis=-1).transpose(0, 2, 1, 3)  # (B, Lp, heads, H)
     elif orientation == "seq":
         if op.sf_seq is None:
             raise ValueError("the operand has no 'seq' scales (sf_seq is None)")
-        s = from_blocked(op.sf_seq, h, lp // 32)  # (B, heads, H, Lp/32)
+        s = from_blocked_scales(op.sf_seq, h, lp // 32)  # (B, heads, H, Lp/32)
         per_elem = jnp.repeat(s, 32, axis=-1).transpose(0, 3, 1, 2)  # (B, Lp, heads, H)
     else:
         raise ValueError(f"orientation={orientation!r} is not one of {ORIENTATIONS}")

@@ -35,7 +35,7 @@ from jax_mxfp8.primitives.attention_sm100_operands import (
     quantize_square,
 )
 
-_CHUNK_AXIS = {"hd": 2, "seq": 3}  # in (B, heads, a, b, 32, 4, 4) blocked scales
+_CHUNK_AXIS = {"hd": 2, "seq": 3}  # in (B, heads, a, b, 512) blocked scales
 
 
 def _round_up(x: int, m: int) -> int:

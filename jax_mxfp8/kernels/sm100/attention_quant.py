@@ -8,12 +8,13 @@ the backward's compute warps. Called while a CuTe DSL kernel is traced (plain fu
   p_const_words(values)        P~ (in [0, 1]) -> E4M3(2^8 P~) packed, p_scale="const" (scale byte 0x77)
   P_CONST_SCALE_BYTE           0x77 = 127 - 8: the PV / dV GEMMs' scale byte for p_scale="const"
 
-Numerics (docs/numerics.md, docs/perf/blackwell-attention.md "Online P quantization", "dS"): the scale byte
-comes from the amax's float32 bits (kernels/common/ptx.scale_and_factor: the contract's "up" rule, bit-identical
-to formats.scales.scale_bits, 0xFF for a block holding NaN or Inf), the elements are the exact product with
-2^(127 - b) rounded by cvt.rn.satfinite (ptx.quantize4_f32): no log2, no division. A NaN anywhere in a block
-must give the byte 0xFF, but redux.sync and max.f32 ignore NaN by default (they return the other operand);
-both reductions here use the .NaN forms, so a NaN reaches the amax, whose bits (>= 0x7F800000) select 0xFF.
+Numerics (docs/numerics.md; docs/perf/blackwell-attention.md "online P quantization", "dS quantized once"):
+the scale byte comes from the amax's float32 bits (kernels/common/ptx.scale_and_factor: the contract's "up"
+rule, bit-identical to formats.scales.scale_bits, 0xFF for a block holding NaN or Inf), the elements are the
+exact product with 2^(127 - b) rounded by cvt.rn.satfinite (ptx.quantize4_f32): no log2, no division. A NaN
+anywhere in a block must give the byte 0xFF, but redux.sync and max.f32 ignore NaN by default (they return the
+other operand); both reductions here use the .NaN forms, so a NaN reaches the amax, whose bits (>= 0x7F800000)
+select 0xFF.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The tensor-memory (TMEM) maps of the Blackwell attention kernels, with the orderings that make them safe.
 
-  forward_map(head_dim) / backward_map(head_dim) -> TmemMap     head_dim 64 or 128
-  TmemMap.conflicts(assume_in_order=...)                        pairs of live regions that may overlap
-  TmemMap.check()                                               raises unless the map is safe
+  forward_map(head_dim) / backward_map(head_dim) -> OrderedTmemMap     head_dim 64 or 128
+  OrderedTmemMap.conflicts(assume_in_order=...)    pairs of live regions that may overlap
+  OrderedTmemMap.check()                           raises unless the map is safe
+  OrderedTmemMap.as_tmem_map()                     the same regions as kernels/sm100/tmem_map.TmemMap (the
+                                                   kernels' common declaration), phases = one linearization
 
 Pure Python (no DSL import): the CPU tests prove the maps, the kernels take their column offsets from here.
 
@@ -29,7 +31,9 @@ import dataclasses
 import itertools
 from collections.abc import Iterable
 
-TMEM_COLS = 512
+from jax_mxfp8.kernels.sm100 import tmem_map
+
+TMEM_COLS = tmem_map.MAX_COLUMNS
 SF_COLS = 4
 """TMEM columns of one operand's scale factors for one MMA: 128 rows x 4 K blocks of 32 (one 128x4 chunk, the
 M / N <= 128, K = 128 tile of these kernels; K = 64 uses half of it)."""
@@ -54,7 +58,7 @@ class Region:
 
 
 @dataclasses.dataclass(frozen=True)
-class TmemMap:
+class OrderedTmemMap:
     """One kernel's regions (instances over STEPS iterations) and its happens-before graph."""
 
     name: str
@@ -92,6 +96,38 @@ class TmemMap:
                 continue
             out.append((a.name, b.name))
         return out
+
+    def linearization(self) -> list[str]:
+        """The events in one order consistent with every edge (the in-order assumption included); ties by name."""
+        edges = self.edges | self.assumed
+        preds: dict[str, set[str]] = {e: set() for e in self.events()}
+        for a, b in edges:
+            preds[b].add(a)
+        order: list[str] = []
+        ready = sorted(e for e, p in preds.items() if not p)
+        done: set[str] = set()
+        while ready:
+            e = ready.pop(0)
+            order.append(e)
+            done.add(e)
+            for n in sorted(n for n, p in preds.items() if e in p and n not in done):
+                if preds[n] <= done and n not in ready:
+                    ready.append(n)
+            ready.sort()
+        if len(order) != len(preds):
+            raise ValueError(f"{self.name}: the happens-before graph has a cycle")
+        return order
+
+    def as_tmem_map(self) -> tmem_map.TmemMap:
+        """The regions as the kernels' common TmemMap declaration: phases = the events of one linearization,
+        each region live from its begin event to its end event in it. One interleaving of the many this map
+        is proven for (its overlap check passes whenever check() does)."""
+        order = self.linearization()
+        pos = {e: i for i, e in enumerate(order)}
+        regions = tuple(
+            tmem_map.region(r.name, r.start, r.cols, *order[pos[r.begin] : pos[r.end] + 1]) for r in self.regions
+        )
+        return tmem_map.TmemMap(self.name, tuple(order), regions)
 
     def events(self) -> set[str]:
         return {e for edge in self.edges | self.assumed for e in edge}
@@ -163,8 +199,8 @@ class _Graph:
     def region(self, name: str, start: int, cols: int, begin: str, end: str) -> None:
         self.regions.append(Region(name, start, cols, begin, end))
 
-    def build(self, name: str) -> TmemMap:
-        return TmemMap(name, tuple(self.regions), frozenset(self.edges), frozenset(self.assumed - self.edges))
+    def build(self, name: str) -> OrderedTmemMap:
+        return OrderedTmemMap(name, tuple(self.regions), frozenset(self.edges), frozenset(self.assumed - self.edges))
 
 
 def _check_head_dim(head_dim: int) -> None:
@@ -172,7 +208,7 @@ def _check_head_dim(head_dim: int) -> None:
         raise ValueError(f"head_dim={head_dim} not in (64, 128)")
 
 
-def forward_map(head_dim: int) -> TmemMap:
+def forward_map(head_dim: int) -> OrderedTmemMap:
     """The forward (two 128-row Q tiles per CTA, stages s = 0, 1; 128-key tiles j):
 
     MMA warp, per key tile j >= 0 (after the prologue QK_0(0), QK_1(0)), for s = 0, 1:
@@ -215,7 +251,7 @@ def forward_map(head_dim: int) -> TmemMap:
     return g.build(f"attention forward H{head_dim}")
 
 
-def backward_map(head_dim: int) -> TmemMap:
+def backward_map(head_dim: int) -> OrderedTmemMap:
     """The backward (one 128-key tile per CTA in the lanes, 128-query steps m; dV and dK accumulate in TMEM):
 
     MMA warp, per step m (after the prologue S^T(0)):
