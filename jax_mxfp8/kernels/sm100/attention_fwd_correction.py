@@ -33,14 +33,35 @@ from jax_mxfp8.kernels.sm100.attention_fwd_config import ITEM_ROWS, Q_STAGES, TI
 from jax_mxfp8.kernels.sm100.attention_loads import sequence_tiles
 
 CHUNK = 32
+"""O columns per TMEM load of the rescale."""
+OUT_CHUNK = 16
+"""O columns per TMEM load of the epilogue (the division's temporaries fit the correction warps' budget)."""
 LN2 = math.log(2.0)
 O_PANEL_COLS = 64
 """bfloat16 columns per 128-byte swizzle panel of sO (the TMA store's SW128 box width)."""
 
 
-def div_rn(a: Float32, b: Float32) -> Float32:
-    """a / b, IEEE round to nearest (div.rn.f32)."""
-    return inline_ptx("div.rn.f32 {$w0}, {$r0}, {$r1};", write_only_types=[Float32], read_only_args=[a, b])
+def reciprocal(b: Float32) -> Float32:
+    """1 / b to within half an ulp and a hair (MUFU.RCP and one Newton step), for div_rn."""
+    return inline_ptx(
+        "{\n.reg .f32 y, e;\nrcp.approx.ftz.f32 y, {$r0};\nneg.f32 e, {$r0};\nfma.rn.f32 e, e, y, 0f3F800000;\n"
+        "fma.rn.f32 {$w0}, y, e, y;\n}",
+        write_only_types=[Float32],
+        read_only_args=[b],
+    )
+
+
+def div_rn(a: Float32, b: Float32, rb: Float32) -> Float32:
+    """a / b rounded to nearest (the emulation's IEEE division) from rb = reciprocal(b): q = a rb, then one
+    residual correction q + (a - b q) rb (both FMAs): the fast path of div.rn.f32, correctly rounded for
+    normal operands whose quotient is normal (here b = l >= 1 on every row that has a key). div.rn.f32 itself
+    would add a slow-path subroutine call per element (its calling convention costs registers)."""
+    return inline_ptx(
+        "{\n.reg .f32 q, r, nb;\nmul.rn.f32 q, {$r0}, {$r2};\nneg.f32 nb, {$r1};\nfma.rn.f32 r, nb, q, {$r0};\n"
+        "fma.rn.f32 {$w0}, r, {$r2}, q;\n}",
+        write_only_types=[Float32],
+        read_only_args=[a, b, rb],
+    )
 
 
 def lg2(x: Float32) -> Float32:
@@ -120,16 +141,17 @@ class CorrectionRole:
         row = it.pair * ITEM_ROWS + s * TILE_M + r
         keep = (row < it.q_len) & (lsum != Float32(0.0))
         o_addr = taddr + Uint32(cfg.tmem_columns[f"O_{s}"])
+        rl = reciprocal(lsum)
         tile = smem["o_addr"] + s * cfg.o_tile_bytes
-        for c in cutlass.range_constexpr(cfg.head_dim // CHUNK):
-            words = [Uint32(0)] * (CHUNK // 2)  # bfloat16 zeros
+        for c in cutlass.range_constexpr(cfg.head_dim // OUT_CHUNK):
+            words = [Uint32(0)] * (OUT_CHUNK // 2)  # bfloat16 zeros
             if cutlass.const_expr(has_acc):
-                vals = tmem_rows.load_cols(o_addr + Uint32(CHUNK * c), CHUNK)
-                outs = [Float32(cutlass.select_(keep, div_rn(v.bitcast(Float32), lsum), Float32(0.0))) for v in vals]
+                vals = tmem_rows.load_cols(o_addr + Uint32(OUT_CHUNK * c), OUT_CHUNK)
+                outs = [Float32(cutlass.select_(keep, div_rn(v.bitcast(Float32), lsum, rl), Float32(0.0))) for v in vals]
                 words = [ptx.pack_bf16x2_rn(outs[2 * i].bitcast(Uint32), outs[2 * i + 1].bitcast(Uint32))
-                         for i in range(CHUNK // 2)]  # fmt: skip
-            for q in cutlass.range_constexpr(CHUNK // 8):
-                st_shared_v4(tile + o_smem_offset(r, CHUNK * c + 8 * q, cfg.head_dim), words[4 * q : 4 * q + 4])
+                         for i in range(OUT_CHUNK // 2)]  # fmt: skip
+            for q in cutlass.range_constexpr(OUT_CHUNK // 8):
+                st_shared_v4(tile + o_smem_offset(r, OUT_CHUNK * c + 8 * q, cfg.head_dim), words[4 * q : 4 * q + 4])
         lse = Float32(-Float32.inf)
         if cutlass.const_expr(has_acc):
             lse = Float32(cutlass.select_(keep, (m + lg2(lsum)) * Float32(LN2), -Float32.inf))

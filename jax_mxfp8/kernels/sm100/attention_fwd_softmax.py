@@ -57,6 +57,16 @@ def ex2(x: Float32) -> Float32:
 
 
 MAX_CHAINS = 8
+SUM_CHAINS = 4
+
+
+def chain_sum(values: list[Float32]) -> Float32:
+    """sum of the values: SUM_CHAINS interleaved chains, then their sum (few temporaries next to the values,
+    which the quantization still needs)."""
+    chains = list(values[:SUM_CHAINS])
+    for i, v in enumerate(values[SUM_CHAINS:]):
+        chains[i % SUM_CHAINS] = chains[i % SUM_CHAINS] + v
+    return tree_reduce(chains, lambda a, b: a + b)
 
 
 def row_max(values: list[Float32]) -> Float32:
@@ -131,7 +141,7 @@ class SoftmaxRole:
         sums, scale_bytes = [], []
         for c in cutlass.range_constexpr(TILE_N // BLOCK):
             p = [ex2(x - m_use) for x in t[BLOCK * c : BLOCK * (c + 1)]]
-            sums.append(tree_reduce(list(p), lambda a, b: a + b))
+            sums.append(chain_sum(p))
             if cutlass.const_expr(self.cfg.p_scale == "const"):
                 w = aq.p_const_words(p)
             else:

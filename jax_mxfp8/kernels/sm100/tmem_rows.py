@@ -4,8 +4,8 @@ correction and epilogue warps (forward and backward).
 
   lane_base(tmem_base, warp)           the TMEM address of column 0 of this warp's 32 lanes: a warp reaches
                                        only lanes 32 (warp % 4) .. + 31 (its lane quarter)
-  load_cols(taddr, n)                  n float32 bit patterns (n a multiple of 32) of this thread's lane from
-                                       columns taddr .. taddr + n - 1: tcgen05.ld.32x32b.x32 per 32 columns,
+  load_cols(taddr, n)                  n float32 bit patterns (8, 16 or a multiple of 32) of this thread's lane
+                                       from columns taddr .. taddr + n - 1: tcgen05.ld.32x32b per 32 columns,
                                        then tcgen05.wait::ld, in ONE asm statement (so that no use of a
                                        result can be scheduled before the wait)
   store_cols(taddr, words)             tcgen05.st.32x32b.x{8,16,32} of the words (no wait: wait_st)
@@ -37,15 +37,17 @@ def lane_base(tmem_base: Uint32, warp: Int32) -> Uint32:
 
 
 def load_cols(taddr: Uint32, n: int) -> list[Uint32]:
-    """This thread's lane, columns taddr .. taddr + n - 1 (n % 32 == 0), loaded and waited for."""
-    assert n % 32 == 0
+    """This thread's lane, columns taddr .. taddr + n - 1 (n = 8, 16 or a multiple of 32), loaded and waited
+    for."""
+    per = min(n, 32)
+    assert n % per == 0 and per in (8, 16, 32)
     lines, k = [], 0
-    for c in range(n // 32):
-        outs = ", ".join(f"{{$w{k + i}}}" for i in range(32))
-        lines.append(f"tcgen05.ld.sync.aligned.32x32b.x32.b32 {{{outs}}}, [{{$r{c}}}];")
-        k += 32
+    for c in range(n // per):
+        outs = ", ".join(f"{{$w{k + i}}}" for i in range(per))
+        lines.append(f"tcgen05.ld.sync.aligned.32x32b.x{per}.b32 {{{outs}}}, [{{$r{c}}}];")
+        k += per
     lines.append("tcgen05.wait::ld.sync.aligned;")
-    addrs = [taddr + Uint32(32 * c) for c in range(n // 32)]
+    addrs = [taddr + Uint32(per * c) for c in range(n // per)]
     return list(inline_ptx("\n".join(lines), write_only_types=[Uint32] * n, read_only_args=addrs))
 
 
