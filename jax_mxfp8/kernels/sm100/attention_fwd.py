@@ -94,8 +94,10 @@ class AttentionForwardSm100(MmaRole, SoftmaxRole, CorrectionRole):
     def __init__(self, config: AttentionFwdSm100Config):
         self.cfg = config
         self.sched = AttentionSchedule(config.causal, config.packed, config.broadcast_q)
-        self.smem_struct_bytes = None  # set when traced (tools/check_sm100_attention.py compares it)
+        # set when traced (tools/check_sm100_attention.py compares them with the config and the TMEM map)
+        self.smem_struct_bytes = None
         self.stage_bytes = None
+        self.sf_tmem_columns = None
 
     # ------------------------------------------------------------------------------------------ AOT interface
     def tensor_names(self) -> tuple[str, ...]:
@@ -172,6 +174,8 @@ class AttentionForwardSm100(MmaRole, SoftmaxRole, CorrectionRole):
         )
         o_stage = cute.slice_(mm.o_smem, (None, None, 0))
         tma_o = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), m_o, o_stage, (TILE_M, h))
+        tmem0 = cute.make_ptr(Float32, 0, mem_space=cute.AddressSpace.tmem, assumed_align=16)
+        self.sf_tmem_columns = [int(tcgen05.find_tmem_tensor_col_offset(t)) for t in mm.sf_tmem(tmem0, 0)]
         size = cute.size_in_bytes
         self.stage_bytes = {
             "q": size(FP8, st(mm.q_smem)) + size(SF_DTYPE, st(mm.sfq_smem)),

@@ -102,6 +102,7 @@ class CorrectionRole:
                     for j in cutlass.range(it.n_kv, unroll=1):
                         for s in cutlass.range_constexpr(Q_STAGES):
                             tmem_rows.Mbarrier(bars["stats"], s).wait(tiles % 2)
+                            tmem_rows.fence_after_sync()  # O_s's last PV is complete (see the module docstring)
                             alpha = stats[r, s, 0]
                             if j > 0:
                                 if cute.arch.vote_any_sync(alpha != Float32(1.0)):
@@ -147,9 +148,10 @@ class CorrectionRole:
             words = [Uint32(0)] * (OUT_CHUNK // 2)  # bfloat16 zeros
             if cutlass.const_expr(has_acc):
                 vals = tmem_rows.load_cols(o_addr + Uint32(OUT_CHUNK * c), OUT_CHUNK)
-                outs = [Float32(cutlass.select_(keep, div_rn(v.bitcast(Float32), lsum, rl), Float32(0.0))) for v in vals]
-                words = [ptx.pack_bf16x2_rn(outs[2 * i].bitcast(Uint32), outs[2 * i + 1].bitcast(Uint32))
-                         for i in range(OUT_CHUNK // 2)]  # fmt: skip
+                zero = Float32(0.0)
+                outs = [Float32(cutlass.select_(keep, div_rn(v.bitcast(Float32), lsum, rl), zero)) for v in vals]
+                bits = [o.bitcast(Uint32) for o in outs]
+                words = [ptx.pack_bf16x2_rn(bits[2 * i], bits[2 * i + 1]) for i in range(OUT_CHUNK // 2)]
             for q in cutlass.range_constexpr(OUT_CHUNK // 8):
                 st_shared_v4(tile + o_smem_offset(r, OUT_CHUNK * c + 8 * q, cfg.head_dim), words[4 * q : 4 * q + 4])
         lse = Float32(-Float32.inf)

@@ -5,15 +5,17 @@ Softmax warpgroup s (warps 4 s .. 4 s + 3) owns Q tile s; thread = query row r =
 TMEM lane). Per KV tile j (primitives/attention_sm100_emulation.py is this arithmetic in XLA):
 
   acc   = tcgen05.ld S_s (128 float32)          then "S_s drained" (named barrier with the MMA warp)
-  masked tiles only: acc_k = -inf for key >= kv_len or (causal) key > row    (attention_mask.py)
-  t     = mul.rn(acc, c), c = fl(tau log2 e)   (one rounding; no FFMA contraction with what follows)
-  m_new = max(m, max_k t)  (.NaN: a NaN row stays NaN);  m_use = m_new == -inf ? 0 : m_new
+  t     = mul.rn(acc, c), c = fl(tau log2 e)   (one rounding; no FFMA contraction with what follows;
+                                               FMUL2 / FADD2 pairs: kernels/sm100/f32x2.py)
+  masked tiles only: t_k = -inf for key >= kv_len or (causal) key > row      (attention_mask.py)
+  m_new = max(m, max_k t)  (FMNMX3.NAN: a NaN row stays NaN);  m_use = m_new == -inf ? 0 : m_new
   alpha = ex2(m - m_use) -> shared memory, mbarrier "stats_s" (the correction warps rescale O_s)
   P~    = ex2(t - m_use) <= 1 (t - m_use <= 0 exactly: m_use is the max of the same rounded t)
   l     = alpha l + sum_k P~        (from the unquantized P~)
-  P     const: E4M3(2^8 P~) (kernels/sm100/attention_quant.p_const_words), PV's A-scale byte 0x77 (a constant
+  P     const: E4M3(2^8 P~) (exact product, cvt.rn.satfinite), PV's A-scale byte 0x77 (a constant
               shared-memory chunk written once)
-        block: per 32 keys b = "up"(amax P~) from the amax's bits, E4M3(P~ 2^(127 - b)) (quantize32); the
+        block: per 32 keys b = "up"(amax P~) from the amax's bits (P~ >= 0: a NaN-keeping max3 tree;
+              ptx.scale_and_factor), E4M3(P~ 2^(127 - b)) (the factor's product is exact); the
               row's 4 bytes -> shared memory at the 128x4 chunk position of (row, key block), where the MMA
               warp's tcgen05.cp picks them up for SF_PV_s
   tcgen05.st P into P_s (32 columns), then mbarrier "P_s ready"
@@ -27,56 +29,25 @@ Never run on hardware.
 
 from __future__ import annotations
 
-import math
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32
 from cutlass.cute.arch import inline_ptx
 
 from jax_mxfp8.kernels.common import ptx
-from jax_mxfp8.kernels.common.fp32_math import tree_reduce
 from jax_mxfp8.kernels.sm100 import attention_quant as aq
-from jax_mxfp8.kernels.sm100 import tmem_rows
+from jax_mxfp8.kernels.sm100 import f32x2, tmem_rows
 from jax_mxfp8.kernels.sm100.attention_fwd_config import ITEM_ROWS, TILE_M, TILE_N
 from jax_mxfp8.kernels.sm100.attention_fwd_mma import S_DRAINED_BARRIER, S_DRAINED_THREADS
 from jax_mxfp8.kernels.sm100.attention_mask import key_limit, mask_row, tile_needs_mask
+from jax_mxfp8.reference.attention_quant import P_CONST_LOG2
 
-LN2 = math.log(2.0)
 BLOCK = 32
-
-
-def mul_rn(a: Float32, b: Float32) -> Float32:
-    """a * b rounded once (an asm result: the compiler cannot contract it into a later add)."""
-    return inline_ptx("mul.rn.f32 {$w0}, {$r0}, {$r1};", write_only_types=[Float32], read_only_args=[a, b])
 
 
 def ex2(x: Float32) -> Float32:
     """2^x by MUFU.EX2 (ex2.approx.ftz: 2^-22 relative; 2^-inf = 0, NaN stays NaN)."""
     return inline_ptx("ex2.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32], read_only_args=[x])
-
-
-MAX_CHAINS = 8
-SUM_CHAINS = 4
-
-
-def chain_sum(values: list[Float32]) -> Float32:
-    """sum of the values: SUM_CHAINS interleaved chains, then their sum (few temporaries next to the values,
-    which the quantization still needs)."""
-    chains = list(values[:SUM_CHAINS])
-    for i, v in enumerate(values[SUM_CHAINS:]):
-        chains[i % SUM_CHAINS] = chains[i % SUM_CHAINS] + v
-    return tree_reduce(chains, lambda a, b: a + b)
-
-
-def row_max(values: list[Float32]) -> Float32:
-    """max over the values, NaN if any is NaN (FMNMX.NAN): MAX_CHAINS interleaved chains, then a tree of
-    their results (a tree over all values would keep half as many temporaries live next to the values,
-    which the softmax's register budget cannot hold)."""
-    chains = list(values[:MAX_CHAINS])
-    for i, v in enumerate(values[MAX_CHAINS:]):
-        chains[i % MAX_CHAINS] = cute.arch.fmax(chains[i % MAX_CHAINS], v, nan=True)
-    return tree_reduce(chains, lambda a, b: cute.arch.fmax(a, b, nan=True))
 
 
 class SoftmaxRole:
@@ -111,12 +82,11 @@ class SoftmaxRole:
                     acc = [b.bitcast(Float32) for b in tmem_rows.load_cols(s_addr, TILE_N)]
                     tmem_rows.fence_before_sync()
                     cute.arch.barrier_arrive(barrier_id=S_DRAINED_BARRIER[0] + s, number_of_threads=S_DRAINED_THREADS)
+                    state = (m, lsum, scale_log2, stats, r, s, bars, p_addr, sfp_addr)
                     if tile_needs_mask(j, it.kv_len, first_row, cfg.causal):
-                        limit = key_limit(j, it.kv_len, row, cfg.causal)
-                        m, lsum = self._softmax_tile(mask_row(acc, limit), m, lsum, scale_log2, stats, r, s, bars,
-                                                     p_addr, sfp_addr)  # fmt: skip
+                        m, lsum = self._softmax_tile(acc, key_limit(j, it.kv_len, row, cfg.causal), *state)
                     else:
-                        m, lsum = self._softmax_tile(acc, m, lsum, scale_log2, stats, r, s, bars, p_addr, sfp_addr)
+                        m, lsum = self._softmax_tile(acc, None, *state)
                     tmem_rows.wait_st()
                     tmem_rows.fence_before_sync()
                     tmem_rows.Mbarrier(bars["p_ready"], s).arrive()
@@ -128,11 +98,16 @@ class SoftmaxRole:
                 done += 1
 
     @cute.jit
-    def _softmax_tile(self, acc, m, lsum, scale_log2, stats, r, s, bars, p_addr, sfp_addr):
-        """One tile of one row (module docstring): alpha to the correction warps, P (and its scale bytes) to
-        TMEM (and shared memory). Returns the new (m, l)."""
-        t = [mul_rn(a, scale_log2) for a in acc]
-        m_new = cute.arch.fmax(m, row_max(t), nan=True)
+    def _softmax_tile(self, acc, limit, m, lsum, scale_log2, stats, r, s, bars, p_addr, sfp_addr):
+        """One tile of one row (module docstring): the logits t = round(acc c), -inf at keys k >= limit
+        (limit None: an unmasked tile, known at trace time), alpha to the correction warps, P (and its scale
+        bytes) to TMEM (and shared memory). Returns the new (m, l)."""
+        t = []
+        for k in cutlass.range_constexpr(0, TILE_N, 2):  # FMUL2: two logits per instruction, each rounded once
+            t += list(f32x2.mul2(acc[k], acc[k + 1], scale_log2))
+        if cutlass.const_expr(limit is not None):
+            t = mask_row(t, limit)  # masked after the scaling, as the reference: -inf whatever the sign of c
+        m_new = f32x2.max3(m, f32x2.max_all(t), m)
         m_use = Float32(cutlass.select_(m_new == -Float32.inf, Float32(0.0), m_new))
         alpha = ex2(m - m_use)
         stats[r, s, 0] = alpha
@@ -140,13 +115,20 @@ class SoftmaxRole:
         # per 32 keys: P~, its partial row sum and its quantization (only one chunk of P~ is live at a time)
         sums, scale_bytes = [], []
         for c in cutlass.range_constexpr(TILE_N // BLOCK):
-            p = [ex2(x - m_use) for x in t[BLOCK * c : BLOCK * (c + 1)]]
-            sums.append(chain_sum(p))
+            p = []
+            for k in cutlass.range_constexpr(BLOCK * c, BLOCK * (c + 1), 2):
+                x0, x1 = f32x2.sub2(t[k], t[k + 1], m_use)
+                p += [ex2(x0), ex2(x1)]
+            sums.append(f32x2.sum_pairs(p))
             if cutlass.const_expr(self.cfg.p_scale == "const"):
-                w = aq.p_const_words(p)
+                factor = Float32(2.0**P_CONST_LOG2)
             else:
-                byte, w = aq.quantize32(p, aq.abs_max(p))
+                # P~ >= 0 (or NaN): the amax is the plain max (FMNMX3.NAN: NaN kept, then byte 0xFF)
+                amax_bits = f32x2.max_all(p).bitcast(Uint32) & Uint32(0x7FFFFFFF)
+                byte, factor_bits = ptx.scale_and_factor(amax_bits, aq.E4M3, "up")
                 scale_bytes.append(byte)
+                factor = factor_bits.bitcast(Float32)
+            w = [f32x2.e4m3x4(p[4 * i : 4 * i + 4], factor) for i in range(BLOCK // 4)]
             tmem_rows.store_cols(p_addr + Uint32(c * BLOCK // 4), w)
         lsum = alpha * lsum + ((sums[0] + sums[1]) + (sums[2] + sums[3]))
         if cutlass.const_expr(self.cfg.p_scale == "block"):
