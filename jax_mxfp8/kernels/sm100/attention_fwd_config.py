@@ -142,9 +142,9 @@ class AttentionFwdSm100Config:
             return f"q_batch={q_batch} must be {1 if (self.broadcast_q or self.packed) else batch}"
         if self.packed and batch != 1:
             return "packed operands hold one batch row"
-        rows = max(q_batch * t, batch * s)
-        if rows >= 2**30 or max(q_batch * t * heads, batch * s * kv_heads) * self.head_dim >= 2**31:
-            return "operands of 2^31 bytes or 2^30 rows or more (32-bit offsets, ragged TMA coordinates)"
+        rows = max(batch * t, batch * s)
+        if rows >= 2**30 or max(batch * t * heads, batch * s * kv_heads) * self.head_dim >= 2**31:
+            return "operands or O of 2^31 elements or 2^30 rows or more (32-bit offsets, ragged TMA coordinates)"
         return None
 
     # ------------------------------------------------------------------------------------------ resources
@@ -167,11 +167,12 @@ class AttentionFwdSm100Config:
     @property
     def smem_bytes(self) -> int:
         """The storage struct of kernels/sm100/attention_fwd.py, in declaration order: mbarriers (Q full /
-        empty 2 + 2, KV ring 2 x stages, S full 2, P ready 2, O full 2, softmax stats 2, epilogue full / empty
-        2 + 2), the TMEM address word, softmax statistics (alpha, row sum, row max: 3 x 2 x 128 float32),
-        then sO (1024-aligned, 2 tiles of bfloat16), sQ (2 tiles), sKV (stages tiles), then 128-aligned scale
-        buffers: sSFQ (2 chunks), sSFK, sSFV (stages chunks each), sSFP (2 chunks: P's scale bytes)."""
-        barriers = 2 * Q_STAGES + 2 * self.kv_stages + 6 * Q_STAGES
+        empty 2 + 2, KV ring 2 x stages, then 2 each of S full, P ready, O full, softmax stats, final stats
+        full / empty, epilogue full / empty), the TMEM address word, softmax statistics (alpha, row sum,
+        row max: 3 x 2 x 128 float32), then sO (1024-aligned, 2 tiles of bfloat16), sQ (2 tiles), sKV
+        (stages tiles), then 128-aligned scale buffers: sSFQ (2 chunks), sSFK, sSFV (stages chunks each),
+        sSFP (2 chunks: P's scale bytes)."""
+        barriers = 2 * Q_STAGES + 2 * self.kv_stages + 8 * Q_STAGES
         size = 8 * barriers + 4
         size = _round_up(size, 4) + 3 * Q_STAGES * TILE_M * 4
         size = _round_up(size, 1024) + Q_STAGES * self.o_tile_bytes
