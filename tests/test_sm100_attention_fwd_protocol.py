@@ -25,16 +25,16 @@ import random
 
 import pytest
 
-STAGES = 3  # K/V ring stages (small, to exercise wrap-around)
-
 
 class Deadlock(AssertionError):
     pass
 
 
 class Model:
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, stages: int, tma_rate: float):
         self.rng = rng
+        self.stages = stages  # K/V ring stages
+        self.tma_rate = tma_rate  # probability per step that a pending TMA load lands
         self.mbar: dict[str, list[int]] = {}  # name -> [arrivals in the current phase, completed phases]
         self.count: dict[str, int] = {}
         self.named: dict[str, list[int]] = {}  # name -> [arrivals of the open generation, generations done]
@@ -78,7 +78,7 @@ class Model:
     # ---- asynchronous engines
     def step_async(self) -> bool:
         moved = False
-        if self.pending_tma and self.rng.random() < 0.5:
+        if self.pending_tma and self.rng.random() < self.tma_rate:
             i = self.rng.randrange(len(self.pending_tma))
             bar, (key, value) = self.pending_tma.pop(i)
             self.mem[key] = value
@@ -104,8 +104,8 @@ def load_role(m: Model, items):
     pos, q_items = 0, 0
 
     def load_kv(p, what):
-        yield from wait(m, f"kv_empty{p % STAGES}", ((p // STAGES) % 2) ^ 1, p // STAGES - 1)
-        m.pending_tma.append((f"kv_full{p % STAGES}", (("kv", p % STAGES), what)))
+        yield from wait(m, f"kv_empty{p % m.stages}", ((p // m.stages) % 2) ^ 1, p // m.stages - 1)
+        m.pending_tma.append((f"kv_full{p % m.stages}", (("kv", p % m.stages), what)))
 
     for i, (live, n) in enumerate(items):
         if live and n > 0:
@@ -121,9 +121,9 @@ def load_role(m: Model, items):
                 yield from load_kv(pos + 2 * j + 1, ("V", i, j))
             pos += 2 * n
             q_items += 1
-    for k in range(STAGES):  # producer_tail
+    for k in range(m.stages):  # producer_tail
         p = pos + k
-        yield from wait(m, f"kv_empty{p % STAGES}", ((p // STAGES) % 2) ^ 1, p // STAGES - 1)
+        yield from wait(m, f"kv_empty{p % m.stages}", ((p // m.stages) % 2) ^ 1, p // m.stages - 1)
 
 
 def mma_role(m: Model, items):
@@ -136,21 +136,21 @@ def mma_role(m: Model, items):
         return check
 
     def kv_wait(p):
-        yield from wait(m, f"kv_full{p % STAGES}", (p // STAGES) % 2, p // STAGES)
+        yield from wait(m, f"kv_full{p % m.stages}", (p // m.stages) % 2, p // m.stages)
 
     def release(bar):
         m.mma_queue.append(("commit", bar))
 
     def qk(s, i, j, k_pos):
         m.mma_queue.append(("mma", expect(("q", s), (i, s))))
-        m.mma_queue.append(("mma", expect(("kv", k_pos % STAGES), ("K", i, j))))
+        m.mma_queue.append(("mma", expect(("kv", k_pos % m.stages), ("K", i, j))))
         release(f"s_full{s}")
 
     def pv(s, i, j, v_pos, first):
         t = state["tiles"]
         yield from wait(m, f"p_ready{s}", t % 2, t)
         m.mma_queue.append(("mma", expect(("P", s), (i, j))))
-        m.mma_queue.append(("mma", expect(("kv", v_pos % STAGES), ("V", i, j))))
+        m.mma_queue.append(("mma", expect(("kv", v_pos % m.stages), ("V", i, j))))
         o = ("O", s)
 
         def accumulate():
@@ -159,7 +159,7 @@ def mma_role(m: Model, items):
 
         m.mma_queue.append(("mma", accumulate))
         if s == 1:
-            release(f"kv_empty{v_pos % STAGES}")
+            release(f"kv_empty{v_pos % m.stages}")
 
     def drained(s):
         while not m.named_sync_ready(f"s_drained{s}"):
@@ -176,6 +176,8 @@ def mma_role(m: Model, items):
         for s in range(2):
             if pending is not None:
                 pi, pn, pv_pos = pending
+                if s == 0:
+                    yield from kv_wait(pv_pos)
                 yield from pv(s, pi, pn - 1, pv_pos, pn == 1)
                 release(f"o_full{s}")
             yield from wait(m, f"q_full{s}", q_items % 2, q_items)
@@ -187,7 +189,7 @@ def mma_role(m: Model, items):
             qk(s, i, 0, pos)
         if pending is not None:
             state["tiles"] += 1
-        release(f"kv_empty{pos % STAGES}")
+        release(f"kv_empty{pos % m.stages}")
         first_qk = False
         for j in range(n - 1):
             v_pos, k_pos = pos + 2 * j + 1, pos + 2 * j + 2
@@ -198,7 +200,7 @@ def mma_role(m: Model, items):
                     yield from kv_wait(k_pos)
                 yield from drained(1 - s)
                 qk(s, i, j + 1, k_pos)
-            release(f"kv_empty{k_pos % STAGES}")
+            release(f"kv_empty{k_pos % m.stages}")
             state["tiles"] += 1
         for s in range(2):
             release(f"q_empty{s}")
@@ -207,6 +209,7 @@ def mma_role(m: Model, items):
         q_items += 1
     if pending is not None:
         pi, pn, pv_pos = pending
+        yield from kv_wait(pv_pos)
         for s in range(2):
             yield from pv(s, pi, pn - 1, pv_pos, pn == 1)
             release(f"o_full{s}")
@@ -286,13 +289,13 @@ COUNTS = {"s_full": 1, "p_ready": 256, "o_full": 1, "stats": 128, "final_full": 
           "epi_full": 128, "epi_empty": 32, "q_full": 1, "q_empty": 1}  # fmt: skip
 
 
-def run(items, seed: int, wait_final_empty: bool = True) -> None:
+def run(items, seed: int, wait_final_empty: bool = True, stages: int = 2, tma_rate: float = 0.5) -> None:
     rng = random.Random(seed)
-    m = Model(rng)
+    m = Model(rng, stages, tma_rate)
     for name, count in COUNTS.items():
         for s in range(2):
             m.init(f"{name}{s}", count)
-    for k in range(STAGES):
+    for k in range(stages):
         m.init(f"kv_full{k}", 1)
         m.init(f"kv_empty{k}", 1)
     roles = [
@@ -337,9 +340,10 @@ ITEM_LISTS = {
 
 
 @pytest.mark.parametrize("name", list(ITEM_LISTS))
-@pytest.mark.parametrize("seed", range(6))
-def test_protocol_completes_and_hands_over_every_buffer(name, seed):
-    run(ITEM_LISTS[name], seed)
+@pytest.mark.parametrize(("stages", "tma_rate"), [(2, 0.5), (2, 0.1), (4, 0.3)])
+def test_protocol_completes_and_hands_over_every_buffer(name, stages, tma_rate):
+    for seed in range(6):
+        run(ITEM_LISTS[name], seed, stages=stages, tma_rate=tma_rate)
 
 
 def test_a_missing_wait_is_caught():

@@ -12,7 +12,8 @@ next 4 (SFB); the slots are the declared map's (attention_fwd_config.tmem_column
 
 MMA warp schedule (docs/perf/blackwell-attention.md "MMA warp schedule"; key tile j, Q tile s), per item
 with n KV tiles, K_j at ring position p + 2 j and V_j at p + 2 j + 1:
-  start   for s: [previous item's last PV_s, commit O_s full]; [wait Q_s, S_{1-s} drained] cp SF_QK_s;
+  start   for s: [wait its V (s = 0), previous item's last PV_s, commit O_s full]; [wait Q_s, S_{1-s} drained]
+          cp SF_QK_s;
           QK_s(0); commit S_s full              (the KV-unroll overlap across items: one item's last P V
                                                  runs next to the next item's first Q K)
   j < n-1 for s: [wait P_s(j) ready] cp SF_PV_s; PV_s(j); [wait S_{1-s} drained] cp SF_QK_s; QK_s(j + 1);
@@ -165,6 +166,8 @@ class MmaRole:
                 kv_pipe.consumer_wait(ring_state(stages, pos))
                 for s in cutlass.range_constexpr(Q_STAGES):
                     if pending:
+                        if cutlass.const_expr(s == 0):  # the previous item's last V
+                            kv_pipe.consumer_wait(ring_state(stages, pend_v))
                         self._pv(s, pend_v, pend_acc, tiles, mm, t_o, t_p, t_v, sf_pv, cp_p, cp_v, bars, kv_pipe)
                         tmem_rows.Mbarrier(bars["o_full"], s).commit()
                     q_state = pipeline.PipelineState(Q_STAGES, q_items, Int32(s), q_items % 2)
@@ -199,6 +202,7 @@ class MmaRole:
                 pos += 2 * it.n_kv
                 q_items += 1
         if pending:
+            kv_pipe.consumer_wait(ring_state(stages, pend_v))
             for s in cutlass.range_constexpr(Q_STAGES):
                 self._pv(s, pend_v, pend_acc, tiles, mm, t_o, t_p, t_v, sf_pv, cp_p, cp_v, bars, kv_pipe)
                 tmem_rows.Mbarrier(bars["o_full"], s).commit()
