@@ -10,7 +10,7 @@ ascending order with P quantized in the softmax warps ("const" / "block", rule "
 the natural-log LSE in float32; causal (masked tiles skipped, the diagonal tiles masked), per-batch lengths,
 packed jagged sequences (split addressing), one query sequence for every batch row (broadcast_q).
 
-Host entry (`entry()`; every tensor a 2-D row-major view of the emulation's arrays, no copies):
+Host entry (`__call__`, `entry()`; every tensor a 2-D row-major view of the emulation's arrays, no copies):
   q     (Bq T, N H)           float8_e4m3fn  Q data as quantized: (Bq, T, N, H) square 32x32 blocks;
                                              Bq = B, or 1 for broadcast_q and packed (T = total rows)
   q_sf  (Bq N, Tc 512)        uint8          Q's "hd" scales (Bq, N, Tc, 1, 512), Tc = ceil(T / 128) chunks
@@ -23,7 +23,7 @@ Host entry (`entry()`; every tensor a 2-D row-major view of the emulation's arra
   seqs  (6, S)                int32          packed: per sequence first query row, first key row, query
                                              length, key length, first Q scale chunk, first K / V chunk
   work  (2, W)                int32          packed: (sequence, Q tile pair) items, longest first, then
-                                             (-1, 0) padding (primitives/attention_sm100_packed.packed_work)
+                                             (-1, 0) padding (primitives/attention_sm100_packed.packed_tables)
   o     (B T, N H)            bfloat16       O (packed: (T, N H)); rows >= q_len get 0
   lse   (B N, T)              float32        natural-log LSE per (batch, head) row; -inf where no key
   scale_log2                  Float32        fl(tau log2 e) (the emulation's factor, computed by the caller)
@@ -35,7 +35,7 @@ H = head_dim is the variant's; N, K, B, T, S, W come from the shapes. A handler 
 Structure (16 warps, one persistent CTA per SM; docs/perf/blackwell-attention.md section 2): softmax 0-7
 (attention_fwd_softmax.py), correction 8-11 and epilogue 13 (attention_fwd_correction.py), MMA 12
 (attention_fwd_mma.py), load 14 (here), 15 idle. Shared building blocks: attention_loads.py (views, ragged
-packed rows, TMA tile sources), attention_schedule.py (work items), attention_mask.py, tmem_rows.py,
+packed rows, TMA tile sources), attention_schedule.py (work items), attention_mask.py, tmem_rows.py, f32x2.py,
 attention_quant.py. TMEM: the declared map's columns (attention_fwd_config.tmem_columns), all 512 allocated.
 """
 
@@ -122,7 +122,13 @@ class AttentionForwardSm100(MmaRole, SoftmaxRole, CorrectionRole):
         )  # fmt: skip
 
     def entry(self):
+        """The @cute.jit host function of this variant: launch (dense, broadcast_q) or launch_packed."""
         return self.launch_packed if self.cfg.packed else self.launch
+
+    def __call__(self, *args):
+        """Runs the host function on the operands in the module docstring's order (JIT compiled on the first
+        call; the library compiles ahead of time with entry() and fake_args() instead)."""
+        return self.entry()(*args)
 
     # fmt: off
     @cute.jit

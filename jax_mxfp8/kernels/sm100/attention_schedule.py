@@ -19,7 +19,8 @@ Every item's addressing is "a sequence in a flattened row space": data rows row0
 length), scale chunks chunk0 .. of scale group g (dense: g = b * heads + head, chunk0 = 0; packed: g = head,
 chunk0 = the sequence's first chunk). The loads bound their TMA boxes at `rows` (kernels/sm100/
 attention_loads.py: rows past it read as zero), the masks use the lengths, the stores stop at `rows`.
-Plain Python helpers traced inline; the backward's key-tile items can reuse the sequence decode.
+Traced inline (the decode is a few integer operations and loads of the tables); the backward's key-tile
+items can reuse the sequence addressing (attention_loads.SeqAddr).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Boolean, Int32
 
-from jax_mxfp8.kernels.sm100.attention_fwd_config import ITEM_ROWS, TILE_M, TILE_N
+from jax_mxfp8.kernels.sm100.attention_fwd_config import ITEM_ROWS, TILE_N
 from jax_mxfp8.kernels.sm100.attention_loads import SeqAddr, dense_seq, packed_seq
 
 SEQ_FIELDS = ("q_row0", "kv_row0", "q_len", "kv_len", "q_chunk0", "kv_chunk0")
@@ -119,8 +120,3 @@ class AttentionSchedule:
             lse_off = hrow * t_
         n_kv = kv_tile_count(pair, q_len, kv_len, self.causal)
         return AttentionWorkItem(live, pair, head, kv_head, q, kv, o, q_len, kv_len, lse_off, n_kv)
-
-
-def q_tile_rows(item: AttentionWorkItem, stage: int) -> Int32:
-    """First row (from the sequence's start) of Q tile `stage` (0 or 1) of the item's pair."""
-    return item.pair * ITEM_ROWS + stage * TILE_M
