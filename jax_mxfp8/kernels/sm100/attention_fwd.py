@@ -1,6 +1,6 @@
 """MXFP8 attention forward for Blackwell (sm_100f: B200/GB200 cc 10.0, B300/GB300 cc 10.3), CuTe DSL, compiled
 ahead of time. NOT RUN ON HARDWARE: no Blackwell GPU exists on this project's machines; every variant is
-compiled and its cubin checked statically (tools/check_sm100_attention.py), and its arithmetic is
+compiled and its cubin checked statically (tools/check_sm100_attention_fwd.py), and its arithmetic is
 primitives/attention_sm100_emulation.py (dense, broadcast query) and attention_sm100_packed.py (packed).
 
 What it computes (kernels/sm100/attention_fwd_config.py, AttentionFwdSm100Config): per query head n (KV head
@@ -94,7 +94,7 @@ class AttentionForwardSm100(MmaRole, SoftmaxRole, CorrectionRole):
     def __init__(self, config: AttentionFwdSm100Config):
         self.cfg = config
         self.sched = AttentionSchedule(config.causal, config.packed, config.broadcast_q)
-        # set when traced (tools/check_sm100_attention.py compares them with the config and the TMEM map)
+        # set when traced (tools/check_sm100_attention_fwd.py compares them with the config and the TMEM map)
         self.smem_struct_bytes = None
         self.stage_bytes = None
         self.sf_tmem_columns = None

@@ -10,7 +10,7 @@ memory, keys in ascending 128-key tiles, the exact running max, P quantized onli
 P~) with byte 0x77; "block": per 32 keys, rule "up"), O / l in bfloat16 and LSE in float32.
 
 The TMEM columns come from kernels/sm100/attention_tmem.forward_map (the map the CPU test proves free of
-live overlaps); tools/check_sm100_attention.py compares the compiled cubin's tcgen05.alloc, scale copies and
+live overlaps); tools/check_sm100_attention_fwd.py compares the compiled cubin's tcgen05.alloc, scale copies and
 MMA operands with it. No variant has run on a Blackwell GPU (none exists on this project's machines).
 """
 

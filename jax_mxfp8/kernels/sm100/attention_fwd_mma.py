@@ -22,7 +22,7 @@ with n KV tiles, K_j at ring position p + 2 j and V_j at p + 2 j + 1:
 "S_{1-s} drained" is a named barrier with the other stage's softmax warps (they have read that S from TMEM):
 the one wait the TMEM scale slots add. "P_s ready" is an mbarrier the softmax (P and its scale bytes
 stored) and the correction warps (O_s rescaled, or read out by the previous item's epilogue) arrive on.
-Never run on hardware: compiled and checked statically (tools/check_sm100_attention.py).
+Never run on hardware: compiled and checked statically (tools/check_sm100_attention_fwd.py).
 """
 
 from __future__ import annotations

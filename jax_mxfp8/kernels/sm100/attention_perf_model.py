@@ -8,7 +8,7 @@ Per SM, per unit = one Q tile (128 rows) against one KV tile (128 keys), in SM c
   t_mma   = 4 * 128 * 128 * H / FP8 FLOP per clock          both block-scaled GEMMs (S = Q K^T, O += P V)
   t_mufu  = 128 * (128 + 1) / MUFU.EX2 per clock            the exponentials (P~ and alpha)
   t_issue = softmax_instructions + CORRECTION_INSTRUCTIONS  one softmax warp's SASS per tile (counted in the
-                                                             compiled cubin by tools/check_sm100_attention.py)
+                                                             compiled cubin by tools/check_sm100_attention_fwd.py)
                                                              issues on each of the 4 SM sub-partitions, next
                                                              to a correction warp's rescale
   unit    = max(t_mma, t_mufu, t_issue) / EFFICIENCY[gpu]   the roles overlap; EFFICIENCY is calibrated on the

@@ -1,5 +1,5 @@
-"""Static verification of the Blackwell attention forward (tools/check_sm100_attention.py) and its committed
-resource table docs/perf/blackwell_attention_variants.md.
+"""Static verification of the Blackwell attention forward (tools/check_sm100_attention_fwd.py) and its committed
+resource table docs/perf/blackwell_attention_fwd_variants.md.
 
 No Blackwell GPU exists on these machines: the kernels are compiled for sm_100f and their cubins checked
 (UTCQMMA with TMEM scale operands at every issue site, UTCCP at the declared map's scale columns, no local
@@ -26,8 +26,8 @@ from jax_mxfp8.kernels.sm100 import attention_perf_model as model
 from jax_mxfp8.kernels.sm100.attention_fwd_config import ATTENTION_FWD_SM100_VARIANTS, SMEM_LIMIT, THREADS
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLE = ROOT / "docs" / "perf" / "blackwell_attention_variants.md"
-TOOL = ROOT / "tools" / "check_sm100_attention.py"
+TABLE = ROOT / "docs" / "perf" / "blackwell_attention_fwd_variants.md"
+TOOL = ROOT / "tools" / "check_sm100_attention_fwd.py"
 
 
 def _rows() -> dict[str, list[str]]:
