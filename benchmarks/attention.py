@@ -13,7 +13,8 @@ run once for a correctness check, then timed; a failure is recorded in the JSON 
                     (jax_mxfp8.quantize square blocks, default implementation, + prepare)
   ours_kernel_packed  jagged only: the packed kernel alone (attention_fwd_packed) on operands prepared
                     once by varlen_kernel.prepare_packed
-  ours_kernel_t<k>  benchmark-only kernel variants (registry.ATTENTION_FWD_VARIANTS with tune k > 0)
+  ours_kernel_t<k>  the comparison schedules (registry.ATTENTION_FWD_VARIANTS with tune k > 0; in the library
+                    when built with tools/build_library.py --with-tunes)
   ours_kernel_pblock  the kernel alone with p_scale="block" (one P scale per row and KV tile)
   producer_xla      transpose + zero padding + quantize (XLA) + prepare (XLA re-encode), jitted
   producer_qkernel  what ours_e2e runs before the kernel: the CuTe DSL square quantize kernel on the
@@ -227,7 +228,7 @@ def build_impls(sh, smoke: bool, kernel_ok: bool):
                     functools.partial(
                         lambda ops, tune: afwd.attention_fwd(ops, causal=c, t=sh["t"], tune=tune)[0], tune=v.tune
                     ),
-                    None,
+                    None if library.has_kernel(v.name) else "not in the library (build_library.py --with-tunes)",
                 )
 
     fp8_skip = FP8_NO_LENGTHS if jagged else None

@@ -9,13 +9,14 @@ jax.nn.dot_product_attention(implementation="cudnn") in bfloat16 (jax.vjp once, 
 function on a random cotangent), same shapes.
 
 FLOPs: backward = 2.5 x forward = 2.5 * 4 * B * N * T * S * H (five T x S x H GEMMs: S, dP, dV, dK, dQ),
-halved for causal. Every registered tuning (TUNES) is timed; "kernel_s" is the fastest. The dQ modes (MODES:
-dq_accum "fp16" with e = 12, deterministic "fp32" and "fp16"; kernels/sm90/attention_bwd_dq.py) are timed on
-the same inputs, with their dq's SQNR against the float32 dq of the first BF16-only tune timed
-("kernel_<mode>_dq_db"; the modes run all GEMMs on BF16 wgmma, so dk, dv are the same math; time tune 17 for
-it: --tunes 0,17). Mode "pblock": the p_scale="block" variant (registry BLOCK_P: tune 23's schedule with P
-quantized per 32 queries of each key; compare it with --tunes 0,23).
-Usage: python benchmarks/attention_bwd_kernel.py [--out results.json] [--calls 10] [--batches 5] [--tunes 0,5]
+halved for causal. Production and the two comparison schedules (TUNES: registry COMPARISONS, tune 17 on BF16
+wgmma only and PREVIOUS, production without dv_f16; in the library when built with --with-tunes) are timed;
+"kernel_s" is the fastest. The dQ modes (MODES: dq_accum "fp16" with e = 12, deterministic "fp32" and "fp16";
+kernels/sm90/attention_bwd_dq.py) are timed on the same inputs, with their dq's SQNR against the float32 dq of
+the first BF16-only tune timed ("kernel_<mode>_dq_db"; the modes run all GEMMs on BF16 wgmma, so dk, dv are the
+same math; time tune 17 for it: --tunes 0,17). Mode "pblock": the p_scale="block" variant (registry BLOCK_P:
+production's schedule without p_scaled, P quantized per 32 queries of each key).
+Usage: python benchmarks/attention_bwd_kernel.py [--out results.json] [--calls 10] [--batches 5] [--tunes 0,17]
              [--shapes 0,2] [--modes none|fp16,det,fp16_det,pblock]
        ncu -k regex:attention_bwd --launch-skip 1 --launch-count 1 python benchmarks/attention_bwd_kernel.py --profile 0
 """
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from timing import timeit  # noqa: E402
 
 from jax_mxfp8.kernels import registry  # noqa: E402
-from jax_mxfp8.kernels.registry.attention_bwd import DQ_MODES, TUNINGS  # noqa: E402
+from jax_mxfp8.kernels.registry.attention_bwd import COMPARISONS, DQ_MODES  # noqa: E402
 from jax_mxfp8.metrics import sqnr_db  # noqa: E402
 from jax_mxfp8.primitives import library  # noqa: E402
 
@@ -54,7 +55,7 @@ def bwd_flops(b, t, n, h, causal, **_) -> float:
     return f / 2 if causal else f
 
 
-TUNES = tuple(t for t, _ in TUNINGS)
+TUNES = tuple(sorted({0, *(t for tunes in COMPARISONS.values() for t in tunes)}))
 MODES = {"fp16": DQ_MODES[0], "det": DQ_MODES[1], "fp16_det": DQ_MODES[2], "pblock": dict(p_scale="block")}
 DQ_E = 12  # dq_accum "fp16": the default dq_fp16_scale_log2
 
@@ -62,10 +63,10 @@ DQ_E = 12  # dq_accum "fp16": the default dq_fp16_scale_log2
 def kernel_fn(shape, rng, tune=0, mode=None, inputs=None):
     """(jit of one kernel call -> (dq, dk, dv, dq_sem) as the kernel leaves them (dq_accum "fp16": dq holds
     dQ * 2^DQ_E in float16); its inputs: `inputs`, else kernel_inputs(shape, rng)), or (None, None) when the
-    variant is not registered."""
+    variant is not registered or not in the library (the comparison schedules: build_library.py --with-tunes)."""
     b, t, n, n_kv, h = shape["b"], shape["t"], shape["n"], shape["n_kv"], shape["h"]
     variant = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=shape["causal"], tune=tune, **(mode or {}))
-    if variant is None:
+    if variant is None or not library.has_kernel(variant.name):
         return None, None
     outs = (
         jax.ShapeDtypeStruct((b, n, t, h), jnp.float16 if variant.dq_accum == "fp16" else jnp.float32),

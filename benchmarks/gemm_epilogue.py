@@ -51,6 +51,8 @@ sys.path.insert(0, str(ROOT))
 from mx_gemm_kernel import FULL_SHAPES, aligned_operands  # noqa: E402 (benchmarks/mx_gemm_kernel.py)
 from timing import timeit  # noqa: E402
 
+from jax_mxfp8.kernels import registry  # noqa: E402
+from jax_mxfp8.primitives import library  # noqa: E402
 from jax_mxfp8.primitives import mx_gemm as mg  # noqa: E402
 from jax_mxfp8.primitives import mx_gemm_epilogue as me  # noqa: E402
 from jax_mxfp8.primitives.gemm_operands import gemm_operands  # noqa: E402
@@ -130,6 +132,11 @@ def run_shape(m, k, n, args, res) -> None:
     flops = 2 * m * n * k
     for name in args.only.split(",") if args.only else IMPLS:
         out = res.setdefault(name, {})
+        if name == "epi_t1" and args.path == "cuda":
+            t1 = registry.find(registry.MXGemmEpilogueConfig, tune=1)
+            if not library.has_kernel(t1.name):
+                out["skipped"] = f"{t1.name} is not in the library (tools/build_library.py --with-tunes)"
+                continue
         try:
             t = timeit(make_fn(name, args.path), ops, args.calls, args.batches)
             out["s"] = t

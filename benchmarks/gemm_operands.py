@@ -149,7 +149,7 @@ def main(argv=None) -> int:
                 name = f"gemm_operands {'+'.join(modes)} [cuda]"
                 fn = lambda v, m=modes: pgo.gemm_operands(v, orientations=m, path="cuda")
                 record(r, c, name, fn, op_bytes(r, c, modes), xs, copy_bw)
-            for cfg in registry.GEMM_OPERANDS_TUNINGS:
+            for cfg in (c for c in registry.GEMM_OPERANDS_TUNINGS if library.has_kernel(c.name)):  # --with-tunes
                 fn = lambda v, cfg=cfg: pgo.declaration(cfg).call(cfg, "cuda", v)
                 record(r, c, f"gemm_operands {cfg.orientations} t{cfg.tune} min{cfg.min_ctas_per_sm} [cuda]", fn,
                        op_bytes(r, c, ("row", "col")), xs, copy_bw)  # fmt: skip

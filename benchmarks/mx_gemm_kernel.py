@@ -6,11 +6,11 @@ One process, side by side, y (M, N) = x (M, K) @ w (K, N), bf16 out, for (M, K, 
   bf16        lax.dot_general on bf16 operands
   xla_fp8     lax.dot_general on float8_e4m3fn operands with per-tensor scales (cast before timing)
   torch_fp8   torch._scaled_mm, e4m3 per-tensor scales, bf16 out (operands pre-cast; torch with CUDA only)
-  mx_tN       our kernel, registry tuning N (mx_t0 = production), on aligned operands made before timing:
+  mx_tN       our kernel, tune N (mx_t0 = production; registry.MX_GEMM_TUNINGS: the comparison schedules,
+              in the library when built with --with-tunes), on aligned operands made before timing:
               a (1, M, K), b (1, N, K) e4m3 K-major, sa (1, K/128, M), sb (1, K/128, N) powers of two
-              (the quantization pass that makes them is not timed: kernel only); the tunings in
-              registry.MX_GEMM_DIAGNOSTICS skip work and return WRONG outputs (they time a part of the loop)
-FLOPs 2*M*N*K. Timing (DESIGN.md section 6, benchmarks/timing.py): enqueue --calls calls, block once,
+              (the quantization pass that makes them is not timed: kernel only)
+FLOPs 2*M*N*K. Timing (benchmarks/timing.py): enqueue --calls calls, block once,
 divide; median of --batches batches (torch: the same with torch.cuda.synchronize). Target (issue 15 item 2):
 mx_t0 >= 1300 TFLOP/s at 8192^3 (with the quantize pass, the end-to-end GEMM at 1.6x bf16).
 
@@ -43,6 +43,7 @@ from gemm import DN, fp8_dot, import_torch, per_tensor_fp8, time_torch  # noqa: 
 from timing import timeit  # noqa: E402
 
 from jax_mxfp8.kernels import registry  # noqa: E402
+from jax_mxfp8.primitives import library  # noqa: E402
 from jax_mxfp8.primitives import mx_gemm as mg  # noqa: E402
 
 FULL_SHAPES = [(8192, 8192, 8192), (16384, 4096, 14336), (16384, 14336, 4096)]  # (M, K, N)
@@ -53,7 +54,7 @@ TARGET_TFLOPS = 1300.0
 
 
 def aligned_operands(key, m: int, k: int, n: int):
-    """Aligned e4m3 operands (GEMM_INTERFACE.md) with power-of-two scales in [2^-2, 2^2]."""
+    """Aligned e4m3 operands (docs/interfaces.md) with power-of-two scales in [2^-2, 2^2]."""
     ka, kb, ksa, ksb = jax.random.split(key, 4)
     a = jax.random.normal(ka, (1, m, k), jnp.bfloat16).astype(jnp.float8_e4m3fn)
     b = jax.random.normal(kb, (1, n, k), jnp.bfloat16).astype(jnp.float8_e4m3fn)
@@ -92,6 +93,10 @@ def run_shape(m, k, n, args, res, torch) -> None:
                 t = time_torch(torch, fn, args.calls, args.batches)
             elif name.startswith("mx_t"):
                 tune = int(name[4:])
+                variant = registry.find(registry.MXGemmConfig, tune=tune)
+                if variant is None or not library.has_kernel(variant.name):
+                    out["skipped"] = f"tune {tune} is not in the library (tools/build_library.py --with-tunes)"
+                    continue
                 f = jax.jit(lambda a, b, sa, sb, tune=tune: mg.mx_gemm(a, b, sa, sb, out_dtype=jnp.bfloat16,
                                                                      path="cuda", tune=tune))  # fmt: skip
                 t = timeit(f, ops, args.calls, args.batches)

@@ -11,8 +11,8 @@ time is the glue (quantize, producer passes, the backward's pre-pass, dq/dk/dv c
 It also times the backward's pre-pass alone (primitives/attention_bwd.bwd_operands on square MXArrays): the
 bfloat16 operands in XLA (path None, "prepass_xla_s"), through the realign + dequantize calls (the kernel
 path's, "prepass_calls_s"), and the latter with the sdp_fp8 copies instead of the bfloat16 V ("prepass_sdp_fp8_s":
-the producer work of a tuning with sdp_fp8, registry tune 19), and with dO in float16 for dV as well
-("prepass_dv_f16_s": the production's since session 10).
+the producer work of an sdp_fp8 variant without dv_f16), and with dO in float16 for dV as well
+("prepass_dv_f16_s": production's).
 
 Run (GPU):   python benchmarks/profile_attention_step.py --out benchmarks/results/h200_profile_attention_step.json
 Smoke (CPU): python benchmarks/profile_attention_step.py --smoke --out /tmp/p.json  (tiny shape, emulated)

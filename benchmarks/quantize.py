@@ -4,12 +4,12 @@
 Bytes counted = bytes the op must read plus bytes it must write (each once). For each size the same run
 measures: a device-to-device copy (cudaMemcpyAsync through CuPy when importable, and XLA's elementwise
 copy-like `x + 1` always), the CuTe DSL kernels (implementation="cuda") and the XLA reference
-(implementation="xla"). Timing (DESIGN.md): enqueue `--calls` calls, block once, divide; median of
+(implementation="xla"). Timing (benchmarks/timing.py): enqueue `--calls` calls, block once, divide; median of
 `--batches` such batches; inputs rotate over several buffers. Prints a table, writes JSON and a PNG.
 
 Groups (--groups, default all): copy, quantize (row+col / row / col / square, kernel and XLA),
-tunings (registry.TUNING_VARIANTS of the bf16 row+col kernel; diagnostics produce wrong outputs on
-purpose), dequantize, rms (fused RMSNorm + quantize on bf16 (M, D), kernel and XLA reference; bytes =
+tunings (registry.TUNING_VARIANTS: the comparison schedules of the bf16 row+col kernel, in the library when
+built with --with-tunes), dequantize, rms (fused RMSNorm + quantize on bf16 (M, D), kernel and XLA reference; bytes =
 x read + weight read + y written + FP8 data + scales written).
 
 Usage: python benchmarks/quantize.py [--out DIR] [--quick] [--groups copy,quantize,...] [--sizes 8192x8192,...]
@@ -64,14 +64,8 @@ def tuning_label(cfg) -> str:
     label = f"R{cfg.rows_per_thread} w{cfg.warps_per_cta}"
     if cfg.row_scale_store != "byte":
         label += f" {cfg.row_scale_store}-scales x{cfg.tiles_per_warp}"
-    elif cfg.tiles_per_warp > 1:
-        label += f" x{cfg.tiles_per_warp} {cfg.pipeline}"
-        if cfg.pipeline == "l2":
-            label += f"+{cfg.prefetch_distance}"
     if cfg.min_ctas_per_sm:
         label += f" min{cfg.min_ctas_per_sm}"
-    if cfg.diagnostic:
-        label += f" DIAG:{cfg.diagnostic}"
     return label
 
 
@@ -171,8 +165,11 @@ def main(argv=None) -> int:
                 lambda v, i=impl: pq.quantize(v, block="square", axis=(-2, -1), implementation=i),
                 bf16_bytes + n + n // 1024,
             )
-        if ok and "tunings" in groups:  # benchmark-only tunings of the bf16 row+col kernel
+        if ok and "tunings" in groups:  # the comparison schedules of the bf16 row+col kernel
             for cfg in registry.TUNING_VARIANTS:
+                if not library.has_kernel(cfg.name):
+                    print(f"{cfg.name}: not in the library (tools/build_library.py --with-tunes)")
+                    continue
                 op = functools.partial(pq.QUANTIZE_ROWCOL.call, cfg, "cuda")
                 record(f"quantize rowcol t{cfg.tune} {tuning_label(cfg)} [cuda]", op, rowcol_bytes)
         qs = [ref_quantize(x) for x in xs] if "dequantize" in groups else []
