@@ -34,7 +34,7 @@ Design (memory-bound; numerics: docs/numerics.md):
   warps quantize adjacent tiles as above, but each row-scale byte goes to shared memory, and after one
   barrier the CTA writes the strip's row scales as 8-byte words (32 bytes = one whole sector per row).
   v1 wrote every sector of the row-scale array in 4-byte pieces from 8 different warps, which cost
-  ~11 points of copy bandwidth on the H200 (docs/perf-notes.md). Byte stores remain where K/32 is not
+  ~11 points of copy bandwidth on the H200 (docs/perf/removed-variants.md). Byte stores remain where K/32 is not
   a multiple of 8 and at the right edge of K.
 """
 

@@ -120,7 +120,8 @@ class AttentionRealignConfig(KernelConfig):
 
 def _pv_fp32(head_dim: int) -> bool:
     """Production P V accumulation: float32 on the CUDA cores at H64; chained on the wgmma accumulator at
-    H128, where the extra 64 registers per thread spill (98 STL/LDL in the consumer; docs/perf-notes.md)."""
+    H128, where the extra 64 registers per thread spill (98 STL/LDL in the consumer;
+    docs/perf/journal/perf-notes.md)."""
     return head_dim == 64
 
 

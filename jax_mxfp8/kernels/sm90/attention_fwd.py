@@ -84,7 +84,7 @@ Building blocks (shared with the other kernels, import them rather than copy): k
 and wgmma_fragment (FP8 MMAs, accumulator -> A repacking), attention_mask, attention_softmax (online
 softmax step, P offset, acc_O rescale); kernels/common/fp32_math (pow2, tree_reduce).
 
-Measured on the H200 (docs/perf-notes.md, benchmarks/results/h200_attention_fwd.json): O within
+Measured on the H200 (docs/perf/attention-forward.md, benchmarks/results/h200_attention_fwd.json): O within
 45.9-52.1 dB of the XLA reference (LSE 97-106 dB), 0.01 dB of its float64 SQNR; 717-811 TFLOP/s
 non-causal at N16 H128 (1.13-1.33x cuDNN BF16, 0.77-0.89x cuDNN FP8), latency-bound (ncu: 40% issue
 slots, 36% tensor pipe).
