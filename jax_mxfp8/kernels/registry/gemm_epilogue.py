@@ -73,8 +73,8 @@ class MXGemmEpilogueConfig(MXGemmConfig):
             raise ValueError(f"activation={self.activation!r} not in {EPILOGUE_ACTIVATIONS}")
         if self.out_dtype != "bfloat16":
             raise ValueError(f"out_dtype={self.out_dtype!r}: the pre-activation output is bfloat16")
-        if self.diagnostic or self.tile_n % 32:
-            raise ValueError("the MX epilogue takes real (non-diagnostic) kernels with tile_n a multiple of 32")
+        if self.tile_n % 32:
+            raise ValueError(f"the MX epilogue needs tile_n a multiple of 32 (got {self.tile_n})")
         if self.store_col and (not self.store_pre or self.tile_m != 128 or (self.tile_n * 8) % 256):
             raise ValueError("store_col needs store_pre, tile_m 128 (one 128-row run per tile), tile_n * 8 % 256 == 0")
 

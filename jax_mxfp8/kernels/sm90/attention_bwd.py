@@ -133,30 +133,19 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         self.config = config
         self.h = config.head_dim
         self.q_stage = config.q_stage
-        # dq_keys "own": each consumer's dQ over its own 64 keys, all H columns (no 256-thread dS barrier)
-        self.dq_own = config.dq_keys == "own"
-        # "cta": dQ's head-dim halves on the two consumers; H64: consumer 0 only
-        self.dq_split = self.h == 128 and not self.dq_own
-        # "own": 64 head-dim columns per dQ wgmma (H128: two in sequence; a 64 x 128 float32 accumulator
-        # next to dV and dK does not fit the registers: ptxas serializes every wgmma, C7512)
-        self.dq_halves = self.h // 64 if self.dq_own else 1
+        # dQ's head-dim halves on the two consumers at H128; H64: consumer 0 only
+        self.dq_split = self.h == 128
         self.redux = config.amax_reduce == "redux"
         self.stats_early = config.stats_early
-        self.bulk_dq = config.dq_store == "bulk"
-        # dq_store "tma": the dQ tile staged in a 128-byte-swizzled (64, 64, H / 64) float32 tile, one TMA
-        # tensor reduce-add per consumer and tile (kernels/sm90/attention_bwd_dq_reduce.py)
-        self.tma_dq = config.dq_store in ("tma", "tma_warp", "tma_writer")
+        # "tma_warp" / "tma_writer": the dQ tile staged in a 128-byte-swizzled (16, 64, H / 64 * 4) float32 tile,
+        # one TMA tensor reduce-add per 16-row box (kernels/sm90/attention_bwd_dq_reduce.py)
+        self.tma_dq = config.dq_store in ("tma_warp", "tma_writer")
         # "tma_writer": the consumers stage dQ and signal; warp 1 of the producer warpgroup issues the reductions
         self.dq_writer = config.dq_store == "tma_writer"
-        # "tma": 64 rows (a consumer's tile) per TMA box; "tma_warp", "tma_writer": 16 (a warp's rows)
-        self.dq_box_rows = 16 if config.dq_store in ("tma_warp", "tma_writer") else TILE_M
-        # the staging tile's 64-column blocks (16 KB each): one per head-dim block of the CTA's dQ tile, or
-        # with dq_keys "own" one per consumer (each stages its 64-column halves in turn)
-        self.dq_stage_blocks = NUM_CONSUMERS if self.dq_own else self.h // 64
+        self.dq_box_rows = 16  # a warp's rows per TMA box
+        self.dq_stage_blocks = self.h // 64  # 64-column blocks (16 KB each) of the CTA's dQ tile
         self.dq_mode = config.dq_mode  # float16 dq and / or ordered adds (kernels/sm90/attention_bwd_dq.py)
-        self.overlap = config.overlap
         self.dk_ss = config.dk_ss  # dK's A operand from the dS tile in shared memory, not the registers
-        self.next_early = config.next_early  # the next tile's S^T (/ dP^T) right after this tile's dQ store
         self.p_scaled = config.p_scaled  # P computed as 2^8 P (the FP8 rounding's scale in the exponent)
         self.smem_stats = config.smem_stats
         # sdp_fp8: S^T and dP^T on FP8 wgmma from the realigned FP8 copies q8, k8, v8, do8 (one exponent per 32
@@ -167,9 +156,6 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         self.do_dtype = cutlass.Float16 if config.dv_f16 else BF16
         # smem_stats: per Q / dO stage, the tile's 64 LSE then 64 delta values (float32), by cp.async.bulk
         self.stats_bytes = 2 * TILE_M * 4
-        # dq_store "bulk": the dQ tile (64 rows x H float32) in shared memory, rows padded by 32 bytes so that
-        # the accumulator's 8-byte stores (8 rows x 4 column pairs per warp) take 2 wavefronts
-        self.dq_pitch = self.h * 4 + 32
         self.sdp_tiler = (CTA_N, TILE_M, self.h)  # S^T, dP^T: M = keys, N = queries, K = H
         self.dkv_tiler = (CTA_N, self.h, TILE_M)  # dV, dK: M = keys, N = H, K = queries
         self.dq_tiler = (TILE_M, self.h, CTA_N)  # dQ: M = queries, N = H, K = keys
@@ -261,8 +247,6 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         """dQ = dSq K: A (queries, keys) MN-major in shared memory (sdS), B (H, keys) an MN-major view of sK.
         H128: the consumers take head-dim halves (thread t covers columns 64 (t // 128) ..); H64: one."""
         mn = OperandMajorMode.MN
-        if self.dq_own:  # one consumer's (64 queries, 64 head-dim columns) per wgmma
-            return sm90_utils.make_trivial_tiled_mma(BF16, BF16, mn, mn, Float32, (1, 1, 1), (TILE_M, 64))
         if self.dq_split:
             return sm90_utils.make_trivial_tiled_mma(
                 BF16, BF16, mn, mn, Float32, (1, NUM_CONSUMERS, 1), (TILE_M, self.h // NUM_CONSUMERS)
@@ -286,11 +270,10 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         return q8_smem, k8_smem
 
     def _dq_smem_layout(self):
-        """dq_store "tma": the dQ staging tile as (box rows R, 64 head-dim columns, stages) float32, row-major
-        with the 128-byte swizzle (conflict-free 8-byte stores of the accumulator fragment: a warp's 8 rows
-        x 32 bytes land on 8 distinct 16-byte chunk pairs); R = 64: a stage per 64-column block (H / 64),
-        R = 16 ("tma_warp"): a stage per (block, warp), block-major (dq_keys "own": a block per consumer).
-        The TMA box is (R rows, 32 columns)."""
+        """The TMA dQ stores' staging tile as (16 box rows, 64 head-dim columns, stages) float32, row-major with
+        the 128-byte swizzle (conflict-free 8-byte stores of the accumulator fragment: a warp's 8 rows x 32
+        bytes land on 8 distinct 16-byte chunk pairs), a stage per (64-column block, warp), block-major. The
+        TMA box is (16 rows, 32 columns)."""
         stages = self.dq_stage_blocks * (TILE_M // self.dq_box_rows)
         return sm90_utils.make_smem_layout_epi(Float32, utils.LayoutEnum.ROW_MAJOR, (self.dq_box_rows, 64), stages)
 
@@ -306,7 +289,7 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
             sQ=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem)], 1024],
             sdO=cute.struct.Align[cute.struct.MemRange[self.do_dtype, cute.cosize(q_smem)], 1024],
             sdS=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(ds_smem)], 1024],
-            sdQ=cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self._sdq_bytes() if self.bulk_dq else 16], 128],
+            sdQ=cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, 16], 128],
         )
         if self.tma_dq:  # the swizzled staging tile (same member: the other variants' struct unchanged)
             fields["sdQ"] = cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(self._dq_smem_layout())], 1024]
@@ -319,10 +302,6 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
             for name, layout in (("sK8", k8_smem), ("sV8", k8_smem), ("sQ8", q8_smem), ("sdO8", q8_smem)):
                 fields[name] = cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(layout)], 1024]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
-
-    def _sdq_bytes(self) -> int:
-        """dq_store "bulk": the dQ staging tile(s), one per consumer with dq_keys "own"."""
-        return TILE_M * self.dq_pitch * (NUM_CONSUMERS if self.dq_own else 1)
 
     @cute.jit
     def launch(

@@ -23,7 +23,6 @@ from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
     CTA_N,
     DQ_EMPTY_BARRIER,
     DS_BARRIER,
-    DS_OWN_BARRIER0,
     FP8,
     LOG2E,
     NUM_CONSUMERS,
@@ -69,16 +68,8 @@ class AttentionBwdConsumer:
         thr_dv = dv_mma.get_slice(tid)
         tVrdOt = dv_mma.make_fragment_B(thr_dv.partition_B(sdOt))
         tKrQt = dkv_mma.make_fragment_B(thr_dkv.partition_B(sQt))
-        if cutlass.const_expr(self.dq_own):
-            # this consumer's 64 keys of dS (queries x keys, per buffer) and of K^T (H x keys)
-            tQrdS = dq_mma.make_fragment_A(thr_dq.partition_A(cute.local_tile(sdS, (TILE_M, WG_N), (0, c, None))))
-            tQrKt = [
-                dq_mma.make_fragment_B(thr_dq.partition_B(cute.local_tile(sKt, (64, WG_N), (hh, c, None))))
-                for hh in range(self.dq_halves)
-            ]
-        else:
-            tQrdS = dq_mma.make_fragment_A(thr_dq.partition_A(sdS))
-            tQrKt = dq_mma.make_fragment_B(thr_dq.partition_B(sKt))
+        tQrdS = dq_mma.make_fragment_A(thr_dq.partition_A(sdS))
+        tQrKt = dq_mma.make_fragment_B(thr_dq.partition_B(sKt))
         tCsdS = thr_sdp.partition_C(sdSt)
         tKrdS, tKrQt_ss = None, None
         if cutlass.const_expr(self.dk_ss):
@@ -92,7 +83,7 @@ class AttentionBwdConsumer:
         acc_dp = cute.make_rmem_tensor(thr_sdp.partition_shape_C((CTA_N, TILE_M)), Float32)
         acc_dv = cute.make_rmem_tensor(thr_dkv.partition_shape_C((CTA_N, h)), Float32)
         acc_dk = cute.make_rmem_tensor(thr_dkv.partition_shape_C((CTA_N, h)), Float32)
-        acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((TILE_M, 64 if self.dq_own else h)), Float32)
+        acc_dq = cute.make_rmem_tensor(thr_dq.partition_shape_C((TILE_M, h)), Float32)
         a_f32 = cute.make_rmem_tensor(thr_dkv.partition_shape_A((CTA_N, TILE_M)), Float32)
         a_fp8 = cute.make_rmem_tensor(thr_dkv.partition_shape_A((CTA_N, TILE_M)), FP8)
         p_a = cute.make_rmem_tensor(thr_dv.partition_shape_A((CTA_N, TILE_M)), self.do_dtype)
@@ -144,62 +135,31 @@ class AttentionBwdConsumer:
             # this CTA maps to dq head j = bn - b N, so rebase once: dq_base - b N Tp H floats (bn0 = b N + kv G).
             dq_base = dq_base - Int64(bn0 - bn0 % mdQ.shape[2]) * Int64(tp) * Int64(h * 4)
         pair_barrier = AMAX_BARRIER0 + c * 2 + warp_wg // 2
-        if cutlass.const_expr(self.dq_own and self.bulk_dq):
-            sdq_base = sdq_base + c * (TILE_M * self.dq_pitch)  # this consumer's staging tile
         if cutlass.const_expr(self.tma_dq):
             self._partition_dq_tma()
 
-        if cutlass.const_expr(not self.overlap):
-            acc_dv.fill(0.0)
-            acc_dk.fill(0.0)
-        # overlap: no zero fill (the first step's dV, dK wgmmas do not accumulate): the fill's register moves
-        # would land inside the prologue's S^T / dP^T pipeline stage, and ptxas then serializes every wgmma
-        # (C7514/C7515); a CTA without a step writes zeros (the epilogue's `live`)
+        acc_dv.fill(0.0)
+        acc_dk.fill(0.0)
         if n_iter > 0:
             kv_pipe.consumer_wait(ws.ring_state(1, Int32(0)))
         for it in cutlass.range(n_iter, unroll=1):
-            if cutlass.const_expr(self.overlap):
-                # the first tile's S^T (overlap 1; 2: and dP^T), in the loop: no wgmma before it, so the
-                # accumulators' initial values are not materialized inside an open wgmma stage. Later tiles'
-                # are issued during the previous step's dQ store.
-                if it == 0:
-                    m1, bn1, q1 = self._tile(Int32(0), n_m, m_start, bn0)
-                    if cutlass.const_expr(not self.smem_stats):
-                        self._load_stats(mLse, mDelta, bn1, q1 + col_in, lse2, dlt)
-                    q_pipe.consumer_wait(ws.ring_state(self.q_stage, Int32(0)))
-                    self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, Int32(0), self.overlap)
             m, bn, q0 = self._tile(it, n_m, m_start, bn0)
             stage = it % self.q_stage
             buf = it % 2
             state = ws.ring_state(self.q_stage, it)
-            if cutlass.const_expr(self.next_early):
-                # the first tile's S^T and dP^T here (no wgmma before them); later tiles' S^T (next_early 1: its
-                # dP^T here) were issued in the previous step, after its dQ store, and are complete
-                if it == 0:
-                    if cutlass.const_expr(not self.smem_stats):
-                        self._load_stats(mLse, mDelta, bn, q0 + col_in, lse2, dlt)
-                    q_pipe.consumer_wait(state)
-                    self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, 0)
-                    if cutlass.const_expr(self.sdp_fp8):
-                        self._load_factors(mQs, mdOs, bn, m, k_f, v_f, f_s, f_dp)
-                elif cutlass.const_expr(self.next_early == 1):
-                    self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, -1)
-            elif cutlass.const_expr(not self.overlap):
-                if cutlass.const_expr(not self.smem_stats):
-                    self._load_stats(mLse, mDelta, bn, q0 + col_in, lse2, dlt)
-                q_pipe.consumer_wait(state)
-                self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, 0)
-            if cutlass.const_expr(self.sdp_fp8 and not self.next_early and self.config.factors_ahead):
+            if cutlass.const_expr(not self.smem_stats):
+                self._load_stats(mLse, mDelta, bn, q0 + col_in, lse2, dlt)
+            q_pipe.consumer_wait(state)
+            self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, 0)
+            if cutlass.const_expr(self.sdp_fp8 and self.config.factors_ahead):
                 # the factors loaded a step ago (no global-load latency here); the next tile's loads now
                 self._key_factors(q_raw, k_f, v_f, f_s, f_dp)
                 if it + 1 < n_iter:
                     m1, bn1, _ = self._tile(it + 1, n_m, m_start, bn0)
                     self._load_raw_factors(mQs, mdOs, bn1, m1, q_raw)
-            elif cutlass.const_expr(self.sdp_fp8 and not self.next_early):
+            elif cutlass.const_expr(self.sdp_fp8):
                 # the tile's query-block factors (uniform loads, under the S^T / dP^T wgmmas)
                 self._load_factors(mQs, mdOs, bn, m, k_f, v_f, f_s, f_dp)
-            if cutlass.const_expr(self.overlap == 1):
-                self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, stage, -1)  # dP^T only (S^T is in flight)
             # stats_early: the LSE loads (LDS) are issued under the S^T wgmma instead of after its wait (not
             # delta under dP^T: its 16 registers live across the P phase raise the H128 spills 5 -> 18)
             if cutlass.const_expr(self.smem_stats and self.stats_early):
@@ -249,28 +209,7 @@ class AttentionBwdConsumer:
             ds_c.store(acc_dp.load().to(BF16))
             cute.autovec_copy(ds_c, tCsdS[None, None, None, buf])
             cute.arch.fence_view_async_shared()
-            if cutlass.const_expr(self.dq_own):
-                # dQ over this consumer's own keys after its own 128-thread barrier: nothing waits for the
-                # other consumer. H128: the second half's wgmma after the first half's store (one 32-register
-                # accumulator), the first half's store while dK runs.
-                cute.arch.barrier(barrier_id=DS_OWN_BARRIER0 + c, number_of_threads=ws.WARPGROUP_THREADS)
-                cute.nvgpu.warpgroup.fence()
-                self._gemm(self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[0][None, None, None, 0], False)
-                cute.nvgpu.warpgroup.commit_group()
-                self._issue_dk(acc_dk, ds_a, tKrQt, tKrdS, tKrQt_ss, stage, buf, it)
-                cute.nvgpu.warpgroup.commit_group()
-                for hh in cutlass.range_constexpr(1, self.dq_halves):
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    self._store_dq(
-                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, Int32(64 * (hh - 1)), col_in, q_len, dq_tau,
-                        c, warp_wg, lane,
-                    )  # fmt: skip
-                    cute.nvgpu.warpgroup.fence()
-                    self._gemm(
-                        self._dq_mma, acc_dq, tQrdS[None, None, None, buf], tQrKt[hh][None, None, None, 0], False
-                    )
-                    cute.nvgpu.warpgroup.commit_group()
-            else:
+            if cutlass.const_expr(True):
                 if cutlass.const_expr(self.dq_writer):
                     # the writer warp has read the previous tile's staging tile out (its stagers only)
                     if cutlass.const_expr(self.dq_split):
@@ -280,10 +219,7 @@ class AttentionBwdConsumer:
                 elif cutlass.const_expr(self.tma_dq):
                     # the previous tile's TMA reduce has read the staging tile: after the dS barrier every
                     # thread may overwrite it (no barrier of its own before the staging stores)
-                    if cutlass.const_expr(self.dq_box_rows == 16):
-                        bulk_wait_read()  # "tma_warp": every warp issued its own
-                    elif warp_wg == 0:
-                        bulk_wait_read()
+                    bulk_wait_read()  # "tma_warp": every warp issued its own
                 cute.arch.barrier(barrier_id=DS_BARRIER, number_of_threads=NUM_CONSUMERS * ws.WARPGROUP_THREADS)
                 cute.nvgpu.warpgroup.fence()
                 if cutlass.const_expr(self.config.dq_first):
@@ -304,87 +240,32 @@ class AttentionBwdConsumer:
                                 acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, dq_tau, c,
                                 warp_wg, lane,
                             )  # fmt: skip
-                    if cutlass.const_expr(self.next_early):
-                        # acc_s, acc_dp and acc_dq are free: the next tile's S^T (and dP^T) queue behind this
-                        # tile's dK on the tensor cores. Issued on the last step too, on a stale stage, result
-                        # unused (a wgmma issued on one path only serializes them all, C7514); waited by this
-                        # step's final wait_group(0), so the next step's P phase starts at once.
-                        m_nx, bn_nx, q_nx = self._tile(it + 1, n_m, m_start, bn0)
-                        if it + 1 < n_iter:
-                            if cutlass.const_expr(not self.smem_stats):
-                                self._load_stats(mLse, mDelta, bn_nx, q_nx + col_in, lse2, dlt)
-                            q_pipe.consumer_wait(ws.ring_state(self.q_stage, it + 1))
-                        which = 1 if self.next_early == 1 else 0
-                        self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, (it + 1) % self.q_stage, which)
-                        if cutlass.const_expr(self.sdp_fp8):
-                            self._load_factors(mQs, mdOs, bn_nx, m_nx, k_f, v_f, f_s, f_dp)
                 else:
                     self._issue_dk(acc_dk, ds_a, tKrQt, tKrdS, tKrQt_ss, stage, buf, it)
                     cute.nvgpu.warpgroup.commit_group()
                     self._issue_dq(acc_dq, tQrdS, tQrKt, buf, c)
             cute.nvgpu.warpgroup.wait_group(0)
             q_pipe.consumer_release(state)
-            # overlap + "bulk": dQ goes to its staging tile before the next S^T, dP^T are issued (no
-            # register of a finished wgmma is read while they are in flight), the bulk reductions after
-            early = self.overlap and self.bulk_dq
-            if cutlass.const_expr(early):
-                if cutlass.const_expr(self.dq_split):
-                    self._store_dq(
-                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, dq_tau, c, warp_wg,
-                        lane, "stage",
-                    )  # fmt: skip
-                else:
-                    if c == 0:
-                        self._store_dq(
-                            acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, dq_tau, c, warp_wg,
-                            lane, "stage",
-                        )  # fmt: skip
-            if cutlass.const_expr(self.overlap):
-                # the next tile's S^T (and dP^T) run on the tensor cores during this dQ store and are waited
-                # for at the end of this step: no wgmma stays in flight across the loop's back edge (ptxas
-                # serializes every wgmma of the kernel otherwise, C7514). Issued on the last step too, on a
-                # stale stage (no wait), its result unused: an issue on one path only is another such case.
-                if it + 1 < n_iter:
-                    m1, bn1, q1 = self._tile(it + 1, n_m, m_start, bn0)
-                    if cutlass.const_expr(not self.smem_stats):
-                        self._load_stats(mLse, mDelta, bn1, q1 + col_in, lse2, dlt)
-                    q_pipe.consumer_wait(ws.ring_state(self.q_stage, it + 1))
-                self._issue_sdp(acc_s, acc_dp, tSrK, tSrQ, tPrV, tPrdO, (it + 1) % self.q_stage, self.overlap)
-            part = "issue" if early else "all"
             if cutlass.const_expr(self.config.dq_first):
                 pass  # stored under the dK wgmma above
-            elif cutlass.const_expr(self.dq_own):
-                self._store_dq(
-                    acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, Int32(64 * (self.dq_halves - 1)), col_in, q_len,
-                    dq_tau, c, warp_wg, lane, part,
-                )  # fmt: skip
             elif cutlass.const_expr(self.dq_split):
                 self._store_dq(
-                    acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, dq_tau, c, warp_wg, lane,
-                    part,
-                )  # fmt: skip
+                    acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, dq_tau, c, warp_wg, lane
+                )
             else:
                 if c == 0:
                     self._store_dq(
-                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, dq_tau, c, warp_wg, lane,
-                        part,
-                    )  # fmt: skip
-            if cutlass.const_expr(self.overlap):
-                cute.nvgpu.warpgroup.wait_group(0)  # the next tile's S^T (and dP^T)
+                        acc_dq, dq_base, sdq_base, bn, tp, q0, row_in, dq_col0, col_in, q_len, dq_tau, c, warp_wg, lane
+                    )
         if cutlass.const_expr(self.dq_writer):
             pass  # the writer warp waits for the last reductions
-        elif cutlass.const_expr(self.tma_dq and self.dq_box_rows == 16):
-            bulk_wait()  # "tma_warp": every warp's last reductions
-        elif cutlass.const_expr(self.bulk_dq or self.tma_dq):
-            if warp_wg == 0:
-                bulk_wait()  # the last tile's reductions, before the CTA (and its shared memory) goes away
+        elif cutlass.const_expr(self.tma_dq):
+            bulk_wait()  # "tma_warp": every warp's last reductions, before the CTA's shared memory goes away
 
         # epilogue: dK = tau * acc, rows >= kv_len 0
         for i in cutlass.range_constexpr(cute.size(acc_dk)):
             _, v1, _ = acc_coords(i)
             live = key0 + 8 * v1 < kv_len
-            if cutlass.const_expr(self.overlap):
-                live = live & (n_iter > 0)
             acc_dk[i] = cutlass.select_(live, acc_dk[i] * dq_tau, Float32(0.0))
             acc_dv[i] = cutlass.select_(live, acc_dv[i] * dv_unit, Float32(0.0))
         cute.autovec_copy(acc_dk, tDKgDK)
@@ -513,23 +394,8 @@ class AttentionBwdConsumer:
                 acc_s[i] = cutlass.select_(bad, Float32(0.0), acc_s[i])
 
     def _gemm_acc(self, make_mma, acc, a, b, it):
-        """dV / dK: acc += a b; with overlap, the first step (it = 0) overwrites acc instead (no zero fill)."""
-        if cutlass.const_expr(not self.overlap):
-            wgmma.gemm(make_mma, acc, a, b, True)
-        else:
-            self._gemm_first(make_mma, acc, a, b, it > 0)
-
-    @cute.jit
-    def _gemm_first(self, make_mma, acc, a, b, accumulate):
-        """acc = a b + (acc if the run-time Boolean `accumulate`) over the K blocks (fence/commit/wait are
-        the caller's)."""
-        tiled_mma = make_mma()
-        for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
-            if cutlass.const_expr(kb == 0):
-                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, accumulate)
-            else:
-                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-            cute.gemm(tiled_mma, acc, a[None, None, kb], b[None, None, kb], acc)
+        """dV / dK: acc += a b."""
+        wgmma.gemm(make_mma, acc, a, b, True)
 
     def _gemm(self, make_mma, acc, a, b, accumulate_first: bool):
         """acc (+)= a b over the K blocks (16 per BF16 wgmma) on a fresh tiled MMA; fence/commit/wait are the
