@@ -33,6 +33,7 @@ from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.ops import attention as attn_ops
 from jax_mxfp8.ops import attention_bwd_kernel as kbwd
 from jax_mxfp8.primitives import attention_bwd as abwd
+from jax_mxfp8.primitives import attention_bwd_prepass
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives.attention_operands import DO_F16_TOP
 from jax_mxfp8.reference.attention_config import AttentionConfig
@@ -594,7 +595,7 @@ def test_do_float16_holds_do_exactly():
     assert np.all(top <= 57344.0) and np.all(top > 2.0**14), top
     # the kernel path's operand: the float16 dequantize call (emulated) on the lowered scale bytes
     # (do_float16_scales: shifted, NaN rows 0xFF, clamped at 0 for the blocks far below) gives the same bits
-    call = abwd._operand(mx_do, None, t, "emulated", (dos, shift))
+    call = attention_bwd_prepass._operand(mx_do, None, t, "emulated", (dos, shift))
     assert call.dtype == jnp.float16
     np.testing.assert_array_equal(np.isnan(np.asarray(call)), np.isnan(np.asarray(got)))
     np.testing.assert_array_equal(_bits(jnp.where(jnp.isnan(call), 0, call)), _bits(jnp.where(jnp.isnan(got), 0, got)))

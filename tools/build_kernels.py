@@ -67,7 +67,8 @@ def compile_arch(arch: str, out: Path, names: list[str] | None, with_tunes: bool
         t0 = time.time()
         kern = config.make_kernel(arch)
         dump = adir / "dump" / config.name  # kept cubin + PTX, for inspection (cuobjdump -sass)
-        dump.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(dump, ignore_errors=True)  # an earlier compile's files (another entry's name) would stay
+        dump.mkdir(parents=True)
         compiled = cute.compile(
             kern.entry(),
             *kern.fake_args(),

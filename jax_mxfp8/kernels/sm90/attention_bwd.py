@@ -29,7 +29,8 @@ reference/attention_bwd.py (docs/numerics.md "Hopper attention backward").
 Operands (docs/interfaces.md; the handler csrc/attention_bwd.cc passes each (B, heads, L, H) buffer as a 2-D
 (B * heads, L * H) row-major view, so the kernel reads N, K, Tp, Sp from the shapes; Tp, Sp = T, S rounded up
 to 128): q, do (B*N, Tp*H) and k, v (B*K, Sp*H) bfloat16 (do float16 with dv_f16; no v with sdp_fp8), lse,
-delta (B*N, Tp) float32, lens (2, B) int32 (packed: the key-tile table of tile_scheduler.KeyTileScheduler),
+delta (B*N, Tp) float32, lens (2, B) int32 (packed, B = 1: seqs (4, S) and work (2, Sp / 128) instead, the
+forward's sequence table and a work list of the key tiles: tile_scheduler.KeyTileScheduler),
 dq (B*N, Tp*H) float32 (float16 dQ 2^e for "fp16"), dk, dv (B*K, Sp*H) float32, the dQ modes' dq_sem
 (B*N, Tp/32) int32, sdp_fp8's q8, k8, v8, do8 (float8_e4m3fn, shapes of q, k, v, do) and row factors qs, dos
 (B*N, Tp/32), ks, vs (B*K, Sp/32) float32; scalars tau and (dQ modes) tau 2^e. dq, dq_sem are zero-filled by
@@ -160,7 +161,8 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
             t(self.do_dtype, s(), s(divisibility=rows_h)),  # do (dv_f16: float16)
             t(Float32, s(), s(divisibility=128)),  # lse (B*N, Tp)
             t(Float32, s(), s(divisibility=128)),  # delta
-            t(Int32, s(), s()),  # lens (2, B)
+            t(Int32, s(), s()),  # lens (2, B); packed: seqs (4, S)
+            *((t(Int32, s(), s()),) if self.config.packed else ()),  # packed: work (2, Sp / 128)
             t(dq_t, s(), s(divisibility=rows_h)),  # dq (B*N, Tp*H)
             t(Float32, s(), s(divisibility=rows_h)),  # dk (B*K, Sp*H)
             t(Float32, s(), s(divisibility=rows_h)),  # dv
@@ -173,11 +175,15 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
 
     def tensor_names(self) -> tuple[str, ...]:
         names = ("q", "k", "v", "do", "lse", "delta", "lens", "dq", "dk", "dv")
+        if self.config.packed:
+            names = ("q", "k", "v", "do", "lse", "delta", "seqs", "work", "dq", "dk", "dv")
         if self.sdp_fp8:
             return tuple(x for x in names if x != "v") + SDP_FP8_OPERANDS
         return names + ("dq_sem",) if self.dq_mode else names
 
     def entry(self):
+        if self.config.packed:
+            return self.launch_packed
         if self.sdp_fp8:
             return self.launch_fp8
         return self.launch_dq if self.dq_mode else self.launch
@@ -315,6 +321,35 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         )
 
     @cute.jit
+    def launch_packed(
+        self,
+        q2: cute.Tensor,
+        k2: cute.Tensor,
+        do2: cute.Tensor,
+        lse: cute.Tensor,
+        delta: cute.Tensor,
+        seqs: cute.Tensor,
+        work: cute.Tensor,
+        dq2: cute.Tensor,
+        dk2: cute.Tensor,
+        dv2: cute.Tensor,
+        q8: cute.Tensor,
+        k8: cute.Tensor,
+        v8: cute.Tensor,
+        do8: cute.Tensor,
+        qs: cute.Tensor,
+        ks: cute.Tensor,
+        vs: cute.Tensor,
+        dos: cute.Tensor,
+        scale: Float32,
+        stream: cuda.CUstream,
+    ):
+        """The packed entry (sdp_fp8): launch_fp8's operands with seqs and work (the packed sequences' tables,
+        tile_scheduler.KeyTileScheduler) in lens' place; B = 1."""
+        fp8 = (q8, k8, v8, do8, qs, ks, vs, dos)
+        self._launch(q2, k2, None, do2, lse, delta, seqs, dq2, dk2, dv2, scale, stream, fp8=fp8, work=work)
+
+    @cute.jit
     def launch_dq(
         self,
         q2: cute.Tensor,
@@ -335,10 +370,12 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         """The dQ modes' entry (config.dq_mode): launch's operands plus dq_sem and dq_scale."""
         self._launch(q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, scale, stream, dq_mode=(sem, dq_scale))
 
-    def _launch(self, q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, scale, stream, dq_mode=None, fp8=None):
-        """launch's body (traced inside launch / launch_dq / launch_fp8): the (rows, H, heads) views, the TMA
-        atoms, the operand struct, the launch. dq_mode (dq_sem, tau 2^e) and fp8 (q8, k8, v8, do8, qs, ks, vs,
-        dos) only for those entries."""
+    def _launch(
+        self, q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, scale, stream, dq_mode=None, fp8=None, work=None
+    ):
+        """launch's body (traced inside the launch entries): the (rows, H, heads) views, the TMA atoms, the
+        operand struct, the launch. dq_mode (dq_sem, tau 2^e), fp8 (q8, k8, v8, do8, qs, ks, vs, dos) and work
+        only for those entries."""
         h = self.h
         bn = q2.shape[0]
         q_heads = bn
@@ -380,6 +417,7 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
             lse=lse,
             delta=delta,
             lens=lens,
+            work=work,
             dq=dq,
             dk=dk,
             dv=dv,
@@ -402,7 +440,7 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         """One CTA: key tile n (128 keys) of KV head bk = b * K + kv; loops over the G query heads of the
         group and the 64-row query tiles that can see this key tile (KeyTileScheduler)."""
         tidx, _, _ = cute.arch.thread_idx()
-        tile = self.scheduler.work_tile(ops.lens, ops.lse.shape[0], ops.dk.shape[2])
+        tile = self.scheduler.work_tile(ops.lens, ops.work, ops.lse.shape[0], ops.dk.shape[2])
         dq_mode = None  # the dQ modes' (dq_sem address, tau 2^e) for the dQ stores
         if cutlass.const_expr(self.dq_mode):
             dq_mode = (ops.dq_mode.sem.iterator.toint(), ops.dq_mode.scale)

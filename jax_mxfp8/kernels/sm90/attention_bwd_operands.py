@@ -72,7 +72,8 @@ class BwdOperands(NamedTuple):
     v: TmaTile  # (sdp_fp8: a view of k, not read)
     lse: cute.Tensor
     delta: cute.Tensor
-    lens: cute.Tensor
+    lens: cute.Tensor  # (2, B) lengths; packed: the seqs table (4, S)
+    work: cute.Tensor | None  # packed: the key-tile work list (2, Sp / 128) (None dense)
     dq: cute.Tensor
     dk: cute.Tensor
     dv: cute.Tensor

@@ -16,10 +16,13 @@ locate the sequence in the operands, so the CTA body is the same code for both. 
 inline): the caller branches on WorkTile.live (a run-time Boolean for packed, Python True for dense).
 
 Attention backward (kernels/sm90/attention_bwd.py): KeyTileScheduler, one CTA per 128-key tile of one KV
-head (grid (Sp / 128, B * K)), which visits the 64-row query tiles of every query head of its group that can
-see the tile (KeyTile; the range comes from attention_mask.AttentionMask.query_tile_range): dense padded
-batches with lens (2, B) as the forward's, or packed sequences (one batch row, rows global in the aligned
-layout, the causal mask offset by the sequence's KV-to-query row shift).
+head (grid (Sp / 128, B * K), packed (Sp / 128, K)), which visits the 64-row query tiles of every query head
+of its group that can see the tile (KeyTile; the range comes from attention_mask.AttentionMask.
+query_tile_range): dense padded batches with lens (2, B) as the forward's, or packed sequences with the
+forward's seqs table and a work list of the same form whose items are the aligned layout's key tiles in
+order (item n = key tile n: (its sequence, key tile inside it), (-1, 0) for a tile in no sequence, whose dk,
+dv rows are written 0). Packed rows stay global in the aligned layout; the causal mask is offset by the
+sequence's KV-to-query row shift. packed_item is the one decode of a work-list item both use.
 """
 
 from __future__ import annotations
@@ -42,6 +45,23 @@ class WorkTile(NamedTuple):
     qt0: Int32 | int  # the sequence's first query tile in the operands (0 for a dense batch)
     kt0: Int32 | int  # the sequence's first KV tile in the operands (0 for a dense batch)
     live: cutlass.Boolean | bool  # False: a padding item past the end of the packed work list
+
+
+SEQ_TILE = 128
+"""Rows per tile of the aligned packed layout (every sequence starts on one): the unit of seqs' first tiles."""
+
+
+def packed_item(work: cute.Tensor, seqs: cute.Tensor, item: Int32):
+    """Work item `item` of a packed work list: (tile inside the sequence, the sequence's first query tile,
+    first KV tile, query length, KV length, live). A padding item (sequence -1) reads sequence 0's entries
+    and is not live."""
+    seq = work[0, item]
+    live = seq >= 0
+    s = cutlass.max(seq, 0)  # padding items read sequence 0's entries (unused)
+    tile = work[1, item]
+    qt0, kt0 = seqs[0, s], seqs[1, s]
+    q_len, kv_len = seqs[2, s], seqs[3, s]
+    return tile, qt0, kt0, q_len, kv_len, live
 
 
 class DenseTileScheduler:
@@ -70,12 +90,7 @@ class PackedTileScheduler:
     def work_tile(self, work: cute.Tensor, seqs: cute.Tensor, q_heads: Int32, kv_heads: Int32) -> WorkTile:
         """work (2, W), seqs (4, S) int32 as in the module docstring; q_heads = N, kv_heads = K rows."""
         bx, by, _ = cute.arch.block_idx()
-        seq = work[0, bx]
-        live = seq >= 0
-        s = cutlass.max(seq, 0)  # padding items read sequence 0's entries (unused)
-        m_tile = work[1, bx]
-        qt0, kt0 = seqs[0, s], seqs[1, s]
-        q_len, kv_len = seqs[2, s], seqs[3, s]
+        m_tile, qt0, kt0, q_len, kv_len, live = packed_item(work, seqs, bx)
         bn = by
         bkv = by // (q_heads // kv_heads)
         return WorkTile(m_tile, bn, bkv, q_len, kv_len, qt0, kt0, live)
@@ -152,24 +167,26 @@ class KeyTile(NamedTuple):
 
 class KeyTileScheduler:
     """The backward's schedule: block (x, y) = (key tile, KV head row); grid (Sp / CTA_N, B * K) dense,
-    (Sp / CTA_N, K) packed. `mask` (an AttentionMask over TILE_M-row query tiles and CTA_N-key tiles) gives
-    the query tiles a key tile visits."""
+    (Sp / CTA_N, K) packed (CTA_N = SEQ_TILE). `mask` (an AttentionMask over TILE_M-row query tiles and
+    CTA_N-key tiles) gives the query tiles a key tile visits."""
 
     def __init__(self, mask, packed: bool):
         self.mask = mask
         self.packed = packed
 
-    def work_tile(self, lens: cute.Tensor, q_heads: Int32, kv_heads: Int32) -> KeyTile:
-        """lens: (2, B) int32 query and KV lengths (dense), or for packed the (4, Sp / CTA_N) table of each key
-        tile's sequence: first query row, query end row, KV end row, first KV row (zeros for a tile in no
-        sequence). q_heads = B * N rows of the per-query-head operands (LSE), kv_heads = B * K."""
+    def work_tile(self, lens: cute.Tensor, work, q_heads: Int32, kv_heads: Int32) -> KeyTile:
+        """lens: (2, B) int32 query and KV lengths (dense), or for packed the seqs (4, S) table (first query
+        tile, first KV tile, query length, KV length per sequence) with work (2, Sp / CTA_N) its key-tile
+        items in key-tile order (None dense). q_heads = B * N rows of the per-query-head operands (LSE),
+        kv_heads = B * K."""
         n, bk, _ = cute.arch.block_idx()
         if self.packed:
             group = q_heads // kv_heads
-            q_row0 = lens[0, n]
-            q_len = lens[1, n]
-            kv_len = lens[2, n]
-            shift = lens[3, n] - q_row0
+            _, qt0, kt0, seq_q, seq_kv, live = packed_item(work, lens, n)  # item n is key tile n
+            q_row0, kv_row0 = qt0 * SEQ_TILE, kt0 * SEQ_TILE
+            q_len = q_row0 + seq_q
+            kv_len = cutlass.select_(live, kv_row0 + seq_kv, Int32(0))  # no sequence: no key, dk, dv rows 0
+            shift = kv_row0 - q_row0
         else:
             nb = lens.shape[1]
             n_kv = kv_heads // nb  # KV heads per batch row
