@@ -20,7 +20,7 @@ scales per 128 K; made before timing):
   epi_gelu_pre_then_col   the same with GELU (the MLP's training forward before store_col)
   then_ops_both  the MX GEMM (bf16 out), then the gemm_operands kernel's "row" + "col" from one read
                  (GEMM + quantize kernel, both orientations)
-FLOPs 2*M*N*K. Timing (DESIGN.md section 6, benchmarks/timing.py): enqueue --calls calls, block once,
+FLOPs 2*M*N*K. Timing (benchmarks/timing.py): enqueue --calls calls, block once,
 divide; median of --batches batches. Targets (issue 15 item 3): epi >= 0.95x plain and >= 1.2x then_q
 (likewise epi_gelu vs then_gelu_q, reported).
 

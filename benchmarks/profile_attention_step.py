@@ -100,7 +100,7 @@ def prepass_times(sh, rng, args, path: str) -> dict:
         ("prepass_xla_s", None, None, False),
         ("prepass_calls_s", path, None, False),
         ("prepass_sdp_fp8_s", path, path, False),
-        ("prepass_dv_f16_s", path, path, True),  # production since session 10: dO in float16 for dV
+        ("prepass_dv_f16_s", path, path, True),  # production's: dO in float16 for dV
     )
     for key, ops_path, fp8_path, do_f16 in variants:
         fn = prepass(ops_path, fp8_path, do_f16)

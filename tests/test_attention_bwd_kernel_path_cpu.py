@@ -524,7 +524,7 @@ def test_sdp_fp8_call_partitions_and_lowers():
     its own target (and its `_into` hook), and refuses operands without the FP8 copies (and the plain
     variants refuse operands without v)."""
     plain = _plain_variant(64, True)
-    # tune 24: sdp_fp8 with bfloat16 do (the session 9 production; production's dv_f16 is tested below)
+    # tune 24: sdp_fp8 with bfloat16 do (the PREVIOUS comparison schedule; production's dv_f16 is tested below)
     fp8 = registry.find(registry.AttentionBwdConfig, head_dim=64, causal=True, tune=24)
     assert fp8.sdp_fp8 and not fp8.dv_f16
     rng = fresh_rng()
@@ -603,13 +603,13 @@ def test_do_float16_holds_do_exactly():
 
 def test_dv_f16_call_equals_its_base_variant():
     """The dv_f16 call's emulation (production) on float16 do (do_float16 of the base's bfloat16 do, the shift
-    from the random row factors) gives the same variant without dv_f16 (tune 24, the session 9 production) dq,
+    from the random row factors) gives the same variant without dv_f16 (tune 24, the PREVIOUS comparison) dq,
     dk, dv bit for bit, plain and over a 2x4 mesh without gathers, and lowers to the sdp_fp8 target; a dv_f16
     variant refuses bfloat16 do, the others refuse float16 do, and bwd_operands refuses do_f16 without
     fp8_path."""
     from jax_mxfp8.primitives.attention_operands import do_float16, do_shift
 
-    dv16 = _need_variant(dict(h=64, causal=True))  # production: dv_f16 since session 10
+    dv16 = _need_variant(dict(h=64, causal=True))  # production: dv_f16
     base = registry.find(registry.AttentionBwdConfig, head_dim=64, causal=True, tune=24)  # the same without it
     assert dv16.dv_f16 and base.sdp_fp8 and base.p_scaled and not base.dv_f16
     rng = fresh_rng()
