@@ -221,8 +221,8 @@ def main(argv=None) -> int:
             print(f"kernel compilation for {arch} failed", file=sys.stderr)
             return 1
     table = write_table(out, archs, args.with_tunes)
-    n = len(registry.variants(args.with_tunes))
-    print(f"compiled {n} variants x {len(archs)} archs in {time.time() - t0:.1f} s -> {table}")
+    counts = ", ".join(f"{sum(a in v.archs for v in registry.variants(args.with_tunes))} {a}" for a in archs)
+    print(f"compiled {counts} variants in {time.time() - t0:.1f} s -> {table}")
     return 0
 
 
