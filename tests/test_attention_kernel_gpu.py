@@ -249,7 +249,7 @@ def test_mxarray_inputs_and_varlen_use_the_kernel():
 @pytest.mark.parametrize("p_scale", ["const", "block"])
 def test_gradients_through_kernel_forward(p_scale):
     """implementation="cuda" runs the kernel forward and, on its residuals, the backward kernel (p_scale "const"
-    and, since wave 2 session 11, "block": registry BLOCK_P)."""
+    and "block": registry BLOCK_P)."""
     rng = fresh_rng()
     q, k, v = _inputs(rng, 1, 256, 256, 2, 2, 128)
     config = mx.AttentionConfig(p_scale=p_scale)

@@ -67,7 +67,8 @@ def compile_arch(arch: str, out: Path, names: list[str] | None, with_tunes: bool
         t0 = time.time()
         kern = config.make_kernel(arch)
         dump = adir / "dump" / config.name  # kept cubin + PTX, for inspection (cuobjdump -sass)
-        dump.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(dump, ignore_errors=True)  # an earlier compile's files (another entry's name) would stay
+        dump.mkdir(parents=True)
         compiled = cute.compile(
             kern.entry(),
             *kern.fake_args(),
@@ -220,8 +221,8 @@ def main(argv=None) -> int:
             print(f"kernel compilation for {arch} failed", file=sys.stderr)
             return 1
     table = write_table(out, archs, args.with_tunes)
-    n = len(registry.variants(args.with_tunes))
-    print(f"compiled {n} variants x {len(archs)} archs in {time.time() - t0:.1f} s -> {table}")
+    counts = ", ".join(f"{sum(a in v.archs for v in registry.variants(args.with_tunes))} {a}" for a in archs)
+    print(f"compiled {counts} variants in {time.time() - t0:.1f} s -> {table}")
     return 0
 
 

@@ -34,7 +34,6 @@ class MXGemmConfig(KernelConfig):
       unroll_stages: the consumer's K loop is unrolled by `stages` (one ring lap per iteration, stage
         indices trace-time constants), each work tile starting at stage 0; the k_tiles % stages tiles left
         over run in a plain loop. Cuts the descriptor / barrier / address instructions of each K tile.
-        Lockstep, pingpong or handoff loops (not overlap).
       uniform_desc: the wgmma operand descriptors are built from the warpgroup's first thread marked
         warp-uniform (they are the same for all its threads), so ptxas keeps them in uniform registers.
       cluster_m: CTAs per cluster along M (1 or 2); with 2, the pair shares each B tile: each CTA loads

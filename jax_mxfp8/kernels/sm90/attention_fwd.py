@@ -13,8 +13,8 @@ Supported features (kernels/registry.py, AttentionFwdConfig):
 
 Inputs come from the producer pass jax_mxfp8.primitives.attention_fwd.prepare_sequence_major (exponents
 in XLA, the FP8 data through kernels/sm90/attention_realign.py; `prepare` is its XLA formulation), which
-re-encodes the contract's square-block MX operands to a shared exponent per GEMM sub-tile ("way (a)" of
-DESIGN.md section 2, docs/numerics.md "Hopper attention kernel"):
+re-encodes the contract's square-block MX operands to a shared exponent per GEMM sub-tile (docs/numerics.md
+"Hopper attention kernel"; operand tables: docs/interfaces.md):
   q   (B*N*Tp, H)     float8_e4m3fn  Q' rows, head-major (b, n, t); Tp = T rounded up to 128
   k   (B*K*Sp, H)     float8_e4m3fn  K' rows, head-major (b, kv, s); Sp = S rounded up to 128
   vt  (B*K*H, Sp)     float8_e4m3fn  V'^T: per (b, kv) an (H, Sp) matrix whose columns are the KV
