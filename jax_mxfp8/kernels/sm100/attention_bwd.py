@@ -41,9 +41,10 @@ import dataclasses
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import cutlass.utils.blockscaled_layout as blockscaled
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync, tcgen05
-from cutlass.memory import SmemAllocator, TmemAllocator
+from cutlass.memory import SmemAllocator, TmemAllocator, compute_tmem_cols_from_layout
 from cutlass.pipeline import NamedBarrier
 
 from jax_mxfp8.kernels.sm100 import attention_bwd_config as C
@@ -99,7 +100,8 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
         self.config = config
         self.tmem = config.tmem_map().check()
         self.cols = config.tmem
-        self.smem_struct_bytes = None  # set when traced: tools/check_sm100_attention.py compares it
+        self.smem_struct_bytes = None  # set when traced: tools/check_sm100_attention.py compares these two
+        self.tmem_layout_columns = None
 
     # -------------------------------------------------------------------------------- AOT interface
     def tensor_names(self) -> tuple[str, ...]:
@@ -208,15 +210,16 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
 
         self.shared_storage = SharedStorage
         self.smem_struct_bytes = SharedStorage.size_in_bytes()
+        self.tmem_layout_columns = tmem_layout_columns(g)
         assert st * cfg.tile_bytes == n_q
         addrs = tuple(t[name].iterator.toint() for name in self.tensor_names() if name not in ("q", "k", "v", "do"))
         ct = t["q_sf_hd"].shape[2]  # query scale chunks per head (dense: Tp/128; packed: n_chunks_q)
         ck = t["k_sf_hd"].shape[2]
         n_seq = t["seqs"].shape[1] - 1 if cfg.packed else Int32(0)
         dims = (q_batch, batch, seq_q, seq_k, n_heads, kv_heads, ct, ck, n_seq)
-        grid_x = ck if cfg.packed else (seq_k + (C.TILE - 1)) // C.TILE
+        key_tiles = ck if cfg.packed else (seq_k + (C.TILE - 1)) // C.TILE
         self.kernel(tma_q[0], tma_q[1], tma_k[0], tma_k[1], tma_v[0], tma_v[1], tma_do[0], tma_do[1], addrs, dims,
-                    scalars).launch(grid=[grid_x, kv_heads, 1 if cfg.packed else batch], block=[C.THREADS, 1, 1],
+                    scalars).launch(grid=[kv_heads, 1 if cfg.packed else batch, key_tiles], block=[C.THREADS, 1, 1],
                                     stream=stream, min_blocks_per_mp=1)  # fmt: skip
 
     # ---------------------------------------------------------------------------------- device side
@@ -312,6 +315,21 @@ class _Context:
     def smem_addr(self, region: str) -> Int32:
         """A storage region's shared-memory address."""
         return getattr(self.storage, region).data_ptr().toint()
+
+
+def tmem_layout_columns(g: BwdGemms) -> dict[str, int]:
+    """TMEM columns the DSL's layouts span per GEMM: the accumulator, one K tile's SFA and SFB (the declared
+    map's regions must be as wide; tools/check_sm100_attention.py compares)."""
+    out = {}
+    for gemm in ("S", "dP", "dV", "dK", "dQ"):
+        mma, tiler = g.mma[gemm], g.tiler[gemm]
+        acc = mma.make_fragment_C(mma.get_slice(0).partition_shape_C(tiler[:2])).layout
+        out[f"acc_{gemm}"] = compute_tmem_cols_from_layout(acc, Float32)
+        sides = (("sfa", blockscaled.make_tmem_layout_sfa, g.sfa), ("sfb", blockscaled.make_tmem_layout_sfb, g.sfb))
+        for side, make, sf in sides:
+            layout = make(mma, tiler, 32, cute.slice_(sf[gemm], (None, None, None, 0)))
+            out[f"{side}_{gemm}"] = compute_tmem_cols_from_layout(layout, cutlass.Float8E8M0FNU)
+    return out
 
 
 def make_kernel(config: C.AttentionBwdSm100Config) -> AttentionBwdSm100:

@@ -261,6 +261,9 @@ class AttentionBwdSm100Config:
             return "broadcast q (q batch 1) needs dq_accum 'fp32', deterministic False, not packed"
         if self.packed and b != 1:
             return f"packed operands have batch 1 (got {b})"
+        tiles = -(-s // TILE) if not self.packed else None
+        if tiles is not None and tiles > 65535:
+            return f"S = {s}: more than 65535 key tiles (the grid's z dimension)"
         if self.dkv == "mx" and s % BLOCK:
             return f"dkv 'mx' blocks tokens in 32s per batch row: S = {s} must be a multiple of 32"
         if max(b * t * n, b * s * n_kv) * self.head_dim >= 2**31:

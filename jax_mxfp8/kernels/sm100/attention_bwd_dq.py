@@ -21,8 +21,8 @@ The row is then added into dq row (q_off +) m 128 + t of query head g, only for 
                                  staged float32 partial added in float32, one cvt.rn to float16 ("fp16" in
                                  the emulation, the reference's model)
 Deadlock freedom of the ordered modes: key tile n waits only for key tiles n' < n of the same (batch, KV
-head), whose CTAs have a lower grid x and never wait for it; every key tile n' < n visits every query tile
-m >= n (causal: m >= n'), so each count is reached.
+head), whose CTAs have a lower linear block index (the key tile is the slowest grid index) and never wait
+for it; every key tile n' < n visits every query tile m >= n (causal: m >= n'), so each count is reached.
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 """Work tiles of the Blackwell attention backward (kernels/sm100/attention_bwd.py): which keys a CTA owns,
 which query tiles it visits, and the global views its TMA loads read. Traced inside CuTe DSL kernels.
 
-One CTA per (128-key tile, KV head, batch row) -- dense grid (ceil(S / 128), K, B) -- or per (key scale
-chunk, KV head) of packed sequences -- grid (n_chunks_k, K, 1), chunk i belonging to the sequence s with
+One CTA per (KV head, batch row, 128-key tile) -- dense grid (K, B, ceil(S / 128)) -- or per (KV head, key
+scale chunk) of packed sequences -- grid (K, 1, n_chunks_k), chunk i belonging to the sequence s with
 chunk_k[s] <= i < chunk_k[s + 1] (packed tiles start at sequence starts; chunks past chunk_k[S] do nothing).
+The key tile is the slowest grid index, so CTAs launch key tile by key tile across all heads: the longest
+causal key tiles first, and, in the deterministic dQ mode, a key tile's predecessor of the same head is
+never launched later and is usually a wave ahead (no wavefront of ordered adds inside one wave).
 It visits, for each of the G = N / K query heads of its KV head (GQA / MQA: dK, dV accumulate over them in
 TMEM), the query tiles m_lo .. m_hi - 1 in ascending order: m_hi = ceil(q_len / 128), m_lo = the key tile's
 index under causal masking (tiles above the diagonal hold no valid logit) and 0 otherwise; a key tile at or
@@ -101,8 +104,8 @@ def _steps(n: Int32, q_len: Int32, kv_len: Int32, groups: Int32, causal: bool):
 
 def dense_work(lens: Int64, t: Int32, s: Int32, q_batch: Int32, groups: Int32, causal: bool) -> Work:
     """The CTA's work on a dense padded batch: lens (2, B) int32 (query, key lengths, clamped to T, S)."""
-    n, kv, b = cute.arch.block_idx()
-    nb = cute.arch.grid_dim()[2]
+    kv, b, n = cute.arch.block_idx()
+    nb = cute.arch.grid_dim()[1]
     q_len = cutlass.min(px.ld_global_i32(lens + Int64(b) * 4), t)
     kv_len = cutlass.min(px.ld_global_i32(lens + (Int64(nb) + Int64(b)) * 4), s)
     m_lo, m_hi, steps = _steps(n, q_len, kv_len, groups, causal)
@@ -132,7 +135,7 @@ def find_sequence(table: Int64, n_seq: Int32, i: Int32) -> Int32:
 
 def packed_work(seqs: Int64, n_seq: Int32, groups: Int32, causal: bool) -> Work:
     """The CTA's work on packed sequences: seqs (4, S + 1) int32 = cu_q, cu_k, chunk_q, chunk_k."""
-    i, kv, _ = cute.arch.block_idx()
+    kv, _, i = cute.arch.block_idx()
     row = Int64(n_seq + 1) * 4
 
     def at(r: int, s) -> Int32:
