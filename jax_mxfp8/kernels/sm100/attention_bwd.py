@@ -3,7 +3,7 @@ compiled ahead of time. NOT RUN ON HARDWARE: no Blackwell GPU exists on this pro
 is compiled and its cubin checked statically (tools/check_sm100_attention.py), and its arithmetic is
 primitives/attention_bwd_sm100_emulation.py's (docs/perf/blackwell-attention.md "Backward").
 
-Host function (`entry()`: the @cute.jit function of the variant's arity; operands in
+Host function (`__call__`, i.e. `entry()`: the @cute.jit function of the variant's arity; operands in
 AttentionBwdSm100Config.tensor_names order, the emulation's operand interface):
   q          (Bq, T, N, H)  float8_e4m3fn   Bq = B, or 1 (broadcast_query_attention: one q for every row)
   q_sf_hd    (Bq, N, Tp/128, 1, 512) uint8  Q's "hd" blocked scales   (Tp = T rounded up to 128)
@@ -139,6 +139,11 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
         """The @cute.jit host function for this variant's number of tensors."""
         return {17: self.launch17, 18: self.launch18, 23: self.launch23}[len(self.tensor_names())]
 
+    def __call__(self, *args):
+        """Runs the host function on (tensors in tensor_names order, [scalars,] stream): what cute.compile
+        traces for the AOT build, and a JIT call where a GPU exists."""
+        return self.entry()(*args)
+
     # fmt: off
     @cute.jit
     def launch17(self, t0: cute.Tensor, t1: cute.Tensor, t2: cute.Tensor, t3: cute.Tensor, t4: cute.Tensor,
@@ -177,6 +182,7 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
         q_batch, seq_q, n_heads, _ = t["q"].shape
         batch, seq_k, kv_heads, _ = t["k"].shape
         g = BwdGemms(cfg.head_dim, cfg.stages)
+        g.check_views(cfg.head_dim)
         op = cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE)
         vmnk = (1, 1, 1, 1)
         rows = {name: tma_rows(t[name], cfg.packed) for name in ("q", "k", "v", "do")}

@@ -88,6 +88,33 @@ class BwdGemms:
         make = blockscaled.make_smem_layout_sfa if side == "a" else blockscaled.make_smem_layout_sfb
         return make(self.mma[gemm], self.tiler[gemm], SF_VEC, stages)
 
+    def check_views(self, head_dim: int) -> None:
+        """At trace time: the K-major and MN-major views of Q / dO (and of K) are the same function of (row,
+        column) -- one swizzle and equal offsets -- so one TMA load serves both GEMMs; and the dS tile is the
+        layout the compute warps write (key row r at r 128, 16-byte chunks XOR-swizzled by r % 8: S<3,4,3>).
+        Raises ValueError otherwise (a DSL whose layouts differ would need a second copy)."""
+        cols = sorted({0, 1, 15, 16, 31, 32, 33, head_dim // 2, head_dim - 1})
+        rows = range(TILE)
+        pairs = (
+            (_stage0(self.q_smem), _stage0(self.qt_smem), "Q / dO"),
+            (self.k_smem, self.kt_smem, "K"),
+        )
+        for kmaj, mnmaj, name in pairs:
+            if str(kmaj.inner) != str(mnmaj.inner):
+                raise ValueError(f"{name}: K-major swizzle {kmaj.inner} != MN-major {mnmaj.inner}")
+            for r in rows:
+                for c in cols:
+                    a = cute.crd2idx(((r, c % 32), 0, c // 32), kmaj.outer)
+                    b = cute.crd2idx(((c, r % 32), 0, r // 32), mnmaj.outer)
+                    if a != b:
+                        raise ValueError(f"{name}: element ({r}, {c}) at {a} K-major but {b} MN-major")
+        if str(self.ds_smem.inner) != "S<3,4,3>":
+            raise ValueError(f"dS tile swizzle {self.ds_smem.inner}: the compute warps write S<3,4,3>")
+        for r in rows:
+            for q in (0, 1, 17, 63, 64, 127):
+                if cute.crd2idx(((q, r % 32), 0, r // 32), self.ds_smem.outer) != r * TILE + q:
+                    raise ValueError(f"dS tile: (query {q}, key {r}) not at {r * TILE + q}")
+
     def acc(self, gemm: str, tmem_f32, col: int):
         """The float32 accumulator of `gemm` at TMEM column `col` of the allocation (tmem_f32: its base)."""
         mma = self.mma[gemm]

@@ -75,6 +75,11 @@ class AttentionBwdPrepass:
     def entry(self):
         return self.launch
 
+    def __call__(self, *args):
+        """Runs the host function on (tensors in tensor_names order, [scalars,] stream): what cute.compile
+        traces for the AOT build, and a JIT call where a GPU exists."""
+        return self.entry()(*args)
+
     @cute.jit
     def launch(self, t0: cute.Tensor, t1: cute.Tensor, t2: cute.Tensor, t3: cute.Tensor, t4: cute.Tensor,
                t5: cute.Tensor, t6: cute.Tensor, t7: cute.Tensor, stream: cuda.CUstream):  # fmt: skip
