@@ -86,8 +86,7 @@ class ComputeRole:
                 # S^T -> P
                 cute.arch.mbarrier_wait(bars.ptr("s_full"), p1)
                 px.tmem_fence_after_sync()
-                acc = px.tmem_load32(s_addr) + px.tmem_load32(s_addr + Uint32(32))
-                px.tmem_wait_load()
+                acc = px.tmem_load(s_addr, HALF)
                 px.named_barrier(BAR_COMPUTE_PAIR + quarter, 64)
                 _elected_arrive(bars.ptr("s_drained"))
                 cute.arch.mbarrier_wait(bars.ptr("stats_full", s), ph)
@@ -103,8 +102,7 @@ class ComputeRole:
                 # dP^T -> dS
                 cute.arch.mbarrier_wait(bars.ptr("dp_full"), p1)
                 px.tmem_fence_after_sync()
-                dp = px.tmem_load32(dp_addr) + px.tmem_load32(dp_addr + Uint32(32))
-                px.tmem_wait_load()
+                dp = px.tmem_load(dp_addr, HALF)
                 px.named_barrier(BAR_COMPUTE_PAIR + quarter, 64)
                 _elected_arrive(bars.ptr("dp_drained"))
                 ds = []

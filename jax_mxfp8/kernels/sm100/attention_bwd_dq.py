@@ -84,8 +84,7 @@ class ReduceRole:
                 px.tmem_fence_after_sync()
                 px.bulk_wait_read(0)  # the previous step's reduction has read the slot
                 for chunk in cutlass.range_constexpr(h // CHUNK):
-                    vals = px.tmem_load32(taddr + Uint32(CHUNK * chunk), CHUNK)
-                    px.tmem_wait_load()
+                    vals = px.tmem_load(taddr + Uint32(CHUNK * chunk), CHUNK)
                     bits = [px.mul_rn(v, ctx.dq_scale).bitcast(Uint32) for v in vals]
                     if cutlass.const_expr(staged_f16):
                         words = [ptx.pack_f16x2_rn(bits[2 * k], bits[2 * k + 1]) for k in range(CHUNK // 2)]

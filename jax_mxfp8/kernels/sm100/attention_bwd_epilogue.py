@@ -64,8 +64,7 @@ class EpilogueRole:
             row_bytes = []
             for chunk in cutlass.range_constexpr(h // 2 // BLOCK):
                 col = half * (h // 2) + BLOCK * chunk
-                vals = px.tmem_load32(taddr + Uint32(BLOCK * chunk))
-                px.tmem_wait_load()
+                vals = px.tmem_load(taddr + Uint32(BLOCK * chunk), BLOCK)
                 if cutlass.const_expr(factor is not None):
                     vals = [px.mul_rn(v, factor) for v in vals]
                 vals = [px.select_f32(has, v, Float32(0.0)) for v in vals]

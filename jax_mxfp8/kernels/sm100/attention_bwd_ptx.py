@@ -21,16 +21,19 @@ def tmem_addr(base: Uint32, lane_quarter, column) -> Uint32:
     return base + (Uint32(lane_quarter * 32) << Uint32(16)) + Uint32(column)
 
 
-def tmem_load32(taddr: Uint32, columns: int = 32) -> list[Float32]:
-    """`columns` (16 or 32) consecutive columns of this thread's lane (tcgen05.ld.32x32b.x16 / .x32), NOT
-    waited for: call tmem_wait_load before using the values."""
-    outs = ", ".join(f"{{$w{i}}}" for i in range(columns))
-    code = f"tcgen05.ld.sync.aligned.32x32b.x{columns}.b32 {{{outs}}}, [{{$r0}}];"
-    return list(inline_ptx(code, write_only_types=[Float32] * columns, read_only_args=[taddr]))
-
-
-def tmem_wait_load() -> None:
-    inline_ptx("tcgen05.wait::ld.sync.aligned;")
+def tmem_load(taddr: Uint32, columns: int) -> list[Float32]:
+    """`columns` (16, 32 or 64) consecutive columns of this thread's lane: tcgen05.ld.32x32b.x16 / .x32 (one
+    per 32 columns) and tcgen05.wait::ld in ONE asm statement, so that no use of a value can be scheduled
+    before the wait (the values are undefined until it)."""
+    per = min(columns, 32)
+    lines, k = [], 0
+    for c in range(columns // per):
+        outs = ", ".join(f"{{$w{k + i}}}" for i in range(per))
+        lines.append(f"tcgen05.ld.sync.aligned.32x32b.x{per}.b32 {{{outs}}}, [{{$r{c}}}];")
+        k += per
+    lines.append("tcgen05.wait::ld.sync.aligned;")
+    addrs = [taddr + Uint32(per * c) for c in range(columns // per)]
+    return list(inline_ptx("\n".join(lines), write_only_types=[Float32] * columns, read_only_args=addrs))
 
 
 def tmem_store8(taddr: Uint32, words: list[Uint32]) -> None:
