@@ -13,7 +13,8 @@ run once for a correctness check, then timed; a failure is recorded in the JSON 
                     (jax_mxfp8.quantize square blocks, default implementation, + prepare)
   ours_kernel_packed  jagged only: the packed kernel alone (attention_fwd_packed) on operands prepared
                     once by varlen_kernel.prepare_packed
-  ours_kernel_t<k>  benchmark-only kernel variants (registry.ATTENTION_FWD_VARIANTS with tune k > 0)
+  ours_kernel_t<k>  the comparison schedules (registry.ATTENTION_FWD_VARIANTS with tune k > 0; in the library
+                    when built with tools/build_library.py --with-tunes)
   ours_kernel_pblock  the kernel alone with p_scale="block" (one P scale per row and KV tile)
   producer_xla      transpose + zero padding + quantize (XLA) + prepare (XLA re-encode), jitted
   producer_qkernel  what ours_e2e runs before the kernel: the CuTe DSL square quantize kernel on the
@@ -21,12 +22,12 @@ run once for a correctness check, then timed; a failure is recorded in the JSON 
   cudnn_bf16        jax.nn.dot_product_attention(implementation="cudnn") (with query/key_value_seq_lengths
                     on the jagged batch)
   cudnn_fp8         jax._src.cudnn.fused_attention_stablehlo.dot_product_attention(use_fp8=True), per-tensor
-                    scales all 1 (as /work/shared/tools/h200_baselines.py), inputs cast to float8_e4m3fn
-                    BEFORE timing (not counted); no sequence-length support, so not run on the jagged batch
+                    scales all 1 (benchmarks/attention_baselines.py), inputs cast to float8_e4m3fn BEFORE
+                    timing (not counted); no sequence-length support, so not run on the jagged batch
   cudnn_fp8_from_bf16  the same with the bf16 -> fp8 casts inside the timed function
 
 FLOPs: 4*B*N*T*S*H, x0.5 when causal (unmasked work only); jagged: sum over sequences of 4*N*L^2*H (real
-lengths only; every implementation is charged the same useful FLOPs). Timing (DESIGN.md section 6):
+lengths only; every implementation is charged the same useful FLOPs). Timing (benchmarks/harness.py):
 enqueue --calls calls, block once, divide; median of --batches such batches. Correctness (not asserted):
 SQNR (dB) of each output against cuDNN BF16 over valid query rows, and a NaN check.
 
@@ -34,50 +35,42 @@ Targets (the issue), checked on ours_e2e (ours_kernel reported alongside): non-c
 and >= 0.95x cuDNN FP8 (pre-cast inputs); causal >= 1.3x cuDNN BF16; jagged >= 2.0x cuDNN BF16 (padded
 batch with sequence lengths); H64 >= 1.3x cuDNN BF16.
 
-Usage: python benchmarks/attention.py [--out FILE.json] [--plot FILE.png] [--quick] [--cpu-smoke]
+Usage: python benchmarks/attention.py [--out FILE.json] [--plot FILE.png] [--quick] [--smoke]
        python benchmarks/attention.py --backward [--quick] [--smoke] [--dq-accum fp32,fp16]  (forward+backward:
                benchmarks/attention_bwd.py, writes benchmarks/results/h200_attention_bwd.json)
-  --quick      four shapes (non-causal B4 T4k, causal B2 T8k, H64, jagged), 10 calls per batch
-  --budget-s   shapes not started after this many seconds are skipped (default 280)
-  --cpu-smoke  tiny shapes on any backend: ours via implementation="xla" (end-to-end) and emulate_fwd
-               (kernel-only), baselines via jax.nn implementation="xla" (FP8: on fp8-rounded inputs)
+  --quick        four shapes (non-causal B4 T4k, causal B2 T8k, H64, jagged), 10 calls per batch
+  --time-budget  shapes not started after this many seconds are skipped (default 280; alias --budget-s)
+  --smoke        tiny shapes on any backend: ours via implementation="xla" (end-to-end) and emulate_fwd
+                 (kernel-only), baselines via jax.nn implementation="xla" (FP8: on fp8-rounded inputs);
+                 alias --cpu-smoke
 The JSON is rewritten after every shape, so a run cut short still returns what it measured.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import functools
-import json
 import math
-import os
-import platform
-import shlex
 import sys
 import time
 import traceback
 from pathlib import Path
 
+import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
+from attention_baselines import FP8_NO_LENGTHS, cudnn_fp8_attention, issue_shapes, shape
+from harness import timeit
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from attention_baselines import FP8_NO_LENGTHS, cudnn_fp8_attention, issue_shapes, shape  # noqa: E402
-from timing import timeit  # noqa: E402  (benchmarks/timing.py; the script's folder is on sys.path)
-
-import jax_mxfp8 as mx  # noqa: E402
-from jax_mxfp8.kernels import registry  # noqa: E402
-from jax_mxfp8.ops import attention_core as attn_ops  # noqa: E402
-from jax_mxfp8.ops import varlen_kernel  # noqa: E402
-from jax_mxfp8.primitives import attention_emulation as emulation  # noqa: E402
-from jax_mxfp8.primitives import attention_fwd as afwd  # noqa: E402
-from jax_mxfp8.primitives import attention_operands as operands  # noqa: E402
-from jax_mxfp8.primitives import library  # noqa: E402
-from jax_mxfp8.reference.varlen import aligned_to_padded, to_packed, to_padded  # noqa: E402
+import jax_mxfp8 as mx
+from jax_mxfp8.kernels import registry
+from jax_mxfp8.ops import attention_core as attn_ops
+from jax_mxfp8.ops import varlen_kernel
+from jax_mxfp8.primitives import attention_emulation as emulation
+from jax_mxfp8.primitives import attention_fwd as afwd
+from jax_mxfp8.primitives import attention_operands as operands
+from jax_mxfp8.primitives import library
+from jax_mxfp8.reference.varlen import aligned_to_padded, to_packed, to_padded
 
 # Issue targets: group -> [(baseline, minimum ratio ours / baseline)]
 TARGETS = {
@@ -96,7 +89,7 @@ LABELS = {
 
 
 def shapes_for(mode: str) -> list[dict]:
-    if mode == "cpu-smoke":
+    if mode == "smoke":
         return [
             shape(2, 128, 2, 128, False, "noncausal"),
             shape(1, 256, 2, 128, False, "noncausal"),
@@ -227,7 +220,7 @@ def build_impls(sh, smoke: bool, kernel_ok: bool):
                     functools.partial(
                         lambda ops, tune: afwd.attention_fwd(ops, causal=c, t=sh["t"], tune=tune)[0], tune=v.tune
                     ),
-                    None,
+                    None if library.has_kernel(v.name) else "not in the library (build_library.py --with-tunes)",
                 )
 
     fp8_skip = FP8_NO_LENGTHS if jagged else None
@@ -405,8 +398,7 @@ def print_tables(results):
     head = ["shape", *(LABELS[c] for c in cols)]
     head += ["e2e/BF16", "kernel/BF16", "e2e/FP8", "kernel/FP8", "SQNR e2e vs BF16 (dB)"]
     head += ["target (ours e2e)", "target (ours kernel-only)"]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
+    rows = []
     for r in results:
         im, ra = r.get("impls", {}), r.get("ratios", {})
         cells = [r["name"]]
@@ -417,21 +409,22 @@ def print_tables(results):
             cells.append(fmt(ra.get(key), ".2f") + ("x" if key in ra else ""))
         cells.append(fmt(im.get("ours_e2e", {}).get("sqnr_vs_cudnn_bf16_db"), ".1f"))
         cells += [r.get("target_e2e", "-"), r.get("target_kernel", "-")]
-        print("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    print(harness.markdown_table(head, rows))
 
     print("\nWhere ours end-to-end goes (ms; producer = transpose + zero padding + MX quantize + prepare)\n")
     extra = sorted({x for r in results for x in r.get("impls", {}) if x.startswith("ours_kernel_")})
     head = ["shape", "ours e2e", "producer (XLA quantize)", "producer (quantize kernel)", "kernel"]
     head += [f"kernel {x[len('ours_kernel_') :]}" for x in extra] + ["e2e - producer - kernel", "cuDNN BF16"]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
+    rows = []
     for r in results:
         im = r.get("impls", {})
         names = ["ours_e2e", "producer_xla", "producer_qkernel", "ours_kernel", *extra]
         cells = [r["name"]] + [fmt(im.get(x, {}).get("ms"), ".3f") for x in names]
         cells.append(fmt(r.get("e2e_breakdown_ms", {}).get("rest_transpose_etc"), ".3f"))
         cells.append(fmt(im.get("cudnn_bf16", {}).get("ms"), ".3f"))
-        print("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    print(harness.markdown_table(head, rows))
     errs = [(r["name"], k, e["error"]) for r in results for k, e in r.get("impls", {}).items() if "error" in e]
     for name, impl, err in errs:
         print(f"ERROR {name} {impl}: {err[:300]}")
@@ -480,52 +473,31 @@ def main(argv=None) -> int:
         from attention_bwd import main as backward_main
 
         return backward_main([a for a in argv if a != "--backward"])
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "h200_attention_fwd.json"))
-    ap.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--cpu-smoke", action="store_true")
-    ap.add_argument("--calls", type=int, default=None, help="calls per batch (default 30; 10 quick; 2 smoke)")
-    ap.add_argument("--batches", type=int, default=3)
-    ap.add_argument("--only", default=None, help="run only shapes whose name contains this substring")
-    ap.add_argument(
-        "--budget-s", type=float, default=280.0, help="skip the shapes not yet started after this many seconds"
+    ap = harness.parser(
+        __doc__,
+        __file__,
+        out="benchmarks/results/h200_attention_fwd.json",
+        quick="four shapes, 10 calls per batch",
+        smoke="tiny shapes on any backend (XLA path and emulated kernel; numbers mean nothing)",
+        smoke_aliases=("--cpu-smoke",),
+        time_budget=280.0,
+        calls="calls per batch (default 30; 10 quick; 2 smoke)",
+        batches="batches (default 3)",
     )
-    args = ap.parse_args(argv)
-    mode = "cpu-smoke" if args.cpu_smoke else ("quick" if args.quick else "full")
-    if args.calls is None:
-        args.calls = {"cpu-smoke": 2, "quick": 10, "full": 30}[mode]
-    t_start = time.perf_counter()
+    ap.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
+    ap.add_argument("--only", default=None, help="run only shapes whose name contains this substring")
+    args = harness.parse(ap, argv)
+    harness.counts(args, calls={"smoke": 2, "quick": 10, "full": 30}, batches=3)
+    budget = harness.TimeBudget(args.time_budget)
     out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     plot_path = Path(args.plot) if args.plot else out_path.with_suffix(".png")
-
-    dev = jax.devices()[0]
-    smoke = args.cpu_smoke
+    smoke = args.mode == "smoke"
     kernel_ok, why = library.kernels_runnable(afwd.ARCHS)
     if not smoke and not kernel_ok:
         print(f"WARNING: attention kernel unavailable: {why}", flush=True)
-    device = getattr(dev, "device_kind", str(dev))
-    print(
-        f"device: {device}, backend {jax.default_backend()}, jax {jax.__version__}, mode {mode}, "
-        f"kernel: {kernel_ok or why}",
-        flush=True,
-    )
-
-    meta = dict(
-        device=device,
-        backend=jax.default_backend(),
-        jax=jax.__version__,
-        python=platform.python_version(),
-        command=shlex.join([os.path.basename(sys.executable), *sys.argv]),
-        cwd=os.getcwd(),
-        timestamp=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        mode=mode,
-        kernel_available=bool(kernel_ok),
-        kernel_unavailable_reason=why or None,
-        calls=args.calls,
-        batches=args.batches,
-        timing=f"enqueue {args.calls} calls, block once, divide; median of {args.batches} batches",
+    meta = harness.metadata(
+        args,
+        kernels=afwd.ARCHS,
         flops="4*B*N*T*S*H (x0.5 causal); jagged: sum_i 4*N*L_i^2*H over real lengths; same FLOPs for all impls",
         inputs="bf16 N(0,1), BTNH; scale 1/sqrt(H)",
         targets={g: [dict(baseline=b, min_ratio=r) for b, r in v] for g, v in TARGETS.items()},
@@ -538,23 +510,25 @@ def main(argv=None) -> int:
             "SQNR: against cuDNN BF16 output over valid query rows",
         ],
     )
+    print(f"device: {meta['device_kind']}, backend {meta['backend']}, jax {meta['jax']}, mode {args.mode}, "
+          f"kernel: {kernel_ok or why}", flush=True)  # fmt: skip
     if smoke:
         meta["notes"].append(
             "CPU SMOKE: baselines are jax.nn implementation='xla' (FP8: on fp8-rounded inputs), ours_e2e is "
             "implementation='xla', ours_kernel is primitives.attention_fwd.emulate_fwd; numbers mean nothing"
         )
     results = []
-    for sh in shapes_for(mode):
+    for sh in shapes_for(args.mode):
         if args.only and args.only not in sh["name"]:
             continue
         res = dict(sh)
         results.append(res)
-        elapsed = time.perf_counter() - t_start
-        if elapsed > args.budget_s:
-            res["skipped"] = f"time budget: {elapsed:.0f} s elapsed > --budget-s {args.budget_s:.0f}"
-            print(f"{sh['name']}: skipped ({res['skipped']})", flush=True)
+        skip = budget.exceeded()
+        if skip:
+            res["skipped"] = skip
+            print(f"{sh['name']}: skipped ({skip})", flush=True)
             continue
-        print(f"{sh['name']}  [{elapsed:.0f} s]", flush=True)
+        print(f"{sh['name']}  [{budget.elapsed():.0f} s]", flush=True)
         shape_start = time.perf_counter()
         try:
             run_shape(sh, args, smoke, kernel_ok, res)
@@ -562,21 +536,21 @@ def main(argv=None) -> int:
             traceback.print_exc()
             res["error"] = repr(e)[:800]
         res["shape_seconds"] = round(time.perf_counter() - shape_start, 1)
-        meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
-        out_path.write_text(json.dumps(dict(meta=meta, shapes=results), indent=1) + "\n")
+        meta["elapsed_s"] = round(budget.elapsed(), 1)
+        harness.write_json(out_path, meta, shapes=results)
 
     print_tables([r for r in results if "impls" in r])
     summary = {r["name"]: dict(e2e=r.get("target_e2e_pass"), kernel=r.get("target_kernel_pass")) for r in results}
     meta["target_summary"] = summary
-    meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
-    out_path.write_text(json.dumps(dict(meta=meta, shapes=results), indent=1) + "\n")
+    meta["elapsed_s"] = round(budget.elapsed(), 1)
+    harness.write_json(out_path, meta, shapes=results)
     print("\ntargets checked on ours end-to-end (cuDNN FP8 = pre-cast inputs); kernel-only alongside")
     print(f"wrote {out_path} ({meta['elapsed_s']} s)")
     try:
         plot(
             [r for r in results if "impls" in r],
             plot_path,
-            f"MXFP8 attention forward on {device} (jax {jax.__version__})",
+            f"MXFP8 attention forward on {meta['device_kind']} (jax {jax.__version__})",
         )
     except Exception as e:  # noqa: BLE001
         print(f"plot skipped: {e!r}")

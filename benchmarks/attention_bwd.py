@@ -3,7 +3,7 @@
 
 Run as `python benchmarks/attention.py --backward [...]` (or this file directly). Inputs: bf16 q, k, v ~
 N(0, 1) in jax.nn's BTNH layout and a random bf16 cotangent ct ~ N(0, 1) of the output (never sum(): XLA
-folds a constant cotangent, DESIGN.md section 6). Every timed function is jit(lambda q, k, v, ct:
+folds a constant cotangent). Timing: benchmarks/harness.py. Every timed function is jit(lambda q, k, v, ct:
 jax.vjp(attention, q, k, v)[1](ct)): the forward and the backward with the forward's residuals.
 
   ours              jax_mxfp8.dot_product_attention(implementation="cuda"): forward kernel, then the backward
@@ -23,48 +23,39 @@ jax.vjp(attention, q, k, v)[1](ct)): the forward and the backward with the forwa
 
 FLOPs of forward+backward = 3.5x the forward's 4*B*N*T*S*H (x0.5 causal; jagged: sum of 4*N*L^2*H over the
 real lengths, the same useful FLOPs for every implementation). Correctness (not asserted): SQNR (dB) of dq,
-dk, dv against cuDNN BF16's over valid rows, and a NaN check. Targets (issue 17, on `ours`): non-causal >= 1.3x
+dk, dv against cuDNN BF16's over valid rows, and a NaN check. Targets (on `ours`): non-causal >= 1.3x
 cuDNN BF16 and >= 0.95x cuDNN FP8; causal >= 1.2x; H64 >= 1.2x; jagged >= 1.6x (padded with lengths).
 
-  --smoke      tiny shapes on any backend (CPU): ours via implementation="emulated" (the kernel path with
-               the kernel calls emulated), baselines via jax.nn implementation="xla"; numbers mean nothing
-  --quick      four shapes (non-causal B4 T4k, causal B2 T8k, H64, jagged), 10 calls per batch
+  --smoke        tiny shapes on any backend (CPU): ours via implementation="emulated" (the kernel path with
+                 the kernel calls emulated), baselines via jax.nn implementation="xla"; numbers mean nothing
+  --quick        four shapes (non-causal B4 T4k, causal B2 T8k, H64, jagged), 10 calls per batch
+  --time-budget  shapes not started after this many seconds are skipped (default 280; alias --budget-s)
 The JSON (default benchmarks/results/h200_attention_bwd.json) is rewritten after every shape.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import math
-import os
-import platform
-import shlex
 import sys
 import time
 import traceback
 from pathlib import Path
 
+import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
+from attention_baselines import FP8_NO_LENGTHS, cudnn_fp8_attention, issue_shapes, shape
+from harness import timeit
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from attention_baselines import FP8_NO_LENGTHS, cudnn_fp8_attention, issue_shapes, shape  # noqa: E402
-from timing import timeit  # noqa: E402
-
-import jax_mxfp8 as mx  # noqa: E402
-from jax_mxfp8.ops import attention_bwd_kernel as kbwd  # noqa: E402
-from jax_mxfp8.ops import attention_core as attn_ops  # noqa: E402
-from jax_mxfp8.primitives import attention_bwd as abwd  # noqa: E402
-from jax_mxfp8.primitives import attention_fwd as afwd  # noqa: E402
-from jax_mxfp8.primitives import implementation as impl  # noqa: E402
-from jax_mxfp8.primitives import library  # noqa: E402
-from jax_mxfp8.reference.varlen import to_packed, to_padded  # noqa: E402
+import jax_mxfp8 as mx
+from jax_mxfp8.ops import attention_bwd_kernel as kbwd
+from jax_mxfp8.ops import attention_core as attn_ops
+from jax_mxfp8.primitives import attention_bwd as abwd
+from jax_mxfp8.primitives import attention_fwd as afwd
+from jax_mxfp8.primitives import implementation as impl
+from jax_mxfp8.primitives import library
+from jax_mxfp8.reference.varlen import to_packed, to_padded
 
 TARGETS = {
     "noncausal": [("cudnn_bf16", 1.3), ("cudnn_fp8", 0.95)],
@@ -262,8 +253,7 @@ def print_table(results):
     cols = sorted({x for r in results for x in r.get("impls", {})}, key=lambda x: (not x.startswith("ours"), x))
     print("\nTFLOP/s forward+backward (FLOPs 3.5x forward; ours_bwd_kernel: backward call alone, 2.5x)\n")
     head = ["shape", *cols, "ours/BF16", "ours/FP8", "SQNR ours dq/dk/dv vs BF16 (dB)", "ours bwd", "target"]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
+    rows = []
     for r in results:
         im, ra = r.get("impls", {}), r.get("ratios", {})
         cells = [r["name"]]
@@ -278,7 +268,8 @@ def print_table(results):
         sq = [o.get(f"sqnr_{d}_vs_cudnn_bf16_db") for d in ("dq", "dk", "dv")]
         cells.append("-" if None in sq else "/".join(f"{x:.1f}" for x in sq))
         cells += [o.get("bwd_path", "-"), r.get("target", "-")]
-        print("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    print(harness.markdown_table(head, rows))
     for r in results:
         for name, e in r.get("impls", {}).items():
             if "error" in e:
@@ -286,65 +277,55 @@ def print_table(results):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "h200_attention_bwd.json"))
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--smoke", "--cpu-smoke", action="store_true", dest="smoke")
-    ap.add_argument("--calls", type=int, default=None, help="calls per batch (default 30; 10 quick; 1 smoke)")
-    ap.add_argument("--batches", type=int, default=3)
+    ap = harness.parser(
+        __doc__,
+        __file__,
+        out="benchmarks/results/h200_attention_bwd.json",
+        quick="four shapes, 10 calls per batch",
+        smoke="tiny shapes on any backend (kernel calls emulated; numbers mean nothing)",
+        smoke_aliases=("--cpu-smoke",),
+        time_budget=280.0,
+        calls="calls per batch (default 30; 10 quick; 1 smoke)",
+        batches="batches (default 3)",
+    )
     ap.add_argument("--only", default=None, help="run only shapes whose name contains this substring")
     ap.add_argument(
         "--dq-accum", default="fp32", help="comma list of dQ-mode columns for ours: fp32,fp16,fp32_det,fp16_det"
     )
-    ap.add_argument("--budget-s", type=float, default=280.0, help="skip shapes not started after this many s")
-    args = ap.parse_args(argv)
+    args = harness.parse(ap, argv)
     args.dq_accum = tuple(dict.fromkeys(a.strip() for a in args.dq_accum.split(",")))
     if not set(args.dq_accum) <= {"fp32", "fp16", "fp32_det", "fp16_det"}:
         ap.error(f"--dq-accum {args.dq_accum}: each must be fp32, fp16, fp32_det or fp16_det")
-    mode = "smoke" if args.smoke else ("quick" if args.quick else "full")
-    args.calls = args.calls or {"smoke": 1, "quick": 10, "full": 30}[mode]
-    t_start = time.perf_counter()
+    harness.counts(args, calls={"smoke": 1, "quick": 10, "full": 30}, batches=3)
+    budget = harness.TimeBudget(args.time_budget)
     out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     kernel_ok, why = library.kernels_runnable(afwd.ARCHS)
-    dev = jax.devices()[0]
-    device = getattr(dev, "device_kind", str(dev))
-    print(f"device: {device}, jax {jax.__version__}, mode {mode}, kernel: {kernel_ok or why}", flush=True)
-    meta = dict(
-        device=device,
-        backend=jax.default_backend(),
-        jax=jax.__version__,
-        python=platform.python_version(),
-        command=shlex.join([os.path.basename(sys.executable), *sys.argv]),
-        timestamp=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        mode=mode,
-        kernel_available=bool(kernel_ok),
-        kernel_unavailable_reason=why or None,
-        timing=f"enqueue {args.calls} calls, block once, divide; median of {args.batches} batches",
-        timed="jit(jax.vjp(attention, q, k, v)[1](ct)), random bf16 cotangent ct ~ N(0, 1) (fp8 for cuDNN FP8)",
+    meta = harness.metadata(
+        args,
+        kernels=afwd.ARCHS,
+        timing="jit(jax.vjp(attention, q, k, v)[1](ct)), random bf16 cotangent ct ~ N(0, 1) (fp8 for cuDNN FP8)",
         flops="forward+backward = 3.5 x 4*B*N*T*S*H (x0.5 causal; jagged: real lengths); backward alone 2.5x",
         targets={g: [dict(baseline=b, min_ratio=r) for b, r in v] for g, v in TARGETS.items()},
     )
-    if mode == "smoke":
-        meta["note"] = "SMOKE: ours implementation='emulated', baselines jax.nn XLA; numbers mean nothing"
+    print(f"device: {meta['device_kind']}, jax {meta['jax']}, mode {args.mode}, kernel: {kernel_ok or why}", flush=True)
     results = []
-    for sh in shapes_for(mode):
+    for sh in shapes_for(args.mode):
         if args.only and args.only not in sh["name"]:
             continue
         res = dict(sh)
         results.append(res)
-        elapsed = time.perf_counter() - t_start
-        if elapsed > args.budget_s:
-            res["skipped"] = f"time budget: {elapsed:.0f} s > --budget-s {args.budget_s:.0f}"
+        skip = budget.exceeded()
+        if skip:
+            res["skipped"] = skip
             continue
-        print(f"{sh['name']}  [{elapsed:.0f} s]", flush=True)
+        print(f"{sh['name']}  [{budget.elapsed():.0f} s]", flush=True)
         try:
-            run_shape(sh, args, mode == "smoke", res)
+            run_shape(sh, args, args.mode == "smoke", res)
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             res["error"] = repr(e)[:800]
-        meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
-        out_path.write_text(json.dumps(dict(meta=meta, shapes=results), indent=1) + "\n")
+        meta["elapsed_s"] = round(budget.elapsed(), 1)
+        harness.write_json(out_path, meta, shapes=results)
     print_table([r for r in results if "impls" in r])
     print(f"wrote {out_path} ({meta.get('elapsed_s', 0)} s)")
     return 0

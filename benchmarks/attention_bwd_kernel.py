@@ -9,38 +9,34 @@ jax.nn.dot_product_attention(implementation="cudnn") in bfloat16 (jax.vjp once, 
 function on a random cotangent), same shapes.
 
 FLOPs: backward = 2.5 x forward = 2.5 * 4 * B * N * T * S * H (five T x S x H GEMMs: S, dP, dV, dK, dQ),
-halved for causal. Every registered tuning (TUNES) is timed; "kernel_s" is the fastest. The dQ modes (MODES:
-dq_accum "fp16" with e = 12, deterministic "fp32" and "fp16"; kernels/sm90/attention_bwd_dq.py) are timed on
-the same inputs, with their dq's SQNR against the float32 dq of the first BF16-only tune timed
-("kernel_<mode>_dq_db"; the modes run all GEMMs on BF16 wgmma, so dk, dv are the same math; time tune 17 for
-it: --tunes 0,17). Mode "pblock": the p_scale="block" variant (registry BLOCK_P: tune 23's schedule with P
-quantized per 32 queries of each key; compare it with --tunes 0,23).
-Usage: python benchmarks/attention_bwd_kernel.py [--out results.json] [--calls 10] [--batches 5] [--tunes 0,5]
-             [--shapes 0,2] [--modes none|fp16,det,fp16_det,pblock]
+halved for causal. Production and the two comparison schedules (TUNES: registry COMPARISONS, tune 17 on BF16
+wgmma only and PREVIOUS, production without dv_f16; in the library when built with --with-tunes) are timed;
+"kernel_s" is the fastest. The dQ modes (MODES: dq_accum "fp16" with e = 12, deterministic "fp32" and "fp16";
+kernels/sm90/attention_bwd_dq.py) are timed on the same inputs, with their dq's SQNR against the float32 dq of
+the first BF16-only tune timed ("kernel_<mode>_dq_db"; the modes run all GEMMs on BF16 wgmma, so dk, dv are the
+same math; time tune 17 for it: --tunes 0,17). Mode "pblock": the p_scale="block" variant (registry BLOCK_P:
+production's schedule without p_scaled, P quantized per 32 queries of each key).
+Timing: benchmarks/harness.py (the same inputs for every tune and mode of a shape).
+Usage: python benchmarks/attention_bwd_kernel.py [--out results.json] [--calls 10] [--batches 5] [--tunes 0,17]
+             [--shapes 0,2] [--modes none|fp16,det,fp16_det,pblock] [--time-budget S]
        ncu -k regex:attention_bwd --launch-skip 1 --launch-count 1 python benchmarks/attention_bwd_kernel.py --profile 0
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
-from pathlib import Path
 
+import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
+from harness import timeit
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from timing import timeit  # noqa: E402
-
-from jax_mxfp8.kernels import registry  # noqa: E402
-from jax_mxfp8.kernels.registry.attention_bwd import DQ_MODES, TUNINGS  # noqa: E402
-from jax_mxfp8.metrics import sqnr_db  # noqa: E402
-from jax_mxfp8.primitives import library  # noqa: E402
+from jax_mxfp8.kernels import registry
+from jax_mxfp8.kernels.registry.attention_bwd import COMPARISONS, DQ_MODES
+from jax_mxfp8.metrics import sqnr_db
+from jax_mxfp8.primitives import library
 
 SHAPES = [
     dict(b=4, t=4096, n=16, n_kv=16, h=128, causal=False),
@@ -54,7 +50,7 @@ def bwd_flops(b, t, n, h, causal, **_) -> float:
     return f / 2 if causal else f
 
 
-TUNES = tuple(t for t, _ in TUNINGS)
+TUNES = tuple(sorted({0, *(t for tunes in COMPARISONS.values() for t in tunes)}))
 MODES = {"fp16": DQ_MODES[0], "det": DQ_MODES[1], "fp16_det": DQ_MODES[2], "pblock": dict(p_scale="block")}
 DQ_E = 12  # dq_accum "fp16": the default dq_fp16_scale_log2
 
@@ -62,10 +58,10 @@ DQ_E = 12  # dq_accum "fp16": the default dq_fp16_scale_log2
 def kernel_fn(shape, rng, tune=0, mode=None, inputs=None):
     """(jit of one kernel call -> (dq, dk, dv, dq_sem) as the kernel leaves them (dq_accum "fp16": dq holds
     dQ * 2^DQ_E in float16); its inputs: `inputs`, else kernel_inputs(shape, rng)), or (None, None) when the
-    variant is not registered."""
+    variant is not registered or not in the library (the comparison schedules: build_library.py --with-tunes)."""
     b, t, n, n_kv, h = shape["b"], shape["t"], shape["n"], shape["n_kv"], shape["h"]
     variant = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=shape["causal"], tune=tune, **(mode or {}))
-    if variant is None:
+    if variant is None or not library.has_kernel(variant.name):
         return None, None
     outs = (
         jax.ShapeDtypeStruct((b, n, t, h), jnp.float16 if variant.dq_accum == "fp16" else jnp.float32),
@@ -125,17 +121,22 @@ def cudnn_fn(shape, rng):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="attention_bwd_kernel.json")
-    ap.add_argument("--calls", type=int, default=10)
-    ap.add_argument("--batches", type=int, default=5)
+    ap = harness.parser(
+        __doc__,
+        __file__,
+        out="benchmarks/results/h200_attention_bwd_kernel.json",
+        time_budget=None,
+        calls="calls per batch (default 10)",
+        batches="batches (default 5)",
+    )
     ap.add_argument("--profile", type=int, default=None, metavar="TUNE", help="run that tuning 4 times (ncu)")
     ap.add_argument("--causal", action="store_true", help="with --profile: the causal shape")
     ap.add_argument("--shape", type=int, default=None, help="with --profile: SHAPES index (overrides --causal)")
     ap.add_argument("--tunes", default=None, help="comma-separated tunings to time (default: all registered)")
     ap.add_argument("--shapes", default=None, help="comma-separated SHAPES indices, in this order (default: all)")
     ap.add_argument("--modes", default=None, help="dQ modes (MODES keys) to time, or 'none' (default: all)")
-    args = ap.parse_args(argv)
+    args = harness.parse(ap, argv)
+    harness.counts(args, calls=10, batches=5)
     shapes = SHAPES if args.shapes is None else [SHAPES[int(i)] for i in args.shapes.split(",")]
     tunes = TUNES if args.tunes is None else tuple(int(t) for t in args.tunes.split(","))
     modes = MODES if args.modes is None else {k: MODES[k] for k in args.modes.split(",") if k != "none"}
@@ -148,14 +149,18 @@ def main(argv=None) -> int:
             jax.block_until_ready(fn(*a))
         return 0
     rows = []
-    meta = dict(device=str(jax.devices()[0]), jax=jax.__version__, flops="2.5 * 4 * B * N * T * S * H (/2 causal)")
-    meta["command"] = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    meta = harness.metadata(args, kernels=True, flops="2.5 * 4 * B * N * T * S * H (/2 causal)")
+    budget = harness.TimeBudget(args.time_budget)
     print(
         f"{'shape':34s} {'tune':>4s} {'kernel ms':>10s} {'TFLOP/s':>8s} {'cuDNN ms':>9s} {'TFLOP/s':>8s} {'ratio':>6s}"
     )
     for shape in shapes:
         flops = bwd_flops(**shape)
         row = dict(shape=shape, flops=flops)
+        skip = budget.exceeded()
+        if skip:
+            rows.append(dict(row, skipped=skip))
+            continue
         inputs = kernel_inputs(shape, rng)  # the same inputs for every tune and mode of this shape
         dq0 = None
         for tune in tunes:
@@ -205,8 +210,7 @@ def main(argv=None) -> int:
                     f"{row.get('cudnn_tflops', float('nan')):8.1f} {cs / kt:6.2f}  dq vs BF16 fp32 {db:.1f} dB"
                 )
         rows.append(row)
-        # rewritten after every shape: a run cut short by its time limit keeps the shapes it finished
-        Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+        harness.write_json(args.out, meta, rows=rows)  # after every shape: a run cut short keeps what it measured
     return 0
 
 

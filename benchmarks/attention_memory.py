@@ -11,21 +11,14 @@ Usage: python benchmarks/attention_memory.py [--lengths 8192 32768] [--run 32768
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import sys
 import time
-from pathlib import Path
 
+import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import jax_mxfp8 as mx  # noqa: E402
+import jax_mxfp8 as mx
 
 N, H = 8, 128
 GIB = 2.0**30
@@ -50,12 +43,11 @@ def sizes(compiled):
     )
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None) -> int:
+    ap = harness.parser(__doc__, __file__, out="benchmarks/results/attention_memory.json")
     ap.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768])
     ap.add_argument("--run", type=int, default=0, help="also execute fwd+bwd (causal) at this length")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "attention_memory.json"))
-    args = ap.parse_args()
+    args = harness.parse(ap, argv)
 
     rows = []
     for t in args.lengths:
@@ -94,17 +86,11 @@ def main():
         run = dict(T=t, causal=True, seconds=round(secs, 1), finite=finite)
         print(f"ran causal fwd+bwd at T=S={t}: {secs:.1f} s, finite={finite}")
 
-    meta = dict(
-        shape=dict(B=1, N=N, K=N, H=H, dtype="bfloat16"),
-        jax=jax.__version__,
-        backend=jax.default_backend(),
-        python=platform.python_version(),
-        command="python " + " ".join(sys.argv),
-    )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows, run=run), indent=1) + "\n")
+    meta = harness.metadata(args, shape=dict(B=1, N=N, K=N, H=H, dtype="bfloat16"))
+    harness.write_json(args.out, meta, rows=rows, run=run)
     print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

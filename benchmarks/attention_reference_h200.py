@@ -4,36 +4,29 @@
 Same bf16 inputs for both: jax_mxfp8.dot_product_attention(implementation="xla") and
 jax.nn.dot_product_attention(implementation="cudnn"). FLOPs: forward 4*B*N*T*S*H (half when causal),
 forward+backward 3.5x forward. The backward is jax.grad of sum(O * W) with a random bf16 W for both (a
-constant cotangent would let XLA constant-fold the dO quantization). Timing (DESIGN.md section 6):
+constant cotangent would let XLA constant-fold the dO quantization). Timing (benchmarks/harness.py):
 enqueue --calls calls, block once, divide; median of --batches batches. Also records compile seconds,
 the reference's compiled temp memory and, as a sanity check, SQNR of the reference against cuDNN.
 JSON is rewritten after every case, so a run cut short still returns what it measured.
 
-Usage: python benchmarks/attention_reference_h200.py [--out DIR] [--tiny]
-  (--tiny: B1 T256 N2 H64, for trying the script on CPU; cuDNN is skipped off-GPU)
+Usage: python benchmarks/attention_reference_h200.py [--out DIR] [--smoke]
+  (--smoke, alias --tiny: B1 T256 N2 H64, 3 calls, for trying the script on CPU; cuDNN is skipped off-GPU)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
-import sys
 import time
 import traceback
 from pathlib import Path
 
+import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
+from harness import timeit
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from timing import timeit  # noqa: E402  (benchmarks/timing.py; the script's folder is on sys.path)
-
-import jax_mxfp8 as mx  # noqa: E402
+import jax_mxfp8 as mx
 
 
 def sqnr(ref, x) -> float:
@@ -61,37 +54,34 @@ def cudnn(q, k, v, causal):
     return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None) -> int:
+    ap = harness.parser(
+        __doc__,
+        __file__,
+        out=os.environ.get("OUT", "benchmarks/results"),
+        out_help="folder for h200_attention_reference.json (default: $OUT if set, else benchmarks/results)",
+        smoke="B1 T256 N2 H64, 3 calls (a CPU try of the script; numbers mean nothing)",
+        smoke_aliases=("--tiny",),
+        calls="calls per batch (default 30; 3 smoke)",
+        batches="batches (default 3)",
+    )
     ap.add_argument("--b", type=int, default=4)
     ap.add_argument("--t", type=int, default=4096)
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--h", type=int, default=128)
-    ap.add_argument("--calls", type=int, default=30)
-    ap.add_argument("--batches", type=int, default=3)
-    ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "benchmarks" / "results")))
-    args = ap.parse_args()
-    if args.tiny:
-        args.b, args.t, args.n, args.h, args.calls = 1, 256, 2, 64, 3
+    args = harness.parse(ap, argv)
+    harness.counts(args, calls={"full": 30, "smoke": 3}, batches=3)
+    if args.smoke:
+        args.b, args.t, args.n, args.h = 1, 256, 2, 64
     b, t, n, h = args.b, args.t, args.n, args.h
     on_gpu = jax.default_backend() == "gpu"
-    dev = jax.devices()[0]
     out_path = Path(args.out) / "h200_attention_reference.json"
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    result = dict(
-        meta=dict(
-            device=getattr(dev, "device_kind", str(dev)),
-            backend=jax.default_backend(),
-            jax=jax.__version__,
-            python=platform.python_version(),
-            shape=dict(B=b, T=t, S=t, N=n, K=n, H=h, dtype="bfloat16"),
-            timing=f"enqueue {args.calls} calls, block once, divide; median of {args.batches}",
-            flops="fwd 4*B*N*T*S*H (x0.5 causal); fwd+bwd 3.5 x fwd",
-            command="python " + " ".join(sys.argv),
-        ),
-        cases=[],
+    meta = harness.metadata(
+        args,
+        shape=dict(B=b, T=t, S=t, N=n, K=n, H=h, dtype="bfloat16"),
+        flops="fwd 4*B*N*T*S*H (x0.5 causal); fwd+bwd 3.5 x fwd",
     )
+    result = dict(cases=[])
     rng = np.random.default_rng(0)
     q, k, v, w = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.bfloat16) for _ in range(4))
     impls = {"mxfp8_xla_reference": ours}
@@ -128,14 +118,14 @@ def main():
                 case[name] = dict(error=repr(e)[:500])
             print(f"causal={causal} {name}: {case[name]}", flush=True)
             result["cases"] = [c for c in result["cases"] if c["causal"] != causal] + [case]
-            out_path.write_text(json.dumps(result, indent=1) + "\n")
+            harness.write_json(out_path, meta, **result)
         if len(outs) == 2:
             (o1, g1), (o2, g2) = outs["mxfp8_xla_reference"], outs["cudnn_bf16"]
             case["sqnr_reference_vs_cudnn_db"] = dict(
                 O=sqnr(o2, o1), dQ=sqnr(g2[0], g1[0]), dK=sqnr(g2[1], g1[1]), dV=sqnr(g2[2], g1[2])
             )
             print(f"causal={causal} SQNR reference vs cuDNN bf16: {case['sqnr_reference_vs_cudnn_db']}", flush=True)
-        out_path.write_text(json.dumps(result, indent=1) + "\n")
+        harness.write_json(out_path, meta, **result)
 
     print(f"\n{'case':8s} {'impl':22s} {'fwd TFLOP/s':>12s} {'fwd+bwd TFLOP/s':>16s} {'fwd ms':>9s} {'f+b ms':>9s}")
     for case in result["cases"]:
@@ -147,7 +137,8 @@ def main():
                     f" {e['fwd_bwd_tflops']:16.1f} {e['fwd_ms']:9.2f} {e['fwd_bwd_ms']:9.2f}"
                 )
     print(f"wrote {out_path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

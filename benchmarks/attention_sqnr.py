@@ -13,20 +13,15 @@ Prints a table and writes JSON (default benchmarks/results/attention_sqnr.json).
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import sys
 import time
-from pathlib import Path
 
+import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(harness.ROOT / "tests"))
 
 from attention_emulation import EmuConfig, exact_attention, mx_attention, sqnr_db  # noqa: E402
 
@@ -69,8 +64,8 @@ def lib_fwd_bwd(cfg, causal):
     return run
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None) -> int:
+    ap = harness.parser(__doc__, __file__, out="benchmarks/results/attention_sqnr.json")
     ap.add_argument("--t", type=int, default=2048)
     ap.add_argument("--b", type=int, default=1)
     ap.add_argument("--n", type=int, default=2)
@@ -78,8 +73,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lognormal", action="store_true", help="also measure log-normal token magnitudes")
     ap.add_argument("--no-emulation", action="store_true", help="skip the float64 MX emulation column")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "attention_sqnr.json"))
-    args = ap.parse_args()
+    args = harness.parse(ap, argv)
 
     kinds = ["normal"] + (["lognormal"] if args.lognormal else [])
     rows = []
@@ -120,22 +114,19 @@ def main():
                     flush=True,
                 )
 
-    meta = dict(
+    meta = harness.metadata(
+        args,
         shape=dict(B=args.b, T=args.t, S=args.t, N=args.n, K=args.n, H=args.h),
         seed=args.seed,
         reference="float64 unquantized softmax attention with analytic gradients; loss sum(O * dO), dO ~ N(0, 1)",
-        jax=jax.__version__,
-        backend=jax.default_backend(),
-        python=platform.python_version(),
-        command="python " + " ".join(sys.argv),
         dtype=str(jnp.float32.dtype),
     )
     # Non-finite outputs (dq_accum="fp16" overflowing on the log-normal set) have no SQNR: JSON null.
     rows = [{k: (None if isinstance(x, float) and not np.isfinite(x) else x) for k, x in r.items()} for r in rows]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+    harness.write_json(args.out, meta, rows=rows)
     print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,11 +1,11 @@
 """broadcast_query_attention vs the tiled query (varlen_attention on q tiled B times), forward and forward+backward.
 
-The recommender's case (issue 17): one candidate query sequence (Tq rows) against B user histories packed
+The recommender's case: one candidate query sequence (Tq rows) against B user histories packed
 with cu_seqlens_k. Both run on the kernel path ("cuda"; --smoke: tiny shapes on the XLA path, numbers mean
 nothing). The tiled baseline tiles the query inside the timed function, as a caller would. Backward timed
-with a random cotangent (DESIGN.md section 6, benchmarks/timing.py). Prints a table, writes JSON.
+with a random cotangent (timing rule: benchmarks/harness.py). Prints a table, writes JSON with --out.
 
-  python benchmarks/broadcast_attention.py [--smoke] [--kernel-bwd] [--out results.json]
+  python benchmarks/broadcast_attention.py [--smoke] [--kernel-bwd] [--out results.json] [--time-budget S]
 
 --kernel-bwd: also the backward kernel call alone (broadcast_q variant vs production on the tiled query,
 same operands) and XLA's sum over B of a per-row float32 dq, to split the op's backward time.
@@ -13,19 +13,16 @@ same operands) and XLA's sum over B of a per-row float32 dq, to split the op's b
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
+import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
+from harness import timeit
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import timeit  # noqa: E402
-
-import jax_mxfp8 as mx  # noqa: E402
+import jax_mxfp8 as mx
 
 SHAPES = (  # (B histories, history lengths U[lo, hi], Tq candidates, N, K, H)
     (64, (512, 4096), 256, 4, 4, 128),
@@ -75,6 +72,7 @@ def _kernel_bwd_row(rng, b, lens, tq, n, n_kv, h, calls, batches) -> dict:
     on the tiled q (dq per row), and XLA's sum over B of such a per-row float32 dq (what the in-kernel sum
     removes from the op's backward)."""
     from jax_mxfp8.primitives import attention_bwd as abwd
+    from jax_mxfp8.primitives import library
 
     tp, sp = -(-tq // 128) * 128, -(-int(lens.max()) // 128) * 128
     bf = lambda shape: jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
@@ -89,6 +87,9 @@ def _kernel_bwd_row(rng, b, lens, tq, n, n_kv, h, calls, batches) -> dict:
     for name, bq, x in (("bcast", True, ops), ("tiled", False, tiled)):
         var, why = abwd.kernel_variant(head_dim=h, causal=False, broadcast_q=bq, tune=0 if bq else 17)
         assert var is not None, why
+        if not library.has_kernel(var.name):
+            print(f"{var.name} is not in the library (tools/build_library.py --with-tunes): not timed")
+            continue
         f = jax.jit(lambda ops, var=var: abwd.attention_bwd(ops, variant=var, scale=h**-0.5))
         jax.block_until_ready(f(x))
         row[f"kernel_bwd_{name}_ms"] = 1e3 * timeit(f, (x,), calls, batches)
@@ -100,19 +101,29 @@ def _kernel_bwd_row(rng, b, lens, tq, n, n_kv, h, calls, batches) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the XLA path (CPU plumbing check)")
-    ap.add_argument("--calls", type=int, default=10)
-    ap.add_argument("--batches", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=None, help="JSON results")
+    ap = harness.parser(
+        __doc__,
+        __file__,
+        smoke="tiny shapes on the XLA path (CPU plumbing check)",
+        time_budget=None,
+        calls="calls per batch (default 10; 1 smoke)",
+        batches="batches (default 5; 1 smoke)",
+    )
+    ap.add_argument("--out", type=Path, default=None, help="JSON results (default: none written)")
     ap.add_argument("--shapes", type=int, default=len(SHAPES), help="run only the first N shapes")
     ap.add_argument("--kernel-bwd", action="store_true", help="also time the backward kernel calls alone (GPU)")
-    args = ap.parse_args(argv)
+    args = harness.parse(ap, argv)
+    harness.counts(args, calls={"full": 10, "smoke": 1}, batches={"full": 5, "smoke": 1})
     impl = "xla" if args.smoke else "cuda"
-    calls, batches = (1, 1) if args.smoke else (args.calls, args.batches)
+    calls, batches = args.calls, args.batches
+    meta = harness.metadata(args, kernels=not args.smoke, implementation=impl, unit="ms")
+    budget = harness.TimeBudget(args.time_budget)
     rng = np.random.default_rng(0)
     rows = []
     for b, lens_range, tq, n, n_kv, h in SMOKE if args.smoke else SHAPES[: args.shapes]:
+        if budget.exceeded():
+            print(f"B{b} Tq{tq}: skipped ({budget.exceeded()})")
+            continue
         q, k, v, do, cu_k, max_k, lens = _inputs(rng, b, lens_range, tq, n, n_kv, h)
         fwd, fb = _fns(impl, b, tq, max_k)
         row = dict(b=b, lens_range=list(lens_range), tq=tq, n=n, n_kv=n_kv, h=h, tokens_k=int(lens.sum()))
@@ -130,8 +141,7 @@ def main(argv=None) -> int:
             row.update(_kernel_bwd_row(rng, b, lens, tq, n, n_kv, h, calls, batches))
         rows.append(row)
         if args.out:  # after every shape: a run cut short keeps what it measured
-            meta = dict(device=str(jax.devices()[0]), implementation=impl, calls=calls, batches=batches, unit="ms")
-            args.out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+            harness.write_json(args.out, meta, rows=rows)
     cols = ("fwd bcast", "fwd tiled", "f+b bcast", "f+b tiled")
     print(f"{'shape':34} " + " ".join(f"{c:>10}" for c in cols) + f" {'O bits':>7} {'dQ dB':>6}")
     for r in rows:
@@ -140,7 +150,7 @@ def main(argv=None) -> int:
             f"{name:34} {r['broadcast_fwd_ms']:10.3f} {r['tiled_fwd_ms']:10.3f} {r['broadcast_fwd_bwd_ms']:10.3f} "
             f"{r['tiled_fwd_bwd_ms']:10.3f} {str(r['o_bits_equal']):>7} {r['dq_sqnr_db']:6.1f}"
         )
-        if "kernel_bwd_bcast_ms" in r:
+        if "kernel_bwd_bcast_ms" in r and "kernel_bwd_tiled_ms" in r:
             print(
                 f"  backward kernel call alone: broadcast_q {r['kernel_bwd_bcast_ms']:.3f} ms, tune 17 (BF16) on the "
                 f"tiled q {r['kernel_bwd_tiled_ms']:.3f} ms; XLA sum of a per-row f32 dq {r['xla_dq_sum_ms']:.3f} ms"

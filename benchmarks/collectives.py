@@ -13,23 +13,27 @@ Run: XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/collec
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+import harness
+import jax
 
-import jax  # noqa: E402
+sys.path.insert(0, str(harness.ROOT / "examples"))
+
 import train_multihost  # noqa: E402
 
 MESHES = ("data=8", "fsdp=8", "tp=8", "data=2,fsdp=4", "data=2,fsdp=2,tp=2")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results")
-    args = p.parse_args()
+def main(argv=None) -> int:
+    p = harness.parser(
+        __doc__,
+        __file__,
+        out="benchmarks/results",
+        out_help="folder for collectives_<platform><device count>.json (default benchmarks/results)",
+    )
+    args = harness.parse(p, argv)
     rows = []
     for mesh in MESHES:
         for fp8 in (False, True):
@@ -41,25 +45,26 @@ def main() -> None:
             rows.append(
                 {"mesh": mesh, "fp8_gather": fp8, "collectives": by_kind, "all_gather_bytes": s["all_gather_bytes"]}
             )
-    print("\n| mesh | FP8 gather | collectives of one training step (count, KiB) | all-gather KiB |")
-    print("| --- | --- | --- | --- |")
+    table = []
     for r in rows:
         kinds = "; ".join(f"{k} x{n} {b / 1024:.0f}" for k, (n, b) in sorted(r["collectives"].items())) or "none"
-        print(f"| {r['mesh']} | {'yes' if r['fp8_gather'] else 'no'} | {kinds} | {r['all_gather_bytes'] / 1024:.0f} |")
-    print("\n| mesh | all-gather KiB per step: FP32 (measured) | BF16 (FP32 / 2, computed) | MXFP8 (measured) |")
-    print("| --- | --- | --- | --- |")
+        table.append([r["mesh"], "yes" if r["fp8_gather"] else "no", kinds, f"{r['all_gather_bytes'] / 1024:.0f}"])
+    head = ["mesh", "FP8 gather", "collectives of one training step (count, KiB)", "all-gather KiB"]
+    print("\n" + harness.markdown_table(head, table))
+    table = []
     for mesh in MESHES:
         plain = [r for r in rows if r["mesh"] == mesh and not r["fp8_gather"]]
         fp8 = [r for r in rows if r["mesh"] == mesh and r["fp8_gather"]]
         if plain and fp8:
             f32 = plain[0]["all_gather_bytes"] / 1024
-            print(f"| {mesh} | {f32:.0f} | {f32 / 2:.0f} | {fp8[0]['all_gather_bytes'] / 1024:.0f} |")
-    os.makedirs(args.out, exist_ok=True)
+            table.append([mesh, f"{f32:.0f}", f"{f32 / 2:.0f}", f"{fp8[0]['all_gather_bytes'] / 1024:.0f}"])
+    head = ["mesh", "all-gather KiB per step: FP32 (measured)", "BF16 (FP32 / 2, computed)", "MXFP8 (measured)"]
+    print("\n" + harness.markdown_table(head, table))
     path = os.path.join(args.out, f"collectives_{jax.devices()[0].platform}{jax.device_count()}.json")
-    with open(path, "w") as f:
-        json.dump({"jax": jax.__version__, "devices": str(jax.devices()[0].device_kind), "rows": rows}, f, indent=1)
+    harness.write_json(path, harness.metadata(args), rows=rows)
     print(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -4,15 +4,15 @@ The fusion names in a profile (benchmarks/profile_attention_step.py: loop_conver
 instruction names; this prints, for each fusion of the compiled module, its name, result shape and the ops
 inside it, so that the glue between our kernels can be attributed to the code that produced it.
 
-Run (GPU): python benchmarks/dump_attention_hlo.py --out /tmp/attention_fwd_bwd.hlo.txt
+Run (GPU): python benchmarks/dump_attention_hlo.py --out $OUT/attention_fwd_bwd.hlo.txt
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 
+import harness
 import jax
 import jax.numpy as jnp
 
@@ -20,11 +20,15 @@ import jax_mxfp8 as mx
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="attention_fwd_bwd.hlo.txt")
+    ap = harness.parser(
+        __doc__,
+        __file__,
+        out="attention_fwd_bwd.hlo.txt",
+        out_help="the optimized HLO text (default attention_fwd_bwd.hlo.txt at the repository root)",
+    )
     ap.add_argument("--shape", default="4,4096,16,128", help="B,T,N,H")
     ap.add_argument("--causal", action="store_true")
-    args = ap.parse_args(argv)
+    args = harness.parse(ap, argv)
     b, t, n, h = (int(x) for x in args.shape.split(","))
     x = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
 

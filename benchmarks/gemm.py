@@ -17,15 +17,16 @@ Forward+backward ("fwdbwd"): jax.value_and_grad of sum(f(x, w) * ct) w.r.t. x an
 cotangent ct (not a plain sum: XLA folds constant cotangents; value_and_grad, not grad: under jax.grad the
 forward GEMM's result is unused and XLA removes it, leaving 2 of the 3 GEMMs). Only bf16 and ours* have one.
 
-FLOPs 2*M*N*K forward, 3x that forward+backward. Timing (DESIGN.md section 6, benchmarks/timing.py):
+FLOPs 2*M*N*K forward, 3x that forward+backward. Timing (benchmarks/harness.py):
 enqueue --calls calls, block once, divide; median of --batches batches (torch: the same with
 torch.cuda.synchronize). Numerics: SQNR (dB) against the float64 product of the bf16 inputs on a
 sub-block (first --sqnr-rows rows x first --sqnr-rows output columns, full K: row/column quantization
 blocks make it the same values as the full product there); for fwdbwd also dx and dw on sub-blocks.
-Issue targets (W2 2/6): ours forward >= 1.6x bf16 and >= 0.8x torch_fp8; ours fwd+bwd >= 1.4x bf16;
-ours_ref forward >= 0.85x bf16.
+Targets: ours forward >= 1.6x bf16 and >= 0.8x torch_fp8; ours fwd+bwd >= 1.4x bf16; ours_ref forward
+>= 0.85x bf16.
 
-Usage: python benchmarks/gemm.py [--out FILE.json] [--smoke] [--only bf16,ours,...] [--budget-s S] [--shapes MxKxN,...]
+Usage: python benchmarks/gemm.py [--out FILE.json] [--smoke] [--only bf16,ours,...] [--time-budget S]
+                                 [--shapes MxKxN,...]
   --smoke   small shapes, 2 calls x 2 batches: proves the script on CPU (numbers mean nothing)
 The JSON (default benchmarks/results/h200_gemm.json) is rewritten after every shape.
 """
@@ -33,32 +34,23 @@ The JSON (default benchmarks/results/h200_gemm.json) is rewritten after every sh
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
-import os
-import platform
-import shlex
-import statistics
 import sys
-import time
 import traceback
 from pathlib import Path
 
+import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
+from harness import timeit, timeit_torch
 from jax import lax
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from timing import timeit  # noqa: E402  (benchmarks/timing.py; the script's folder is on sys.path)
-
-import jax_mxfp8 as mx  # noqa: E402
-from jax_mxfp8.config.gemm import MXDotConfig  # noqa: E402
-from jax_mxfp8.metrics import sqnr_db  # noqa: E402
-from jax_mxfp8.reference import gemm  # noqa: E402
+import jax_mxfp8 as mx
+from jax_mxfp8.config.gemm import MXDotConfig
+from jax_mxfp8.metrics import sqnr_db
+from jax_mxfp8.reference import gemm
 
 DN = (((1,), (0,)), ((), ()))
 E4M3_MAX = 448.0
@@ -143,19 +135,6 @@ def import_torch():
     return torch, None
 
 
-def time_torch(torch, fn, calls, batches):
-    times = []
-    fn()
-    torch.cuda.synchronize()
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / calls)
-    return statistics.median(times)
-
-
 def sqnr_sub(ref64, got) -> float:
     return round(float(sqnr_db(ref64, np.asarray(got, np.float64))), 2)
 
@@ -193,7 +172,7 @@ def run_shape(m, k, n, args, res, torch):
                     w8 = (wt.float() / sw).to(torch.float8_e4m3fn).t().contiguous().t()  # column-major (K, N)
                     fn = functools.partial(torch._scaled_mm, x8, w8, scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
                 y = fn()
-                out["fwd_s"] = time_torch(torch, fn, calls, batches)
+                out["fwd_s"] = timeit_torch(torch, fn, calls, batches)
                 out["sqnr_fwd_db"] = sqnr_sub(ref_y, y[:rr, :rc].float().cpu().numpy())
                 del xt, wt, y, fn
             elif name.startswith("xla_fp8"):
@@ -266,72 +245,59 @@ def print_table(results):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "h200_gemm.json"))
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--calls", type=int, default=None, help="calls per batch (default 30; smoke 2)")
-    ap.add_argument("--batches", type=int, default=None, help="batches (default 3; smoke 2)")
+    ap = harness.parser(
+        __doc__,
+        __file__,
+        out="benchmarks/results/h200_gemm.json",
+        smoke="small shapes, 2 calls x 2 batches: proves the script on CPU (numbers mean nothing)",
+        time_budget=200.0,
+        calls="calls per batch (default 30; smoke 2)",
+        batches="batches (default 3; smoke 2)",
+    )
     ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(IMPLS)}")
     ap.add_argument("--sqnr-rows", type=int, default=256)
-    ap.add_argument("--budget-s", type=float, default=200.0, help="skip shapes not started after this many seconds")
     ap.add_argument(
         "--shapes",
         type=_parse_shapes,
         default=None,
-        help="comma-separated MxKxN (x (M, K) @ w (K, N)) instead of the issue's three shapes, e.g. the LM "
+        help="comma-separated MxKxN (x (M, K) @ w (K, N)) instead of the three default shapes, e.g. the LM "
         "example's GEMMs: 32768x1024x1536,32768x1024x1024,32768x1024x4096,32768x4096x1024",
     )
-    args = ap.parse_args(argv)
-    args.calls = args.calls or (2 if args.smoke else 30)
-    args.batches = args.batches or (2 if args.smoke else 3)
-    t_start = time.perf_counter()
+    args = harness.parse(ap, argv)
+    harness.counts(args, calls={"full": 30, "smoke": 2}, batches={"full": 3, "smoke": 2})
+    budget = harness.TimeBudget(args.time_budget)
     out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     torch, args.torch_reason = import_torch()
-    dev = jax.devices()[0]
-    device = getattr(dev, "device_kind", str(dev))
-    print(
-        f"device: {device}, backend {jax.default_backend()}, jax {jax.__version__}, torch: {args.torch_reason or 'yes'}"
-    )
-    meta = dict(
-        device=device,
-        backend=jax.default_backend(),
-        jax=jax.__version__,
+    meta = harness.metadata(
+        args,
+        kernels=True,
         torch=None if torch is None else torch.__version__,
         torch_skipped=args.torch_reason,
-        python=platform.python_version(),
-        command=shlex.join([os.path.basename(sys.executable), *sys.argv]),
-        cwd=os.getcwd(),
-        timestamp=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        mode="smoke" if args.smoke else "full",
-        calls=args.calls,
-        batches=args.batches,
-        timing=f"enqueue {args.calls} calls, block once, divide; median of {args.batches} batches",
         flops="2*M*N*K forward; 3x that forward+backward (value_and_grad: all three GEMMs run)",
         inputs="x (M, K), w (K, N) bf16 N(0,1); cotangent ct (M, N) bf16 N(0,1)",
         sqnr=f"vs float64 product of the bf16 inputs on the first {args.sqnr_rows} rows/cols (full contraction)",
         impls=__doc__.split("\n\n")[1],
     )
-    if args.smoke:
-        meta["note"] = "SMOKE RUN: tiny shapes, timings mean nothing"
+    print(f"device: {meta['device_kind']}, backend {meta['backend']}, jax {meta['jax']}, "
+          f"torch: {args.torch_reason or 'yes'}")  # fmt: skip
     results = []
     shapes = args.shapes or (SMOKE_SHAPES if args.smoke else FULL_SHAPES)
     for m, k, n in shapes:
         res = dict(name=f"{m}x{k}x{n}", m=m, k=k, n=n)
         results.append(res)
-        elapsed = time.perf_counter() - t_start
-        if elapsed > args.budget_s:
-            res["skipped"] = f"time budget: {elapsed:.0f} s elapsed > --budget-s {args.budget_s:.0f}"
+        skip = budget.exceeded()
+        if skip:
+            res["skipped"] = skip
             print(f"{res['name']}: skipped", flush=True)
             continue
-        print(f"{res['name']}  [{elapsed:.0f} s]", flush=True)
+        print(f"{res['name']}  [{budget.elapsed():.0f} s]", flush=True)
         try:
             run_shape(m, k, n, args, res, torch)
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             res["error"] = repr(e)[:800]
-        meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
-        out_path.write_text(json.dumps(dict(meta=meta, shapes=results), indent=1) + "\n")
+        meta["elapsed_s"] = round(budget.elapsed(), 1)
+        harness.write_json(out_path, meta, shapes=results)
     print_table(results)
     print(f"wrote {out_path} ({meta.get('elapsed_s')} s)")
     return 0

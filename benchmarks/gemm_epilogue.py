@@ -20,41 +20,35 @@ scales per 128 K; made before timing):
   epi_gelu_pre_then_col   the same with GELU (the MLP's training forward before store_col)
   then_ops_both  the MX GEMM (bf16 out), then the gemm_operands kernel's "row" + "col" from one read
                  (GEMM + quantize kernel, both orientations)
-FLOPs 2*M*N*K. Timing (DESIGN.md section 6, benchmarks/timing.py): enqueue --calls calls, block once,
-divide; median of --batches batches. Targets (issue 15 item 3): epi >= 0.95x plain and >= 1.2x then_q
-(likewise epi_gelu vs then_gelu_q, reported).
+FLOPs 2*M*N*K. Timing (benchmarks/harness.py): enqueue --calls calls, block once, divide; median of
+--batches batches. Targets: epi >= 0.95x plain and >= 1.2x then_q (likewise epi_gelu vs then_gelu_q,
+reported).
 
 Usage: python benchmarks/gemm_epilogue.py [--out FILE.json] [--smoke] [--only plain,epi,...] [--shapes N]
+                                          [--time-budget S]
   --smoke   a small shape, emulated on CPU (numbers mean nothing; proves the script)
 The JSON (default benchmarks/results/h200_gemm_epilogue.json) is rewritten after every shape.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
-import os
-import platform
-import shlex
 import sys
-import time
 import traceback
 from pathlib import Path
 
+import harness
 import jax
 import jax.numpy as jnp
+from harness import timeit
+from mx_gemm_kernel import FULL_SHAPES, aligned_operands  # benchmarks/mx_gemm_kernel.py
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from mx_gemm_kernel import FULL_SHAPES, aligned_operands  # noqa: E402 (benchmarks/mx_gemm_kernel.py)
-from timing import timeit  # noqa: E402
-
-from jax_mxfp8.primitives import mx_gemm as mg  # noqa: E402
-from jax_mxfp8.primitives import mx_gemm_epilogue as me  # noqa: E402
-from jax_mxfp8.primitives.gemm_operands import gemm_operands  # noqa: E402
-from jax_mxfp8.primitives.quantize import quantize  # noqa: E402
+from jax_mxfp8.kernels import registry
+from jax_mxfp8.primitives import library
+from jax_mxfp8.primitives import mx_gemm as mg
+from jax_mxfp8.primitives import mx_gemm_epilogue as me
+from jax_mxfp8.primitives.gemm_operands import gemm_operands
+from jax_mxfp8.primitives.quantize import quantize
 
 SMOKE_SHAPES = [(256, 256, 384)]
 IMPLS = (
@@ -130,6 +124,11 @@ def run_shape(m, k, n, args, res) -> None:
     flops = 2 * m * n * k
     for name in args.only.split(",") if args.only else IMPLS:
         out = res.setdefault(name, {})
+        if name == "epi_t1" and args.path == "cuda":
+            t1 = registry.find(registry.MXGemmEpilogueConfig, tune=1)
+            if not library.has_kernel(t1.name):
+                out["skipped"] = f"{t1.name} is not in the library (tools/build_library.py --with-tunes)"
+                continue
         try:
             t = timeit(make_fn(name, args.path), ops, args.calls, args.batches)
             out["s"] = t
@@ -156,46 +155,43 @@ def print_table(results) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "h200_gemm_epilogue.json"))
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--calls", type=int, default=None, help="calls per batch (default 20; smoke 2)")
-    ap.add_argument("--batches", type=int, default=None, help="batches (default 3; smoke 2)")
+    ap = harness.parser(
+        __doc__,
+        __file__,
+        out="benchmarks/results/h200_gemm_epilogue.json",
+        smoke="a small shape, emulated on CPU (numbers mean nothing; proves the script)",
+        time_budget=None,
+        calls="calls per batch (default 20; smoke 2)",
+        batches="batches (default 3; smoke 2)",
+    )
     ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(IMPLS)}")
     ap.add_argument("--shapes", type=int, default=None, help="only the first N shapes")
-    args = ap.parse_args(argv)
-    args.calls = args.calls or (2 if args.smoke else 20)
-    args.batches = args.batches or (2 if args.smoke else 3)
+    args = harness.parse(ap, argv)
+    harness.counts(args, calls={"full": 20, "smoke": 2}, batches={"full": 3, "smoke": 2})
     args.path = "emulated" if args.smoke else "cuda"
     out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    dev = jax.devices()[0]
-    device = getattr(dev, "device_kind", str(dev))
-    print(f"device: {device}, jax {jax.__version__}, path {args.path}")
-    meta = dict(
-        device=device,
-        jax=jax.__version__,
-        python=platform.python_version(),
-        command=shlex.join([os.path.basename(sys.executable), *sys.argv]),
-        timestamp=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        mode="smoke" if args.smoke else "full",
-        timing=f"enqueue {args.calls} calls, block once, divide; median of {args.batches} batches",
+    meta = harness.metadata(
+        args,
+        kernels=not args.smoke,
         flops="2*M*N*K",
         targets=[f"{i} >= {r}x {b}" for i, b, r in TARGETS],
         impls=__doc__.split("\n\n")[1],
     )
-    if args.smoke:
-        meta["note"] = "SMOKE RUN: a tiny shape on the emulated path, timings mean nothing"
+    print(f"device: {meta['device_kind']}, jax {meta['jax']}, path {args.path}")
     shapes = SMOKE_SHAPES if args.smoke else FULL_SHAPES[: args.shapes]
+    budget = harness.TimeBudget(args.time_budget)
     results = []
-    t0 = time.perf_counter()
     for m, k, n in shapes:
         res = dict(name=f"{m}x{k}x{n}", m=m, k=k, n=n)
         results.append(res)
-        print(f"{res['name']}  [{time.perf_counter() - t0:.0f} s]", flush=True)
+        skip = budget.exceeded()
+        if skip:
+            res["skipped"] = skip
+            continue
+        print(f"{res['name']}  [{budget.elapsed():.0f} s]", flush=True)
         run_shape(m, k, n, args, res)
-        meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
-        out_path.write_text(json.dumps(dict(meta=meta, shapes=results), indent=1) + "\n")
+        meta["elapsed_s"] = round(budget.elapsed(), 1)
+        harness.write_json(out_path, meta, shapes=results)
     print_table(results)
     print(f"wrote {out_path}")
     return 0

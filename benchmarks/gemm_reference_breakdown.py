@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Where the exact BF16 reference of mx_dot_general spends its time (issue 15's "ours_ref >= 0.85x BF16").
+"""Where the exact BF16 reference of mx_dot_general spends its time (its target: ours_ref >= 0.85x BF16).
 
-One process, bf16 x (M, K), w (K, N) ~ N(0,1), each part jitted and timed alone (benchmarks/timing.py):
+One process, bf16 x (M, K), w (K, N) ~ N(0,1), each part jitted and timed alone (benchmarks/harness.py):
   bf16          lax.dot_general(x, w) (the baseline)
   ref           mx_dot_general(x, w, implementation="xla"): the whole reference forward
   prep_x        reference.gemm.quantized_3d(x[None]): quantize along K + dequantize to bf16 (B, M, K)
   prep_w        reference.gemm.quantized_in_place(w): w quantized along K in its own (K, N) layout (what the
-                reference runs since session 7), then moved to (1, N, K) for the GEMM (XLA folds that move
+                reference runs), then moved to (1, N, K) for the GEMM (XLA folds that move
                 into the dot's operand layout in `ref`; timed alone here it is a materialised transpose)
   prep_w_transposed  quantized_3d(w.T[None]): the transpose to (N, K) first, then blocks along the last axis
                 (the reference before: XLA fused the transpose into the block reduction, strided reads)
@@ -16,32 +16,21 @@ One process, bf16 x (M, K), w (K, N) ~ N(0,1), each part jitted and timed alone 
 Bytes per part are the HBM floor (each operand read once, written once); GB/s = bytes / time.
 The last column "sum" compares ref with prep_x + prep_w + gemm_f32out.
 
-Usage: python benchmarks/gemm_reference_breakdown.py [--out FILE.json] [--smoke]
+Usage: python benchmarks/gemm_reference_breakdown.py [--out FILE.json] [--smoke] [--time-budget S]
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import platform
-import shlex
-import sys
-from pathlib import Path
-
+import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
+from harness import timeit
 from jax import lax
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from timing import timeit  # noqa: E402
-
-import jax_mxfp8 as mx  # noqa: E402
-from jax_mxfp8.config.gemm import MXDotConfig  # noqa: E402
-from jax_mxfp8.reference import gemm  # noqa: E402
+import jax_mxfp8 as mx
+from jax_mxfp8.config.gemm import MXDotConfig
+from jax_mxfp8.reference import gemm
 
 DN = (((1,), (0,)), ((), ()))
 FULL_SHAPES = [(8192, 8192, 8192), (16384, 4096, 14336), (16384, 14336, 4096)]  # (M, K, N)
@@ -91,25 +80,29 @@ def parts(m: int, k: int, n: int, calls: int, batches: int) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "h200_gemm_reference_breakdown.json"))
-    ap.add_argument("--smoke", action="store_true")
-    args = ap.parse_args()
-    shapes, calls, batches = (SMOKE_SHAPES, 2, 2) if args.smoke else (FULL_SHAPES, 20, 3)
-    meta = {
-        "device": jax.devices()[0].device_kind,
-        "jax": jax.__version__,
-        "python": platform.python_version(),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "timing": f"enqueue {calls} calls, block once, divide; median of {batches} batches",
-    }
+def main(argv=None) -> int:
+    ap = harness.parser(
+        __doc__,
+        __file__,
+        out="benchmarks/results/h200_gemm_reference_breakdown.json",
+        smoke="a small shape, 2 calls x 2 batches (numbers mean nothing)",
+        time_budget=None,
+        calls="calls per batch (default 20; smoke 2)",
+        batches="batches (default 3; smoke 2)",
+    )
+    args = harness.parse(ap, argv)
+    harness.counts(args, calls={"full": 20, "smoke": 2}, batches={"full": 3, "smoke": 2})
+    shapes, calls, batches = (SMOKE_SHAPES if args.smoke else FULL_SHAPES), args.calls, args.batches
+    meta = harness.metadata(args)
+    budget = harness.TimeBudget(args.time_budget)
     rows = []
     names = ("bf16", "ref", "prep_x", "prep_w", "prep_w_transposed", "quantize_x", "gemm_f32out", "gemm_bf16out")
     print("| M x K x N | " + " | ".join(f"{n} ms" for n in names) + " | ref/bf16 | prep+gemm ms | ref bits = parts |")
     print("|" + " --- |" * (len(names) + 4))
     for m, k, n in shapes:
+        if budget.exceeded():
+            print(f"| {m}x{k}x{n} | skipped ({budget.exceeded()}) |")
+            continue
         r = parts(m, k, n, calls, batches)
         rows.append(r)
         cells = []
@@ -118,9 +111,9 @@ def main() -> None:
             cells.append(f"{p['ms']:.3f}" + (f" ({p['gb_s']:.0f} GB/s)" if "gb_s" in p and nm != "bf16" else ""))
         print(f"| {m}x{k}x{n} | " + " | ".join(cells) + f" | {r['ref_vs_bf16']:.3f} | {r['sum_of_parts_ms']:.3f} | "
               f"{r['ref_equals_parts']} |", flush=True)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"meta": meta, "shapes": rows}, indent=1))
+        harness.write_json(args.out, meta, shapes=rows)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

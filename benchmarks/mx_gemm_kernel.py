@@ -6,44 +6,35 @@ One process, side by side, y (M, N) = x (M, K) @ w (K, N), bf16 out, for (M, K, 
   bf16        lax.dot_general on bf16 operands
   xla_fp8     lax.dot_general on float8_e4m3fn operands with per-tensor scales (cast before timing)
   torch_fp8   torch._scaled_mm, e4m3 per-tensor scales, bf16 out (operands pre-cast; torch with CUDA only)
-  mx_tN       our kernel, registry tuning N (mx_t0 = production), on aligned operands made before timing:
+  mx_tN       our kernel, tune N (mx_t0 = production; registry.MX_GEMM_TUNINGS: the comparison schedules,
+              in the library when built with --with-tunes), on aligned operands made before timing:
               a (1, M, K), b (1, N, K) e4m3 K-major, sa (1, K/128, M), sb (1, K/128, N) powers of two
-              (the quantization pass that makes them is not timed: kernel only); the tunings in
-              registry.MX_GEMM_DIAGNOSTICS skip work and return WRONG outputs (they time a part of the loop)
-FLOPs 2*M*N*K. Timing (DESIGN.md section 6, benchmarks/timing.py): enqueue --calls calls, block once,
-divide; median of --batches batches (torch: the same with torch.cuda.synchronize). Target (issue 15 item 2):
-mx_t0 >= 1300 TFLOP/s at 8192^3 (with the quantize pass, the end-to-end GEMM at 1.6x bf16).
+              (the quantization pass that makes them is not timed: kernel only)
+FLOPs 2*M*N*K. Timing (benchmarks/harness.py): enqueue --calls calls, block once, divide; median of
+--batches batches (torch: the same with torch.cuda.synchronize). Target: mx_t0 >= 1300 TFLOP/s at 8192^3
+(with the quantize pass, the end-to-end GEMM at 1.6x bf16).
 
-Usage: python benchmarks/mx_gemm_kernel.py [--out FILE.json] [--smoke] [--only bf16,mx_t0,...]
+Usage: python benchmarks/mx_gemm_kernel.py [--out FILE.json] [--smoke] [--only bf16,mx_t0,...] [--time-budget S]
 The JSON (default benchmarks/results/h200_mx_gemm_kernel.json) is rewritten after every shape.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import functools
-import json
-import os
-import platform
-import shlex
 import sys
-import time
 import traceback
 from pathlib import Path
 
+import harness
 import jax
 import jax.numpy as jnp
+from gemm import DN, fp8_dot, import_torch, per_tensor_fp8  # benchmarks/gemm.py
+from harness import timeit, timeit_torch
 from jax import lax
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from gemm import DN, fp8_dot, import_torch, per_tensor_fp8, time_torch  # noqa: E402 (benchmarks/gemm.py)
-from timing import timeit  # noqa: E402
-
-from jax_mxfp8.kernels import registry  # noqa: E402
-from jax_mxfp8.primitives import mx_gemm as mg  # noqa: E402
+from jax_mxfp8.kernels import registry
+from jax_mxfp8.primitives import library
+from jax_mxfp8.primitives import mx_gemm as mg
 
 FULL_SHAPES = [(8192, 8192, 8192), (16384, 4096, 14336), (16384, 14336, 4096)]  # (M, K, N)
 SMOKE_SHAPES = [(256, 512, 384)]
@@ -53,7 +44,7 @@ TARGET_TFLOPS = 1300.0
 
 
 def aligned_operands(key, m: int, k: int, n: int):
-    """Aligned e4m3 operands (GEMM_INTERFACE.md) with power-of-two scales in [2^-2, 2^2]."""
+    """Aligned e4m3 operands (docs/interfaces.md) with power-of-two scales in [2^-2, 2^2]."""
     ka, kb, ksa, ksb = jax.random.split(key, 4)
     a = jax.random.normal(ka, (1, m, k), jnp.bfloat16).astype(jnp.float8_e4m3fn)
     b = jax.random.normal(kb, (1, n, k), jnp.bfloat16).astype(jnp.float8_e4m3fn)
@@ -89,9 +80,13 @@ def run_shape(m, k, n, args, res, torch) -> None:
                 x8 = (xt.float() / sx).to(torch.float8_e4m3fn)
                 w8 = (wt.float() / sw).to(torch.float8_e4m3fn).t()  # (K, N) column-major
                 fn = functools.partial(torch._scaled_mm, x8, w8, scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
-                t = time_torch(torch, fn, args.calls, args.batches)
+                t = timeit_torch(torch, fn, args.calls, args.batches)
             elif name.startswith("mx_t"):
                 tune = int(name[4:])
+                variant = registry.find(registry.MXGemmConfig, tune=tune)
+                if variant is None or not library.has_kernel(variant.name):
+                    out["skipped"] = f"tune {tune} is not in the library (tools/build_library.py --with-tunes)"
+                    continue
                 f = jax.jit(lambda a, b, sa, sb, tune=tune: mg.mx_gemm(a, b, sa, sb, out_dtype=jnp.bfloat16,
                                                                      path="cuda", tune=tune))  # fmt: skip
                 t = timeit(f, ops, args.calls, args.batches)
@@ -115,49 +110,46 @@ def print_table(results) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "h200_mx_gemm_kernel.json"))
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--calls", type=int, default=None, help="calls per batch (default 20; smoke 2)")
-    ap.add_argument("--batches", type=int, default=None, help="batches (default 3; smoke 2)")
+    ap = harness.parser(
+        __doc__,
+        __file__,
+        out="benchmarks/results/h200_mx_gemm_kernel.json",
+        smoke="a small shape (numbers mean nothing; proves the script where the kernel runs)",
+        time_budget=None,
+        calls="calls per batch (default 20; smoke 2)",
+        batches="batches (default 3; smoke 2)",
+    )
     ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(IMPLS)}")
     ap.add_argument("--shapes", type=int, default=None, help="only the first N shapes")
-    args = ap.parse_args(argv)
-    args.calls = args.calls or (2 if args.smoke else 20)
-    args.batches = args.batches or (2 if args.smoke else 3)
+    args = harness.parse(ap, argv)
+    harness.counts(args, calls={"full": 20, "smoke": 2}, batches={"full": 3, "smoke": 2})
     out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     torch, args.torch_reason = import_torch()
-    dev = jax.devices()[0]
-    device = getattr(dev, "device_kind", str(dev))
-    print(f"device: {device}, jax {jax.__version__}, torch: {args.torch_reason or 'yes'}")
-    meta = dict(
-        device=device,
-        jax=jax.__version__,
+    meta = harness.metadata(
+        args,
+        kernels=True,
         torch=None if torch is None else torch.__version__,
         torch_skipped=args.torch_reason,
-        python=platform.python_version(),
-        command=shlex.join([os.path.basename(sys.executable), *sys.argv]),
-        timestamp=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        mode="smoke" if args.smoke else "full",
-        timing=f"enqueue {args.calls} calls, block once, divide; median of {args.batches} batches",
         flops="2*M*N*K",
         tunings={f"mx_t{v.tune}": repr(v) for v in (registry.find(registry.MXGemmConfig), *registry.MX_GEMM_TUNINGS)},
         target=f"mx_t0 >= {TARGET_TFLOPS} TFLOP/s at 8192^3",
         impls=__doc__.split("\n\n")[1],
     )
-    if args.smoke:
-        meta["note"] = "SMOKE RUN: tiny shapes, timings mean nothing"
+    print(f"device: {meta['device_kind']}, jax {meta['jax']}, torch: {args.torch_reason or 'yes'}")
     shapes = SMOKE_SHAPES if args.smoke else FULL_SHAPES[: args.shapes]
+    budget = harness.TimeBudget(args.time_budget)
     results = []
-    t0 = time.perf_counter()
     for m, k, n in shapes:
         res = dict(name=f"{m}x{k}x{n}", m=m, k=k, n=n)
         results.append(res)
-        print(f"{res['name']}  [{time.perf_counter() - t0:.0f} s]", flush=True)
+        skip = budget.exceeded()
+        if skip:
+            res["skipped"] = skip
+            continue
+        print(f"{res['name']}  [{budget.elapsed():.0f} s]", flush=True)
         run_shape(m, k, n, args, res, torch)
-        meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
-        out_path.write_text(json.dumps(dict(meta=meta, shapes=results), indent=1) + "\n")
+        meta["elapsed_s"] = round(budget.elapsed(), 1)
+        harness.write_json(out_path, meta, shapes=results)
     print_table(results)
     print(f"wrote {out_path}")
     return 0

@@ -10,11 +10,12 @@ largest reasons). Accepts .csv or .csv.gz.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import csv
 import gzip
 import io
+
+import harness
 
 
 def summarize(path: str, top: int) -> str:
@@ -41,13 +42,14 @@ def summarize(path: str, top: int) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None) -> int:
+    ap = harness.parser(__doc__, __file__)
     ap.add_argument("csv")
     ap.add_argument("--top", type=int, default=25)
-    args = ap.parse_args()
+    args = harness.parse(ap, argv)
     print(summarize(args.csv, args.top))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

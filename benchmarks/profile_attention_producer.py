@@ -3,7 +3,7 @@
 
   python benchmarks/profile_attention_producer.py [--shape B,T,N,H] [--out FILE.json]
 
-Stages (each jitted on its own; timing as DESIGN.md section 6 via benchmarks/timing.py), bf16 BTNH inputs:
+Stages (each jitted on its own; timing rule of benchmarks/harness.py), bf16 BTNH inputs:
   quantize_seq_major   the three square MX quantizations of the kernel path (the CUDA kernel on the
                        (B*T, N*H) view of the caller's layout; ops.attention_core.square_sequence_major)
   quantize_head_major  the former path: bf16 transpose to (B, N, T, H), then the same kernel
@@ -19,24 +19,20 @@ Needs the kernel library and an sm_90 GPU (prints why not otherwise).
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import sys
-from pathlib import Path
 
+import harness
 import jax
 import jax.numpy as jnp
+from harness import timeit
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import timeit  # noqa: E402
-
-import jax_mxfp8 as mx  # noqa: E402
-from jax_mxfp8.ops import attention_core as attn_ops  # noqa: E402
-from jax_mxfp8.primitives import attention_fwd as afwd  # noqa: E402
-from jax_mxfp8.primitives import attention_operands as operands  # noqa: E402
-from jax_mxfp8.primitives import attention_realign as realign_call  # noqa: E402
-from jax_mxfp8.primitives import library  # noqa: E402
+import jax_mxfp8 as mx
+from jax_mxfp8.ops import attention_core as attn_ops
+from jax_mxfp8.primitives import attention_fwd as afwd
+from jax_mxfp8.primitives import attention_operands as operands
+from jax_mxfp8.primitives import attention_realign as realign_call
+from jax_mxfp8.primitives import library
 
 
 def stages(b: int, t: int, n: int, h: int, causal: bool) -> dict:
@@ -79,13 +75,12 @@ def stages(b: int, t: int, n: int, h: int, causal: bool) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, __file__, calls="calls per batch (default 30)", batches="batches (default 3)")
+    ap.add_argument("--out", default=None, help="JSON results (default: none written)")
     ap.add_argument("--shape", default="4,4096,16,128", help="B,T,N,H")
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--calls", type=int, default=30)
-    ap.add_argument("--batches", type=int, default=3)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    args = harness.parse(ap, argv)
+    harness.counts(args, calls=30, batches=3)
     ok, why = library.kernels_runnable(afwd.ARCHS)
     if not ok:
         print(f"cannot run: {why}")
@@ -105,15 +100,8 @@ def main(argv=None) -> int:
         f"e2e {rows['e2e']:.3f} ms = kernel {rows['kernel']:.3f} + rest {rows['e2e'] - rows['kernel']:.3f}"
     )
     if args.out:
-        meta = {
-            "shape": dict(b=b, t=t, n=n, h=h, causal=args.causal),
-            "device": jax.devices()[0].device_kind,
-            "jax": jax.__version__,
-            "calls": args.calls,
-            "batches": args.batches,
-            "command": " ".join(["python"] + sys.argv),
-        }
-        Path(args.out).write_text(json.dumps({"meta": meta, "ms": rows}, indent=1))
+        meta = harness.metadata(args, kernels=afwd.ARCHS, shape=dict(b=b, t=t, n=n, h=h, causal=args.causal))
+        harness.write_json(args.out, meta, ms=rows)
     return 0
 
 

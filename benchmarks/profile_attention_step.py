@@ -1,9 +1,10 @@
 """Where one attention forward+backward's GPU time goes: ours (MXFP8, kernel path) vs cuDNN BF16, kernel by kernel.
 
-For each shape (issue 17's B4 T4k N16 H128 non-causal and B2 T8k causal): times
+For each shape (B4 T4k N16 H128 non-causal and B2 T8k causal): times
 jit(lambda q, k, v, ct: jax.vjp(attention, q, k, v)[1](ct)) for ours (jax_mxfp8.dot_product_attention,
-implementation="cuda") and cuDNN BF16 (jax.nn, implementation="cudnn") by the DESIGN.md rule (random bf16
-cotangent; enqueue --calls, block once, median of --batches), then traces --trace-steps calls with
+implementation="cuda") and cuDNN BF16 (jax.nn, implementation="cudnn") by the timing rule of
+benchmarks/harness.py (random bf16 cotangent; enqueue --calls, block once, median of --batches), then traces
+--trace-steps calls with
 jax.profiler and sums the GPU kernels' time per call by kernel and by category (gpu_trace.py: our kernels by
 module, cudnn, cublas, xla fusions, memcpy/memset). The gap between the step time and our attention kernels'
 time is the glue (quantize, producer passes, the backward's pre-pass, dq/dk/dv casts and transposes).
@@ -11,38 +12,30 @@ time is the glue (quantize, producer passes, the backward's pre-pass, dq/dk/dv c
 It also times the backward's pre-pass alone (primitives/attention_bwd.bwd_operands on square MXArrays): the
 bfloat16 operands in XLA (path None, "prepass_xla_s"), through the realign + dequantize calls (the kernel
 path's, "prepass_calls_s"), and the latter with the sdp_fp8 copies instead of the bfloat16 V ("prepass_sdp_fp8_s":
-the producer work of a tuning with sdp_fp8, registry tune 19), and with dO in float16 for dV as well
-("prepass_dv_f16_s": the production's since session 10).
+the producer work of an sdp_fp8 variant without dv_f16), and with dO in float16 for dV as well
+("prepass_dv_f16_s": production's).
 
 Run (GPU):   python benchmarks/profile_attention_step.py --out benchmarks/results/h200_profile_attention_step.json
-Smoke (CPU): python benchmarks/profile_attention_step.py --smoke --out /tmp/p.json  (tiny shape, emulated)
+Smoke (CPU): python benchmarks/profile_attention_step.py --smoke --out $OUT/p.json  (tiny shape, emulated)
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
-import datetime
-import json
 import math
 import sys
 import tempfile
-from pathlib import Path
 
+import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
+from gpu_trace import category, gpu_kernel_times
+from harness import timeit
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from gpu_trace import category, gpu_kernel_times  # noqa: E402
-from timing import timeit  # noqa: E402
-
-import jax_mxfp8 as mx  # noqa: E402
-from jax_mxfp8.ops.attention_core import square_sequence_major  # noqa: E402
-from jax_mxfp8.primitives import attention_bwd as abwd  # noqa: E402
+import jax_mxfp8 as mx
+from jax_mxfp8.ops.attention_core import square_sequence_major
+from jax_mxfp8.primitives import attention_bwd as abwd
 
 SHAPES = (dict(b=4, t=4096, n=16, h=128, causal=False), dict(b=2, t=8192, n=16, h=128, causal=True))
 SMOKE = (dict(b=1, t=128, n=2, h=64, causal=True),)
@@ -100,7 +93,7 @@ def prepass_times(sh, rng, args, path: str) -> dict:
         ("prepass_xla_s", None, None, False),
         ("prepass_calls_s", path, None, False),
         ("prepass_sdp_fp8_s", path, path, False),
-        ("prepass_dv_f16_s", path, path, True),  # production since session 10: dO in float16 for dV
+        ("prepass_dv_f16_s", path, path, True),  # production's: dO in float16 for dV
     )
     for key, ops_path, fp8_path, do_f16 in variants:
         fn = prepass(ops_path, fp8_path, do_f16)
@@ -133,24 +126,32 @@ def run_shape(sh, args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "h200_profile_attention_step.json"))
-    ap.add_argument("--calls", type=int, default=10)
-    ap.add_argument("--batches", type=int, default=3)
-    ap.add_argument("--trace-steps", type=int, default=5)
-    ap.add_argument("--smoke", action="store_true", help="tiny shape, kernels emulated (any backend)")
-    args = ap.parse_args(argv)
-    if args.smoke:
-        args.calls, args.batches, args.trace_steps = 1, 1, 1
-    meta = dict(
-        device=str(jax.devices()[0]),
-        jax=jax.__version__,
-        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        command="python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-        flops="3.5 * 4 * B * N * T^2 * H (x0.5 causal)",
+    ap = harness.parser(
+        __doc__,
+        __file__,
+        out="benchmarks/results/h200_profile_attention_step.json",
+        smoke="tiny shape, kernels emulated (any backend); 1 call, 1 batch, 1 traced step",
+        time_budget=None,
+        calls="calls per batch (default 10; smoke 1)",
+        batches="batches (default 3; smoke 1)",
     )
+    ap.add_argument("--trace-steps", type=int, default=None, help="traced calls (default 5; smoke 1)")
+    args = harness.parse(ap, argv)
+    harness.counts(args, calls={"full": 10, "smoke": 1}, batches={"full": 3, "smoke": 1})
+    args.trace_steps = args.trace_steps or (1 if args.smoke else 5)
+    meta = harness.metadata(
+        args,
+        kernels=not args.smoke,
+        timing="jit(jax.vjp(attention, q, k, v)[1](ct)), random bf16 cotangent",
+        flops="3.5 * 4 * B * N * T^2 * H (x0.5 causal)",
+        trace_steps=args.trace_steps,
+    )
+    budget = harness.TimeBudget(args.time_budget)
     rows = []
     for sh in SMOKE if args.smoke else SHAPES:
+        if budget.exceeded():
+            rows.append(dict(shape=sh, skipped=budget.exceeded()))
+            continue
         row = run_shape(sh, args)
         rows.append(row)
         name = "B{b} T{t} N{n} H{h}{c}".format(**sh, c=" causal" if sh["causal"] else "")
@@ -169,7 +170,7 @@ def main(argv=None) -> int:
             print(f"  {impl}: GPU {r['gpu_ms']:.3f} ms in {r['launches']} launches: {cats}")
             for kern in r["top_kernels"]:
                 print(f"    {kern['ms']:8.3f} ms x{kern['count']:<3d} {kern['category']:22s} {kern['name'][:90]}")
-        Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+        harness.write_json(args.out, meta, rows=rows)
     return 0
 
 

@@ -2,7 +2,7 @@
 
 Builds examples/train_lm.py's DecoderLM at its h200 preset (d_model 1024, 8 layers, 8 query / 2 kv heads of
 128, batch 16 x 2048 tokens; policy "mxfp8-head-bf16" against the all-BF16 twin), times `train_step` by the
-DESIGN.md rule (enqueue `--calls` steps, block once; median of `--batches`), then traces `--trace-steps`
+rule of benchmarks/harness.py (enqueue `--calls` steps, block once; median of `--batches`), then traces `--trace-steps`
 steps with jax.profiler and sums the GPU kernels' time per step by category:
 
   ours:<module>   our CuTe DSL kernels, by kernel module (mx_gemm, gemm_operands, attention_fwd, ...)
@@ -15,31 +15,26 @@ plus the 25 longest kernels, so that a gap between two configurations can be rea
 are random (the speed does not depend on them). Results: a printed table and `--out` JSON.
 
 Run (GPU):  python benchmarks/profile_lm_step.py --out benchmarks/results/h200_profile_lm_step.json
-Smoke (CPU): python benchmarks/profile_lm_step.py --smoke --out /tmp/p.json  (tiny model; no GPU planes)
+Smoke (CPU): python benchmarks/profile_lm_step.py --smoke --out $OUT/p.json  (tiny model; no GPU planes)
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import datetime
-import json
-import os
 import sys
 import tempfile
-from pathlib import Path
 
+import harness
 import jax
 import numpy as np
+from gpu_trace import category, gpu_kernel_times
+from harness import timeit
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(harness.ROOT / "examples"))
 
 import train_lm  # noqa: E402
-from gpu_trace import category, gpu_kernel_times  # noqa: E402
 from lm_model import make_optimizer, train_step  # noqa: E402
-from timing import timeit  # noqa: E402
 
 from jax_mxfp8.flax import PrecisionPolicy  # noqa: E402
 
@@ -96,44 +91,47 @@ def run_config(policy: str, dtype: str, args: argparse.Namespace) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "h200_profile_lm_step.json"))
+    ap = harness.parser(
+        __doc__,
+        __file__,
+        out="benchmarks/results/h200_profile_lm_step.json",
+        smoke="a tiny model (CPU check of the script)",
+        time_budget=None,
+        calls="steps per batch (default 10)",
+        batches="batches (default 3)",
+    )
     ap.add_argument("--configs", default=",".join(CONFIGS), help="policy:dtype,... (policy mxfp8|bf16)")
-    ap.add_argument("--calls", type=int, default=10)
-    ap.add_argument("--batches", type=int, default=3)
     ap.add_argument("--trace-steps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--seq-len", type=int, default=None)
-    ap.add_argument("--smoke", action="store_true", help="a tiny model (CPU check of the script)")
-    args = ap.parse_args(argv)
+    args = harness.parse(ap, argv)
+    harness.counts(args, calls=10, batches=3)
+    budget = harness.TimeBudget(args.time_budget)
     results = []
     for spec in args.configs.split(","):
         policy, dtype = spec.split(":")
         if policy not in ("mxfp8", "bf16") or dtype not in ("float32", "bfloat16"):
             raise ValueError(f"--configs entry {spec!r}: want policy:dtype with mxfp8|bf16 and float32|bfloat16")
+        if budget.exceeded():
+            print(f"{spec}: skipped ({budget.exceeded()})")
+            continue
         results.append(run_config(policy, dtype, args))
         r = results[-1]
         print(f"{spec:16s} step {r['step_ms']:8.2f} ms  {r['tokens_per_s']:>12,.0f} tok/s  gpu {r['gpu_ms']:7.2f} ms",
               flush=True)  # fmt: skip
     cats = sorted({c for r in results for c in r["categories_ms"]}, key=lambda c: -max(
         r["categories_ms"].get(c, 0.0) for r in results))  # fmt: skip
+    table = [[c, *(f"{r['categories_ms'].get(c, 0.0):.2f}" for r in results)] for c in cats]
+    table.append(["kernels total", *(f"{r['gpu_ms']:.2f}" for r in results)])
+    table.append(["step (wall)", *(f"{r['step_ms']:.2f}" for r in results)])
     print("\nGPU ms per step by category")
-    print("| category | " + " | ".join(f"{r['policy']}:{r['dtype']}" for r in results) + " |")
-    print("| --- | " + " | ".join("---" for _ in results) + " |")
-    for c in cats:
-        print(f"| {c} | " + " | ".join(f"{r['categories_ms'].get(c, 0.0):.2f}" for r in results) + " |")
-    print("| kernels total | " + " | ".join(f"{r['gpu_ms']:.2f}" for r in results) + " |")
-    print("| step (wall) | " + " | ".join(f"{r['step_ms']:.2f}" for r in results) + " |")
-    meta = dict(
-        command="python " + " ".join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:])),
-        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        devices=[str(d) for d in jax.devices()],
-        jax=jax.__version__,
-        timing=f"train_step: {args.calls} steps enqueued, block once, median of {args.batches}; "
-        f"profile: {args.trace_steps} traced steps, kernel time per step",
+    print(harness.markdown_table(["category", *(f"{r['policy']}:{r['dtype']}" for r in results)], table))
+    meta = harness.metadata(
+        args,
+        kernels=not args.smoke,
+        timing=f"train_step steps; profile: {args.trace_steps} traced steps, kernel time per step",
     )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
+    harness.write_json(args.out, meta, results=results)
     print(f"wrote {args.out}")
     return 0
 

@@ -4,12 +4,13 @@
 Bytes counted = bytes the op must read plus bytes it must write (each once). For each size the same run
 measures: a device-to-device copy (cudaMemcpyAsync through CuPy when importable, and XLA's elementwise
 copy-like `x + 1` always), the CuTe DSL kernels (implementation="cuda") and the XLA reference
-(implementation="xla"). Timing (DESIGN.md): enqueue `--calls` calls, block once, divide; median of
-`--batches` such batches; inputs rotate over several buffers. Prints a table, writes JSON and a PNG.
+(implementation="xla"). Timing (benchmarks/harness.py timeit_rotating): enqueue `--calls` calls, block once,
+divide; median of `--batches` such batches; inputs rotate over several buffers. Prints a table, writes
+h200_quantize.json and h200_quantize.png into the --out folder.
 
 Groups (--groups, default all): copy, quantize (row+col / row / col / square, kernel and XLA),
-tunings (registry.TUNING_VARIANTS of the bf16 row+col kernel; diagnostics produce wrong outputs on
-purpose), dequantize, rms (fused RMSNorm + quantize on bf16 (M, D), kernel and XLA reference; bytes =
+tunings (registry.TUNING_VARIANTS: the comparison schedules of the bf16 row+col kernel, in the library when
+built with --with-tunes), dequantize, rms (fused RMSNorm + quantize on bf16 (M, D), kernel and XLA reference; bytes =
 x read + weight read + y written + FP8 data + scales written).
 
 Usage: python benchmarks/quantize.py [--out DIR] [--quick] [--groups copy,quantize,...] [--sizes 8192x8192,...]
@@ -17,24 +18,21 @@ Usage: python benchmarks/quantize.py [--out DIR] [--quick] [--groups copy,quanti
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
+import harness
 import jax
 import jax.numpy as jnp
+from copy_baseline import copy_seconds
+from harness import timeit_rotating as timeit
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from jax_mxfp8.formats import quantize as ref_quantize  # noqa: E402
-from jax_mxfp8.kernels import registry  # noqa: E402
-from jax_mxfp8.primitives import library  # noqa: E402
-from jax_mxfp8.primitives import quantize as pq  # noqa: E402
-from jax_mxfp8.primitives import rms_norm_quantize as prq  # noqa: E402
+from jax_mxfp8.formats import quantize as ref_quantize
+from jax_mxfp8.kernels import registry
+from jax_mxfp8.primitives import library
+from jax_mxfp8.primitives import quantize as pq
+from jax_mxfp8.primitives import rms_norm_quantize as prq
 
 # (M, K) of bf16 inputs: 128 MiB .. 2 GiB, all far beyond the 50 MB L2.
 SIZES = [(8192, 8192), (32768, 16384), (65536, 16384)]
@@ -45,73 +43,30 @@ QUICK_RMS_SIZES = [(32768, 4096)]
 GROUPS = ("copy", "quantize", "tunings", "dequantize", "rms")
 
 
-def timeit(fn, inputs, calls: int, batches: int) -> float:
-    """Median seconds per call."""
-    jax.block_until_ready(fn(inputs[0]))  # compile + warm up
-    jax.block_until_ready(fn(inputs[-1]))
-    times = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        out = None
-        for i in range(calls):
-            out = fn(inputs[i % len(inputs)])
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / calls)
-    return statistics.median(times)
-
-
 def tuning_label(cfg) -> str:
     label = f"R{cfg.rows_per_thread} w{cfg.warps_per_cta}"
     if cfg.row_scale_store != "byte":
         label += f" {cfg.row_scale_store}-scales x{cfg.tiles_per_warp}"
-    elif cfg.tiles_per_warp > 1:
-        label += f" x{cfg.tiles_per_warp} {cfg.pipeline}"
-        if cfg.pipeline == "l2":
-            label += f"+{cfg.prefetch_distance}"
     if cfg.min_ctas_per_sm:
         label += f" min{cfg.min_ctas_per_sm}"
-    if cfg.diagnostic:
-        label += f" DIAG:{cfg.diagnostic}"
     return label
 
 
-def cupy_copy_time(nbytes: int, calls: int, batches: int) -> float | None:
-    try:
-        import cupy as cp
-    except Exception:  # noqa: BLE001
-        return None
-    try:
-        a = cp.empty(nbytes, dtype=cp.uint8)
-        b = cp.empty(nbytes, dtype=cp.uint8)
-        a.fill(1)
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        b[...] = a
-        times = []
-        for _ in range(batches):
-            start.record()
-            for _ in range(calls):
-                cp.cuda.runtime.memcpyAsync(b.data.ptr, a.data.ptr, nbytes, cp.cuda.runtime.memcpyDeviceToDevice, 0)
-            stop.record()
-            stop.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3 / calls)
-        del a, b
-        cp.get_default_memory_pool().free_all_blocks()
-        return statistics.median(times)
-    except Exception as e:  # noqa: BLE001
-        print(f"cupy copy failed: {e}")
-        return None
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--calls", type=int, default=30)
-    ap.add_argument("--batches", type=int, default=3)
+    ap = harness.parser(
+        __doc__,
+        __file__,
+        out="benchmarks/results",
+        out_help="folder for h200_quantize.json and .png (default benchmarks/results)",
+        quick="two quantize sizes and one RMSNorm size",
+        calls="calls per batch (default 30)",
+        batches="batches (default 3)",
+    )
     ap.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated subset of {GROUPS}")
     ap.add_argument("--sizes", help="comma-separated MxK sizes for the quantize groups (default: SIZES)")
     ap.add_argument("--rms-sizes", help="comma-separated MxD sizes for the rms group (default: RMS_SIZES)")
-    args = ap.parse_args(argv)
+    args = harness.parse(ap, argv)
+    harness.counts(args, calls=30, batches=3)
     groups = set(args.groups.split(","))
     if groups - set(GROUPS):
         ap.error(f"unknown groups {sorted(groups - set(GROUPS))}")
@@ -120,10 +75,13 @@ def main(argv=None) -> int:
         return [tuple(int(v) for v in item.split("x")) for item in text.split(",")]
 
     out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     ok, why = library.kernels_runnable()
-    dev = jax.devices()[0]
-    print(f"device: {dev.device_kind}, jax {jax.__version__}, kernels: {ok or why}")
+    meta = harness.metadata(
+        args,
+        kernels=True,
+        method="enqueue `calls` calls, block once, divide; median of `batches`; bytes = read + written",
+    )
+    print(f"device: {meta['device_kind']}, jax {meta['jax']}, kernels: {ok or why}")
 
     rows = []
     sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else SIZES)
@@ -143,7 +101,7 @@ def main(argv=None) -> int:
 
         bf16_bytes = 2 * n
         scales = n // 32
-        t_cp = cupy_copy_time(bf16_bytes, args.calls, args.batches) if "copy" in groups else None
+        t_cp = copy_seconds(bf16_bytes, args.calls, args.batches, torch_fallback=False)[0] if "copy" in groups else None
         if t_cp is not None:
             rows.append(
                 dict(
@@ -171,8 +129,11 @@ def main(argv=None) -> int:
                 lambda v, i=impl: pq.quantize(v, block="square", axis=(-2, -1), implementation=i),
                 bf16_bytes + n + n // 1024,
             )
-        if ok and "tunings" in groups:  # benchmark-only tunings of the bf16 row+col kernel
+        if ok and "tunings" in groups:  # the comparison schedules of the bf16 row+col kernel
             for cfg in registry.TUNING_VARIANTS:
+                if not library.has_kernel(cfg.name):
+                    print(f"{cfg.name}: not in the library (tools/build_library.py --with-tunes)")
+                    continue
                 op = functools.partial(pq.QUANTIZE_ROWCOL.call, cfg, "cuda")
                 record(f"quantize rowcol t{cfg.tune} {tuning_label(cfg)} [cuda]", op, rowcol_bytes)
         qs = [ref_quantize(x) for x in xs] if "dequantize" in groups else []
@@ -200,7 +161,7 @@ def main(argv=None) -> int:
             rows.append(dict(M=m, K=d, op=name, seconds=t, bytes=nbytes, tbps=nbytes / t / 1e12))
             print(f"  {m:6d} x {d:6d}  {name:40s} {t * 1e3:8.3f} ms  {nbytes / t / 1e12:6.3f} TB/s", flush=True)
 
-        t_cp = cupy_copy_time(2 * n, args.calls, args.batches) if "copy" in groups else None
+        t_cp = copy_seconds(2 * n, args.calls, args.batches, torch_fallback=False)[0] if "copy" in groups else None
         if t_cp is not None:
             rows.append(dict(M=m, K=d, op="copy (cudaMemcpy D2D)", seconds=t_cp, bytes=4 * n, tbps=4 * n / t_cp / 1e12))
             tb = 4 * n / t_cp / 1e12
@@ -231,15 +192,7 @@ def main(argv=None) -> int:
         sp = f"{r['speedup_vs_xla']:6.2f}x" if r["speedup_vs_xla"] else "      -"
         print(f"{r['M']:6d}x{r['K']:<6d}  {r['op']:40s} {r['tbps']:6.3f} {frac} {sp}")
 
-    meta = dict(
-        device=dev.device_kind,
-        jax=jax.__version__,
-        kernels=bool(ok),
-        calls=args.calls,
-        batches=args.batches,
-        method="enqueue `calls` calls, block once, divide; median of `batches`; bytes = read + written",
-    )
-    (out_dir / "h200_quantize.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    harness.write_json(out_dir / "h200_quantize.json", meta, rows=rows)
     try:
         import matplotlib
 
@@ -253,7 +206,7 @@ def main(argv=None) -> int:
         ax.set_xscale("log")
         ax.set_xlabel("bytes moved (GB)")
         ax.set_ylabel("effective TB/s (read + written)")
-        ax.set_title(f"MX quantize on {dev.device_kind}")
+        ax.set_title(f"MX quantize on {meta['device_kind']}")
         ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out_dir / "h200_quantize.png", dpi=120)

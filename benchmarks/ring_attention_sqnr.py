@@ -16,19 +16,15 @@ import os
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
+import harness  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(harness.ROOT / "tests"))
 
 from attention_emulation import exact_attention  # noqa: E402
 
@@ -55,14 +51,13 @@ def fwd_bwd(f, do):
     return jax.jit(run)
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None) -> int:
+    ap = harness.parser(__doc__, __file__, out="benchmarks/results/ring_attention_sqnr.json")
     ap.add_argument("--t", type=int, default=1024)
     ap.add_argument("--h", type=int, default=64)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--configs", nargs="*", default=list(CONFIGS))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/ring_attention_sqnr.json"))
-    args = ap.parse_args()
+    args = harness.parse(ap, argv)
     mesh = jax.make_mesh((8,), ("seq",), axis_types=(jax.sharding.AxisType.Auto,))
     shape_q, shape_kv = (1, args.t, 4, args.h), (1, args.t, 2, args.h)
     rows = []
@@ -115,10 +110,11 @@ def main():
                 ),
                 flush=True,
             )
-    meta = {"t": args.t, "h": args.h, "heads": [4, 2], "seeds": args.seeds, "devices": 8, "jax": jax.__version__}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    meta = harness.metadata(args, t=args.t, h=args.h, heads=[4, 2], seeds=args.seeds, devices=8)
+    harness.write_json(args.out, meta, rows=rows)
+    print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

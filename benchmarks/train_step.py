@@ -10,7 +10,7 @@ Block: pre-norm, RMSNorm -> QKV -> RoPE -> causal attention -> out proj (+ resid
               jax.nn.dot_product_attention(implementation="cudnn" on GPU, None elsewhere), jax.nn.gelu;
               RoPE from jax_mxfp8.flax.functional.rope (plain jnp)
 Step: jax.jit of value_and_grad of sum(block(x) * ct) (random bf16 cotangent ct, float32 sum) w.r.t. the
-parameters, then SGD (p - lr * g); every variant gets the same x and ct. Timing (DESIGN.md section 6):
+parameters, then SGD (p - lr * g); every variant gets the same x and ct. Timing (benchmarks/harness.py):
 enqueue --calls steps, block once, divide; median of --batches batches (the step is a pure function of
 (params, x, ct); its outputs are discarded, so every call does the same work).
 --hlo also records, per variant, the dot_general operand dtypes of the lowered step and the cuDNN
@@ -22,30 +22,22 @@ Usage: python benchmarks/train_step.py [--out FILE.json] [--smoke] [--hlo] [--on
 
 from __future__ import annotations
 
-import argparse
 import collections
-import datetime
 import json
-import os
-import platform
 import re
-import shlex
 import sys
 import time
 import traceback
 from pathlib import Path
 
+import harness
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from harness import timeit
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from timing import timeit  # noqa: E402  (benchmarks/timing.py; the script's folder is on sys.path)
-
-import jax_mxfp8.flax as mf  # noqa: E402
-from jax_mxfp8.flax import functional as F  # noqa: E402
+import jax_mxfp8.flax as mf
+from jax_mxfp8.flax import functional as F
 
 VARIANTS = ("mxfp8", "bf16_policy", "stock")
 FULL = dict(d=2048, heads=16, t=4096, b=4)
@@ -111,48 +103,37 @@ def hlo_summary(lowered, compiled) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "h200_train_step.json"))
-    ap.add_argument("--smoke", action="store_true")
+    ap = harness.parser(
+        __doc__,
+        __file__,
+        out="benchmarks/results/h200_train_step.json",
+        smoke="d 128, 4 heads, T 64, B 2, 2 calls x 2 batches: proves the script on CPU (numbers mean nothing)",
+        calls="steps per batch (default 30; smoke 2)",
+        batches="batches (default 3; smoke 2)",
+    )
     ap.add_argument("--hlo", action="store_true", help="record dot dtypes and custom calls of each step")
     ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(VARIANTS)}")
-    ap.add_argument("--calls", type=int, default=None, help="steps per batch (default 30; smoke 2)")
-    ap.add_argument("--batches", type=int, default=None, help="batches (default 3; smoke 2)")
-    args = ap.parse_args(argv)
-    args.calls = args.calls or (2 if args.smoke else 30)
-    args.batches = args.batches or (2 if args.smoke else 3)
+    args = harness.parse(ap, argv)
+    harness.counts(args, calls={"full": 30, "smoke": 2}, batches={"full": 3, "smoke": 2})
     cfg = SMOKE if args.smoke else FULL
     out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    dev = jax.devices()[0]
-    device = getattr(dev, "device_kind", str(dev))
-    print(f"device: {device}, backend {jax.default_backend()}, jax {jax.__version__}, shape {cfg}", flush=True)
-    meta = dict(
-        device=device,
-        backend=jax.default_backend(),
-        jax=jax.__version__,
+    meta = harness.metadata(
+        args,
+        kernels=not args.smoke,
+        timing="one call = one training step",
         flax=getattr(sys.modules.get("flax"), "__version__", None),
-        python=platform.python_version(),
-        command=shlex.join([os.path.basename(sys.executable), *sys.argv]),
-        cwd=os.getcwd(),
-        timestamp=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        mode="smoke" if args.smoke else "full",
         shape=cfg,
-        calls=args.calls,
-        batches=args.batches,
-        timing=f"enqueue {args.calls} steps, block once, divide; median of {args.batches} batches",
         step="jit(value_and_grad(sum(block(x) * ct)) + SGD), causal, bf16 activations, float32 parameters",
         variants=__doc__.split("\n\n")[1],
     )
-    if args.smoke:
-        meta["note"] = "SMOKE RUN: tiny shapes, timings mean nothing"
+    print(f"device: {meta['device_kind']}, backend {meta['backend']}, jax {meta['jax']}, shape {cfg}", flush=True)
     kx, kc = jax.random.split(jax.random.key(1))
     shape = (cfg["b"], cfg["t"], cfg["d"])
     x = jax.random.normal(kx, shape, jnp.float32).astype(jnp.bfloat16)
     ct = jax.random.normal(kc, shape, jnp.float32).astype(jnp.bfloat16)
     tokens = cfg["b"] * cfg["t"]
     results = {}
-    t_start = time.perf_counter()
+    budget = harness.TimeBudget(None)
     for variant in VARIANTS:
         if args.only and variant not in args.only.split(","):
             continue
@@ -174,8 +155,8 @@ def main(argv=None) -> int:
             traceback.print_exc()
             res["error"] = repr(e)[:800]
         print(f"  {variant:12s} {json.dumps({k: v for k, v in res.items() if k != 'hlo'})}", flush=True)
-        meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
-        out_path.write_text(json.dumps(dict(meta=meta, results=results), indent=1) + "\n")
+        meta["elapsed_s"] = round(budget.elapsed(), 1)
+        harness.write_json(out_path, meta, results=results)
     stock_ms = results.get("stock", {}).get("step_ms")
     print("\n| variant | ms/step | tokens/s | vs stock (time) | loss |\n| --- | --- | --- | --- | --- |")
     for variant, res in results.items():
@@ -188,7 +169,7 @@ def main(argv=None) -> int:
             f"| {variant} | {res['step_ms']:.3f} | {res['tokens_per_s']:.0f} | "
             f"{'-' if ratio is None else f'{ratio:.2f}x'} | {res['loss']:.4g} |"
         )
-    out_path.write_text(json.dumps(dict(meta=meta, results=results), indent=1) + "\n")
+    harness.write_json(out_path, meta, results=results)
     print(f"wrote {out_path} ({meta.get('elapsed_s')} s)")
     return 0
 

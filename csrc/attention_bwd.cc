@@ -7,13 +7,16 @@
 //   jax_mxfp8_attention_bwd_fp8  (q, k, v8, do, lse, delta, lens, q8, k8, do8, qs, ks, vs, dos) -> the same:
 //     the sdp_fp8 variants (S^T and dP^T on FP8 wgmma; V only in dP^T, so no bfloat16 v): FP8 copies of q, k,
 //     v, do with one exponent per 32 rows and their row factors, qs, dos (B, N, Tp / 32), ks, vs (B, K, Sp / 32).
-//   jax_mxfp8_attention_bwd_into, jax_mxfp8_attention_bwd_fp8_into  the same with dq, dk, dv, dq_sem passed in
-//     as four more operands (aliased to the results): the test hooks that NaN-poison the outputs.
+//   jax_mxfp8_attention_bwd_packed  (q, k, v8, do, lse, delta, seqs, work, q8, k8, do8, qs, ks, vs, dos) -> the
+//     same: the packed variants (sdp_fp8, B = 1 holding every sequence of the aligned packed layout).
+//   jax_mxfp8_attention_bwd_into, _fp8_into, _packed_into  the same with dq, dk, dv, dq_sem passed in as four
+//     more operands (aliased to the results): the test hooks that NaN-poison the outputs.
 //
-// Operands (/work/coord/ATTN_BWD_INTERFACE.md; Tp, Sp multiples of 128, H 64 or 128, N a multiple of K):
+// Operands (docs/interfaces.md; Tp, Sp multiples of 128, H 64 or 128, N a multiple of K):
 //   q, do (B, N, Tp, H) bf16   k, v (B, K, Sp, H) bf16   lse, delta (B, N, Tp) f32   lens (2, B) s32
-//   (packed variants: B = 1, lens (4, Sp / 128) s32, per key tile: first query row, query end row, KV end
-//   row, first KV row of its sequence in the aligned packed layout)
+//   (packed variants: seqs (4, S) s32, per sequence its first query tile, first KV tile (128-row tiles),
+//   query length, KV length, the forward's table; work (2, Sp / 128) s32, per key tile in order (its
+//   sequence, key tile in it), (-1, 0) for a tile in no sequence)
 //   dq (B, N, Tp, H) f32 (f16 for dq_accum "fp16")   dk, dv (B, K, Sp, H) f32   dq_sem (B, N, Tp / 32) s32
 //   broadcast_q variants (fp32, not deterministic): q and dq (1, N, Tp, H), dq the sum over the B batch rows
 // dq is accumulated with atomics (or, deterministic, ordered adds): the handler zero-fills it first
@@ -83,7 +86,8 @@ ffi::Error AttentionBwdRun(cudaStream_t stream, int32_t device, ffi::AnyBuffer q
                            ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta, ffi::AnyBuffer lens,
                            ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                            ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
-                           std::string_view kernel, float scale, int32_t dq_scale_log2, const Fp8Operands* fp8) {
+                           std::string_view kernel, float scale, int32_t dq_scale_log2, const Fp8Operands* fp8,
+                           const ffi::AnyBuffer* work) {
   int64_t qd[4], kd[4], vd[4], od[4], ld[3], dd[3], gq[4], gk[4], gv[4], gs[3];
   JMX_RETURN_IF_ERROR(Dims(q, "q", 4, qd));
   JMX_RETURN_IF_ERROR(Dims(k, "k", 4, kd));
@@ -132,13 +136,20 @@ ffi::Error AttentionBwdRun(cudaStream_t stream, int32_t device, ffi::AnyBuffer q
     const int64_t want = i == 0 ? b : qd[i];
     JMX_RETURN_IF_ERROR(Want(ld[i] == want && dd[i] == want, "lse and delta must be (B, N, Tp)"));
   }
-  int64_t lens_dims[2];
-  JMX_RETURN_IF_ERROR(Dims(lens, "lens", 2, lens_dims));
-  // packed variants: one batch row of aligned packed sequences, lens the (4, Sp / 128) table per key tile
+  int64_t lens_dims[2], work_dims[2];
+  JMX_RETURN_IF_ERROR(Dims(lens, work != nullptr ? "seqs" : "lens", 2, lens_dims));
+  // packed variants: one batch row of aligned packed sequences, the seqs table and the key tiles' work list
   const bool packed = Param(entry, "packed") == 1;
+  JMX_RETURN_IF_ERROR(Want(packed == (work != nullptr),
+                           "kernel '" + std::string(entry->name) +
+                               (packed ? "' is a packed variant: call jax_mxfp8_attention_bwd_packed"
+                                       : "' is not a packed variant: call jax_mxfp8_attention_bwd(_fp8)")));
   if (packed) {
-    JMX_RETURN_IF_ERROR(Want(b == 1 && lens_dims[0] == 4 && lens_dims[1] * 128 == sp,
-                             "a packed variant takes B = 1 and lens (4, Sp / 128)"));
+    JMX_RETURN_IF_ERROR(Dims(*work, "work", 2, work_dims));
+    JMX_RETURN_IF_ERROR(Want(work->element_type() == ffi::DataType::S32, "work must be s32"));
+    JMX_RETURN_IF_ERROR(Want(b == 1, "a packed variant takes B = 1"));
+    JMX_RETURN_IF_ERROR(Want(lens_dims[0] == 4 && lens_dims[1] > 0, "seqs must be (4, S) with S >= 1"));
+    JMX_RETURN_IF_ERROR(Want(work_dims[0] == 2 && work_dims[1] * 128 == sp, "work must be (2, Sp / 128)"));
   } else {
     JMX_RETURN_IF_ERROR(Want(lens_dims[0] == 2 && lens_dims[1] == b, "lens must be (2, B)"));
   }
@@ -190,6 +201,12 @@ ffi::Error AttentionBwdRun(cudaStream_t stream, int32_t device, ffi::AnyBuffer q
   JMX_RETURN_IF_ERROR(HeadRows(dv->untyped_data(), b * nk, sp, h, "dv", &t[9]));
   if (!fp16 && !ordered) {
     const float scalars[1] = {scale};
+    if (packed) {  // the kernel's launch_packed: q, k, do, lse, delta, seqs, work, dq, dk, dv, the FP8 operands
+      Tensor2D f[18] = {t[0], t[1], t[3], t[4], t[5], t[6], {}, t[7], t[8], t[9]};
+      JMX_RETURN_IF_ERROR(As2D(*work, "work", &f[6]));
+      JMX_RETURN_IF_ERROR(Fp8Tensors(*fp8, qd, kd, b, &f[10]));
+      return Launch(entry, device, f, 18, stream, scalars, 1);
+    }
     if (sdp_fp8) {  // the kernel's launch_fp8: q, k, do, lse, delta, lens, dq, dk, dv, the FP8 operands
       Tensor2D f[17] = {t[0], t[1], t[3], t[4], t[5], t[6], t[7], t[8], t[9]};
       JMX_RETURN_IF_ERROR(Fp8Tensors(*fp8, qd, kd, b, &f[9]));
@@ -208,7 +225,7 @@ ffi::Error AttentionBwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
                             ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
                             std::string_view kernel, float scale, int32_t dq_scale_log2) {
   return AttentionBwdRun(stream, device, q, k, v, d_o, lse, delta, lens, dq, dk, dv, dq_sem, kernel, scale,
-                         dq_scale_log2, nullptr);
+                         dq_scale_log2, nullptr, nullptr);
 }
 
 // The sdp_fp8 variants: the same operands with v8 (float8_e4m3fn) in v's place, then q8, k8, do8, qs, ks, vs, dos.
@@ -221,7 +238,20 @@ ffi::Error AttentionBwdFp8Impl(cudaStream_t stream, int32_t device, ffi::AnyBuff
                                std::string_view kernel, float scale, int32_t dq_scale_log2) {
   const Fp8Operands fp8{{&q8, &k8, &v8, &do8}, {&qs, &ks, &vs, &dos}};
   return AttentionBwdRun(stream, device, q, k, v8, d_o, lse, delta, lens, dq, dk, dv, dq_sem, kernel, scale,
-                         dq_scale_log2, &fp8);
+                         dq_scale_log2, &fp8, nullptr);
+}
+
+// The packed variants: the sdp_fp8 operands with seqs and work in lens' place.
+ffi::Error AttentionBwdPackedImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                  ffi::AnyBuffer v8, ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta,
+                                  ffi::AnyBuffer seqs, ffi::AnyBuffer work, ffi::AnyBuffer q8, ffi::AnyBuffer k8,
+                                  ffi::AnyBuffer do8, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
+                                  ffi::AnyBuffer dos, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                                  ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
+                                  std::string_view kernel, float scale, int32_t dq_scale_log2) {
+  const Fp8Operands fp8{{&q8, &k8, &v8, &do8}, {&qs, &ks, &vs, &dos}};
+  return AttentionBwdRun(stream, device, q, k, v8, d_o, lse, delta, seqs, dq, dk, dv, dq_sem, kernel, scale,
+                         dq_scale_log2, &fp8, &work);
 }
 
 // Test hook: the same launch with dq, dk, dv passed in as well (aliased to the results).
@@ -232,7 +262,7 @@ ffi::Error AttentionBwdIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuf
                                 ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
                                 std::string_view kernel, float scale, int32_t dq_scale_log2) {
   return AttentionBwdRun(stream, device, q, k, v, d_o, lse, delta, lens, dq, dk, dv, dq_sem, kernel, scale,
-                         dq_scale_log2, nullptr);
+                         dq_scale_log2, nullptr, nullptr);
 }
 
 // Test hook of the sdp_fp8 variants: jax_mxfp8_attention_bwd_fp8's operands, then dq, dk, dv, dq_sem (aliased).
@@ -246,6 +276,19 @@ ffi::Error AttentionBwdFp8IntoImpl(cudaStream_t stream, int32_t device, ffi::Any
                                    std::string_view kernel, float scale, int32_t dq_scale_log2) {
   return AttentionBwdFp8Impl(stream, device, q, k, v8, d_o, lse, delta, lens, q8, k8, do8, qs, ks, vs, dos, dq, dk, dv,
                              dq_sem, kernel, scale, dq_scale_log2);
+}
+
+// Test hook of the packed variants: jax_mxfp8_attention_bwd_packed's operands, then dq, dk, dv, dq_sem (aliased).
+ffi::Error AttentionBwdPackedIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                      ffi::AnyBuffer v8, ffi::AnyBuffer d_o, ffi::AnyBuffer lse, ffi::AnyBuffer delta,
+                                      ffi::AnyBuffer seqs, ffi::AnyBuffer work, ffi::AnyBuffer q8, ffi::AnyBuffer k8,
+                                      ffi::AnyBuffer do8, ffi::AnyBuffer qs, ffi::AnyBuffer ks, ffi::AnyBuffer vs,
+                                      ffi::AnyBuffer dos, ffi::AnyBuffer, ffi::AnyBuffer, ffi::AnyBuffer,
+                                      ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                                      ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_sem,
+                                      std::string_view kernel, float scale, int32_t dq_scale_log2) {
+  return AttentionBwdPackedImpl(stream, device, q, k, v8, d_o, lse, delta, seqs, work, q8, k8, do8, qs, ks, vs, dos,
+                                dq, dk, dv, dq_sem, kernel, scale, dq_scale_log2);
 }
 
 }  // namespace
@@ -271,6 +314,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd_fp8, jmx::AttentionBwdFp8I
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_bwd_fp8);
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd_packed, jmx::AttentionBwdPackedImpl,
+                              (jmx::BindBuffers<15, 4>()
+                                   .Attr<std::string_view>("kernel")
+                                   .Attr<float>("scale")
+                                   .Attr<int32_t>("dq_scale_log2")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_bwd_packed);
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd_into, jmx::AttentionBwdIntoImpl,
                               (jmx::BindBuffers<11, 4>()
                                    .Attr<std::string_view>("kernel")
@@ -286,5 +337,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd_fp8_into, jmx::AttentionBw
                                    .Attr<int32_t>("dq_scale_log2")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_bwd_fp8_into);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_attention_bwd_packed_into, jmx::AttentionBwdPackedIntoImpl,
+                              (jmx::BindBuffers<19, 4>()
+                                   .Attr<std::string_view>("kernel")
+                                   .Attr<float>("scale")
+                                   .Attr<int32_t>("dq_scale_log2")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_attention_bwd_packed_into);
 
 #pragma GCC visibility pop

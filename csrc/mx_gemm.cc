@@ -14,7 +14,7 @@
 //     (gemm_operands' "col" form of the quantized value, Mp = M rounded up to 128); M a multiple of 32.
 //     Test hooks jax_mxfp8_mx_gemm_mx[_bias]_pre_col_into: the five results passed in as operands too.
 //
-// Operands (the aligned form of GEMM_INTERFACE.md, from the quantize kernels' gemm_operands):
+// Operands (docs/interfaces.md: the aligned form, from the quantize kernels' gemm_operands):
 //   a  (G, M, Kp) f8e4m3fn / f8e5m2     b  (G, N, Kp) f8e4m3fn / f8e5m2     (K-major)
 //   sa (G, Kp/128, M) f32               sb (G, Kp/128, N) f32                bias (N,) f32
 //   c  (G, M, N) bf16 / f32             c = sum_kt sa * sb * (a_kt . b_kt) (+ bias)

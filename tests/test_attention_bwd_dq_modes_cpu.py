@@ -49,9 +49,9 @@ def test_config_validation():
         AttentionConfig(deterministic=1)
     assert AttentionConfig().dq_fp16_scale_log2 == 12 and not AttentionConfig().deterministic
     with pytest.raises(ValueError, match="dq_store='red'"):
-        registry.AttentionBwdConfig(dq_accum="fp16")  # the bulk reductions are float32 only
+        registry.AttentionBwdConfig(dq_accum="fp16", dq_store="tma_warp")  # the TMA reductions are float32 only
     with pytest.raises(ValueError, match="dq_store"):
-        registry.AttentionBwdConfig(deterministic=True, dq_store="red", overlap=1)
+        registry.AttentionBwdConfig(deterministic=True, dq_store="bulk")
     for mode, suffix in ((dict(dq_accum="fp16"), "_fp16"), (dict(deterministic=True), "_det")):
         v, why = abwd.kernel_variant(head_dim=128, causal=True, **mode)
         assert why is None and v.name == f"attention_bwd_h128_causal{suffix}" and v.dq_mode

@@ -35,6 +35,7 @@ from jax_mxfp8.ops import attention_bwd_kernel as kbwd
 from jax_mxfp8.ops import attention_core as attn_ops
 from jax_mxfp8.ops.attention import mx_attention_bwd
 from jax_mxfp8.primitives import attention_bwd as abwd
+from jax_mxfp8.primitives import attention_bwd_prepass
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives.attention_operands import DO_F16_TOP
 from jax_mxfp8.reference.attention_quant import fake_quant_square
@@ -524,7 +525,7 @@ def test_sdp_fp8_call_partitions_and_lowers():
     its own target (and its `_into` hook), and refuses operands without the FP8 copies (and the plain
     variants refuse operands without v)."""
     plain = _plain_variant(64, True)
-    # tune 24: sdp_fp8 with bfloat16 do (the session 9 production; production's dv_f16 is tested below)
+    # tune 24: sdp_fp8 with bfloat16 do (the PREVIOUS comparison schedule; production's dv_f16 is tested below)
     fp8 = registry.find(registry.AttentionBwdConfig, head_dim=64, causal=True, tune=24)
     assert fp8.sdp_fp8 and not fp8.dv_f16
     rng = fresh_rng()
@@ -595,7 +596,7 @@ def test_do_float16_holds_do_exactly():
     assert np.all(top <= 57344.0) and np.all(top > 2.0**14), top
     # the kernel path's operand: the float16 dequantize call (emulated) on the lowered scale bytes
     # (do_float16_scales: shifted, NaN rows 0xFF, clamped at 0 for the blocks far below) gives the same bits
-    call = abwd._operand(mx_do, None, t, "emulated", (dos, shift))
+    call = attention_bwd_prepass._operand(mx_do, None, t, "emulated", (dos, shift))
     assert call.dtype == jnp.float16
     np.testing.assert_array_equal(np.isnan(np.asarray(call)), np.isnan(np.asarray(got)))
     np.testing.assert_array_equal(_bits(jnp.where(jnp.isnan(call), 0, call)), _bits(jnp.where(jnp.isnan(got), 0, got)))
@@ -603,13 +604,13 @@ def test_do_float16_holds_do_exactly():
 
 def test_dv_f16_call_equals_its_base_variant():
     """The dv_f16 call's emulation (production) on float16 do (do_float16 of the base's bfloat16 do, the shift
-    from the random row factors) gives the same variant without dv_f16 (tune 24, the session 9 production) dq,
+    from the random row factors) gives the same variant without dv_f16 (tune 24, the PREVIOUS comparison) dq,
     dk, dv bit for bit, plain and over a 2x4 mesh without gathers, and lowers to the sdp_fp8 target; a dv_f16
     variant refuses bfloat16 do, the others refuse float16 do, and bwd_operands refuses do_f16 without
     fp8_path."""
     from jax_mxfp8.primitives.attention_operands import do_float16, do_shift
 
-    dv16 = _need_variant(dict(h=64, causal=True))  # production: dv_f16 since session 10
+    dv16 = _need_variant(dict(h=64, causal=True))  # production: dv_f16
     base = registry.find(registry.AttentionBwdConfig, head_dim=64, causal=True, tune=24)  # the same without it
     assert dv16.dv_f16 and base.sdp_fp8 and base.p_scaled and not base.dv_f16
     rng = fresh_rng()

@@ -137,8 +137,8 @@ def _check_against_reference(q, k, v, rng, case, causal, lengths, kw, min_db):
 
 @pytest.mark.parametrize("h,causal", [(128, False), (128, True), (64, False), (64, True)])
 def test_scheduling_variants_are_bit_identical(h, causal):
-    """The tunings (serial, pingpong, more stages) reorder only when work is issued, not the arithmetic; the
-    polynomial-exp2 tunings change it by a bounded amount."""
+    """The serial comparison schedule (tune 1) reorders only when work is issued, not the arithmetic; the other
+    P V accumulation (tune 6) changes it by a bounded amount."""
     rng = fresh_rng()
     q, k, v = _inputs(rng, 2, 640, 768, 4, 2, h)
     qh, kh, vh = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
@@ -150,15 +150,17 @@ def test_scheduling_variants_are_bit_identical(h, causal):
         if (v.head_dim, v.causal, v.packed, v.p_scale, v.broadcast_q) == (h, causal, False, "const", False)
     ]
     production = registry.find(registry.AttentionFwdConfig, head_dim=h, causal=causal, p_scale="const", packed=False)
-    tunes = sorted(v.tune for v in variants if v.poly_exp2 == 0 and v.pv_fp32 == production.pv_fp32)
-    assert len(tunes) >= 3
+    tunes = sorted(v.tune for v in variants if v.pv_fp32 == production.pv_fp32)
+    assert tunes == [0, 1]
+    unbuilt = [v.name for v in variants if not library.has_kernel(v.name)]
+    if unbuilt:
+        pytest.skip(f"{unbuilt} not in the library (the comparison schedules: tools/build_library.py --with-tunes)")
     outs = [jax.jit(lambda o, t=t: afwd.attention_fwd(o, causal=causal, t=640, tune=t))(ops) for t in tunes]
     for other in outs[1:]:
         for a, b in zip(outs[0], other, strict=True):
             assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
-    # Polynomial exp2 on the FMA pipe changes P~ by <= 7.8e-5 relative: a few E4M3 roundings flip; P V
-    # on the wgmma accumulator (pv_fp32=False) sums with fewer bits than float32 (pv_fp32=True)
-    for v in (v for v in variants if v.poly_exp2 or v.pv_fp32 != production.pv_fp32):
+    # P V on the wgmma accumulator (pv_fp32=False) sums with fewer bits than float32 (pv_fp32=True)
+    for v in (v for v in variants if v.pv_fp32 != production.pv_fp32):
         o, lse = jax.jit(lambda o, t=v.tune: afwd.attention_fwd(o, causal=causal, t=640, tune=t))(ops)
         o0, lse0 = (np.asarray(x, np.float64) for x in outs[0])
         assert sqnr_db(o0, np.asarray(o, np.float64)) >= 50.0
@@ -247,7 +249,7 @@ def test_mxarray_inputs_and_varlen_use_the_kernel():
 @pytest.mark.parametrize("p_scale", ["const", "block"])
 def test_gradients_through_kernel_forward(p_scale):
     """implementation="cuda" runs the kernel forward and, on its residuals, the backward kernel (p_scale "const"
-    and, since wave 2 session 11, "block": registry BLOCK_P)."""
+    and "block": registry BLOCK_P)."""
     rng = fresh_rng()
     q, k, v = _inputs(rng, 1, 256, 256, 2, 2, 128)
     config = mx.AttentionConfig(p_scale=p_scale)

@@ -26,7 +26,7 @@ def bench():
 @pytest.mark.parametrize(
     "name, want",
     [
-        # benchmarks/results/h200_checks/ncu_attention_fwd_b4t4k_t0.txt
+        # benchmarks/results/ncu/attention_fwd_b4t4k.txt
         ("kernel_cutlass_kernel_jax_mxfp8kernelssm90attention_fwdAttentionForwardSm90_object_at__TiledMMA_0",
          "ours:attention_fwd"),
         ("kernel_cutlass_kernel_jax_mxfp8kernelssm90mx_gemmMXGemmSm90_object_at_0", "ours:mx_gemm"),

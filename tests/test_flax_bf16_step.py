@@ -1,6 +1,6 @@
 """The BF16 policy's train step has the stock block's GEMMs: the step benchmarks/train_step.py times, lowered.
 
-Why (docs/perf-notes.md, "BF16 policy vs stock block"): when every BF16 linear asked its GEMMs for float32
+Why (docs/perf/journal/perf-notes.md, "BF16 policy vs stock block"): when every BF16 linear asked its GEMMs for float32
 results (forward and dx GEMMs over (B, T, features), dkernel over the parameters) and converted them to
 bfloat16 afterwards, the step moved ~2.4 GB more than the stock Flax block (nnx.Linear(dtype=bf16), whose
 GEMMs write bfloat16) and was 8% slower on the H200. A GEMM's output is always written to memory, unlike

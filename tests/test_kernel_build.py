@@ -164,21 +164,45 @@ def test_no_static_libstdcxx_and_static_cudart(library):
     assert "libcudart" not in out, "cudart must be linked statically"
 
 
+def _built_variants(library) -> tuple:
+    """The registry variants the library was built with: production, or (built with --with-tunes) every one."""
+    lib = ctypes.CDLL(str(library))
+    lib.jax_mxfp8_kernel_name.restype = ctypes.c_char_p
+    names = {lib.jax_mxfp8_kernel_name(i).decode() for i in range(lib.jax_mxfp8_kernel_count())}
+    with_tunes = any(v.tune and v.name in names for v in registry.VARIANTS)
+    return registry.variants(with_tunes)
+
+
 def test_kernel_table_matches_registry(library):
+    """The table holds exactly the production variants (tools/build_library.py's default), or with --with-tunes
+    every registered variant (the comparison schedules too), each for every arch of its config."""
     lib = ctypes.CDLL(str(library))
     lib.jax_mxfp8_kernel_name.restype = ctypes.c_char_p
     names = {
         (lib.jax_mxfp8_kernel_name(i).decode(), lib.jax_mxfp8_kernel_arch(i))
         for i in range(lib.jax_mxfp8_kernel_count())
     }
-    want = {(v.name, registry.ARCH_MAJOR[a]) for v in registry.VARIANTS for a in v.archs}
+    want = {(v.name, registry.ARCH_MAJOR[a]) for v in _built_variants(library) for a in v.archs}
     assert names == want
+
+
+def test_production_variants_and_comparisons():
+    """The default build ships tune 0 only; the comparison schedules are at most two per kernel family and
+    config class (benchmarks only), and no config class registers a tune without its production variant."""
+    assert registry.variants() == registry.PRODUCTION_VARIANTS and registry.variants(True) == registry.VARIANTS
+    assert all(v.tune == 0 for v in registry.PRODUCTION_VARIANTS)
+    tunes: dict = {}
+    for v in registry.VARIANTS:
+        if v.tune:
+            family = (type(v), getattr(v, "head_dim", None))
+            tunes.setdefault(family, set()).add(v.tune)
+    assert tunes and all(len(t) <= 2 for t in tunes.values()), tunes
 
 
 def test_embedded_cubins_target_sm90a_and_sm100a(library, tmp_path):
     data = library.read_bytes()
     cubins = _cubins(data)
-    per_arch = {a: sum(a in v.archs for v in registry.VARIANTS) for a in registry.ARCHS}
+    per_arch = {a: sum(a in v.archs for v in _built_variants(library)) for a in registry.ARCHS}
     assert len(cubins) == sum(per_arch.values())
     cuobjdump = shutil.which("cuobjdump")
     if cuobjdump is None and importlib.util.find_spec("nvidia") is not None:

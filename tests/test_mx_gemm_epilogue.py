@@ -22,6 +22,7 @@ import pytest
 from mx_gemm_testutil import operands
 from seeding import test_seed
 
+from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives import mx_gemm as mg
 from jax_mxfp8.primitives import mx_gemm_epilogue as me
@@ -172,6 +173,9 @@ def test_kernel_gelu_and_pre(bias, _needs_kernel):
 def test_kernel_tuning_paired_stores_bits(_needs_kernel):
     """Tuning 1 (the first version's 16-bit stores) and production (paired 4-byte stores) write the same
     bits, edge tiles included."""
+    t1 = registry.find(registry.MXGemmEpilogueConfig, tune=1)
+    if not library.has_kernel(t1.name):
+        pytest.skip(f"{t1.name} is not in the library (tools/build_library.py --with-tunes builds it)")
     ops = _with_bad_blocks(operands(_rng(), 2, 272, 608, 640))
     want = _quantized(ops, "cuda")
     got = _quantized(ops, "cuda", tune=1)

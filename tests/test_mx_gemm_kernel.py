@@ -172,13 +172,12 @@ def test_registry_variants():
         assert v is not None and v.tune == 0 and v.smem_bytes <= 227 * 1024
     with pytest.raises(ValueError, match="tile_n"):
         registry.MXGemmConfig(tile_n=256)
-    assert registry.MX_GEMM_DIAGNOSTICS and all(v.tune > 0 for v in registry.MX_GEMM_DIAGNOSTICS)
-    with pytest.raises(ValueError, match="diagnostic"):
-        registry.MXGemmConfig(diagnostic="row_scale_only")  # never a production variant
-    with pytest.raises(ValueError, match="unroll_stages"):
-        registry.MXGemmConfig(overlap=True, unroll_stages=True)
-    with pytest.raises(ValueError, match="split_n"):
-        registry.MXGemmConfig(split_n=True, pingpong=True)
+    with pytest.raises(ValueError, match="cluster_m"):
+        registry.MXGemmConfig(cluster_m=4)
+    # production plus two comparison schedules (the first kernel, the previous production), e4m3 -> bf16 only
+    assert [v.tune for v in registry.MX_GEMM_TUNINGS] == [1, 10]
+    for v in registry.MX_GEMM_TUNINGS:
+        assert (v.a_dtype, v.b_dtype, v.out_dtype, v.has_bias) == (E4, E4, "bfloat16", False)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -190,9 +189,12 @@ GPU_CASES = [
     (3, 144, 272, 300, E4, E4, "float32", True),  # partial M and N tiles, K padded, batch, bias
     (2, 400, 208, 1024, E5, E4, "bfloat16", True),
     (1, 128, 384, 256, E4, E5, "float32", False),
-    (4, 784, 768, 640, E5, E5, "bfloat16", False),  # 7 x 6 x 4 = 168 tiles > 132 CTAs: persistent
-    (1, 2048, 2048, 4096, E4, E4, "float32", False),
-    (1, 256, 384, 128, E4, E4, "bfloat16", True),  # one K tile (config.overlap's shortest path)
+    (4, 784, 768, 640, E5, E5, "bfloat16", False),
+    (1, 2048, 2048, 4096, E4, E4, "float32", False),  # 8 x 11 cluster tiles > 66 clusters: persistent
+    # 176 cluster tiles: several work tiles per CTA with 9 K tiles each (2 laps of the 4-stage ring and a
+    # remainder): the ring's per-stage phase bits carried across work tiles
+    (2, 2048, 2048, 1152, E4, E4, "bfloat16", False),
+    (1, 256, 384, 128, E4, E4, "bfloat16", True),  # one K tile (no lap of the unrolled ring)
 ]
 
 
@@ -211,25 +213,33 @@ def test_kernel_matches_float64(case, _needs_kernel):
     _check(_run(ops, out, "cuda"), ops, out, WGMMA_REL, f"kernel {_case_id(case)}")
 
 
+def _skip_unless_built(tune: int) -> None:
+    """The comparison schedules are in the library only when it was built with --with-tunes."""
+    name = registry.find(registry.MXGemmConfig, tune=tune).name
+    if not library.has_kernel(name):
+        pytest.skip(f"{name} is not in the library (tools/build_library.py --with-tunes builds it)")
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("tune", [v.tune for v in registry.MX_GEMM_TUNINGS if not v.diagnostic])
+@pytest.mark.parametrize("tune", [v.tune for v in registry.MX_GEMM_TUNINGS])
 def test_kernel_tunings_match_float64(tune, _needs_kernel):
+    _skip_unless_built(tune)
     ops = operands(_rng(), 2, 272, 592, 1152)  # 3 M tiles: a cluster pair's second CTA is past M
     _check(_run(ops, "bfloat16", "cuda", tune=tune), ops, "bfloat16", WGMMA_REL, f"kernel tune {tune}")
 
 
 @pytest.mark.gpu
 def test_kernel_tunings_bitwise_equal(_needs_kernel):
-    """Every tuning (tile shape, pingpong / handoff schedule, early scales, cluster) changes only when and
-    where the same per-element operations run (the same 4 wgmmas per 128-K tile on a fresh accumulator,
-    the same FFMA promotion in K order), never the numerics: all return the production variant's bits."""
+    """Every comparison schedule (tile shape, cluster, rolled K loop) changes only when and where the same
+    per-element operations run (the same 4 wgmmas per 128-K tile on a fresh accumulator, the same FFMA
+    promotion in K order), never the numerics: all return the production variant's bits."""
+    for v in registry.MX_GEMM_TUNINGS:
+        _skip_unless_built(v.tune)
     # K tiles: 9 (unroll_stages: laps + a remainder), 1 (no lap), 20 (whole laps of 4 and of 5 stages)
     for shape in [(2, 272, 592, 1152), (1, 256, 384, 128), (1, 144, 400, 2560)]:
         ops = operands(_rng(), *shape, nan_rows=((0, 0, 5),))
         want = _run(ops, "bfloat16", "cuda")
         for v in registry.MX_GEMM_TUNINGS:
-            if v.diagnostic:  # wrong outputs on purpose
-                continue
             got = _run(ops, "bfloat16", "cuda", tune=v.tune)
             np.testing.assert_array_equal(got, want, err_msg=f"tune {v.tune} at {shape}")
 

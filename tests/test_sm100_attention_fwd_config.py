@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jax_mxfp8.kernels.registry.base import P_SCALE_CODE
-from jax_mxfp8.kernels.sm100 import attention_perf_model as model
+from jax_mxfp8.kernels.sm100 import attention_fwd_perf_model as model
 from jax_mxfp8.kernels.sm100 import attention_tmem
 from jax_mxfp8.kernels.sm100.attention_fwd_config import (
     ATTENTION_FWD_SM100_VARIANTS,

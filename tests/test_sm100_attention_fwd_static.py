@@ -6,7 +6,7 @@ No Blackwell GPU exists on these machines: the kernels are compiled for sm_100f 
 memory / stack / spills / subroutine calls, the setmaxnreg budgets of the warp roles, the storage struct's
 shared memory, tcgen05.alloc vs the declared TMEM map). The fast tests read the committed table: every variant
 listed with resources that agree with its config and predictions that agree with
-kernels/sm100/attention_perf_model.py for the committed instruction counts; the slow test compiles every
+kernels/sm100/attention_fwd_perf_model.py for the committed instruction counts; the slow test compiles every
 variant (about two minutes on 2 cores; needs nvidia-cutlass-dsl 4.8.1 and cuobjdump, skipped without them)
 and regenerates the table, which must equal the committed one.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from jax_mxfp8.kernels.sm100 import attention_perf_model as model
+from jax_mxfp8.kernels.sm100 import attention_fwd_perf_model as model
 from jax_mxfp8.kernels.sm100.attention_fwd_config import ATTENTION_FWD_SM100_VARIANTS, SMEM_LIMIT, THREADS
 
 ROOT = Path(__file__).resolve().parent.parent

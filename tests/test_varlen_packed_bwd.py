@@ -1,5 +1,6 @@
 """varlen_attention's backward on the packed backward kernel (registry PACKED; ops/varlen_kernel.py _packed_bwd):
-the key-tile table, the route's agreement with the padded-batch route it replaces, per-sequence isolation.
+the packed tables and the packed call's target, the route's agreement with the padded-batch route it
+replaces, per-sequence isolation.
 
 CPU: the call emulated (primitives/attention_bwd.py _emulate_packed: every sequence alone). GPU (marked): the
 real packed kernel against the padded route on the same forward residuals (dk, dv bit for bit: the same
@@ -15,9 +16,11 @@ import pytest
 from varlen_testutil import packed_inputs
 
 import jax_mxfp8
+from jax_mxfp8.kernels import registry
 from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.ops import attention_bwd_kernel as kbwd
 from jax_mxfp8.ops import varlen_kernel
+from jax_mxfp8.primitives import attention_bwd as abwd
 from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives.attention_bwd import packed_tile_table
 
@@ -25,19 +28,52 @@ CASE = dict(lq=(100, 0, 300, 37), lk=(130, 0, 260, 37), n=4, n_kv=2, h=64, causa
 
 
 def test_packed_tile_table():
-    """Per key tile: (first query row, query end, KV end, first KV row) of its sequence; zeros where none."""
+    """The forward's per-sequence table (first query tile, first KV tile, query length, KV length) and the key
+    tiles' work list in key-tile order: (sequence, key tile inside it), (-1, 0) where no sequence has keys."""
     q_len, kv_len = jnp.array([100, 0, 300, 37]), jnp.array([130, 0, 260, 37])
     q_start, kv_start = jnp.array([0, 128, 128, 512]), jnp.array([0, 256, 256, 640])
-    table = np.asarray(packed_tile_table(q_len, kv_len, q_start, kv_start, 896))
+    seqs, work = (np.asarray(x) for x in packed_tile_table(q_len, kv_len, q_start, kv_start, 896))
+    np.testing.assert_array_equal(seqs, [[0, 1, 1, 4], [0, 2, 2, 5], [100, 0, 300, 37], [130, 0, 260, 37]])
     want = np.array(
         [
-            [0, 0, 128, 128, 128, 512, 0],  # tiles 0-1: sequence 0; 2-4: 2 (1 is empty); 5: 3; 6: none
-            [100, 100, 428, 428, 428, 549, 0],
-            [130, 130, 516, 516, 516, 677, 0],
-            [0, 0, 256, 256, 256, 640, 0],
+            [0, 0, 2, 2, 2, 3, -1],  # tiles 0-1: sequence 0; 2-4: 2 (1 is empty); 5: 3; 6: none
+            [0, 1, 0, 1, 2, 0, 0],
         ]
     )
-    np.testing.assert_array_equal(table, want)
+    np.testing.assert_array_equal(work, want)
+    assert seqs.dtype == work.dtype == np.int32
+
+
+def test_packed_call_takes_its_tables_and_target():
+    """A packed variant's call lowers to jax_mxfp8_attention_bwd_packed with seqs and work in lens' place (15
+    operands), and a packed variant refuses dense lens (and a dense one the tables)."""
+    h, tp, n, f8 = 64, 256, 2, jnp.float8_e4m3fn
+    zeros = lambda shape, dt=jnp.bfloat16: jnp.zeros(shape, dt)  # noqa: E731
+    fp8 = abwd.SdpFp8Operands(
+        zeros((1, n, tp, h), f8), zeros((1, 1, tp, h), f8), zeros((1, 1, tp, h), f8), zeros((1, n, tp, h), f8),
+        *(jnp.ones(s, jnp.float32) for s in ((1, n, tp // 32), (1, 1, tp // 32), (1, 1, tp // 32), (1, n, tp // 32))),
+    )  # fmt: skip
+    tables = packed_tile_table(
+        jnp.array([100, 90]), jnp.array([120, 100]), jnp.array([0, 128]), jnp.array([0, 128]), tp
+    )
+    ops = abwd.BwdOperands(
+        zeros((1, n, tp, h)), zeros((1, 1, tp, h)), None, zeros((1, n, tp, h)), zeros((1, n, tp), jnp.float32),
+        zeros((1, n, tp), jnp.float32), tables, fp8,
+    )  # fmt: skip
+    variant = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=True, packed=True)
+    run = jax.jit(lambda o: abwd.attention_bwd(o, variant=variant, scale=0.125, path="cuda"))
+    text = run.trace(ops).lower(lowering_platforms=("cuda",)).as_text()
+    call = next(line for line in text.splitlines() if "@jax_mxfp8_attention_bwd_packed(" in line)
+    operands = call.split("@jax_mxfp8_attention_bwd_packed(", 1)[1].split(")", 1)[0].split(",")
+    assert len(operands) == 15, call
+    dense = jnp.stack([jnp.array([tp]), jnp.array([tp])]).astype(jnp.int32)
+    with pytest.raises(ValueError, match="PackedTables"):
+        abwd.attention_bwd(
+            abwd.BwdOperands(*ops.args()[:3], ops.do, ops.lse, ops.delta, dense, fp8), variant=variant, scale=1.0
+        )
+    plain = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=True)
+    with pytest.raises(ValueError, match="lens \\(2, B\\)"):
+        abwd.attention_bwd(ops, variant=plain, scale=1.0)
 
 
 def _grads(case, q, k, v, cu_q, cu_k, ct, impl):

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Compiles every CuTe DSL kernel variant in jax_mxfp8/kernels/registry/ ahead of time (no GPU needed).
+"""Compiles the CuTe DSL kernel variants of jax_mxfp8/kernels/registry/ ahead of time (no GPU needed).
 
-For each arch in registry.ARCHS and each variant compiled for it (`config.archs`), the kernel object that
+By default the production variants (registry.PRODUCTION_VARIANTS: what the library and the wheel ship); with
+--with-tunes the comparison schedules too (registry.VARIANTS: tune > 0, for the benchmarks). For each arch in
+registry.ARCHS and each such variant compiled for it (`config.archs`), the kernel object that
 the config names for that arch (`config.make_kernel(arch)`): `cute.compile(..., options="--gpu-arch <arch>")`, then
 `export_to_c` writes <out>/<arch>/<symbol>.h and .o (the .o embeds the cubin; the cubin and PTX are also
 kept under <out>/<arch>/dump/<variant>/). Each arch runs in its own process because the DSL reads
@@ -11,7 +13,7 @@ launch adapter per (variant, arch) with a uniform signature, generated from the 
 structs, and one row per (variant, arch) generated from the config alone: name, arch major, op and the
 named integer parameters `config.key`), and <out>/libjmx_kernels.a with every kernel object.
 
-Usage: python tools/build_kernels.py [--out build/kernels] [--arch sm_90a --arch sm_100a] [--jobs 2]
+Usage: python tools/build_kernels.py [--out build/kernels] [--arch sm_90a --arch sm_100a] [--jobs 2] [--with-tunes]
 Needs: nvidia-cutlass-dsl[cu13]==4.8.1 (and jax, for the numerics constants in jax_mxfp8.formats).
 """
 
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -36,7 +39,7 @@ def symbol(config, arch: str) -> str:
     return f"jmx_{config.name}_{arch.replace('_', '')}"
 
 
-def compile_arch(arch: str, out: Path, names: list[str] | None) -> None:
+def compile_arch(arch: str, out: Path, names: list[str] | None, with_tunes: bool) -> None:
     """Worker: compiles the variants for one arch (runs in a fresh process with CUTE_DSL_ARCH set).
 
     Each config names the kernel class that builds it on `arch` (registry `KernelConfig.kernels`)."""
@@ -48,9 +51,14 @@ def compile_arch(arch: str, out: Path, names: list[str] | None) -> None:
     if names and (adir / "meta.json").exists():
         # --only recompiles some variants into an existing build: keep the others' entries (replacing the file
         # would make the next library build hold only these variants); drop entries no longer registered
-        known = {symbol(c, arch) for c in registry.VARIANTS if arch in c.archs}
+        known = {symbol(c, arch) for c in registry.variants(with_tunes) if arch in c.archs}
         meta = {k: v for k, v in json.loads((adir / "meta.json").read_text()).items() if k in known}
-    for config in registry.VARIANTS:
+    else:  # a full build: the dumps of variants it does not compile (another build kind's) would mislead
+        built = {c.name for c in registry.variants(with_tunes)}
+        for old in (adir / "dump").glob("*") if (adir / "dump").is_dir() else ():
+            if old.name not in built:
+                shutil.rmtree(old)
+    for config in registry.variants(with_tunes):
         if names and config.name not in names:
             continue
         if arch not in config.archs:
@@ -59,7 +67,8 @@ def compile_arch(arch: str, out: Path, names: list[str] | None) -> None:
         t0 = time.time()
         kern = config.make_kernel(arch)
         dump = adir / "dump" / config.name  # kept cubin + PTX, for inspection (cuobjdump -sass)
-        dump.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(dump, ignore_errors=True)  # an earlier compile's files (another entry's name) would stay
+        dump.mkdir(parents=True)
         compiled = cute.compile(
             kern.entry(),
             *kern.fake_args(),
@@ -138,11 +147,13 @@ def _table_row(config: registry.KernelConfig, arch: str, sym: str) -> tuple[str,
     return decl, row
 
 
-def write_table(out: Path, archs: list[str]) -> Path:
+def write_table(out: Path, archs: list[str], with_tunes: bool) -> Path:
+    """kernels_table.inc and libjmx_kernels.a of the variants compiled into `out` (a variant of the other build
+    kind left there by an earlier run is not included)."""
     includes, adapters, params, rows, syms = [], [], [], [], []
     for arch in archs:
         meta = json.loads((out / arch / "meta.json").read_text())
-        for config in registry.VARIANTS:
+        for config in registry.variants(with_tunes):
             sym = symbol(config, arch)
             if sym not in meta:
                 continue
@@ -183,12 +194,13 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", action="append", choices=registry.ARCHS, help="default: all of registry.ARCHS")
     ap.add_argument("--only", action="append", help="compile only these variant names (debugging)")
     ap.add_argument("--jobs", type=int, default=1, help="archs compiled in parallel (one process each)")
+    ap.add_argument("--with-tunes", action="store_true", help="also the comparison schedules (tune > 0)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
 
     if args.worker:
-        compile_arch(args.worker, out, args.only)
+        compile_arch(args.worker, out, args.only, args.with_tunes)
         return 0
 
     archs = args.arch or list(registry.ARCHS)
@@ -198,6 +210,7 @@ def main(argv=None) -> int:
         while pending and len(procs) < max(1, args.jobs):
             arch = pending.pop(0)
             cmd = [sys.executable, __file__, "--out", str(out), "--worker", arch]
+            cmd += ["--with-tunes"] if args.with_tunes else []
             for n in args.only or []:
                 cmd += ["--only", n]
             procs.append((arch, subprocess.Popen(cmd, env={**os.environ, "CUTE_DSL_ARCH": arch})))
@@ -207,8 +220,9 @@ def main(argv=None) -> int:
                 q.kill()
             print(f"kernel compilation for {arch} failed", file=sys.stderr)
             return 1
-    table = write_table(out, archs)
-    print(f"compiled {len(registry.VARIANTS)} variants x {len(archs)} archs in {time.time() - t0:.1f} s -> {table}")
+    table = write_table(out, archs, args.with_tunes)
+    counts = ", ".join(f"{sum(a in v.archs for v in registry.variants(args.with_tunes))} {a}" for a in archs)
+    print(f"compiled {counts} variants in {time.time() - t0:.1f} s -> {table}")
     return 0
 
 

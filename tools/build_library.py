@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Builds jax_mxfp8/_lib/libjax_mxfp8_kernels.so: the AOT CuTe DSL kernels + the XLA FFI handlers.
 
-Steps: (1) tools/build_kernels.py compiles every registry variant for sm_90a and sm_100a (no GPU);
+Steps: (1) tools/build_kernels.py compiles the production registry variants for sm_90a and sm_100a (no GPU;
+with --with-tunes the comparison schedules too, for the benchmarks; a wheel ships production only);
 (2) g++ compiles csrc/*.cc against the XLA FFI headers of the OLDEST supported jaxlib (0.10.2, FFI API
 0.3: handlers built against it register on jaxlib 0.10.2 and newer) and CUDA headers from the
 nvidia-cuda-runtime wheel; (3) g++ links one plain shared library with static cudart and the DSL's
@@ -17,7 +18,7 @@ Build requirements, all from PyPI:
 (jax only because the kernels read the numerics constants from jax_mxfp8.formats.) pybind11==3.1.0 for
 the extension.
 
-Usage: python tools/build_library.py [--skip-kernels] [--jobs 2] [--out jax_mxfp8/_lib]
+Usage: python tools/build_library.py [--skip-kernels] [--jobs 2] [--out jax_mxfp8/_lib] [--with-tunes]
                                      [--ext-python PYTHON ...] [--no-extension]
 """
 
@@ -193,6 +194,11 @@ def main(argv=None) -> int:
         help="build the pybind11 extension for this interpreter (repeatable; default: this interpreter)",
     )
     ap.add_argument("--no-extension", action="store_true", help="build the library alone (ctypes loading)")
+    ap.add_argument(
+        "--with-tunes",
+        action="store_true",
+        help="also the comparison schedules (tune > 0) the benchmarks time against production",
+    )
     args = ap.parse_args(argv)
     t0 = time.time()
     build_dir = Path(args.build_dir).resolve()
@@ -206,6 +212,7 @@ def main(argv=None) -> int:
                 str(kernels_dir),
                 "--jobs",
                 str(args.jobs),
+                *(["--with-tunes"] if args.with_tunes else []),
             ]
         )
         if rc:

@@ -17,8 +17,10 @@ path.
 
 Steps: (1) when jax_mxfp8/_lib has no library, or with --rebuild, run tools/build_library.py with this
 interpreter (which must then be the build venv's, tools/requirements-build.txt); --no-build fails
-instead; (2) write the wheel with the standard library alone (zipfile + RECORD hashes; no `wheel` or
-`build` package needed, no network).
+instead; (2) check that the library holds production kernels only (a library built with --with-tunes
+also holds the benchmarks' comparison schedules, named *_t<N>: refused, rebuild it); (3) write the wheel
+with the standard library alone (zipfile + RECORD hashes; no `wheel` or `build` package needed, no
+network).
 
 Usage: python tools/build_wheel.py [--out dist] [--rebuild | --no-build] [--jobs 2]
                                    [--python-version 3.X | --no-extension]
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import ctypes
 import hashlib
 import io
 import platform
@@ -127,6 +130,16 @@ def package_files(lib_dir: Path = LIB_DIR, python_version: str | None = None) ->
     return files
 
 
+def comparison_kernels(lib: Path) -> list[str]:
+    """The kernels of a built library that are comparison schedules (tune > 0: every config names them
+    <name>_t<tune>), read from its C ABI (csrc/library.cc; no GPU needed)."""
+    handle = ctypes.CDLL(str(lib))
+    handle.jax_mxfp8_kernel_name.restype = ctypes.c_char_p
+    handle.jax_mxfp8_kernel_name.argtypes = [ctypes.c_int]
+    names = [handle.jax_mxfp8_kernel_name(i).decode() for i in range(handle.jax_mxfp8_kernel_count())]
+    return sorted({n for n in names if re.search(r"_t\d+$", n)})
+
+
 def _record_hash(data: bytes) -> str:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return f"sha256={digest}"
@@ -188,6 +201,12 @@ def main(argv=None) -> int:
         print(f"build_wheel: no pybind11 extension for Python {python_version}: packaging the library alone")
         python_version = None
     files = package_files(lib_dir, python_version)
+    tunes = comparison_kernels(lib_dir / LIB_NAME)
+    if tunes:
+        raise SystemExit(
+            f"build_wheel: {lib_dir / LIB_NAME} holds {len(tunes)} comparison kernels (e.g. {tunes[0]}; built with "
+            "--with-tunes): a wheel ships production only (build_wheel.py --rebuild)"
+        )
     whl = write_wheel(Path(args.out).resolve(), files, project_metadata(), wheel_tag(python_version))
     print(f"built {whl} ({whl.stat().st_size / 1e6:.1f} MB; {len(files)} files)")
     print(f"install: pip install {whl}")

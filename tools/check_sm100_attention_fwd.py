@@ -22,7 +22,7 @@ Per variant:
   softmax   MUFU.EX2 for P~ and alpha, F2FP.SATFINITE.E4M3 for P, tcgen05.ld/st (LDTM / STTM) of S and P;
             p_scale "block": the NaN-keeping FMNMX of the block amax
 and the per-variant table (registers, shared memory, TMEM, softmax instructions per tile, predicted TFLOP/s
-on B200 and GB300 from kernels/sm100/attention_perf_model.py) is written (--write-table) or compared
+on B200 and GB300 from kernels/sm100/attention_fwd_perf_model.py) is written (--write-table) or compared
 (--check-table).
 
 Usage:
@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from check_sm100 import _ALLOC, _RES, _one  # noqa: E402
 from compare_sass import find_cuobjdump  # noqa: E402
 
-from jax_mxfp8.kernels.sm100 import attention_perf_model as model  # noqa: E402 (pure Python, no DSL)
+from jax_mxfp8.kernels.sm100 import attention_fwd_perf_model as model  # noqa: E402 (pure Python, no DSL)
 from jax_mxfp8.kernels.sm100.attention_fwd_config import (  # noqa: E402
     ARCH,
     ATTENTION_FWD_SM100_VARIANTS,
@@ -223,7 +223,7 @@ def table(rows: dict) -> str:
         "# Blackwell MXFP8 attention forward variants: resources and predicted throughput",
         "",
         "Compiled for sm_100f and checked by tools/check_sm100_attention_fwd.py; the model and its assumptions are",
-        "kernels/sm100/attention_perf_model.py and [blackwell-attention.md](blackwell-attention.md) section 6.",
+        "kernels/sm100/attention_fwd_perf_model.py and [blackwell-attention.md](blackwell-attention.md) section 6.",
         "NOT RUN ON HARDWARE: every TFLOP/s figure here is a prediction.",
         "",
         f"Registers: REG is the launch allocation (512 threads); the warp roles run with setmaxnreg budgets "

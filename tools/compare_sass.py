@@ -13,7 +13,7 @@ Exit code 0 when every compared variant is identical, 1 otherwise.
 
 Usage (rebuild the kernels from your tree, then compare against a build of the base commit):
   CUTE_DSL_ARCH=sm_90a python tools/build_kernels.py --out /tmp/new --arch sm_90a
-  python tools/compare_sass.py /work/baseline/build /tmp/new --arch sm_90a --variant 'attention_fwd*'
+  python tools/compare_sass.py BASE_BUILD /tmp/new --arch sm_90a --variant 'attention_fwd*'
 cuobjdump is taken from --cuobjdump, PATH, or the nvidia-cuda-cuobjdump wheel (nvidia/cu13/bin).
 Standard library only (runs on any Python 3.11).
 """

@@ -3,7 +3,8 @@
 the optimized HLO's arithmetic and the PTX's float instructions (division, rsqrt, FMA), so that the
 fused kernel's operation order can be checked against it. Needs a GPU; writes the dump under --dump.
 
-Usage: python tools/inspect_xla_rms_norm.py [--dump /tmp/xla_rms_dump] [--d 4096] [--dtype bfloat16]
+Usage: python tools/inspect_xla_rms_norm.py [--dump DIR] [--d 4096] [--dtype bfloat16]
+(--dump: where XLA writes its dump; default a new temporary folder, printed)
 """
 
 from __future__ import annotations
@@ -12,16 +13,19 @@ import argparse
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dump", default="/tmp/xla_rms_dump")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dump", default=None, help="XLA dump folder (default: a new temporary folder)")
     ap.add_argument("--d", type=int, default=4096)
     ap.add_argument("--m", type=int, default=1024)
     ap.add_argument("--dtype", default="bfloat16")
     args = ap.parse_args()
+    args.dump = args.dump or tempfile.mkdtemp(prefix="xla_rms_dump_")
+    print(f"XLA dump: {args.dump}")
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={args.dump} --xla_dump_hlo_as_text"
     ).strip()

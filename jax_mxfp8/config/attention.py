@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
+from jax_mxfp8.config.fields import bool_field, int_field
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.scales import SCALE_ROUNDINGS
 
@@ -75,21 +74,18 @@ class AttentionConfig:
         _check_choice("p_scale", self.p_scale, P_SCALES)
         _check_choice("dq_accum", self.dq_accum, DQ_ACCUMS)
         _check_choice("scale_rounding", self.scale_rounding, SCALE_ROUNDINGS)
-        if (
-            isinstance(self.kv_tile, bool)
-            or not isinstance(self.kv_tile, int)
-            or self.kv_tile <= 0
-            or self.kv_tile % BLOCK_SIZE
-        ):
-            raise ValueError(f"kv_tile={self.kv_tile!r} must be a positive multiple of {BLOCK_SIZE}")
-        if not isinstance(self.causal_safe, bool):
-            raise ValueError(f"causal_safe={self.causal_safe!r} must be a bool")
+        kv_tile = int_field("AttentionConfig", "kv_tile", self.kv_tile, f"a positive multiple of {BLOCK_SIZE}")
+        if kv_tile <= 0 or kv_tile % BLOCK_SIZE:
+            raise ValueError(f"AttentionConfig.kv_tile={kv_tile!r} must be a positive multiple of {BLOCK_SIZE}")
         lo, hi = DQ_FP16_SCALE_LOG2_RANGE
-        e = self.dq_fp16_scale_log2
-        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or not lo <= e <= hi:
+        e = int_field("AttentionConfig", "dq_fp16_scale_log2", self.dq_fp16_scale_log2, f"an int in [{lo}, {hi}]")
+        if not lo <= e <= hi:
             raise ValueError(f"AttentionConfig.dq_fp16_scale_log2={e!r} must be an int in [{lo}, {hi}]")
-        if not isinstance(self.deterministic, bool):
-            raise ValueError(f"AttentionConfig.deterministic={self.deterministic!r} must be a bool")
+        # normalised (np.int64(64) -> 64, np.True_ -> True): equal configs hash and print alike
+        object.__setattr__(self, "kv_tile", kv_tile)
+        object.__setattr__(self, "dq_fp16_scale_log2", e)
+        object.__setattr__(self, "causal_safe", bool_field("AttentionConfig", "causal_safe", self.causal_safe))
+        object.__setattr__(self, "deterministic", bool_field("AttentionConfig", "deterministic", self.deterministic))
 
 
 def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mxfp8.config.fields import int_field
 from jax_mxfp8.formats import element_format
 from jax_mxfp8.formats.quantize import ROUNDINGS
 from jax_mxfp8.formats.scales import check_scale_rounding
@@ -47,9 +48,12 @@ class MXDotConfig:
             raise ValueError(f"grad_rounding={self.grad_rounding!r} is not one of {ROUNDINGS}")
         if self.weight_grad not in WEIGHT_GRADS:
             raise ValueError(f"weight_grad={self.weight_grad!r} is not one of {WEIGHT_GRADS}")
-        hb = self.hadamard_block
-        if not isinstance(hb, (int, np.integer)) or isinstance(hb, bool) or hb < 1 or hb & (hb - 1):
-            raise ValueError(f"hadamard_block={hb!r} must be a power of two")
+        hb = int_field("MXDotConfig", "hadamard_block", self.hadamard_block, "a power of two")
+        if hb < 1 or hb & (hb - 1):
+            raise ValueError(f"MXDotConfig.hadamard_block={hb!r} must be a power of two")
         seed = self.hadamard_seed
-        if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)):
-            raise ValueError(f"hadamard_seed={seed!r} must be None or an int seed")
+        if seed is not None:
+            seed = int_field("MXDotConfig", "hadamard_seed", seed, "None or an int seed")
+        # normalised (np.int64(32) -> 32): equal configs hash and print alike
+        object.__setattr__(self, "hadamard_block", hb)
+        object.__setattr__(self, "hadamard_seed", seed)

@@ -146,7 +146,7 @@ def bf16_linear(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, out_dty
     checks it on the backend it runs on), so the product values are those of a float32 product rounded to
     bfloat16, but the GEMM writes (and the next op reads) half the bytes: writing float32 products and
     converting them in a separate pass cost the BF16 policy's train step ~2.4 GB of extra HBM traffic (see
-    docs/perf-notes.md, "BF16 policy vs stock block").
+    docs/perf/journal/perf-notes.md, "BF16 policy vs stock block").
 
     Bias (changed with that): with a bfloat16 output the bias (float32) is added in float32 to the product
     already rounded to bfloat16, and the sum is rounded again (two roundings, like stock Flax, which adds a

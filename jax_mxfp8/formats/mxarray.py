@@ -35,7 +35,9 @@ class MXArray:
     Construction validates every field (ValueError naming it): `block`, `axes` (negative, distinct, one
     for "row" and two for "square", within data's rank), the element dtype, a uint8 scale and the scale's
     shape. Pytree unflattening (what jit, vmap, tree_map and custom_vjp do with placeholder or float0
-    leaves) does not re-validate.
+    leaves) does not re-validate; every op that consumes an MXArray (dequantize, the GEMMs, attention)
+    checks it again with `check_consistent`, so an MXArray that tree_map made inconsistent (data
+    reshaped without its scale, say) raises a ValueError there, not an error deep inside the op.
     """
 
     data: jax.Array
@@ -67,6 +69,7 @@ class MXArray:
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """The values in `dtype` (default float32): formats.dequantize(self, dtype), saturating finite values."""
+        check_consistent(self)
         return decode_mx(self.data, self.scale, self.positive_axes(), dtype, saturated=True)
 
     def __repr__(self) -> str:
@@ -103,33 +106,49 @@ def _is_array_like(x) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
-def check_leaves(data, scale, axes: tuple[int, ...]) -> None:
-    """Checks data / scale against each other and `axes` (ValueError naming the field). Leaves that are not
-    arrays (placeholders) and float0 leaves (zero cotangents) are not checked."""
+def check_leaves(data, scale, axes: tuple[int, ...], name: str = "MXArray") -> None:
+    """Checks data / scale against each other and `axes` (ValueError naming `name` and the field). Leaves
+    that are not arrays (placeholders) and float0 leaves (zero cotangents) are not checked."""
     if _is_array_like(data):
         ndim = len(data.shape)
         if any(a < -ndim for a in axes):
-            raise ValueError(f"MXArray axes={axes} are out of range for data of shape {tuple(data.shape)}")
+            raise ValueError(f"{name} axes={axes} are out of range for data of shape {tuple(data.shape)}")
         if data.dtype != jax.dtypes.float0:
             try:
                 element_format(data.dtype)
             except ValueError as e:
-                raise ValueError(f"MXArray data has dtype {data.dtype}; it must be float8_e4m3fn or float8_e5m2") from e
+                raise ValueError(f"{name} data has dtype {data.dtype}; it must be float8_e4m3fn or float8_e5m2") from e
         for a in axes:
             if data.shape[a] % BLOCK_SIZE:
                 raise ValueError(
-                    f"MXArray data has shape {tuple(data.shape)}: blocked axis {a} is not a multiple of {BLOCK_SIZE}"
+                    f"{name} data has shape {tuple(data.shape)}: blocked axis {a} is not a multiple of {BLOCK_SIZE}"
                 )
     if _is_array_like(scale) and scale.dtype not in (np.dtype(SCALE_DTYPE), jax.dtypes.float0):
-        raise ValueError(f"MXArray scale has dtype {scale.dtype}; scales are uint8 E8M0 exponent bytes")
+        raise ValueError(f"{name} scale has dtype {scale.dtype}; scales are uint8 E8M0 exponent bytes")
     if _is_array_like(data) and _is_array_like(scale):
         ndim = len(data.shape)
         want = scale_shape(tuple(data.shape), tuple(a % ndim for a in axes))
         if tuple(scale.shape) != want:
             raise ValueError(
-                f"MXArray scale has shape {tuple(scale.shape)}; data of shape {tuple(data.shape)} blocked along "
+                f"{name} scale has shape {tuple(scale.shape)}; data of shape {tuple(data.shape)} blocked along "
                 f"axes {axes} needs scale shape {want} (each blocked axis divided by {BLOCK_SIZE})"
             )
+
+
+def check_consistent(a: MXArray, name: str = "MXArray") -> MXArray:
+    """`a`, checked as construction checks it, where an op consumes it (ValueError naming `name`).
+
+    Pytree transformations rebuild MXArrays without validation (placeholder and float0 leaves must pass
+    through), so jax.tree_util.tree_map can return one whose data and scale disagree. At consumption the
+    leaves are arrays or tracers (under jit and vmap: tracers have shapes and dtypes, so the check runs at
+    trace time and costs nothing at run time); anything else is an error here.
+    """
+    for field in ("data", "scale"):
+        leaf = getattr(a, field)
+        if not _is_array_like(leaf) or leaf.dtype == jax.dtypes.float0:
+            raise ValueError(f"{name} {field} must be an array; got {type(leaf).__name__}")
+    check_leaves(a.data, a.scale, a.axes, name)
+    return a
 
 
 def _flatten_with_keys(a: MXArray):

@@ -13,7 +13,7 @@ import numpy as np
 from jax_mxfp8.formats.blocks import merge_blocks, split_blocks, split_shape
 from jax_mxfp8.formats.decode import decode_mx
 from jax_mxfp8.formats.elements import BLOCK_SIZE, SCALE_BIAS, SCALE_NAN, element_format
-from jax_mxfp8.formats.mxarray import BLOCK_KINDS, MXArray
+from jax_mxfp8.formats.mxarray import BLOCK_KINDS, MXArray, check_consistent
 from jax_mxfp8.formats.rounding import round_to_elements
 from jax_mxfp8.formats.scales import check_scale_rounding, decode_scale, mul_pow2, saturate, scale_bits
 from jax_mxfp8.formats.stochastic import stochastic_round
@@ -126,9 +126,15 @@ def check_float32_range(x, name: str = "x") -> None:
         )
 
 
-def _check_input(x) -> jax.Array:
+def check_quantize_input(x) -> jax.Array:
+    """x as a float32 / bfloat16 / float16 array; ValueError naming x otherwise (check_float32_range too)."""
+    if isinstance(x, MXArray):
+        raise ValueError("x is an MXArray (already quantized); quantize takes a float array (dequantize it first)")
     check_float32_range(x)
-    x = jnp.asarray(x)
+    try:
+        x = jnp.asarray(x)
+    except (TypeError, ValueError) as e:  # None, str, objects
+        raise ValueError(f"x must be a float array; got {type(x).__name__}") from e
     if not jnp.issubdtype(x.dtype, jnp.floating) or np.dtype(x.dtype).itemsize < 2:
         raise ValueError(f"x has dtype {x.dtype}; quantize takes float32, bfloat16 or float16 input")
     return x
@@ -182,7 +188,7 @@ def quantize(
     cotangent (autodiff through the FP8 cast would round, flush or overflow it to NaN depending on the
     block scale). For a straight-through estimator use `fake_quantize`.
     """
-    x = jax.lax.stop_gradient(_check_input(x))
+    x = jax.lax.stop_gradient(check_quantize_input(x))
     fmt = element_format(dtype)
     check_scale_rounding(scale_rounding)
     if rounding not in ROUNDINGS:
@@ -220,7 +226,7 @@ def quantize_dequantize(
     (reference/gemm.py) spend most of their operand preparation here. Arguments as `quantize`; x is not
     differentiated (stop_gradient, as in quantize).
     """
-    x = jax.lax.stop_gradient(_check_input(x))
+    x = jax.lax.stop_gradient(check_quantize_input(x))
     fmt = element_format(dtype)
     check_scale_rounding(scale_rounding)
     _, _, _, _, b, y = _scaled_blocks(x, axis, block, fmt, scale_rounding)
@@ -258,6 +264,7 @@ def dequantize_products(a: MXArray, dtype=jnp.float32) -> jax.Array:
 def _check_mx(a) -> None:
     if not isinstance(a, MXArray):
         raise ValueError(f"a must be an MXArray, got {type(a).__name__}")
+    check_consistent(a, "a")
 
 
 def fake_quantize(x: jax.Array, **kwargs) -> jax.Array:
@@ -265,7 +272,7 @@ def fake_quantize(x: jax.Array, **kwargs) -> jax.Array:
 
     Differentiable with a straight-through estimator: the cotangent passes to `x` unchanged.
     """
-    x = _check_input(x)
+    x = check_quantize_input(x)
     rng = kwargs.pop("rng", None)
     static = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()))
     return _fake_quantize_ste(x, rng, static)

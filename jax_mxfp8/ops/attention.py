@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.formats.elements import BLOCK_SIZE
@@ -99,12 +100,15 @@ def dot_product_attention(
       key: (B, S, K, H) (or (S, K, H)); N must be a multiple of K (GQA; K == 1 is MQA). S a multiple of 32.
       value: same shape as key.
       bias: optional float array broadcastable to (B, N, T, S) (rank <= 4, leading axes added), added to the
-        scaled logits; it receives a gradient.
+        scaled logits; it receives a gradient. An entry of -inf masks its logit (as a False mask entry
+        does: a row whose bias is -inf at every key is fully masked, below); +inf or NaN makes its row NaN.
       mask: optional bool array broadcastable to (B, N, T, S); True = attend.
       scale: softmax scale tau (a Python number); default 1 / sqrt(H).
       is_causal: query t attends key s <= t (top-left aligned, like jax.nn).
-      query_seq_lengths, key_value_seq_lengths: optional (B,) int arrays; positions past them are padding:
-        zeroed before quantization (so padding never changes a valid row's block scale) and masked.
+      query_seq_lengths, key_value_seq_lengths: optional (B,) int arrays in [0, T] / [0, S]; positions past
+        them are padding: zeroed before quantization (so padding never changes a valid row's block scale)
+        and masked. Concrete lengths outside that range raise ValueError; traced ones (under jit) act as
+        the nearest length in it (< 0 as 0, > T as T).
       implementation: None (the Hopper kernel where it runs and covers the arguments, else the XLA
         reference), "xla" (the reference, runs anywhere), "emulated" (the kernel path with the kernel's
         arithmetic emulated in XLA: any machine, slow, for tests) or "cuda" (the kernel, or RuntimeError /
@@ -146,8 +150,8 @@ def dot_product_attention(
     mask = check_bias_or_mask(mask, "mask", full, is_mask=True)
     if window is not None:
         mask = compat.with_window(mask, window, t, s)
-    q_len = check_seq_lengths(query_seq_lengths, "query_seq_lengths", b)
-    kv_len = check_seq_lengths(key_value_seq_lengths, "key_value_seq_lengths", b)
+    q_len = check_seq_lengths(query_seq_lengths, "query_seq_lengths", b, t, "axis 1 of query")
+    kv_len = check_seq_lengths(key_value_seq_lengths, "key_value_seq_lengths", b, s, "axis 1 of key")
     why_not = kernel_unsupported(
         config,
         head_dim=h,
@@ -158,6 +162,10 @@ def dot_product_attention(
         mx_inputs=[(nm, x) for nm, x in (("query", q), ("key", k), ("value", v)) if isinstance(x, MXArray)],
     )
     why_not = compat.KERNEL_NO_WINDOW if window is not None else why_not
+    if b == 0:  # nothing to compute, on any implementation (docs/numerics.md "Zero-size inputs")
+        check_scale(scale, h)
+        out, lse = jnp.zeros((0, t, n, h), out_dtype), jnp.zeros((0, n, t), jnp.float32)
+        return _results(out, lse, unbatched, return_residual)
     static = AttentionStatic(
         config=config,
         scale=check_scale(scale, h),
@@ -168,6 +176,11 @@ def dot_product_attention(
         impl=choose_implementation(implementation, why_not),
     )
     out, lse = _mx_attention_jit(static, q, k, v, bias, mask, q_len, kv_len)
+    return _results(out, lse, unbatched, return_residual)
+
+
+def _results(out, lse, unbatched: bool, return_residual):
+    """dot_product_attention's return value from o (B, T, N, H) and the float32 LSE (B, N, T)."""
     if unbatched:
         out, lse = out[0], lse[0]
     if not return_residual:

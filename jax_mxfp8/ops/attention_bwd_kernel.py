@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-import jax
 import jax.numpy as jnp
 
 from jax_mxfp8.ops.attention_core import AttentionStatic, kernel_operand, operand_keys, square_sequence_major
@@ -90,7 +89,8 @@ def _lookup(static: AttentionStatic, head_dim: int, **kind):
 def _missing_from_library(variant) -> str | None:
     """Why the loaded library cannot run `variant` (path "cuda"), or None: its kernel name, the sdp_fp8 target
     (a library built before it holds a kernel of the same name that takes the plain call), dv_f16's float16
-    dequantize (a library built before it holds a kernel of the same name that takes bfloat16 do)."""
+    dequantize (a library built before it holds a kernel of the same name that takes bfloat16 do), the packed
+    target (a library built before it holds packed kernels of the same name that take a per-key-tile table)."""
     rebuild = "rebuild it: tools/build_library.py"
     names = {n for n, _ in library.kernel_names()}
     if variant.name not in names:
@@ -99,18 +99,21 @@ def _missing_from_library(variant) -> str | None:
         return f"the kernel library has no {abwd.TARGET_FP8} target ({rebuild})"
     if variant.dv_f16 and abwd.DO_F16_DEQUANTIZE not in names:
         return f"the kernel library has no {abwd.DO_F16_DEQUANTIZE} (dv_f16's dO; {rebuild})"
+    if variant.packed and abwd.TARGET_PACKED not in library.ffi_targets():
+        return f"the kernel library has no {abwd.TARGET_PACKED} target ({rebuild})"
     return None
 
 
 def kernel_backward(
-    static: AttentionStatic, variant, res, cts, broadcast_q: bool = False, tile_table: jax.Array | None = None
+    static: AttentionStatic, variant, res, cts, broadcast_q: bool = False, tile_table: abwd.PackedTables | None = None
 ):
     """The custom_vjp bwd on the kernel (see the module docstring); returns the 7 cotangents of
     (q, k, v, bias, mask, q_len, kv_len), as attention_core.reference_backward.
 
     res, cts: mx_attention_fwd's residuals (quants, o, lse, bias, mask, q_len, kv_len) with bias and mask
     None (the kernel path has neither), and the cotangents (dO (B, T, N, H), dLSE (B, N, T)).
-    tile_table (a packed variant: packed_tile_table of the aligned packed layout, B = 1): the kernel's lens.
+    tile_table (a packed variant: packed_tile_table of the aligned packed layout, B = 1): the forward's seqs table
+    and the key-tile work list, in the kernel's lens slot.
     broadcast_q (ops/broadcast_attention.py, with a broadcast_q variant): the query residuals hold batch 1
     for all B rows; dq comes back as their sum, (1, T, N, H) (the kernel's float32 reductions over the
     batch rows, one rounding to the output dtype here).

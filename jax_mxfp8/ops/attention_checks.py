@@ -17,9 +17,9 @@ from jax.experimental import checkify
 
 from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.formats.elements import BLOCK_SIZE
-from jax_mxfp8.formats.mxarray import MXArray
+from jax_mxfp8.formats.mxarray import MXArray, check_consistent
 from jax_mxfp8.formats.quantize import check_float32_range
-from jax_mxfp8.ops.checks import check_nonnegative_lengths, concrete_value
+from jax_mxfp8.ops.checks import check_length_values, concrete_value
 from jax_mxfp8.primitives import implementation as impl
 
 MAX_HEAD_DIM = 256
@@ -91,6 +91,7 @@ def check_qkv_operand(x, name: str) -> tuple[jax.Array | MXArray, bool]:
     square, (-1,) or (-3,) row.
     """
     if isinstance(x, MXArray):
+        check_consistent(x, name)
         if x.ndim not in (3, 4):
             raise ValueError(f"{name} must have rank 4 (BTNH) or 3 (TNH); got shape {x.shape}")
         if not set(x.axes) <= {-3, -1}:
@@ -131,15 +132,20 @@ def check_bias_or_mask(x, name: str, full: tuple[int, int, int, int], *, is_mask
     return x
 
 
-def check_seq_lengths(x, name: str, batch: int) -> jax.Array | None:
-    """Optional per-row sequence lengths: an integer (batch,) array, as int32 (negative concrete ones raise)."""
+def check_seq_lengths(x, name: str, batch: int, bound: int, axis: str) -> jax.Array | None:
+    """Optional per-row sequence lengths: an integer (batch,) array, as int32 clipped to [0, bound].
+
+    bound is the size of the sequence axis they describe (`axis`). Concrete lengths outside [0, bound] raise
+    (ops/checks.py check_length_values); traced ones cannot be checked and act as the nearest value in the
+    range. The clip makes that so on every path: the kernels pad S to 128 rows, and a length past S would
+    read their zero padding as keys."""
     if x is None:
         return None
     x = jnp.asarray(x)
     if x.shape != (batch,) or not jnp.issubdtype(x.dtype, jnp.integer):
         raise ValueError(f"{name} must be an integer array of shape ({batch},); got {x.dtype}{tuple(x.shape)}")
-    check_nonnegative_lengths(x, name)
-    return x.astype(jnp.int32)
+    check_length_values(x, name, bound, axis)
+    return jnp.clip(x, 0, bound).astype(jnp.int32)
 
 
 def output_dtype(operands) -> np.dtype:
@@ -161,6 +167,7 @@ def check_packed_operand(x, name: str) -> jax.Array | MXArray:
     """A packed (T_total, heads, head_dim) operand: an array, or an MXArray blocked along head_dim only (row
     blocks, axis -1), since blocks along the packed sequence axis would cross sequences."""
     if isinstance(x, MXArray):
+        check_consistent(x, name)
         if x.ndim != 3:
             raise ValueError(f"{name} must have rank 3 (T_total, heads, head_dim); got shape {x.shape}")
         if x.block != "row" or x.axes != (-1,):

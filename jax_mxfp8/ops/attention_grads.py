@@ -35,9 +35,12 @@ import jax.numpy as jnp
 
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
+from jax_mxfp8.formats.quantize import check_float32_range
 from jax_mxfp8.ops.attention import dot_product_attention
 from jax_mxfp8.ops.varlen_attention import varlen_attention
 from jax_mxfp8.primitives.quantize import quantize_rowcol
+
+__all__ = ["MXGradient", "dot_product_attention_vjp", "varlen_attention_vjp"]
 
 
 @jax.tree_util.register_dataclass
@@ -66,6 +69,13 @@ def _mx_gradient(g: jax.Array, name: str, scale_rounding: str, implementation: s
             f"{name} has {tokens} token rows; MX gradients block them in 32s for dW = X^T G: pad the packed "
             f"{name} to a multiple of {BLOCK_SIZE} rows"
         )
+    if tokens == 0:  # no key rows (a batch of 0, or packed k without rows): empty MXArrays of the shapes
+        f = n_kv * h
+        data = jnp.zeros((0, f), jnp.float8_e4m3fn)
+        return MXGradient(
+            MXArray(data, jnp.zeros((0, f // BLOCK_SIZE), jnp.uint8), (-1,), "row"),
+            MXArray(data, jnp.zeros((0, f), jnp.uint8), (-2,), "row"),
+        )
     quant_impl = "emulated" if implementation == "emulated" else implementation
     row, col = quantize_rowcol(g.reshape(tokens, n_kv * h), scale_rounding=scale_rounding, implementation=quant_impl)
     return MXGradient(row, col)
@@ -73,8 +83,11 @@ def _mx_gradient(g: jax.Array, name: str, scale_rounding: str, implementation: s
 
 def _check_options(scale_rounding: str, kwargs: dict, operands) -> None:
     for name, x in operands:
-        if isinstance(x, MXArray):
+        if isinstance(x, MXArray) and name[0] in "kv":
             raise ValueError(f"{name} is an MXArray; MX gradients need float key and value (MXArrays get none)")
+        # before jax.vjp converts the operands: float64 beyond float32 would become Inf there, unchecked
+        if not isinstance(x, MXArray):
+            check_float32_range(x, name)
     if scale_rounding not in ("up", "floor"):
         raise ValueError(f"scale_rounding={scale_rounding!r} must be 'up' or 'floor'")
     if kwargs.get("return_residual"):
@@ -112,7 +125,7 @@ def dot_product_attention_vjp(query, key, value, *, grad_scale_rounding: str = "
       (out, vjp): out as dot_product_attention returns it; vjp(d_out) -> (dq like query, dk, dv MXGradient
       of the (B * S, K * H) matrices (or (S, K * H) for rank-3 inputs)). B * S must be a multiple of 32.
     """
-    _check_options(grad_scale_rounding, kwargs, (("key", key), ("value", value)))
+    _check_options(grad_scale_rounding, kwargs, (("query", query), ("key", key), ("value", value)))
     fn = lambda q, k, v: dot_product_attention(q, k, v, **kwargs)
     return _with_mx_kv_grads(fn, query, key, value, grad_scale_rounding, kwargs.get("implementation"))
 
@@ -125,7 +138,7 @@ def varlen_attention_vjp(q, k, v, cu_seqlens_q, cu_seqlens_k, *, grad_scale_roun
     tokens, so any 32-row grouping is a valid MX operand; it is the one mx_dot_general's backward would use).
     T_total_k must be a multiple of 32.
     """
-    _check_options(grad_scale_rounding, kwargs, (("k", k), ("v", v)))
+    _check_options(grad_scale_rounding, kwargs, (("q", q), ("k", k), ("v", v)))
     if getattr(k, "shape", (0,))[0] % BLOCK_SIZE:  # before the forward runs: the vjp could not block dK
         raise ValueError(
             f"k has {k.shape[0]} packed rows; MX gradients block the token rows in 32s for dW = X^T G: pad "

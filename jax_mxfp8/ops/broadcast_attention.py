@@ -148,8 +148,10 @@ def _check_float(x, name: str, rank: int) -> jax.Array:
     return x
 
 
-def _padded_kv(k, v, cu_seqlens_k, max_seqlen_k, key_value_seq_lengths):
-    """(B, S, K, H) key/value and (B,) lengths or None, from the padded or the packed form."""
+def _checked_kv(k, v, cu_seqlens_k, max_seqlen_k, key_value_seq_lengths):
+    """The checked key/value: (k, v, cu, max_k, kv_len). Padded: k, v (B, S, K, H), kv_len (B,) or None,
+    cu and max_k None. Packed: k, v (T_total_k, K, H), cu (B + 1,) int32 (sanitized as varlen_attention's:
+    traced offsets never reach outside the rows), max_k an int, kv_len None."""
     if cu_seqlens_k is None:
         if max_seqlen_k is not None:
             raise ValueError("max_seqlen_k is for packed key/value (with cu_seqlens_k); got padded (B, S, K, H)")
@@ -157,8 +159,8 @@ def _padded_kv(k, v, cu_seqlens_k, max_seqlen_k, key_value_seq_lengths):
         s = k.shape[1]
         if s % BLOCK_SIZE or s == 0:
             raise ValueError(f"key sequence length S={s} (axis 1) must be a positive multiple of {BLOCK_SIZE}")
-        kv_len = check_seq_lengths(key_value_seq_lengths, "key_value_seq_lengths", k.shape[0])
-        return k, v, kv_len
+        kv_len = check_seq_lengths(key_value_seq_lengths, "key_value_seq_lengths", k.shape[0], s, "axis 1 of key")
+        return k, v, None, None, kv_len
     if key_value_seq_lengths is not None:
         raise ValueError("key_value_seq_lengths is for padded key/value; packed ones take cu_seqlens_k")
     if max_seqlen_k is None:
@@ -167,12 +169,14 @@ def _padded_kv(k, v, cu_seqlens_k, max_seqlen_k, key_value_seq_lengths):
     cu = check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
     max_k = check_max_seqlen(max_seqlen_k, "max_seqlen_k")
     check_concrete_offsets(cu_seqlens_k, max_k, k.shape[0], "cu_seqlens_k", "max_seqlen_k")
-    if k.shape != v.shape:
-        raise ValueError(f"value must have key's shape {k.shape}; got {v.shape}")
-    cu = sanitize_offsets(cu, k.shape[0])  # as varlen_attention: traced offsets never reach outside the rows
+    return k, v, sanitize_offsets(cu, k.shape[0]), max_k, None
+
+
+def _padded_kv(k, v, cu, max_k: int):
+    """Packed (T_total_k, K, H) key/value -> the padded (B, ceil32(max_k), K, H) batch and its (B,) lengths."""
     kv_len = seq_lengths(cu, max_k)
-    pk = round_up(max_k, BLOCK_SIZE)
-    return _pad_rows(k, cu, kv_len, pk, k.shape[0]), _pad_rows(v, cu, kv_len, pk, k.shape[0]), kv_len
+    pk, total = round_up(max_k, BLOCK_SIZE), k.shape[0]
+    return _pad_rows(k, cu, kv_len, pk, total), _pad_rows(v, cu, kv_len, pk, total), kv_len
 
 
 @named_op(OP)
@@ -197,11 +201,13 @@ def broadcast_query_attention(
     rounded gradients differs from it only by that rounding).
 
     Args:
-      query: (Tq, N, H) float32/bfloat16/float16, one sequence (any Tq >= 1; padded to a multiple of 32
+      query: (Tq, N, H) float32/bfloat16/float16, one sequence (any Tq; padded to a multiple of 32
         internally, the padding rows masked). H a multiple of 32 up to 256.
       key, value: the B key/value sequences, either padded (B, S, K, H) (S a multiple of 32) with optional
-        key_value_seq_lengths (B,), or packed (T_total_k, K, H) with cu_seqlens_k (B + 1,) and max_seqlen_k
-        (as varlen_attention's; traced offsets are sanitized the same way). N a multiple of K.
+        key_value_seq_lengths (B,) in [0, S] (concrete ones outside raise ValueError; traced ones act as
+        the nearest length in it, as dot_product_attention's), or packed (T_total_k, K, H) with
+        cu_seqlens_k (B + 1,) and max_seqlen_k (as varlen_attention's; traced offsets are sanitized the
+        same way). N a multiple of K.
       scale: softmax scale; default 1 / sqrt(H).
       is_causal: query row i attends key j <= i of every sequence (top-left aligned).
       implementation: None, "xla", "emulated" or "cuda", as for dot_product_attention; the kernel path
@@ -210,16 +216,18 @@ def broadcast_query_attention(
 
     Returns:
       (B, Tq, N, H) in the inputs' dtype: row b is the query's attention over key/value sequence b (0 where
-      that sequence is empty). Gradients flow to query (summed over b), key and value.
+      that sequence is empty). Gradients flow to query (summed over b), key and value. B = 0, Tq = 0 or
+      packed key/value with no rows give that result without running anything, on every implementation.
     """
     check_implementation(implementation)
     config = check_config(config, is_causal)
     q = _check_float(query, "query", 3)
-    k, v, kv_len = _padded_kv(key, value, cu_seqlens_k, max_seqlen_k, key_value_seq_lengths)
+    k, v, cu, max_k, kv_len = _checked_kv(key, value, cu_seqlens_k, max_seqlen_k, key_value_seq_lengths)
     if k.shape != v.shape:
         raise ValueError(f"value must have key's shape {k.shape}; got {v.shape}")
     tq, n, h = q.shape
-    b, _, n_kv, _ = k.shape
+    b = k.shape[0] if cu is None else cu.shape[0] - 1
+    n_kv = k.shape[-2]
     check_head_dim(h, "query")
     if k.shape[-1] != h:
         raise ValueError(f"key has head_dim {k.shape[-1]} but query has {h}")
@@ -227,13 +235,16 @@ def broadcast_query_attention(
         raise ValueError(f"query ({n}) and key ({n_kv}) must have at least one head")
     if n % n_kv:
         raise ValueError(f"query has {n} heads, not a multiple of key's {n_kv} heads")
-    if tq == 0:
-        raise ValueError("query must hold at least one row (Tq >= 1)")
     out_dtype = output_dtype([("query", q), ("key", k), ("value", v)])
     why_not = kernel_unsupported(
         config, head_dim=h, is_causal=bool(is_causal), has_bias=False, has_mask=False, out_dtype=out_dtype,
         mx_inputs=[],
     )  # fmt: skip
+    if b == 0 or tq == 0 or k.shape[0] == 0:
+        # nothing to compute (no sequence, no query row, or packed key/value without a row: every sequence
+        # empty, its output 0): the result on every implementation (docs/numerics.md "Zero-size inputs")
+        check_scale(scale, h)
+        return jnp.zeros((b, tq, n, h), out_dtype)
     static = AttentionStatic(
         config=config,
         scale=check_scale(scale, h),
@@ -243,6 +254,8 @@ def broadcast_query_attention(
         group=n // n_kv,
         impl=choose_implementation(implementation, why_not, op=OP),
     )
+    if cu is not None:
+        k, v, kv_len = _padded_kv(k, v, cu, max_k)
     tp = round_up(tq, BLOCK_SIZE)
     q1 = jnp.pad(q, [(0, tp - tq), (0, 0), (0, 0)])[None]
     q_len = jnp.full((b,), tq, jnp.int32)

@@ -19,12 +19,20 @@ def concrete_value(x) -> np.ndarray | None:
         return None
 
 
-def check_nonnegative_lengths(x, name: str) -> None:
-    """ValueError naming `name` when concrete sequence lengths are negative (traced ones are not checked;
-    the ops treat a negative traced length as 0)."""
+def check_length_values(x, name: str, bound: int, axis: str) -> None:
+    """ValueError naming `name` when concrete sequence lengths fall outside [0, bound], bound the size of
+    the sequence axis they describe (`axis`, e.g. "axis 1 of key"). Traced lengths cannot be checked: the
+    ops then treat a length below 0 as 0 and one above `bound` as `bound` (docs/numerics.md, "Padding and
+    jagged sequences")."""
     c = concrete_value(x)
-    if c is not None and np.any(c < 0):
+    if c is None:
+        return
+    if np.any(c < 0):
         raise ValueError(f"{name}={c.tolist()} must be non-negative")
+    if np.any(c > bound):
+        raise ValueError(
+            f"{name}={c.tolist()} exceeds the sequence length {bound} ({axis}); lengths must lie in [0, {bound}]"
+        )
 
 
 def check_eps(eps, name: str = "eps") -> float:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,7 @@ import numpy as np
 
 from jax_mxfp8.config.gemm import MXDotConfig
 from jax_mxfp8.formats import MXArray, dequantize
+from jax_mxfp8.formats.mxarray import check_consistent
 from jax_mxfp8.formats.quantize import check_float32_range
 from jax_mxfp8.ops import mx_dot_kernel
 from jax_mxfp8.ops.cotangents import remat_safe, zero_cotangent
@@ -53,6 +56,7 @@ def _check_prequantized(name: str, q: MXArray | None, layout: OperandLayout, sha
         return
     if not isinstance(q, MXArray):
         raise ValueError(f"{name} must be an MXArray, got {type(q).__name__}")
+    check_consistent(q, name)
     if tuple(q.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {q.shape}, but its operand has shape {tuple(shape)}")
     if len(layout.contract) != 1 or (layout.contract[0] not in q.positive_axes()):
@@ -60,6 +64,67 @@ def _check_prequantized(name: str, q: MXArray | None, layout: OperandLayout, sha
             f"{name} is blocked along axes {q.positive_axes()}, but the GEMM contracts axes {layout.contract}: "
             "pre-quantized operands must be blocked along their single contracting axis"
         )
+
+
+class DotArguments(NamedTuple):
+    """mx_dot_general's checked arguments (check_dot_arguments)."""
+
+    lhs: jax.Array
+    rhs: jax.Array
+    lhs_l: OperandLayout
+    rhs_l: OperandLayout
+    lhs_quantized: MXArray | None
+    rhs_quantized: MXArray | None
+    out_dtype: np.dtype
+    bias: jax.Array | None
+
+
+def check_dot_arguments(
+    lhs,
+    rhs,
+    dimension_numbers,
+    config: MXDotConfig,
+    rng,
+    lhs_quantized,
+    rhs_quantized,
+    preferred_element_type,
+    bias,
+    names: tuple[str, str] = ("lhs", "rhs"),
+) -> DotArguments:
+    """The argument checks of mx_dot_general, shared by every GEMM entry point (mx_dot_general_quantized,
+    mx_dot_general_handoff, fsdp_mx_dot) so that a bad argument gets one ValueError, naming it (`names`:
+    the caller's names of lhs and rhs; their MXArray forms are `name`_quantized), on every path. An MXArray
+    lhs / rhs becomes its dequantized value (no gradient) plus the pre-quantized operand."""
+    ln, rn = names
+    if isinstance(lhs, MXArray):
+        lhs, lhs_quantized = jax.lax.stop_gradient(dequantize(check_consistent(lhs, ln))), lhs
+    if isinstance(rhs, MXArray):
+        rhs, rhs_quantized = jax.lax.stop_gradient(dequantize(check_consistent(rhs, rn))), rhs
+    check_float32_range(lhs, ln)
+    check_float32_range(rhs, rn)
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    for name, x in ((ln, lhs), (rn, rhs)):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name} has dtype {x.dtype}; MX GEMMs take floating-point operands")
+    lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
+    _check_prequantized(f"{ln}_quantized", lhs_quantized, lhs_l, lhs.shape)
+    _check_prequantized(f"{rn}_quantized", rhs_quantized, rhs_l, rhs.shape)
+    if config.hadamard_seed is not None and (lhs_quantized is not None or rhs_quantized is not None):
+        raise ValueError("hadamard_seed cannot be combined with pre-quantized operands (they are not rotated)")
+    if config.grad_rounding == "stochastic" and rng is None:
+        raise ValueError("grad_rounding='stochastic' needs rng=jax.random.key(...)")
+    try:
+        out_dtype = np.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))
+    except TypeError as e:
+        raise ValueError(f"preferred_element_type={preferred_element_type!r} is not a dtype") from e
+    if bias is not None:
+        bias = jnp.asarray(bias)
+        if not jnp.issubdtype(bias.dtype, jnp.floating) or bias.shape != rhs_l.dims(rhs_l.free):
+            raise ValueError(
+                f"bias must be a float array of the rhs free dims' shape {rhs_l.dims(rhs_l.free)}, "
+                f"got {bias.dtype} {bias.shape}"
+            )
+    return DotArguments(lhs, rhs, lhs_l, rhs_l, lhs_quantized, rhs_quantized, out_dtype, bias)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
@@ -97,16 +162,8 @@ def _mx_dot_bwd(dimension_numbers, out_dtype, config, kernel, res, g):
         return kernel.backward(operands, g) + zeros + (d_bias,)
     lhs, rhs = operands
     lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
-    b, m, n = (
-        int(np.prod(d, dtype=np.int64))
-        for d in (lhs_l.dims(lhs_l.batch), lhs_l.dims(lhs_l.free), rhs_l.dims(rhs_l.free))
-    )
-    if 0 in (b, m, n):  # an empty product: zero gradients of the operands' shapes, as lax gives
-        d_lhs, d_rhs = jnp.zeros(lhs.shape, lhs.dtype), jnp.zeros(rhs.shape, rhs.dtype)
-    else:
-        d_lhs, d_rhs = gemm_dims.backward(lhs, rhs, g, lhs_l, rhs_l, config, rng)
-        d_lhs, d_rhs = d_lhs.astype(lhs.dtype), d_rhs.astype(rhs.dtype)
-    return (d_lhs, d_rhs) + zeros + (d_bias,)
+    d_lhs, d_rhs = gemm_dims.backward(lhs, rhs, g, lhs_l, rhs_l, config, rng)
+    return (d_lhs.astype(lhs.dtype), d_rhs.astype(rhs.dtype)) + zeros + (d_bias,)
 
 
 # grad of grad would be silently zero (quantized operands): raise instead (ops/no_second_order.py)
@@ -163,41 +220,24 @@ def mx_dot_general(
       out_sharding: accepted for lax.dot_general compatibility; must be None.
 
     Returns:
-      Array of lax.dot_general's output shape: batch dims, lhs free dims, rhs free dims.
+      Array of lax.dot_general's output shape: batch dims, lhs free dims, rhs free dims. An empty output
+      (a batch or free size 0) comes back without running anything, on every implementation, and the
+      operands' gradients are zeros of their shapes.
     """
     impl.check(implementation)
     if out_sharding is not None:
         raise ValueError("out_sharding is not supported by mx_dot_general; shard the inputs instead")
     del precision
     config = dataclasses.replace(config or MXDotConfig(), **options)
-    if isinstance(lhs, MXArray):
-        lhs, lhs_quantized = jax.lax.stop_gradient(dequantize(lhs)), lhs
-    if isinstance(rhs, MXArray):
-        rhs, rhs_quantized = jax.lax.stop_gradient(dequantize(rhs)), rhs
-    check_float32_range(lhs, "lhs")
-    check_float32_range(rhs, "rhs")
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-    for name, x in (("lhs", lhs), ("rhs", rhs)):
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise ValueError(f"{name} has dtype {x.dtype}; mx_dot_general takes floating-point operands")
-    lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
-    _check_prequantized("lhs_quantized", lhs_quantized, lhs_l, lhs.shape)
-    _check_prequantized("rhs_quantized", rhs_quantized, rhs_l, rhs.shape)
-    if config.hadamard_seed is not None and (lhs_quantized is not None or rhs_quantized is not None):
-        raise ValueError("hadamard_seed cannot be combined with pre-quantized operands (they are not rotated)")
-    if config.grad_rounding == "stochastic" and rng is None:
-        raise ValueError("grad_rounding='stochastic' needs rng=jax.random.key(...)")
-    try:
-        out_dtype = np.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))
-    except TypeError as e:
-        raise ValueError(f"preferred_element_type={preferred_element_type!r} is not a dtype") from e
-    if bias is not None:
-        bias = jnp.asarray(bias)
-        if not jnp.issubdtype(bias.dtype, jnp.floating) or bias.shape != rhs_l.dims(rhs_l.free):
-            raise ValueError(
-                f"bias must be a float array of the rhs free dims' shape {rhs_l.dims(rhs_l.free)}, "
-                f"got {bias.dtype} {bias.shape}"
-            )
+    args = check_dot_arguments(
+        lhs, rhs, dimension_numbers, config, rng, lhs_quantized, rhs_quantized, preferred_element_type, bias
+    )
+    lhs, rhs, lhs_l, rhs_l, lhs_quantized, rhs_quantized, out_dtype, bias = args
+    out_shape = lhs_l.dims(lhs_l.batch) + lhs_l.dims(lhs_l.free) + rhs_l.dims(rhs_l.free)
+    if math.prod(out_shape) == 0:
+        # nothing to compute: lax.dot_general's empty output on every implementation, zero gradients of the
+        # operands' shapes (docs/numerics.md "Zero-size inputs")
+        return jnp.zeros(out_shape, out_dtype)
     dn = ((lhs_l.contract, rhs_l.contract), (lhs_l.batch, rhs_l.batch))
     path = _path(implementation, lhs_l, rhs_l, config, lhs_quantized, rhs_quantized)
     if path == "cudnn":

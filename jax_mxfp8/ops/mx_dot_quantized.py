@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +44,7 @@ from jax_mxfp8.formats import BLOCK_SIZE, MXArray
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.ops import mx_dot_kernel
 from jax_mxfp8.ops.cotangents import remat_safe
-from jax_mxfp8.ops.mx_dot_general import mx_dot_general
+from jax_mxfp8.ops.mx_dot_general import check_dot_arguments, mx_dot_general
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.ops.quantize import quantize
 from jax_mxfp8.ops.scope import named_op
@@ -52,6 +53,8 @@ from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives.gemm_operands import gemm_operands, gemm_operands_unsupported
 from jax_mxfp8.primitives.mx_gemm_epilogue import ACTIVATIONS
 from jax_mxfp8.reference.gemm import operand_layouts
+
+__all__ = ["MXHandoff", "WgradOperand", "mx_dot_general_handoff", "mx_dot_general_quantized"]
 
 ARCHS = mx_dot_kernel.ARCHS
 ORIENTATIONS = (("row",), ("row", "col"), ("row", "wgrad"))
@@ -180,18 +183,20 @@ def mx_dot_general_quantized(
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation={activation!r} is not one of (None, 'gelu')")
     config = dataclasses.replace(config or MXDotConfig(), **options)
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-    lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
+    args = check_dot_arguments(
+        lhs, rhs, dimension_numbers, config, rng, lhs_quantized, rhs_quantized, preferred_element_type, bias
+    )  # mx_dot_general's checks, before any path is chosen: one error for a bad argument on every path
+    lhs, rhs, lhs_l, rhs_l, lhs_quantized, rhs_quantized, out_dtype, bias = args
     out_shape = lhs_l.dims(lhs_l.batch) + lhs_l.dims(lhs_l.free) + rhs_l.dims(rhs_l.free)
     if not out_shape or out_shape[-1] % 32 or out_shape[-1] == 0:
         raise ValueError(
             f"the output's last axis (shape {out_shape}) must be a positive multiple of 32: y_q is blocked along it"
         )
-    try:
-        out_dtype = np.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))
-    except TypeError as e:
-        raise ValueError(f"preferred_element_type={preferred_element_type!r} is not a dtype") from e
     common = dict(config=config, rng=rng, lhs_quantized=lhs_quantized, rhs_quantized=rhs_quantized)
+    if math.prod(out_shape) == 0:  # G or M is 0: nothing to compute, on any implementation
+        y = mx_dot_general(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, bias=bias,
+                           implementation=implementation, **common)  # fmt: skip
+        return _empty_results(y, mx_dot_kernel.MatrixView.of(lhs_l).sizes, config, col)
     path, why = _path(implementation, lhs, rhs, lhs_l, rhs_l, config, out_dtype, activation, bias, common)
     if path in ("cuda", "emulated"):
         views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
@@ -234,6 +239,19 @@ def mx_dot_general_quantized(
     return out + (WgradOperand(*w["col"]),)
 
 
+def _empty_results(y: jax.Array, lhs_sizes: tuple[int, int, int], config: MXDotConfig, col: str) -> tuple:
+    """mx_dot_general_quantized's results for an empty output y (..., N) (mx_dot_general's, with its
+    checks and zero gradients): y_q and y_w of the shapes the module docstring gives, holding no element."""
+    n = y.shape[-1]
+    scale = jnp.zeros(y.shape[:-1] + (n // BLOCK_SIZE,), jnp.uint8)
+    y_q = MXArray(jnp.zeros(y.shape, config.dtype), scale, (-1,), "row")
+    if not col:
+        return y, y_q
+    g, m, _ = lhs_sizes
+    mp = -(-m // 128) * 128
+    return y, y_q, WgradOperand(jnp.zeros((g, n, mp), config.dtype), jnp.zeros((g, mp // 128, n), jnp.float32))
+
+
 def _path(implementation, lhs, rhs, lhs_l, rhs_l, config, out_dtype, activation, bias, common) -> tuple[str, str]:
     """(the path: "cuda", "emulated" or "two-pass"; the reason the epilogue kernel does not cover the call
     or "")."""
@@ -243,8 +261,6 @@ def _path(implementation, lhs, rhs, lhs_l, rhs_l, config, out_dtype, activation,
     why = mx_dot_kernel.kernel_unsupported(*views, config, lhs_q=common["lhs_quantized"], rhs_q=common["rhs_quantized"])
     if why is None:
         why = mx_dot_kernel.kernel_unsupported_quantized(*views, config, out_dtype, activation, bias is not None)
-    if why is None and (not jnp.issubdtype(lhs.dtype, jnp.floating) or not jnp.issubdtype(rhs.dtype, jnp.floating)):
-        why = "non-float operands (mx_dot_general names them)"
     if why is None and implementation is None and library.gpu_major() == 10:
         why = "Blackwell: the epilogue kernel is Hopper's (sm_90a); the GEMM runs in cuDNN"
     # no fallback warning: without the epilogue kernel the two-pass path runs mx_dot_general and quantize with
@@ -329,26 +345,35 @@ def mx_dot_general_handoff(
     Arguments as mx_dot_general; returns its output."""
     impl.check(implementation)
     config = dataclasses.replace(config or MXDotConfig(), **options)
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-    common = dict(preferred_element_type=preferred_element_type, config=config, rng=rng, bias=bias)
-    if lhs_quantized is not None and tuple(lhs_quantized.shape) != tuple(lhs.shape):
-        raise ValueError(f"lhs_quantized has shape {lhs_quantized.shape}, but lhs has shape {tuple(lhs.shape)}")
-    if lhs_wgrad is None or implementation == "xla":
+    if isinstance(lhs, MXArray):
+        raise ValueError("lhs must be a float array for mx_dot_general_handoff; pass its MXArray as lhs_quantized")
+    leaves = () if not isinstance(lhs_wgrad, WgradOperand) else (lhs_wgrad.data, lhs_wgrad.scale)
+    if lhs_wgrad is not None and (
+        not isinstance(lhs_wgrad, WgradOperand) or not all(hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves)
+    ):
+        raise ValueError(
+            f"lhs_wgrad must be a WgradOperand (mx_dot_general_quantized's third result with orientations "
+            f"('row', 'col') or ('row', 'wgrad'), with array leaves) or None; got {lhs_wgrad!r}"
+        )
+    # mx_dot_general's checks (lhs_quantized: an MXArray of lhs's shape, consistent, blocked along K)
+    args = check_dot_arguments(
+        lhs, rhs, dimension_numbers, config, rng, lhs_quantized, None, preferred_element_type, bias
+    )
+    lhs, rhs, lhs_l, rhs_l, _, rhs_q, out_dtype, bias = args
+    common = dict(preferred_element_type=out_dtype, config=config, rng=rng, bias=bias, rhs_quantized=rhs_q)
+    if lhs_wgrad is None or implementation == "xla" or 0 in lhs.shape or 0 in rhs.shape:
+        # mx_dot_general's path (an empty operand: its empty result or ValueError, on every implementation)
         return mx_dot_general(lhs, rhs, dimension_numbers, lhs_quantized=lhs_quantized, implementation=implementation,
                               **common)  # fmt: skip
     why = handoff_unsupported(lhs, rhs, dimension_numbers, config, lhs_quantized, lhs_wgrad)
+    if why is None and rhs_q is not None:
+        why = "rhs is an MXArray: the handoff kernel path quantizes rhs itself"
     if why is None and implementation is None and library.gpu_major() == 10:
         why = "Blackwell: the MX GEMM kernel path is Hopper's; the GEMM runs in cuDNN"
     path = impl.resolve(implementation, why, ARCHS, op="mx_dot_general_handoff")
     if path not in ("cuda", "emulated"):
         return mx_dot_general(lhs, rhs, dimension_numbers, lhs_quantized=lhs_quantized, **common)
-    try:
-        out_dtype = np.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))
-    except TypeError as e:
-        raise ValueError(f"preferred_element_type={preferred_element_type!r} is not a dtype") from e
-    lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
     views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
     kernel = mx_dot_kernel.KernelDot(*views, np.dtype(lhs.dtype), np.dtype(rhs.dtype), config, path)
     w = jax.lax.stop_gradient((lhs_wgrad.data, lhs_wgrad.scale))
-    b = None if bias is None else jnp.asarray(bias)
-    return _handoff_dot(lhs, rhs, lhs_quantized, w[0], w[1], kernel, out_dtype, b)
+    return _handoff_dot(lhs, rhs, lhs_quantized, w[0], w[1], kernel, out_dtype, bias)

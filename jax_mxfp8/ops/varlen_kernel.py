@@ -8,16 +8,15 @@ packed kernel variant over a work list of (sequence, query tile) items, longest 
 (primitives/attention_packed.py packed_tables). Nothing is padded to max_seqlen: the FP8 operands hold
 sum_b ceil128(L_b) rows, the scales one per 32-row block of those rows.
 
-Backward: the packed backward kernel variant (registry PACKED; primitives/attention_bwd.packed_tile_table)
-runs on the aligned residuals themselves, one CTA per (key tile, KV head), each key tile's sequence from the
-table (ops/attention_bwd_kernel.packed_variant). Where no packed variant covers the call (p_scale "block",
-the dQ modes, a library built before it), the residuals (aligned MX operands, O, LSE) are gathered into the
-padded (B, max_seqlen) batch
-that dot_product_attention's backward takes; the MX blocks are the same blocks (both layouts start every
-sequence on a block boundary and hold zeros past its end), so the gradients equal those of the dense
-path on the padded batch (ops/varlen_attention.py's XLA route) given the same forward residuals. That
-backward runs the backward kernel with the sequence lengths where a variant covers the call
-(ops/attention_bwd_kernel.py), else the reference.
+Backward: the packed backward kernel variant (registry PACKED; primitives/attention_bwd.packed_tile_table) runs
+on the aligned residuals themselves, one CTA per (key tile, KV head), on the forward's packed encoding (the seqs
+table and a key-tile work list; ops/attention_bwd_kernel.packed_variant). Where no packed variant covers the
+call (p_scale "block", the dQ modes, a library built before it), the residuals (aligned MX operands, O, LSE) are
+gathered into the padded (B, max_seqlen) batch that dot_product_attention's backward takes; the MX blocks are
+the same blocks (both layouts start every sequence on a block boundary and hold zeros past its end), so the
+gradients equal those of the dense path on the padded batch (ops/varlen_attention.py's XLA route) given the same
+forward residuals. That backward runs the backward kernel with the sequence lengths where a variant covers the
+call (ops/attention_bwd_kernel.py), else the reference.
 """
 
 from __future__ import annotations

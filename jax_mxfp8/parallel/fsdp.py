@@ -26,6 +26,8 @@ from jax import lax
 
 from jax_mxfp8.config.gemm import MXDotConfig
 from jax_mxfp8.formats import BLOCK_SIZE, MXArray, quantize
+from jax_mxfp8.formats.quantize import check_blockable, check_float32_range
+from jax_mxfp8.ops.mx_dot_general import check_dot_arguments
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.reference import gemm_dims
 from jax_mxfp8.reference.gemm import operand_layouts
@@ -52,6 +54,13 @@ def gather_quantized(
       An MXArray of w's shape with `sharding`; pass it as mx_dot_general(..., rhs_quantized=...) together
       with the sharded high-precision `w` (which still receives the gradient).
     """
+    check_float32_range(w, "w")
+    w = jnp.asarray(w)
+    if not jnp.issubdtype(w.dtype, jnp.floating) or np.dtype(w.dtype).itemsize < 2:
+        raise ValueError(f"w has dtype {w.dtype}; gather_quantized takes float32, bfloat16 or float16 weights")
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -w.ndim <= axis < w.ndim:
+        raise ValueError(f"axis={axis!r} must be an int indexing an axis of w (shape {w.shape})")
+    check_blockable(w.shape, (int(axis) % w.ndim,), name="w")
     q = quantize(w, axis=axis, dtype=dtype, scale_rounding=scale_rounding)
     data = lax.with_sharding_constraint(pack_bytes(q.data), sharding)
     scale = lax.with_sharding_constraint(q.scale, sharding)
@@ -109,9 +118,19 @@ def fsdp_mx_dot(
     preferred_element_type.
     """
     config = config or MXDotConfig()
-    if not fsdp_supported(w.shape, config):
-        raise ValueError(f"fsdp_mx_dot covers (D_in, D_out % 32 == 0) weights with nearest rounding; got {w.shape}")
-    st = _FsdpStatic(sharding, config, np.dtype(preferred_element_type))
+    if not isinstance(config, MXDotConfig):
+        raise ValueError(f"config must be an MXDotConfig or None; got {type(config).__name__}")
+    if isinstance(x, MXArray):
+        raise ValueError("x must be a float array for fsdp_mx_dot; pass its MXArray as x_quantized")
+    if not fsdp_supported(np.shape(w), config):
+        raise ValueError(f"fsdp_mx_dot covers (D_in, D_out % 32 == 0) weights with nearest rounding; got {np.shape(w)}")
+    dn = (((np.ndim(x) - 1,), (0,)), ((), ()))
+    # mx_dot_general's checks: dtypes, shapes, x_quantized (an MXArray of x's shape blocked along D_in)
+    args = check_dot_arguments(x, w, dn, config, None, x_quantized, None, preferred_element_type, None, ("x", "w"))
+    x, w, out_dtype = args.lhs, args.rhs, args.out_dtype
+    if x.size == 0 or w.size == 0:  # docs/numerics.md "Zero-size inputs"
+        return jnp.zeros(x.shape[:-1] + w.shape[1:], out_dtype)
+    st = _FsdpStatic(sharding, config, out_dtype)
     return _fsdp_dot(st, x, w, x_quantized)
 
 

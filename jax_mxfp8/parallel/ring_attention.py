@@ -471,6 +471,9 @@ def ring_attention(
         raise ValueError(f"key/value heads {n_kv} are not divisible by the size of head_axis={head_axis!r}")
 
     scale = check_scale(scale, h)
+    if b == 0:  # nothing to compute (docs/numerics.md "Zero-size inputs")
+        out, lse = jnp.zeros(q.shape, q.dtype), jnp.zeros((0, n, t), jnp.float32)
+        return (out, lse) if return_residual else out
 
     ring = _Static(
         config=config,

@@ -1,27 +1,27 @@
-"""FFI-backed Hopper MXFP8 attention backward (layer 5): the kernel call, its pre-pass and its XLA emulation.
+"""FFI-backed Hopper MXFP8 attention backward (layer 5): the kernel call and its XLA emulation.
 
   kernel_variant(head_dim=, causal=, p_scale=, p_rounding=, dq_accum=, deterministic=, ...) -> (variant | None, why)
-  bwd_operands(q, k, v, do_q, do, o, lse, dlse, *, q_len, kv_len, broadcast_q=False, fp8_path=None, scale=None,
-               path=None, do_f16=False)
-      -> BwdOperands   the pre-pass (XLA, or the realign + dequantize calls on `path`; with fp8_path the FP8
-      copies of the sdp_fp8 variants)
+  bwd_operands(q, k, v, do_q, do, o, lse, dlse, *, q_len, kv_len, ...) -> BwdOperands   the pre-pass
+  packed_tile_table(q_len, kv_len, q_start, kv_start, kv_rows) -> PackedTables   the packed variants' lens
+      (these three and BwdOperands, SdpFp8Operands: primitives/attention_bwd_prepass.py, re-exported here)
   attention_bwd(ops, *, variant, scale, dq_scale_log2, out=None, path="cuda") -> (dq, dk, dv) padded,
       head-major, float32
   emulate_bwd(ops, *, causal, scale, p_scale, p_rounding, dq_accum, dq_scale_log2) -> the same, in XLA
 
-The interface is /work/coord/ATTN_BWD_INTERFACE.md (issue 17): target `jax_mxfp8_attention_bwd`, attributes
-`kernel` (the registry variant's name), `scale` (tau) and `dq_scale_log2` (e of dq_accum "fp16", 0 for
-"fp32"); the kernel is jax_mxfp8/kernels/sm90/attention_bwd.py (variants: AttentionBwdConfig in
-kernels/registry/attention_bwd.py; the dQ modes in attention_bwd_dq.py), its handler csrc/attention_bwd.cc.
+The targets (csrc/attention_bwd.cc; operand tables in docs/interfaces.md): `jax_mxfp8_attention_bwd`
+(q, k, v, do, lse, delta, lens), `jax_mxfp8_attention_bwd_fp8` for the sdp_fp8 variants (production: v8 in v's
+place, then q8, k8, do8, qs, ks, vs, dos) and `jax_mxfp8_attention_bwd_packed` for the packed ones (the fp8
+operands with seqs, work in lens' place), each -> (dq, dk, dv, dq_sem); attributes `kernel` (the registry
+variant's name), `scale` (tau) and `dq_scale_log2` (e of dq_accum "fp16", 0 for "fp32"). The kernel is
+kernels/sm90/attention_bwd.py (variants: AttentionBwdConfig in kernels/registry/attention_bwd.py).
 Shapes (Tp = T, Sp = S rounded up to 128; N = K * G):
   q, do (B, N, Tp, H) bfloat16; k, v (B, K, Sp, H) bfloat16; lse, delta (B, N, Tp) float32; lens (2, B) int32
   -> the call's dq (B, N, Tp, H) float32 (dq_accum "fp16": float16 holding dQ * 2^e), dk, dv (B, K, Sp, H)
   float32 (dk, dv summed over each KV head's G query heads), dq_sem (B, N, Tp / 32) int32 (the
   deterministic variants' counters; garbage for the others). attention_bwd returns dq / 2^e in float32.
-sdp_fp8 variants (production; S^T and dP^T on FP8 wgmma): target `jax_mxfp8_attention_bwd_fp8` with operands
-(q, k, v8, do, lse, delta, lens, q8, k8, do8, qs, ks, vs, dos): the FP8 copies (float8_e4m3fn, shapes of q, k,
-v, do) re-encoded to one exponent per 32 rows and their row factors qs, dos (B, N, Tp/32), ks, vs (B, K,
-Sp/32) float32 (qs includes tau log2(e)); its emulation is the plain one on V = v8 2^eV.
+sdp_fp8: the FP8 copies (float8_e4m3fn, shapes of q, k, v, do) re-encoded to one exponent per 32 rows and
+their row factors qs, dos (B, N, Tp/32), ks, vs (B, K, Sp/32) float32 (qs includes tau log2(e)); the
+emulation is the plain one on V = v8 2^eV.
 Every operand is an MX value (E4M3 element x 2^e), exact in bfloat16 (docs/numerics.md "Hopper attention
 backward"), so the plain call's emulation is the contract itself: reference/attention_bwd.py's
 attention_bwd_quantized run on these operands, which equals the reference backward on the same values bit for bit
@@ -33,6 +33,9 @@ query sequence for all B batch rows; the kernel loads it at batch 0 and adds eve
 float32 dq (1, N, Tp, H) (its atomics' order), the emulation broadcasts q and sums its per-row dq over the
 batch in float32; under a batch-sharded jit each device's call sums its own rows and the partition callback
 adds the devices' dq (psum over the batch axes); vmap maps the call.
+packed variants (varlen_attention; B = 1 holds every sequence of the aligned packed layout): lens is
+PackedTables (seqs, work), the forward's sequence table and the key tiles' work list; the emulation runs every
+sequence alone (as the kernel's CTAs see it); vmap maps the call.
 """
 
 from __future__ import annotations
@@ -49,37 +52,47 @@ from jax_mxfp8.config.attention import (
     DQ_FP16_SCALE_LOG2_RANGE,
     AttentionConfig,
 )
-from jax_mxfp8.formats.mxarray import MXArray
-from jax_mxfp8.formats.quantize import dequantize
 from jax_mxfp8.formats.scales import mul_pow2
 from jax_mxfp8.kernels import registry
-from jax_mxfp8.primitives.attention_emulation import p_options
-from jax_mxfp8.primitives.attention_layout import LOG2E, TILE_M, TILE_N, round_up
-from jax_mxfp8.primitives.attention_operands import (
-    aligned_rows,
-    do_float16,
-    do_float16_scales,
-    do_shift,
-    head_major_scale,
-    shift_per_query_head,
+from jax_mxfp8.primitives.attention_bwd_prepass import (
+    DO_F16_DEQUANTIZE,
+    BwdOperands,
+    PackedTables,
+    SdpFp8Operands,
+    bwd_operands,
+    packed_tile_table,
 )
+from jax_mxfp8.primitives.attention_emulation import p_options
+from jax_mxfp8.primitives.attention_layout import TILE_M, TILE_N
+from jax_mxfp8.primitives.attention_operands import do_shift, shift_per_query_head
 from jax_mxfp8.primitives.attention_packed import sequence_windows
-from jax_mxfp8.primitives.attention_realign import realign
 from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
-from jax_mxfp8.primitives.quantize import DEQUANTIZE
-from jax_mxfp8.reference.attention_bwd import attention_bwd_quantized, bwd_delta
+from jax_mxfp8.reference.attention_bwd import attention_bwd_quantized
 from jax_mxfp8.reference.attention_tiling import Masking
-from jax_mxfp8.reference.varlen import aligned_owner
+
+__all__ = [
+    "ATTENTION_BWD",
+    "ATTENTION_BWD_BROADCAST_Q",
+    "ATTENTION_BWD_FP8",
+    "ATTENTION_BWD_PACKED",
+    "DO_F16_DEQUANTIZE",
+    "TARGET",
+    "TARGET_FP8",
+    "TARGET_PACKED",
+    "AttentionBwdCall",
+    "BwdOperands",
+    "PackedTables",
+    "SdpFp8Operands",
+    "attention_bwd",
+    "bwd_operands",
+    "emulate_bwd",
+    "kernel_variant",
+    "packed_tile_table",
+]
 
 TARGET = "jax_mxfp8_attention_bwd"
 TARGET_FP8 = TARGET + "_fp8"  # the sdp_fp8 variants' call
-# the dequantize variants of the pre-pass's 16-bit operands: bfloat16, and the dv_f16 variants' float16 dO (its
-# name marks a library built since dv_f16)
-_DEQUANTIZE = {
-    dt: registry.find(registry.DequantizeConfig, elem_dtype="float8_e4m3fn", block="square", out_dtype=dt)
-    for dt in ("bfloat16", "float16")
-}
-DO_F16_DEQUANTIZE = _DEQUANTIZE["float16"].name
+TARGET_PACKED = TARGET + "_packed"  # the packed variants' call (sdp_fp8, seqs and work for lens)
 BWD_QUERY_TILE = 64  # the backward kernel's query rows per step (one dq_sem counter pair per tile)
 
 
@@ -117,191 +130,7 @@ def kernel_variant(
     return variant, None
 
 
-# -------------------------------------------------------------------------------------------- the pre-pass
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class SdpFp8Operands:
-    """The sdp_fp8 variants' extra inputs: Q, K, V, dO re-encoded to FP8 with one exponent per 32 rows
-    (attention_operands.aligned_rows, the forward's Q / K encoding) for S^T = K Q^T and dP^T = V dO^T."""
-
-    q8: jax.Array  # (B, N, Tp, H) float8_e4m3fn
-    k8: jax.Array  # (B, K, Sp, H) float8_e4m3fn
-    v8: jax.Array  # (B, K, Sp, H) float8_e4m3fn
-    do8: jax.Array  # (B, N, Tp, H) float8_e4m3fn
-    qs: jax.Array  # (B, N, Tp/32) float32 tau log2(e) 2^eQ (NaN for a row block holding a NaN block)
-    ks: jax.Array  # (B, K, Sp/32) float32 2^eK
-    vs: jax.Array  # (B, K, Sp/32) float32 2^eV
-    dos: jax.Array  # (B, N, Tp/32) float32 2^edO
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class BwdOperands:
-    """The backward kernel's inputs (module docstring: shapes and dtypes)."""
-
-    q: jax.Array  # (B, N, Tp, H) bfloat16 Q^, rows >= q_len and padding 0
-    k: jax.Array  # (B, K, Sp, H) bfloat16 K^, rows >= kv_len 0
-    v: jax.Array | None  # (B, K, Sp, H) bfloat16 V^, rows >= kv_len 0 (None with fp8: V only as fp8.v8)
-    do: jax.Array  # (B, N, Tp, H) bfloat16 dO^ (rows >= q_len zeroed before the square quantization); dv_f16: float16
-    lse: jax.Array  # (B, N, Tp) float32, -inf on rows >= q_len and padding
-    delta: jax.Array  # (B, N, Tp) float32 rowsum(dO * O) - dLSE, 0 on padding rows
-    lens: jax.Array  # (2, B) int32 query lengths, KV lengths (packed variants: (4, Sp / 128) packed_tile_table)
-    fp8: SdpFp8Operands | None = None  # the sdp_fp8 variants' FP8 copies (None for the others)
-    # dv_f16 variants: do is float16 dO^ 2^-do_shift[b, n // G] (attention_operands.do_float16), (B, K) int32,
-    # do_shift(fp8.dos, N // K) as bwd_operands makes it (the call's emulation recomputes it from dos)
-    do_shift: jax.Array | None = None
-
-    def args(self) -> tuple[jax.Array, ...]:
-        """The plain call's operands (q, k, v, do, lse, delta, lens)."""
-        return (self.q, self.k, self.v, self.do, self.lse, self.delta, self.lens)
-
-    def fp8_args(self) -> tuple[jax.Array, ...]:
-        """The sdp_fp8 call's operands (q, k, v8, do, lse, delta, lens, q8, k8, do8, qs, ks, vs, dos)."""
-        f = self.fp8
-        head = (self.q, self.k, f.v8, self.do, self.lse, self.delta, self.lens)
-        return head + (f.q8, f.k8, f.do8, f.qs, f.ks, f.vs, f.dos)
-
-
-def _keep_rows(length: int, lengths: jax.Array | None) -> jax.Array | None:
-    """(B, L) bool: position < lengths[b] (None: every position)."""
-    if lengths is None:
-        return None
-    return jnp.arange(length, dtype=jnp.int32)[None, :] < lengths[:, None]
-
-
-def _head_major(x: jax.Array, keep: jax.Array | None, padded: int, fill=0.0) -> jax.Array:
-    """(B, L, N, ...) -> (B, N, Lp, ...): rows where `keep` is False set to `fill`, padded with `fill`."""
-    if keep is not None:
-        k = keep.reshape(keep.shape + (1,) * (x.ndim - 2))
-        x = jnp.where(k, x, jnp.asarray(fill, x.dtype))
-    x = jnp.swapaxes(x, 1, 2)
-    widths = [(0, 0)] * x.ndim
-    widths[2] = (0, padded - x.shape[2])
-    return jnp.pad(x, widths, constant_values=fill)
-
-
-def _operand(x: MXArray, keep, padded: int, path: str | None = None, f16=None) -> jax.Array:
-    """A sequence-major square MXArray (B, L, N, H) -> bfloat16 (B, N, Lp, H) (f16: float16), zero rows past the lengths
-    (zeroed after dequantization, as the reference does, so no NaN block scale past them reaches a GEMM).
-
-    path None: in XLA (dequantize, transpose and pad in one program). "cuda" / "emulated": the FP8 bytes
-    moved head-major by the realign call with zero shifts (exact, zero-padded to Lp), then the dequantize call
-    on the head-major square blocks, the same values: on the H200 XLA's version ran as two fusions per operand
-    (a per-element predicate, then a transposing bit-level decode: 0.109 ms at B4 T4k N16 H128,
-    benchmarks/results/h200_profile_attention_step.json), the two calls are copy-speed kernels.
-    f16: (dos, shift) for the dv_f16 variants' dO: float16 dO^ 2^-shift (attention_operands.do_float16's values;
-    on a kernel path the dequantize call writes them from lowered scale bytes, do_float16_scales)."""
-    b, length, n, h = x.shape
-    if path is None:
-        out = _head_major(dequantize(x, jnp.bfloat16), None, padded)
-        out = out if f16 is None else do_float16(out, *f16)
-    else:
-        zero = jnp.zeros((b, length // 32, n, h // 32), jnp.int8)
-        data = realign(x.data, zero, "rows", path)  # (B, N, Lp, H)
-        scale, out_dtype = head_major_scale(x, padded), "bfloat16"
-        if f16 is not None:
-            scale, out_dtype = do_float16_scales(scale, *f16), "float16"
-        out = DEQUANTIZE.call(_DEQUANTIZE[out_dtype], path, data, scale)
-    if keep is None:
-        return out
-    keep_hm = jnp.pad(keep, [(0, 0), (0, padded - length)])[:, None, :, None]
-    return jnp.where(keep_hm, out, jnp.zeros((), out.dtype))
-
-
-def bwd_operands(
-    q: MXArray,
-    k: MXArray,
-    v: MXArray,
-    do_q: MXArray,
-    do: jax.Array,
-    o: jax.Array,
-    lse: jax.Array,
-    dlse: jax.Array | None,
-    *,
-    q_len: jax.Array | None,
-    kv_len: jax.Array | None,
-    broadcast_q: bool = False,
-    fp8_path: str | None = None,
-    scale: float | None = None,
-    path: str | None = None,
-    do_f16: bool = False,
-) -> BwdOperands:
-    """The backward's pre-pass (XLA, or the realign + dequantize calls with `path`).
-
-    Args:
-      q: (B, T, N, H) square-block MXArray (blocks over (T, H), axes (-3, -1)), the forward's residual.
-      k, v: (B, S, K, H) likewise.
-      do_q: dO quantized the same way (square blocks over (T, H)) after zeroing rows >= q_len (the caller
-        quantizes: ops/attention_bwd_kernel.py, with the CUDA square quantize where the forward ran it).
-      do: (B, T, N, H) the unquantized output cotangent; o: (B, T, N, H) the forward's output.
-      lse: (B, N, T) float32, the forward's LSE; dlse: its cotangent (B, N, T) or None.
-      q_len, kv_len: (B,) int32 or None (= T, S).
-      broadcast_q: q (and nothing else) has batch 1, one query sequence for all B rows; q_len must then be
-        the same for every row (its first entry zeroes q's rows). The operands' q keeps batch 1.
-      path: None (default): the bfloat16 operands in XLA; "cuda" / "emulated": through the realign and
-        dequantize calls on that path (the same values; see _operand).
-      fp8_path: make the sdp_fp8 variants' FP8 copies (SdpFp8Operands) through the realign call on this path
-        ("cuda" or "emulated") instead of the bfloat16 v (those variants read V only as v8); scale (tau,
-        folded into qs) is then required. Not with broadcast_q. The copies are made from q, k, v, do_q as
-        given (not masked by the lengths): their data and scales past the lengths must already be zero, as
-        ops/attention_core.py's kernel_operand and square_sequence_major leave them (a NaN scale there would
-        make the whole 32-row factor NaN).
-      do_f16: the dv_f16 variants' do: float16 dO^ 2^-shift with one shift per (batch, KV head) from dO's
-        row factors (attention_operands.do_shift / do_float16; BwdOperands.do_shift). Needs fp8_path.
-    """
-    if do_f16 and fp8_path is None:
-        raise ValueError("do_f16=True needs fp8_path (the shift comes from dO's FP8 row factors)")
-    _, t, n, h = q.shape
-    b = do.shape[0]
-    s = k.shape[1]
-    tp, sp = round_up(t, TILE_M), round_up(s, TILE_N)
-    keep_q, keep_k = _keep_rows(t, q_len), _keep_rows(s, kv_len)
-    do_f = do.astype(jnp.float32)
-    if keep_q is not None:
-        do_f = jnp.where(keep_q[:, :, None, None], do_f, 0.0)
-    delta = bwd_delta(do_f, o, None if dlse is None else jnp.swapaxes(dlse, 1, 2))  # (B, T, N)
-    lse_rows = lse if keep_q is None else jnp.where(keep_q[:, None, :], lse, -jnp.inf)
-    lse_p = jnp.pad(lse_rows.astype(jnp.float32), [(0, 0), (0, 0), (0, tp - t)], constant_values=-jnp.inf)
-    ql = jnp.full((b,), t, jnp.int32) if q_len is None else q_len.astype(jnp.int32)
-    kl = jnp.full((b,), s, jnp.int32) if kv_len is None else kv_len.astype(jnp.int32)
-    fp8 = None
-    if fp8_path is not None:
-        if scale is None or broadcast_q:
-            raise ValueError("fp8_path needs scale (tau) and broadcast_q=False")
-        q8, qs = aligned_rows(q, tp, fp8_path, float(np.float32(scale * LOG2E)))
-        k8, ks = aligned_rows(k, sp, fp8_path)
-        v8, vs = aligned_rows(v, sp, fp8_path)
-        do8, dos = aligned_rows(do_q, tp, fp8_path)
-        fp8 = SdpFp8Operands(q8=q8, k8=k8, v8=v8, do8=do8, qs=qs, ks=ks, vs=vs, dos=dos)
-    shift = do_shift(fp8.dos, n // k.shape[2]) if do_f16 else None
-    do_op = _operand(do_q, keep_q, tp, path, None if shift is None else (fp8.dos, shift))
-    return BwdOperands(
-        fp8=fp8,
-        do_shift=shift,
-        q=_operand(q, keep_q[:1] if broadcast_q and keep_q is not None else keep_q, tp, path),
-        k=_operand(k, keep_k, sp, path),
-        v=None if fp8 is not None else _operand(v, keep_k, sp, path),
-        do=do_op,
-        lse=lse_p,
-        delta=_head_major(delta, None, tp),
-        lens=jnp.stack([ql, kl]),
-    )
-
-
 # ------------------------------------------------------------------------------------------ the emulation
-def packed_tile_table(
-    q_len: jax.Array, kv_len: jax.Array, q_start: jax.Array, kv_start: jax.Array, kv_rows: int
-) -> jax.Array:
-    """The packed variants' lens operand: (4, kv_rows / 128) int32, per key tile of the aligned packed layout
-    (every sequence from a 128-row tile; ops/varlen_kernel.py) its sequence's first query row, query end row,
-    KV end row and first KV row; zeros for tiles in no sequence (the kernel then writes their dk, dv rows 0)."""
-    tile0 = jnp.arange(kv_rows // TILE_N, dtype=jnp.int32) * TILE_N
-    seq = aligned_owner(kv_start, tile0)
-    live = (tile0 >= kv_start[seq]) & (tile0 < kv_start[seq] + kv_len[seq])
-    rows = (q_start[seq], q_start[seq] + q_len[seq], kv_start[seq] + kv_len[seq], kv_start[seq])
-    return jnp.stack([jnp.where(live, x, 0) for x in rows]).astype(jnp.int32)
-
-
 def _unwindows(xw: jax.Array, start: jax.Array, length: jax.Array, total: int) -> jax.Array:
     """sequence_windows' inverse for disjoint windows (rows start .. start + length - 1 of each): (W, heads,
     size, H) -> (1, heads, total, H), zeros elsewhere."""
@@ -314,21 +143,15 @@ def _unwindows(xw: jax.Array, start: jax.Array, length: jax.Array, total: int) -
 
 
 def _emulate_packed(ops: BwdOperands, **kw) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """emulate_bwd of a packed call (B = 1, lens = packed_tile_table): every sequence alone, as the kernel's
-    CTAs see it (a key tile reads only its sequence's query rows): the sequence starting at key tile w becomes
-    batch row w of a dense emulation (windows of its rows, zeros after its lengths; rows for tiles that start
-    no sequence are empty), and the gradients go back to their rows."""
-    table = ops.lens
+    """emulate_bwd of a packed call (B = 1, lens = PackedTables): every sequence alone, as the kernel's CTAs
+    see it (a key tile reads only its sequence's query rows): sequence s becomes batch row s of a dense
+    emulation (windows of its whole tiles, zeros after them; the rows past its lengths are masked by them),
+    and the gradients go back to their rows (zeros in no sequence's rows)."""
+    seqs = ops.lens.seqs
     tp, sp = ops.q.shape[2], ops.k.shape[2]
-    tile0 = jnp.arange(table.shape[1], dtype=jnp.int32) * TILE_N
-    first = (table[3] == tile0) & (table[2] > table[3])  # this key tile starts a sequence with keys
-    q0, kv0 = table[0], table[3]
-    q_len = jnp.where(first, table[1] - table[0], 0)
-    kv_len = jnp.where(first, table[2] - table[3], 0)
-    # each sequence's whole tiles (the rows past its length in its last tile are its own padding, masked by
-    # the lengths), zeros after them
-    wq = lambda x: None if x is None else sequence_windows(x, q0 // TILE_N, -(-q_len // TILE_N), 2)
-    wk = lambda x: None if x is None else sequence_windows(x, kv0 // TILE_N, -(-kv_len // TILE_N), 2)
+    q0, kv0, q_len, kv_len = seqs[0] * TILE_M, seqs[1] * TILE_N, seqs[2], seqs[3]
+    wq = lambda x: None if x is None else sequence_windows(x, seqs[0], -(-q_len // TILE_M), 2)
+    wk = lambda x: None if x is None else sequence_windows(x, seqs[1], -(-kv_len // TILE_N), 2)
     win = BwdOperands(
         wq(ops.q), wk(ops.k), wk(ops.v), wq(ops.do), wq(ops.lse), wq(ops.delta), jnp.stack([q_len, kv_len])
     )
@@ -356,7 +179,7 @@ def emulate_bwd(
     The padding rows and columns (>= q_len, >= kv_len, and the 128-padding) are masked by the lengths, so
     they produce exact zeros in dq, dk, dv. Returns dq (B, N, Tp, H), dk, dv (B, K, Sp, H) float32 (dq_accum
     "fp16": the float16 accumulator's dQ * 2^e times 2^-e, e = dq_scale_log2). packed: B = 1 and ops.lens the
-    packed_tile_table (_emulate_packed: each sequence alone, as the kernel's CTAs see it)."""
+    PackedTables (_emulate_packed: each sequence alone, as the kernel's CTAs see it)."""
     if packed:
         kw = dict(causal=causal, scale=scale, p_scale=p_scale, p_rounding=p_rounding, dq_accum=dq_accum)
         return _emulate_packed(ops, **kw, dq_scale_log2=dq_scale_log2)
@@ -476,12 +299,12 @@ def _sharding(call: AttentionBwdCall) -> ShardingRule:
     # batch sharded, each device's dq sums its own rows and the partition adds the devices' (ffi_op summed)
     bq = call.variant.broadcast_q
     qb = "a" if bq else "b"
-    lens = "l x" if call.variant.packed else "l b"  # packed: the (4, Sp / 128) key-tile table, never sharded
+    tables = ("l z", "y x") if call.variant.packed else ("l b",)  # packed: seqs, work, never sharded
     return ShardingRule(
-        operands=(f"{qb} {n} t h", "b k s h", "b k s h", f"b {n} t h", f"b {n} t", f"b {n} t", lens),
+        operands=(f"{qb} {n} t h", "b k s h", "b k s h", f"b {n} t h", f"b {n} t", f"b {n} t", *tables),
         results=(f"{qb} {n} t h", "b k s h", "b k s h", f"b {n} u"),
         factor_sizes=sizes,
-        replicated=("a", "g", "t", "h", "s", "l", "u", "x"),
+        replicated=("a", "g", "t", "h", "s", "l", "u", "x", "y", "z"),
         summed=((0, "b"),) if bq else (),
     )
 
@@ -506,7 +329,7 @@ csrc/attention_bwd.cc."""
 def _sharding_fp8(call: AttentionBwdCall) -> ShardingRule:
     """_sharding's rule with the FP8 copies (q8, do8 as q; k8, v8 as k) and their row factors (qs, dos over
     (b, heads, Tp/32), ks, vs over (b, k, Sp/32)) appended."""
-    rule = _sharding(call)
+    rule = _sharding(call)  # (packed: seqs and work in lens' place)
     q_spec, k_spec, _, do_spec = rule.operands[:4]
     qf = do_spec.rsplit(" ", 2)[0] + " u"  # "b {n} u"
     extra = (q_spec, k_spec, do_spec, qf, "b k w", "b k w", qf)  # q8, k8, do8, qs, ks, vs, dos (v8 in v's place)
@@ -528,9 +351,17 @@ variants (csrc/attention_bwd.cc)."""
 ATTENTION_BWD_BROADCAST_Q = dataclasses.replace(ATTENTION_BWD, batch_dims=None, result_batch_dims=None)
 """The same target for the broadcast_q variants: q has batch 1, so vmap maps the call."""
 
-ATTENTION_BWD_PACKED_FP8 = dataclasses.replace(ATTENTION_BWD_FP8, batch_dims=None, result_batch_dims=None)
-"""The FP8 target for the packed variants (B = 1 holds every sequence; lens is the key-tile table): vmap maps
-the call over the axis."""
+
+def _emulation_packed(call: AttentionBwdCall, q, k, v8, do, lse, delta, seqs, work, *fp8):
+    """The packed target's emulation: the sdp_fp8 one with lens = PackedTables(seqs, work)."""
+    return _emulation_fp8(call, q, k, v8, do, lse, delta, PackedTables(seqs, work), *fp8)
+
+
+ATTENTION_BWD_PACKED = dataclasses.replace(
+    ATTENTION_BWD_FP8, target=TARGET_PACKED, emulation=_emulation_packed, batch_dims=None, result_batch_dims=None
+)
+"""(q, k, v8, do, lse, delta, seqs, work, q8, k8, do8, qs, ks, vs, dos) -> (dq, dk, dv, dq_sem): the packed
+variants (sdp_fp8; B = 1 holds every sequence, so vmap maps the call over the axis)."""
 
 
 def attention_bwd(
@@ -562,11 +393,11 @@ def attention_bwd(
     op = ATTENTION_BWD_BROADCAST_Q if variant.broadcast_q else ATTENTION_BWD
     if variant.broadcast_q and ops.q.shape[0] != 1:
         raise ValueError(f"a broadcast_q variant takes q of batch 1; got {ops.q.shape}")
-    if variant.packed != (ops.lens.shape[0] == 4) or (variant.packed and not variant.sdp_fp8):
-        raise ValueError(
-            f"variant {variant.name} takes lens {'(4, Sp / 128): packed_tile_table' if variant.packed else '(2, B)'}"
-            f" (and packed variants the FP8 operands); got lens {ops.lens.shape}"
-        )
+    packed_lens = isinstance(ops.lens, PackedTables)
+    if variant.packed != packed_lens or (variant.packed and not variant.sdp_fp8):
+        want = "PackedTables (packed_tile_table) and the FP8 operands" if variant.packed else "lens (2, B)"
+        got = "PackedTables" if packed_lens else f"lens {ops.lens.shape}"
+        raise ValueError(f"variant {variant.name} takes {want}; got {got}")
     want_do = jnp.float16 if variant.dv_f16 else jnp.bfloat16
     if variant.dv_f16 != (ops.do_shift is not None) or ops.do.dtype != want_do:
         want = "float16 do and its do_shift: bwd_operands(..., do_f16=True)" if variant.dv_f16 else "bfloat16 do"
@@ -580,7 +411,7 @@ def attention_bwd(
     if variant.sdp_fp8:
         if ops.fp8 is None:
             raise ValueError(f"variant {variant.name} (sdp_fp8) needs the FP8 copies: bwd_operands(..., fp8_path=)")
-        op, args = (ATTENTION_BWD_PACKED_FP8 if variant.packed else ATTENTION_BWD_FP8), ops.fp8_args()
+        op, args = (ATTENTION_BWD_PACKED if variant.packed else ATTENTION_BWD_FP8), ops.fp8_args()
     elif ops.v is None:
         raise ValueError(f"variant {variant.name} reads the bfloat16 v: bwd_operands without fp8_path")
     else:

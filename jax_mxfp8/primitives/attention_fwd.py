@@ -167,7 +167,7 @@ def attention_fwd(
     """Runs the kernel. Returns o (B, T, N, H) bfloat16 and lse (B, N, T) float32 (padding rows dropped).
 
     p_scale: "const" or "block" (AttentionConfig.p_scale); p_rounding: the block scale rule ("up" or
-    "floor", AttentionConfig.scale_rounding; ignored for "const"). tune: a benchmark-only tuning variant.
+    "floor", AttentionConfig.scale_rounding; ignored for "const"). tune: a comparison schedule (--with-tunes).
     out: optional (o (B, Tp, N, H) bfloat16, lse (B, N, Tp) float32) buffers the kernel writes into
     (aliased; tests pass NaN-filled ones to check that every element is written). path "emulated" runs
     the emulation through the same partitioning and batching (CPU tests). broadcast_q: ops.q (1, N, Tp, H)

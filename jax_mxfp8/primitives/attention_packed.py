@@ -1,11 +1,15 @@
 """Packed jagged sequences on the Hopper attention kernel (layer 5): the work list and its emulation.
 
+  sequence_table(q_len, kv_len, q_start, kv_start) -> seqs (4, S)   the packed kernels' sequence encoding
   packed_tables(q_len, kv_len, q_start, kv_start, *, causal, q_rows) -> (seqs (4, S), work (2, W))
+  key_tile_work(kv_len, kv_start, kv_rows) -> work (2, kv_rows / 128)   the backward's work list
   emulate_packed_fwd(ops, *, causal, p_scale, p_rounding) -> (o (1, N, Tp, H), lse (1, N, Tp))
   sequence_windows(x, first_tile, n_tiles, axis) -> each sequence's tiles as a batch row (the emulations')
 
-Every sequence starts on a 128-row tile of the aligned packed layout (ops/varlen_kernel.py); the packed
-kernel variant runs one CTA per (sequence, query tile) work item, longest first.
+Every sequence starts on a 128-row tile of the aligned packed layout (ops/varlen_kernel.py). The packed
+kernel variants read one encoding (kernels/sm90/tile_scheduler.py packed_item): the per-sequence table seqs
+and a work list of (sequence, tile inside it) items; the forward runs one CTA per query-tile item, longest
+first, the backward one per key tile of the layout, in key-tile order.
 """
 
 from __future__ import annotations
@@ -18,6 +22,24 @@ import jax.numpy as jnp
 from jax_mxfp8.primitives.attention_emulation import emulate_fwd
 from jax_mxfp8.primitives.attention_layout import TILE_M, TILE_N
 from jax_mxfp8.primitives.attention_operands import AlignedOperands
+from jax_mxfp8.reference.varlen import aligned_owner
+
+
+def sequence_table(q_len: jax.Array, kv_len: jax.Array, q_start: jax.Array, kv_start: jax.Array) -> jax.Array:
+    """seqs (4, S) int32: per sequence its first query tile, first KV tile (128-row tiles of the aligned
+    packed layout), query length and KV length."""
+    q_len, kv_len = q_len.astype(jnp.int32), kv_len.astype(jnp.int32)
+    return jnp.stack([q_start // TILE_M, kv_start // TILE_N, q_len, kv_len]).astype(jnp.int32)
+
+
+def key_tile_work(kv_len: jax.Array, kv_start: jax.Array, kv_rows: int) -> jax.Array:
+    """The backward's work list (2, kv_rows / 128) int32: item n is key tile n of the aligned packed layout,
+    (its sequence, key tile inside the sequence), or (-1, 0) for a tile holding no key of any sequence."""
+    tiles = jnp.arange(kv_rows // TILE_N, dtype=jnp.int32)
+    seq = aligned_owner(kv_start, tiles * TILE_N)
+    first = (kv_start[seq] // TILE_N).astype(jnp.int32)
+    live = (tiles >= first) & (tiles * TILE_N < kv_start[seq] + kv_len[seq])
+    return jnp.stack([jnp.where(live, seq, -1), jnp.where(live, tiles - first, 0)]).astype(jnp.int32)
 
 
 def packed_tables(
@@ -32,7 +54,7 @@ def packed_tables(
     (-1, 0) items that do nothing.
     """
     q_len, kv_len = q_len.astype(jnp.int32), kv_len.astype(jnp.int32)
-    seqs = jnp.stack([q_start // TILE_M, kv_start // TILE_N, q_len, kv_len]).astype(jnp.int32)
+    seqs = sequence_table(q_len, kv_len, q_start, kv_start)
     tiles = jnp.arange(q_rows // TILE_M, dtype=jnp.int32)
     b = jnp.clip(jnp.searchsorted(q_start // TILE_M, tiles, side="right").astype(jnp.int32) - 1, 0, q_len.shape[0] - 1)
     m = tiles - q_start[b] // TILE_M

@@ -17,6 +17,8 @@ extension, another Python version, or JAX_MXFP8_NO_EXTENSION=1).
   extension_path() -> Path                the extension for this interpreter's ABI (built or not)
   ffi_targets() -> list[str]              the FFI targets the loaded library defines
   kernel_names() -> list[(name, major)]   every kernel variant in the library and its arch major
+  has_kernel(name) -> bool                the library holds that variant (comparison schedules only with
+                                          tools/build_library.py --with-tunes)
   gpu_present() -> bool                   the default backend is an NVIDIA GPU (any arch)
   gpu_major() -> int | None               compute-capability major of the default backend's first device
   kernels_runnable(archs) -> (ok, why)    library loaded and the GPU's arch among `archs`
@@ -162,6 +164,13 @@ def kernel_names() -> list[tuple[str, int]]:
         (lib.jax_mxfp8_kernel_name(i).decode(), lib.jax_mxfp8_kernel_arch(i))
         for i in range(lib.jax_mxfp8_kernel_count())
     ]
+
+
+def has_kernel(name: str) -> bool:
+    """Whether the loaded library holds the kernel variant `name` (for any arch). The default build holds the
+    production variants (registry.PRODUCTION_VARIANTS); the benchmarks' comparison schedules (tune > 0) only
+    a library built with `tools/build_library.py --with-tunes`."""
+    return name in {n for n, _ in kernel_names()}
 
 
 def gpu_present() -> bool:

@@ -1,4 +1,4 @@
-"""FFI-backed Hopper MX GEMM (layer 5) on the aligned operands of GEMM_INTERFACE.md.
+"""FFI-backed Hopper MX GEMM (layer 5) on the aligned operands (docs/interfaces.md, docs/numerics.md).
 
   MX_GEMM, MX_GEMM_BIAS: FfiOp        targets "jax_mxfp8_mx_gemm" (a, b, sa, sb) and
                                       "jax_mxfp8_mx_gemm_bias" (a, b, sa, sb, bias)
@@ -222,7 +222,7 @@ def mx_gemm(
 
     path: "cuda" (the kernel) or "emulated" (emulate_mx_gemm through the same partitioning and batching).
     Either raises ValueError naming the argument when the operands do not fit together or the kernel does
-    not cover them (mx_gemm_unsupported). tune: a benchmark-only tuning variant. out: an optional
+    not cover them (mx_gemm_unsupported). tune: a comparison schedule (built with --with-tunes). out: an optional
     (G, M, N) buffer the kernel writes into (aliased; tests pass a NaN-filled one to check that every
     element is written; no partitioning or batching)."""
     why = mx_gemm_unsupported(a.shape, b.shape, a.dtype, b.dtype, out_dtype, bias is not None)

@@ -195,7 +195,7 @@ def mx_gemm_quantized(
       store_col: also return the column orientation (qc, sc) (module docstring); needs store_pre and M a
         multiple of 32.
       path: "cuda" (the kernel) or "emulated" (emulate_mx_gemm_quantized through the same partitioning).
-      tune: a benchmark-only tuning variant (registry MX_GEMM_EPILOGUE_VARIANTS with tune > 0).
+      tune: a comparison schedule (registry MX_GEMM_EPILOGUE_VARIANTS with tune > 0; built with --with-tunes).
       out: store_col only, path "cuda": the five result buffers the kernel writes into (the `_into` test
         hook: a test passes NaN-filled ones to check that every element is written; no partitioning).
     Returns q (G, M, N) float8_e4m3fn and s (G, M, N/32) uint8 (blocks of 32 along N)[, pre (G, M, N) bf16]

@@ -29,7 +29,8 @@ import numpy as np
 from jax_mxfp8.formats import MXArray, element_format
 from jax_mxfp8.formats import dequantize as ref_dequantize
 from jax_mxfp8.formats import quantize as ref_quantize
-from jax_mxfp8.formats.quantize import block_axes, check_blockable, check_float32_range
+from jax_mxfp8.formats.mxarray import check_consistent
+from jax_mxfp8.formats.quantize import block_axes, check_blockable, check_quantize_input
 from jax_mxfp8.formats.scales import check_scale_rounding
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import implementation as impl
@@ -175,14 +176,14 @@ def quantize(
 ) -> MXArray:
     """jax_mxfp8.quantize with an `implementation` switch (see the module docstring)."""
     impl.check(implementation)
-    check_float32_range(x)
-    x = jnp.asarray(x)
+    x = check_quantize_input(x)  # the reference's argument checks first: one error on every path
     fmt = element_format(dtype)
     check_scale_rounding(scale_rounding)
     if rounding == "nearest" and rng is not None:
         raise ValueError("rng was given but rounding='nearest'; pass rounding='stochastic' to use it")
     axes = block_axes(x.ndim, axis, block) if x.ndim else ()
     axes_neg = tuple(a - x.ndim for a in axes)
+    check_blockable(x.shape, axes)
     variant, why = (
         _quantize_variant(x, axes_neg, block, fmt.dtype, scale_rounding, rounding) if x.ndim else (None, "rank 0")
     )
@@ -191,7 +192,6 @@ def quantize(
         return ref_quantize(
             x, axis=axis, block=block, dtype=dtype, scale_rounding=scale_rounding, rounding=rounding, rng=rng
         )
-    check_blockable(x.shape, axes)
     x = jax.lax.stop_gradient(x)  # like the reference: not differentiable (zero gradient)
     data, scale = QUANTIZE.call(variant, path, x)
     return MXArray(data=data, scale=scale, axes=axes_neg, block=block)
@@ -209,8 +209,7 @@ def quantize_rowcol(
     Bit-identical to the two reference calls. x: rank >= 2, last two dimensions multiples of 32.
     """
     impl.check(implementation)
-    check_float32_range(x)
-    x = jnp.asarray(x)
+    x = check_quantize_input(x)  # the reference's argument checks first: one error on every path
     fmt = element_format(dtype)
     check_scale_rounding(scale_rounding)
     if x.ndim < 2:
@@ -230,6 +229,7 @@ def dequantize(a: MXArray, dtype=jnp.float32, *, implementation: str | None = No
     impl.check(implementation)
     if not isinstance(a, MXArray):
         raise ValueError(f"a must be an MXArray, got {type(a).__name__}")
+    check_consistent(a, "a")
     block = {("row", (-1,)): "row", ("row", (-2,)): "col", ("square", (-2, -1)): "square"}.get(
         (a.block, tuple(sorted(a.axes)))
     )

@@ -120,7 +120,8 @@ def tile_logits(
     *,
     scale: float,
 ) -> jax.Array:
-    """S = scale * Q^ K^T (+ bias) in float32 for KV tile j, -inf where masked. Shape (B, K, G, T, kv_tile).
+    """S = scale * Q^ K^T (+ bias) in float32 for KV tile j, -inf where masked (a bias entry of -inf counts
+    as masked). Shape (B, K, G, T, kv_tile).
 
     Args:
       q: (B, K, G, T, H) dequantized queries. k_t: (B, K, kv_tile, H) dequantized keys of tile j.
@@ -130,20 +131,27 @@ def tile_logits(
     t_len, kt = q.shape[-2], k_t.shape[-2]
     s = rounded(mm("bkgth,bksh->bkgts", q, k_t) * jnp.float32(scale))
     bias = bias_t if bias_t is not None else masking.bias
-    if bias is not None:
-        s = rounded(s + bias.astype(jnp.float32))
-    rows = jnp.arange(t_len, dtype=jnp.int32)[:, None]
-    cols = j * kt + jnp.arange(kt, dtype=jnp.int32)[None, :]
     valid = None
 
     def both(a, b):
         return b if a is None else a & b
 
+    if bias is not None:
+        bias = bias.astype(jnp.float32)
+        s = rounded(s + bias)
+        # A bias of -inf is a mask entry: `rounded` would turn it into -float32 max, a finite logit, and a row
+        # of them into a uniform softmax (the mean of V) where the contract gives a fully masked row's 0.
+        valid = bias != -jnp.inf
+    rows = jnp.arange(t_len, dtype=jnp.int32)[:, None]
+    cols = j * kt + jnp.arange(kt, dtype=jnp.int32)[None, :]
+
+    static = None  # the (T, kv_tile) masks, before the batch and head axes
     if masking.s_real % kt:
-        valid = both(valid, cols < masking.s_real)
+        static = both(static, cols < masking.s_real)
     if masking.is_causal:
-        valid = both(valid, rows >= cols)
-    valid = valid if valid is None else valid[None, None, None]
+        static = both(static, rows >= cols)
+    if static is not None:
+        valid = both(valid, static[None, None, None])
     if masking.q_len is not None:
         valid = both(valid, rows[None, None, None] < masking.q_len[:, None, None, None, None])
     if masking.kv_len is not None:

@@ -28,7 +28,7 @@ rows 32w .. 32w+31 of the tile; lane l of band l // 16 holds 16 rows (16 * band 
   memory byte transpose (attention_realign's way) would cost 16 shared loads per 16 bytes instead.
   Edges: rows >= R and columns >= C load as zeros (they cannot raise a run's E: e_b(0) = 0), so the
   padding of the outputs comes out as +0; row outputs are not stored for rows >= R, column outputs not for
-  columns >= C. Measured and dropped (docs/perf-notes.md): v1 (block amaxes kept, the row pass before the
+  columns >= C. Measured and dropped (docs/perf/journal/perf-notes.md): v1 (block amaxes kept, the row pass before the
   column pass: 217 registers, 0.60 of copy bandwidth for "both"), and persistent CTAs copying the next
   tile into shared memory with cp.async (168 registers with spills, 0.62-0.64).
 """

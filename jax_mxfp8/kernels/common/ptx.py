@@ -22,11 +22,10 @@ def _u32(x: int) -> Uint32:
 
 
 # ----------------------------------------------------------------------------------------------- memory
-def ld_global_v4(addr: Int64, l2_prefetch: int = 0) -> tuple[Uint32, Uint32, Uint32, Uint32]:
-    """16-byte read-only global load, not allocated in L1 (streamed once); optional L2 prefetch hint."""
-    hint = f".L2::{l2_prefetch}B" if l2_prefetch else ""
+def ld_global_v4(addr: Int64) -> tuple[Uint32, Uint32, Uint32, Uint32]:
+    """16-byte read-only global load, not allocated in L1 (streamed once)."""
     return inline_ptx(
-        f"ld.global.nc.L1::no_allocate{hint}.v4.b32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}];",
+        "ld.global.nc.L1::no_allocate.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
         write_only_types=[Uint32] * 4,
         read_only_args=[addr],
     )
@@ -74,15 +73,6 @@ def ld_shared_b32(addr: Int32) -> Uint32:
 
 def ld_shared_u8(addr: Int32) -> Uint32:
     return inline_ptx("ld.shared.u8 {$w0}, [{$r0}];", write_only_types=[Uint32], read_only_args=[addr])
-
-
-def prefetch_l2(addr: Int64, pred: Boolean) -> None:
-    """prefetch.global.L2 of the cache line holding `addr`, predicated on `pred` (a hint: no registers,
-    nothing to wait for)."""
-    inline_ptx(
-        "{\n.reg .pred p;\nsetp.ne.u32 p, {$r1}, 0;\n@p prefetch.global.L2 [{$r0}];\n}",
-        read_only_args=[addr, Uint32(pred)],
-    )
 
 
 def ld_global_u8(addr: Int64) -> Uint32:

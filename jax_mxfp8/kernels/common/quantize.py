@@ -16,7 +16,7 @@ Supported features (see kernels/registry/ for the variant list):
 Not supported here (the XLA reference handles them): stochastic rounding, float16 input, strided or
 non-2-D layouts (the primitive reshapes leading axes away), dimensions that are not multiples of 32.
 
-Design (memory-bound; DESIGN.md section 4 numerics):
+Design (memory-bound; numerics: docs/numerics.md):
   Each warp owns a tile of 32 rows x (R * V) columns, V = 16 bytes / sizeof(input) (8 for bf16, 4 for
   f32), R = rows_per_thread (16 by default). The warp is split into 32/R bands of R lanes; lane l of
   band b holds rows [b*R, b*R + R) of columns [l*V, l*V + V): R independent 16-byte loads, fully
@@ -26,15 +26,15 @@ Design (memory-bound; DESIGN.md section 4 numerics):
   block (two rows' bf16 amaxes are packed in one shuffle). Amax is taken on sign-cleared bit patterns
   with integer max (no FTZ; NaN/Inf detected as patterns >= 0x7F800000). Outputs: FP8 rows stored as
   8- (bf16) or 4-byte (f32) vectors per lane, coalesced; column scales as V contiguous bytes per lane;
-  row scales as single bytes spread over the G lanes of a block (or, row_scale_store="transpose",
-  gathered into one word per row). No shared memory, no block-level synchronisation.
+  row scales as single bytes spread over the G lanes of a block. No shared memory, no block-level
+  synchronisation.
 
   v2 (production for "rowcol" and "row", row_scale_store="smem"): a CTA owns a strip of 32 rows x
   (warps x tiles_per_warp) tiles along K (1024 columns for the production variants); at step i its
   warps quantize adjacent tiles as above, but each row-scale byte goes to shared memory, and after one
   barrier the CTA writes the strip's row scales as 8-byte words (32 bytes = one whole sector per row).
   v1 wrote every sector of the row-scale array in 4-byte pieces from 8 different warps, which cost
-  ~11 points of copy bandwidth on the H200 (docs/perf-notes.md). Byte stores remain where K/32 is not
+  ~11 points of copy bandwidth on the H200 (docs/perf/removed-variants.md). Byte stores remain where K/32 is not
   a multiple of 8 and at the right edge of K.
 """
 
@@ -44,7 +44,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import numpy as np
-from cutlass import Boolean, Int32, Int64, Uint32
+from cutlass import Boolean, Int32, Int64
 
 from jax_mxfp8.formats.scales import saturation_bound
 from jax_mxfp8.kernels.common import ptx
@@ -185,61 +185,15 @@ class MXQuantize:
                     co = self._coords_tk(mX, tm, tk, lane)
                     co["sbase"] = sbase
                     co["sblk"] = (i * self.warps + warp) * self.blocks_per_tile
-                    self._process(self._load(mX, co, None), mA, mSA, mB, mSB, co, lane)
+                    self._process(self._load(mX, co), mA, mSA, mB, mSB, co, lane)
                 i = i + 1
             cute.arch.barrier()
             self._store_staged_row_scales(mSA, sbase, tm, kg * (per * self.blocks_per_tile), Int32(tidx), k)
-        elif cutlass.const_expr(self.config.tiles_per_warp == 1):
+        else:
             tile = bidx * self.warps + warp
             if tile < ntiles:
                 co = self._coords(mX, tile, ntk, lane)
-                self._process(self._load(mX, co, None), mA, mSA, mB, mSB, co, lane)
-        elif cutlass.const_expr(self.config.pipeline == "registers"):
-            # Register double buffer: the warp's tiles are tile0 + i * warps (i < tiles_per_warp), so at
-            # every step the CTA's warps work on adjacent tiles. Tile i + 1's loads are issued before
-            # tile i is processed and stay in flight while it computes and stores.
-            tpw = self.config.tiles_per_warp
-            tile0 = bidx * (self.warps * tpw) + warp
-            regs = self._load(mX, self._coords(mX, tile0, ntk, lane), tile0 < ntiles)
-            i = Int32(0)
-            while i < tpw:
-                tile = tile0 + i * self.warps
-                nxt = tile + self.warps
-                nregs = self._load(mX, self._coords(mX, nxt, ntk, lane), (nxt < ntiles) & (i + 1 < tpw))
-                if tile < ntiles:
-                    self._process(regs, mA, mSA, mB, mSB, self._coords(mX, tile, ntk, lane), lane)
-                regs = nregs
-                i = i + 1
-        else:
-            # L2 prefetch (benchmark tunings only; slower than v1 on the H200): before tile i is loaded
-            # and processed, every lane prefetches its row of tile i + distance into L2 (no registers
-            # held); the first `distance` tiles are prefetched up front.
-            tpw = self.config.tiles_per_warp
-            dist = self.config.prefetch_distance
-            tile0 = bidx * (self.warps * tpw) + warp
-            for j in cutlass.range_constexpr(dist):
-                self._prefetch_l2(mX, tile0 + j * self.warps, ntk, ntiles, lane, j < tpw)
-            i = Int32(0)
-            while i < tpw:
-                tile = tile0 + i * self.warps
-                self._prefetch_l2(mX, tile + dist * self.warps, ntk, ntiles, lane, i + dist < tpw)
-                if tile < ntiles:
-                    co = self._coords(mX, tile, ntk, lane)
-                    self._process(self._load(mX, co, None), mA, mSA, mB, mSB, co, lane)
-                i = i + 1
-
-    def _prefetch_l2(self, mX, tile, ntk, ntiles, lane, pred):
-        """Lane l prefetches row l of `tile` (tile_cols contiguous elements, 128 or 256 bytes) into L2,
-        one `prefetch.global.L2` per 128-byte line, when the tile exists and lies wholly inside K (edge
-        tiles are just loaded)."""
-        k = mX.shape[1]
-        tm = tile // ntk
-        tk = tile - tm * ntk
-        col = tk * self.tile_cols
-        addr = mX.iterator.toint() + (Int64(tm * 32 + lane) * Int64(k) + Int64(col)) * self.in_bytes
-        ok = (tile < ntiles) & (col + self.tile_cols <= k) & pred
-        for off in range(0, self.tile_cols * self.in_bytes, 128):
-            ptx.prefetch_l2(addr + off, ok)
+                self._process(self._load(mX, co), mA, mSA, mB, mSB, co, lane)
 
     def _coords(self, mX, tile, ntk, lane) -> dict:
         """Addresses and predicates of the warp's tile `tile` (32 rows x tile_cols columns)."""
@@ -270,16 +224,12 @@ class MXQuantize:
             x_addr=mX.iterator.toint() + offset * self.in_bytes,
         )
 
-    def _load(self, mX, co, pred) -> list:
+    def _load(self, mX, co) -> list:
         """R independent 16-byte loads per thread (a warp reads 2 x 256 contiguous bytes each time), as a
-        flat list of 4 * R words; with `pred`, predicated (zeros where it is false)."""
+        flat list of 4 * R words."""
         out = []
         for r in range(self.rows):
-            a = co["x_addr"] + co["k64"] * (self.in_bytes * r)
-            if pred is None:
-                out += list(ptx.ld_global_v4(a, self.config.l2_prefetch))
-            else:
-                out += list(ptx.ld_global_v4_pred(a, pred))
+            out += list(ptx.ld_global_v4(co["x_addr"] + co["k64"] * (self.in_bytes * r)))
         return out
 
     def _process(self, flat, mA, mSA, mB, mSB, co, lane):
@@ -333,7 +283,6 @@ class MXQuantize:
         return v
 
     def _row_pass(self, regs, abs_mask, vmax, mA, mSA, offset, row0, k64, col64, lane, ok, co):
-        col, k = co["col"], co["k"]
         c = self.config
         V, G, R = self.vec, self.group, self.rows
         bf16 = c.in_dtype == "bfloat16"
@@ -346,17 +295,10 @@ class MXQuantize:
             a = [regs[r][i] & abs_mask for i in range(4)]
             return vmax(vmax(a[0], a[1]), vmax(a[2], a[3]))
 
-        transpose = c.row_scale_store == "transpose"
-        row_bytes = [None] * R
-
         def finish(r, amax):
             b, f = ptx.scale_and_factor(amax, c.elem_dtype, c.scale_rounding)
             ptx.st_global(a_addr + k64 * r, self._quantize_row(regs[r], [f] * V), pred=ok)
-            if transpose:
-                row_bytes[r] = b
-            elif cutlass.const_expr(c.diagnostic == "no_row_scale"):
-                pass  # benchmark-only diagnostic: WRONG output (row scales are never written)
-            elif self.staged:
+            if self.staged:
                 # shared memory [32 rows][strip_bytes]: row (band * R + r), byte sblk + block in tile
                 srow = co["half"] * R + r
                 saddr = co["sbase"] + srow * self.strip_bytes + co["sblk"] + (Int32(lane) % R) // G
@@ -376,8 +318,6 @@ class MXQuantize:
         else:
             for r in range(R):
                 finish(r, self._reduce_group(thread_max(r), ptx.max_u32))
-        if transpose:
-            self._store_row_scales_transposed(row_bytes, mSA, row0, ks, lane, col, k)
 
     def _store_staged_row_scales(self, mSA, sbase, tm, kb0, tidx, k):
         """Stores the strip's row scales from shared memory: thread t writes 8-byte word(s) of a row
@@ -400,38 +340,6 @@ class MXQuantize:
             for bi in range(8):
                 byte = (words[bi // 4] >> (8 * (bi % 4))) & ptx._u32(0xFF)
                 ptx.st_global_u8(gaddr + bi, byte, pred=in_range & (~fast) & (kb + bi < ks))
-
-    def _store_row_scales_transposed(self, row_bytes, mSA, row0, ks, lane, col, k):
-        """Lane r of a band writes the scale bytes of row r for all nb blocks of the band as one word.
-
-        Every lane of block group g holds the bytes of all R rows for block g; packed 4 rows per word,
-        they are fetched from the group's first lane with R/4 indexed shuffles per block, and lane r
-        keeps byte r. Falls back to byte stores at the right edge of K or when the row stride K/32 is
-        not a multiple of nb (unaligned word)."""
-        V, G, R = self.vec, self.group, self.rows
-        nb = R * V // 32  # blocks per band (4 for bf16 / R=16)
-        col_lane = Int32(lane % R)
-        first = Int32(lane) - col_lane  # first lane of this band
-        words = [ptx.pack_bytes4(*row_bytes[i : i + 4]) for i in range(0, R, 4)]
-        word_idx = col_lane // 4
-        byte_idx = Uint32(col_lane % 4)
-        gathered = []
-        for g in range(nb):
-            ws = [ptx.shfl_idx(w, first + g * G) for w in words]
-            w = ws[0]
-            for i in range(1, len(ws)):
-                w = cutlass.select_(word_idx == i, ws[i], w)
-            gathered.append(ptx.byte_at(w, byte_idx))
-        band_col0 = col - col_lane * V
-        addr = mSA.iterator.toint() + (row0 + Int64(col_lane)) * ks + Int64(band_col0 // 32)
-        fast = (band_col0 + R * V <= k) & (ks % nb == 0)
-        if nb == 4:
-            ptx.st_global(addr, [ptx.pack_bytes4(*gathered)], pred=fast)
-        else:
-            assert nb == 2
-            ptx.st_global_u16(addr, gathered[0] | (gathered[1] << 8), pred=fast)
-        for g in range(nb):
-            ptx.st_global_u8(addr + g, gathered[g], pred=(~fast) & (band_col0 + g * 32 < k))
 
     def _col_pass(self, regs, colmax, mB, mSB, offset, tm, k64, col64, half, ok):
         c = self.config

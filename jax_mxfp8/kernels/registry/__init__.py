@@ -1,9 +1,10 @@
 """The ahead-of-time kernel variants: one frozen config per compiled kernel.
 
 Pure Python (no CuTe DSL import), so the primitives layer, the build tool and the tests all read the
-same list. `tools/build_kernels.py` compiles every variant in `VARIANTS` for every arch in its config's
-`archs`, with the kernel class its config names for that arch (`KernelConfig.kernels`), and writes one
-table row per (variant, arch): name, arch, op and the named integer parameters `config.key`. The FFI
+same list. `tools/build_kernels.py` compiles every variant in `PRODUCTION_VARIANTS` (with `--with-tunes`,
+every one in `VARIANTS`: the comparison schedules too) for every arch in its config's `archs`, with the
+kernel class its config names for that arch (`KernelConfig.kernels`), and writes one table row per
+(variant, arch): name, arch, op and the named integer parameters `config.key`. The FFI
 handlers in csrc/ run the variant whose name the caller passes (FFI attribute `kernel` = `config.name`)
 and check the buffers against its parameters, so adding a variant here is the only change needed to ship it.
 
@@ -48,7 +49,6 @@ from jax_mxfp8.kernels.registry.gemm import (
     GEMM_ALIGN,
     GEMM_K_TILE,
     GEMM_OUT_DTYPES,
-    MX_GEMM_DIAGNOSTICS,
     MX_GEMM_TUNINGS,
     MX_GEMM_VARIANTS,
     MXGemmConfig,
@@ -91,7 +91,6 @@ __all__ = [
     "LOG2_E4M3_MAX",
     "MODE_CODE",
     "MX_EPILOGUE_ELEM",
-    "MX_GEMM_DIAGNOSTICS",
     "MX_GEMM_EPILOGUE_VARIANTS",
     "MX_GEMM_TUNINGS",
     "MX_GEMM_VARIANTS",
@@ -99,6 +98,7 @@ __all__ = [
     "P_OFFSET_MAX",
     "P_SCALES",
     "P_SCALE_CODE",
+    "PRODUCTION_VARIANTS",
     "QUANTIZE_MODES",
     "QUANTIZE_VARIANTS",
     "RMS_NORM_QUANTIZE_VARIANTS",
@@ -117,6 +117,7 @@ __all__ = [
     "QuantizeConfig",
     "RMSNormQuantizeConfig",
     "find",
+    "variants",
     "pv_permutation",
 ]
 
@@ -134,7 +135,17 @@ VARIANTS: tuple[KernelConfig, ...] = (
     + MX_GEMM_TUNINGS
     + MX_GEMM_EPILOGUE_VARIANTS
 )
-"""Every compiled variant, in table order."""
+"""Every registered variant, in table order: production (tune 0, which includes the feature variants) and the
+comparison schedules (tune > 0: at most two per kernel family, for the benchmarks)."""
+
+PRODUCTION_VARIANTS: tuple[KernelConfig, ...] = tuple(v for v in VARIANTS if v.tune == 0)
+"""What the library and the wheel ship by default (tools/build_library.py without --with-tunes)."""
+
+
+def variants(with_tunes: bool = False) -> tuple[KernelConfig, ...]:
+    """The variants a build compiles: PRODUCTION_VARIANTS, or with_tunes every registered variant."""
+    return VARIANTS if with_tunes else PRODUCTION_VARIANTS
+
 
 CONFIG_CLASSES: tuple[type[KernelConfig], ...] = (
     QuantizeConfig,

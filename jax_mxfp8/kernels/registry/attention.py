@@ -28,8 +28,6 @@ class AttentionFwdConfig(KernelConfig):
       kv_stage: K/V tiles in flight in shared memory (K and V take one stage each).
       overlap: issue the next tile's Q K^T wgmma before the current tile's P V and run its softmax while
         P V is in flight (FA3's intra-warpgroup overlap). False: strictly sequential per warpgroup.
-      pingpong: with overlap, the two consumer warpgroups take turns issuing their wgmmas (named barriers),
-        so that one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores (FA3).
       p_scale: the contract's AttentionConfig.p_scale. "const": P~ stored as E4M3(256 P~). "block": one
         power-of-two scale per (query row, 128-key tile), the one the contract's block rule gives for the
         row-tile's amax (docs/numerics.md "Hopper attention kernel").
@@ -39,15 +37,12 @@ class AttentionFwdConfig(KernelConfig):
         instead of chaining every tile's wgmma onto acc_O: Hopper's FP8 wgmma accumulates with fewer bits
         than float32 (DeepSeek-V3 measured ~14), which loses long sums of small addends next to a large one
         (an attention sink; docs/numerics.md). Costs 64 FADDs (H128) and H/2 registers per thread and tile.
-      poly_exp2: of every 16 softmax exponentials, how many are computed by a degree-3 polynomial on the
-        FMA pipe instead of MUFU.EX2 (FA4's trick: MUFU runs 16 per clock per SM, as many exps per tile as
-        the FP8 wgmmas take clocks); 0 = all on MUFU. Relative error <= 7.8e-5 (E4M3 keeps 2^-4).
       packed: packed jagged sequences (varlen): one batch row holds every sequence, each starting on a
         128-row tile, and the grid runs a work list of (sequence, query tile) items instead of the padded
         (B, Tp) grid.
       broadcast_q: one query sequence for every batch row (broadcast_query_attention): q and qs hold batch 1
         and every CTA reads its head's Q tile and Q scales at batch 0; O and LSE stay per batch row.
-      tune: 0 for the production variant; > 0 for alternatives built only for benchmarks.
+      tune: 0 for the production variant; > 0 for the comparison schedules (benchmarks only).
     """
 
     op = "attention_fwd"
@@ -59,11 +54,9 @@ class AttentionFwdConfig(KernelConfig):
     causal: bool = False
     kv_stage: int = 4
     overlap: bool = False
-    pingpong: bool = False
     p_scale: str = "const"
     p_rounding: str = "up"
     pv_fp32: bool = True
-    poly_exp2: int = 0
     packed: bool = False
     broadcast_q: bool = False
     tune: int = 0
@@ -75,10 +68,6 @@ class AttentionFwdConfig(KernelConfig):
             raise ValueError("broadcast_q is a dense-batch variant (packed=False)")
         if not 2 <= self.kv_stage <= 12 or self.kv_stage % 2:
             raise ValueError(f"kv_stage={self.kv_stage} must be even in [2, 12]")
-        if self.pingpong and not self.overlap:
-            raise ValueError("pingpong needs overlap")
-        if not 0 <= self.poly_exp2 <= 16:
-            raise ValueError(f"poly_exp2={self.poly_exp2} not in [0, 16]")
         if self.p_scale not in P_SCALES:
             raise ValueError(f"p_scale={self.p_scale!r} not in {P_SCALES}")
         if self.p_rounding not in SCALE_ROUNDINGS:
@@ -129,45 +118,29 @@ class AttentionRealignConfig(KernelConfig):
         return f"attention_realign_{self.operand}_h{self.head_dim}"
 
 
-# Production (tune 0): intra-warpgroup overlap (measured 0.79 vs 0.89 ms serial at B4 T4k N16 H128 on the H200,
-# docs/perf-notes.md). Tunings built for benchmarks/attention.py: 1 = serial (no overlap), 2 = overlap +
-# pingpong between the consumer warpgroups, 3 = pingpong with twice the K/V stages, 4 and 5 = polynomial exp2,
-# 6 = the other P V accumulation (pv_fp32).
 def _pv_fp32(head_dim: int) -> bool:
     """Production P V accumulation: float32 on the CUDA cores at H64; chained on the wgmma accumulator at
-    H128, where the extra 64 registers per thread spill (98 STL/LDL in the consumer; docs/perf-notes.md)."""
+    H128, where the extra 64 registers per thread spill (98 STL/LDL in the consumer;
+    docs/perf/journal/perf-notes.md)."""
     return head_dim == 64
 
 
-_ATTENTION_FWD_CONST: tuple[AttentionFwdConfig, ...] = (
-    tuple(
-        AttentionFwdConfig(
-            head_dim=h,
-            causal=c,
-            kv_stage=stages * mult,
-            overlap=ov,
-            pingpong=pp,
-            pv_fp32=_pv_fp32(h),
-            tune=tune,
-        )
-        for h, c in itertools.product((64, 128), (False, True))
-        for stages in (8 if h == 64 else 4,)
-        for tune, ov, pp, mult in ((0, True, False, 1), (1, False, False, 1), (2, True, True, 1), (3, True, True, 2))
-        if stages * mult <= 12
-    )
-    + tuple(  # 4, 5: production + 2 / 4 of every 16 softmax exps on the FMA pipe (benchmark only)
-        AttentionFwdConfig(
-            head_dim=h, causal=c, kv_stage=8 if h == 64 else 4, overlap=True, pv_fp32=_pv_fp32(h), poly_exp2=k, tune=t
-        )
-        for h, c in itertools.product((64, 128), (False, True))
-        for t, k in ((4, 2), (5, 4))
-    )
-    + tuple(  # 6: production with the other P V accumulation (benchmark only)
-        AttentionFwdConfig(
-            head_dim=h, causal=c, kv_stage=8 if h == 64 else 4, overlap=True, pv_fp32=not _pv_fp32(h), tune=6
-        )
-        for h, c in itertools.product((64, 128), (False, True))
-    )
+def _const(h: int, c: bool, tune: int, overlap: bool = True, pv_fp32: bool | None = None) -> AttentionFwdConfig:
+    """A p_scale "const" dense variant: production's K / V stages (8 at H64, 4 at H128) and P V accumulation
+    unless pv_fp32 is given."""
+    pv = _pv_fp32(h) if pv_fp32 is None else pv_fp32
+    kv_stage = 8 if h == 64 else 4
+    return AttentionFwdConfig(head_dim=h, causal=c, kv_stage=kv_stage, overlap=overlap, pv_fp32=pv, tune=tune)
+
+
+# Production (tune 0): the intra-warpgroup overlap. The two comparison schedules (benchmarks/attention.py; built
+# with tools/build_library.py --with-tunes): tune 1, serial per warpgroup (what the overlap buys); tune 6, the
+# other P V accumulation (what float32 accumulation costs at H64, and its spills at H128). Measurements, and the
+# schedules no longer built: docs/perf/removed-variants.md.
+_ATTENTION_FWD_CONST: tuple[AttentionFwdConfig, ...] = tuple(
+    _const(h, c, tune, **kw)
+    for h, c in itertools.product((64, 128), (False, True))
+    for tune, kw in ((0, {}), (1, dict(overlap=False)), (6, dict(pv_fp32=not _pv_fp32(h))))
 )
 # p_scale="block": the production scheduling of each (head_dim, causal) only (the tunings reorder when work
 # is issued, not the arithmetic), P scale rule "up" only. The kernel implements "floor" too, but one scale

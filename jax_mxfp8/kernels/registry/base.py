@@ -82,7 +82,7 @@ class KernelConfig:
 
     @property
     def tune(self) -> int:
-        """0 for the production variant of its key; > 0 for tunings built only for benchmarks. Subclasses with
+        """0 for the production variant of its key; > 0 for the comparison schedules (benchmarks). Subclasses with
         tunings declare `tune` as a field, which replaces this property."""
         return 0
 

@@ -47,7 +47,7 @@ class MXGemmEpilogueConfig(MXGemmConfig):
       paired_stores: lanes q and q ^ 1 of a quad swap 16-bit halves (one shfl.bfly) so that each lane
         stores 4 contiguous FP8 bytes (two 32-bit stores per block and row instead of four 16-bit ones;
         the quad writes 16 contiguous bytes per instruction, like the bf16 epilogue). Production; False
-        (tune 1) is the first version.
+        (tune 1, the comparison schedule) stores four 16-bit pieces per block and row.
       store_col: also write z's column orientation (blocks of 32 along M, aligned to one exponent per 128
         M: the CTA tile's 128 rows), transposed (K-major for the next wgrad GEMM): the column amax crosses
         the tile's 8 consumer warps through shared memory, the FP8 tile is transposed through shared
@@ -73,8 +73,8 @@ class MXGemmEpilogueConfig(MXGemmConfig):
             raise ValueError(f"activation={self.activation!r} not in {EPILOGUE_ACTIVATIONS}")
         if self.out_dtype != "bfloat16":
             raise ValueError(f"out_dtype={self.out_dtype!r}: the pre-activation output is bfloat16")
-        if self.diagnostic or self.tile_n % 32:
-            raise ValueError("the MX epilogue takes real (non-diagnostic) kernels with tile_n a multiple of 32")
+        if self.tile_n % 32:
+            raise ValueError(f"the MX epilogue needs tile_n a multiple of 32 (got {self.tile_n})")
         if self.store_col and (not self.store_pre or self.tile_m != 128 or (self.tile_n * 8) % 256):
             raise ValueError("store_col needs store_pre, tile_m 128 (one 128-row run per tile), tile_n * 8 % 256 == 0")
 
@@ -105,6 +105,6 @@ MX_GEMM_EPILOGUE_VARIANTS: tuple[MXGemmEpilogueConfig, ...] = (
     + (MXGemmEpilogueConfig(paired_stores=False, tune=1, **_PRODUCTION),)
 )
 """E4M3 x E4M3 (the forward GEMM) at the production tiling: {no bias, bias} x {identity, gelu} x {pre or not};
-all with paired_stores (H200 round B: 1.01 / 0.96 / 1.05x the plain GEMM, vs 0.98 / 0.89 / 1.05 with 16-bit
-stores); the four store_col variants; then the benchmark tuning t1: the first version's 16-bit stores
-(identity, no bias)."""
+all with paired_stores (on the H200 1.01 / 0.96 / 1.05x the plain GEMM, vs 0.98 / 0.89 / 1.05 with 16-bit
+stores; docs/perf/gemm.md); the four store_col variants; then the comparison schedule
+t1 (built with --with-tunes): 16-bit stores (identity, no bias)."""

@@ -79,8 +79,8 @@ GEMM_OPERANDS_VARIANTS: tuple[GemmOperandsConfig, ...] = tuple(
     GemmOperandsConfig(in_dtype=i, orientations=o, elem_dtype=e, scale_rounding=r)
     for i, o, e, r in itertools.product(IN_DTYPES, ORIENTATIONS, ELEM_DTYPES, SCALE_ROUNDINGS)
 )
-# Benchmark-only tuning of the bf16 "both" kernel (ptxas gives the production one 143 registers: 3 CTAs of 128
-# threads per SM): t1 = 4 CTAs per SM (<= 128 registers, with spills; measured 2-5% slower in H200 runs 2 and 3).
-# Persistent CTAs with a cp.async shared-memory pipeline (t2 of run 3) measured 0.62-0.64 of copy bandwidth
-# against 0.74-0.80 and were removed (docs/perf-notes.md).
+# The comparison schedule of the bf16 "both" kernel (built with --with-tunes; ptxas gives the production one 143
+# registers: 3 CTAs of 128 threads per SM): t1 = 4 CTAs per SM (<= 128 registers, with spills; measured 2-5%
+# slower on the H200). Persistent CTAs with a cp.async shared-memory pipeline measured 0.62-0.64 of copy
+# bandwidth against 0.74-0.80 and are not built (docs/perf/removed-variants.md).
 GEMM_OPERANDS_TUNINGS: tuple[GemmOperandsConfig, ...] = (GemmOperandsConfig(min_ctas_per_sm=4, tune=1),)

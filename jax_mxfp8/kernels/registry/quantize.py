@@ -44,30 +44,18 @@ class QuantizeConfig(KernelConfig):
       warps_per_cta: warps per CTA; each warp owns a 32-row x (rows_per_thread * 16/sizeof(in)) tile.
       rows_per_thread: rows each lane holds (16: two half-warps split the 32 rows of a tile; 8: four
         quarter-warps); smaller means fewer registers and shorter contiguous row segments.
-      l2_prefetch: 0, or 128 / 256 for the loads' L2::<n>B prefetch hint.
       row_scale_store: "byte" (v1: each lane stores single scale bytes of the rows it is responsible
-        for, so each 32-byte sector of the row-scale array is written in 4-byte pieces by 8 warps),
-        "transpose" (the scale bytes of a row are gathered into one lane by shuffles and stored as one
-        word: R/4 x nb shuffles instead of R byte stores per lane), or "smem" (v2, production for
-        "rowcol" and "row": a CTA owns a strip of 32 rows x warps_per_cta * tiles_per_warp tiles along
-        K, stages the strip's row-scale bytes in shared memory and stores them as whole 8-byte words
-        after a barrier: strip_bytes = warps * tiles_per_warp * tile_cols / 32 per row, 32 = one
-        whole sector for the production variants).
+        for, so each 32-byte sector of the row-scale array is written in 4-byte pieces by 8 warps) or
+        "smem" (v2, production for "rowcol" and "row": a CTA owns a strip of 32 rows x warps_per_cta *
+        tiles_per_warp tiles along K, stages the strip's row-scale bytes in shared memory and stores them
+        as whole 8-byte words after a barrier: strip_bytes = warps * tiles_per_warp * tile_cols / 32 per
+        row, 32 = one whole sector for the production variants).
       tiles_per_warp: with row_scale_store="smem", tiles per warp in the CTA's strip (at step i the
-        warps take adjacent tiles). Otherwise 1: each warp quantizes one tile and exits (v1); > 1:
-        each warp quantizes this many tiles (interleaved with the CTA's other warps), overlapping the
-        next tiles' loads as `pipeline` says.
-      pipeline: with tiles_per_warp > 1, how the next tiles' loads overlap the current tile's work:
-        "registers" (tile i + 1 is loaded into a second register set before tile i is processed) or
-        "l2" (each lane issues cp.async.bulk.prefetch.L2 for its row of tile i + prefetch_distance,
-        then tile i is loaded and processed as in v1: no extra registers).
-      prefetch_distance: tiles ahead for pipeline="l2".
+        warps take adjacent tiles); 1 otherwise (each warp quantizes one tile).
       min_ctas_per_sm: 0, or the CTAs per SM that ptxas must fit (a register cap of
         65536 / (min_ctas_per_sm * 32 * warps_per_cta) per thread).
-      diagnostic: "" for real kernels; benchmark-only variants that skip work and produce WRONG outputs,
-        to locate where time goes: "no_row_scale" (row-scale stores skipped).
-      tune: 0 for the production variant of these parameters; > 0 for alternative tunings built only
-        for benchmarks (handlers run them by name, like any variant).
+      tune: 0 for the production variant of these parameters; > 0 for the comparison schedules
+        (TUNING_VARIANTS, benchmarks only).
     """
 
     op = "quantize"
@@ -81,32 +69,22 @@ class QuantizeConfig(KernelConfig):
     scale_rounding: str = "up"
     warps_per_cta: int = 4
     rows_per_thread: int = 16
-    l2_prefetch: int = 0
     row_scale_store: str = "byte"
     tiles_per_warp: int = 1
-    pipeline: str = "registers"
-    prefetch_distance: int = 1
     min_ctas_per_sm: int = 0
-    diagnostic: str = ""
     tune: int = 0
 
     def __post_init__(self):
-        if self.pipeline not in ("registers", "l2"):
-            raise ValueError(f"pipeline={self.pipeline!r} not in ('registers', 'l2')")
-        if self.tiles_per_warp < 1:
-            raise ValueError(f"tiles_per_warp={self.tiles_per_warp} must be >= 1")
-        if self.diagnostic not in ("", "no_row_scale"):
-            raise ValueError(f"diagnostic={self.diagnostic!r} not in ('', 'no_row_scale')")
+        if self.tiles_per_warp < 1 or (self.tiles_per_warp > 1 and self.row_scale_store != "smem"):
+            raise ValueError(f"tiles_per_warp={self.tiles_per_warp}: >= 1, and > 1 only with row_scale_store='smem'")
         if self.rows_per_thread not in (8, 16):
             raise ValueError(f"rows_per_thread={self.rows_per_thread} not in (8, 16)")
-        if self.row_scale_store not in ("byte", "transpose", "smem"):
-            raise ValueError(f"row_scale_store={self.row_scale_store!r} not in ('byte', 'transpose', 'smem')")
+        if self.row_scale_store not in ("byte", "smem"):
+            raise ValueError(f"row_scale_store={self.row_scale_store!r} not in ('byte', 'smem')")
         if self.row_scale_store == "smem":
             strip = self.warps_per_cta * self.tiles_per_warp * self.rows_per_thread * (16 // self.in_bytes) // 32
-            if strip % 8 or self.mode not in ("rowcol", "row") or self.diagnostic:
+            if strip % 8 or self.mode not in ("rowcol", "row"):
                 raise ValueError(f"row_scale_store='smem' needs mode rowcol/row and 8 | strip bytes, got {self}")
-        if self.l2_prefetch not in (0, 128, 256):
-            raise ValueError(f"l2_prefetch={self.l2_prefetch} not in (0, 128, 256)")
         if self.in_dtype not in IN_DTYPES:
             raise ValueError(f"in_dtype={self.in_dtype!r} not in {IN_DTYPES}")
         if self.mode not in QUANTIZE_MODES:
@@ -176,17 +154,14 @@ QUANTIZE_VARIANTS: tuple[QuantizeConfig, ...] = tuple(
     _production_quantize(i, m, e, r)
     for i, m, e, r in itertools.product(IN_DTYPES, QUANTIZE_MODES, ELEM_DTYPES, SCALE_ROUNDINGS)
 )
-# Alternative tunings of the bf16 row+col kernel, built for benchmarks/quantize.py (tune > 0): v1 (the
-# production kernel before row-scale staging) and two other strip widths, plus one diagnostic that
-# skips the row-scale stores (WRONG output on purpose: it measures what those stores cost). Tunings
-# measured slower in earlier runs (transposed row-scale store, 8 warps per CTA, register double
-# buffering, L2 prefetch of the next tiles; docs/perf-notes.md) are no longer built.
 TUNING_VARIANTS: tuple[QuantizeConfig, ...] = (
     QuantizeConfig(tune=1),
     QuantizeConfig(row_scale_store="smem", tiles_per_warp=1, min_ctas_per_sm=3, tune=2),
-    QuantizeConfig(row_scale_store="smem", tiles_per_warp=4, min_ctas_per_sm=3, tune=3),
-    QuantizeConfig(diagnostic="no_row_scale", tune=4),
 )
+"""The two comparison schedules of the bf16 row+col kernel (benchmarks/quantize.py; built with
+`tools/build_library.py --with-tunes`), bit-exact to production: tune 1, v1 (row-scale bytes stored from the
+registers): what staging the row scales bought; tune 2, staged with half production's strip (16-byte pieces per
+row): the strip width. docs/perf/removed-variants.md: the measurements, and the schedules no longer built."""
 DEQUANTIZE_VARIANTS: tuple[DequantizeConfig, ...] = tuple(
     DequantizeConfig(elem_dtype=e, block=b, out_dtype=o)
     for e, b, o in itertools.product(ELEM_DTYPES, DEQUANTIZE_BLOCKS, DEQUANTIZE_OUT_DTYPES)

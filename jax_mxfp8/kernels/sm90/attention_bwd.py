@@ -1,98 +1,53 @@
-"""MXFP8 attention backward for Hopper (sm_90a), CuTe DSL, compiled ahead of time (S^T, dP^T on FP8 wgmma with
-config.sdp_fp8, dV on float16 wgmma with config.dv_f16, both production; dK, dQ on BF16 wgmma).
+"""MXFP8 attention backward for Hopper (sm_90a), CuTe DSL, compiled ahead of time.
 
 Supported (kernels/registry/attention_bwd.py, AttentionBwdConfig): head_dim 64 and 128; non-causal or causal
 (top-left); GQA/MQA (query head n reads KV head n // G); per-batch query and KV lengths (dense padded batch);
-p_scale "const", and "block" (one E8M0 scale per 32 queries of each key for dV's P: quantize_p_blocks;
-registry BLOCK_P, dq_accum "fp32"); dq_accum "fp32" and "fp16" (dQ * 2^e in float16), deterministic or not
-(the dQ modes: kernels/sm90/attention_bwd_dq.py); one query sequence for every batch row (config.broadcast_q, dq_accum
-"fp32", not deterministic: q and dq of batch 1, Q loaded by the producer at batch 0, every batch row's dQ
-added into batch 0's dq; dO, LSE, delta per row); packed jagged sequences (config.packed: one batch row of the
-aligned packed layout, lens a (4, Sp / 128) table per key tile, rows and tiles global, causal per sequence by
-the table's row offsets; registry PACKED). Not here (the XLA reference takes them): bias / boolean masks.
+p_scale "const" and "block" (one E8M0 scale per 32 queries of each key for dV's P); dq_accum "fp32" and
+"fp16" (dQ 2^e in float16), deterministic or not (the dQ modes, attention_bwd_dq.py); one query sequence for
+every batch row (broadcast_q: q and dq of batch 1); packed jagged sequences (packed: one batch row of the
+aligned packed layout). Not here (the XLA reference takes them): bias and boolean masks.
 
-Operands (the FFI call jax_mxfp8_attention_bwd, or jax_mxfp8_attention_bwd_fp8 for sdp_fp8 (below);
-/work/coord/ATTN_BWD_INTERFACE.md; the handler passes
-each (B, heads, L, H) buffer as a 2-D (B * heads, L * H) row-major view, so the kernel reads N, K, Tp, Sp
-from the shapes):
-  q     (B*N, Tp*H)  bfloat16  Q^ head-major (b, n, t); Tp = T rounded up to 128; rows >= q_len are 0
-  k     (B*K, Sp*H)  bfloat16  K^ head-major (b, kv, s); Sp = S rounded up to 128; rows >= kv_len are 0
-  v     (B*K, Sp*H)  bfloat16  V^
-  do    (B*N, Tp*H)  bfloat16  dO^ (square-quantized, dequantized; rows >= q_len 0)
-                               (config.dv_f16: float16 dO^ 2^-shift[b, kv], read by dV alone; dv then
-                               holds dV 2^-shift, scaled back by the caller)
-  lse   (B*N, Tp)    float32   natural-log LSE of the forward; -inf on rows >= q_len
-  delta (B*N, Tp)    float32   rowsum(dO * O) - dLSE; 0 on padding rows
-  lens  (2, B)       int32     query lengths, KV lengths (packed: (4, Sp / 128), per key tile its sequence's
-                               first query row, query end row, KV end row, first KV row)
-  scale              float32   tau (kernel argument)
-  config.sdp_fp8 (launch_fp8, FFI call jax_mxfp8_attention_bwd_fp8): no v; after dv
-  q8, k8, v8, do8    float8_e4m3fn  as q, k, v, do, re-encoded to one exponent per 32 rows (attention_operands
-                     .aligned_rows)
-  qs, dos (B*N, Tp/32), ks, vs (B*K, Sp/32)  float32  their row factors (qs: tau log2(e) 2^eQ; the others 2^e)
-Outputs:
-  dq    (B*N, Tp*H)  float32   accumulated by float32 reductions: the caller (the FFI handler) zero-fills it
-                     (float16 dQ * 2^e for dq_accum "fp16"; broadcast_q: (N, Tp*H), the sum over the B rows)
-  dq_sem (B*N, Tp/32) int32    dQ modes only: the deterministic mode's counters (zero-filled by the caller)
-  dq_scale           float32   dQ modes only: tau 2^e (kernel argument)
-  dk    (B*K, Sp*H)  float32   written once per CTA, rows >= kv_len 0
-  dv    (B*K, Sp*H)  float32
-
-Numerics (the contract, reference/attention_bwd.py): every operand is an MX value (E4M3 x 2^e), exact in
-bfloat16, so BF16 wgmma with float32 accumulation forms exact products; without config.sdp_fp8 the five GEMMs
-all run on BF16 wgmma (no FP8 transposes); with it (production) S^T and dP^T run on FP8 wgmma from the FP8
-copies (launch_fp8: q8, k8, v8, do8 K-major in shared memory, accumulators times the row factors):
-  S^T  = K Q^T                                   (SS, both K-major)
-  P^T  = exp2(min(S^T tau log2(e) - LSE log2(e), 0)); 0 where masked or LSE = -inf (NaN propagates)
-  Pq^T = E4M3_satfinite(P^T 2^8) 2^-8            (p_scale "const")
+Production (registry PRODUCTION), per 64-row query tile of a 128-key tile:
+  S^T  = K Q^T, dP^T = V dO^T    FP8 wgmma (sdp_fp8) from the FP8 copies re-encoded to one exponent per 32
+                                 rows, accumulators times the row factors (qs includes tau log2(e))
+  P^T  = exp2(min(S^T tau log2(e) - LSE log2(e), 0)), computed as 2^8 P (p_scaled); 0 where masked or LSE =
+         -inf (NaN propagates); Pq^T = E4M3_satfinite(2^8 P^T), in units of 2^-8
          (p_scale "block": E4M3_satfinite(P^T / 2^b) 2^b, b per 32 queries of a key from their amax)
-  dP^T = V dO^T                                  (SS, both K-major)
-  dS^T = P^T (dP^T - delta)
-  dSq  = 32x32 square blocks over (key, query), scale rule "up", E4M3 satfinite (bit-exact formula of
-         formats/quantize.py; kernels/common/ptx.py scale_and_factor / quantize4_f32)
-  dV  += Pq^T dO                                 (RS: Pq^T from registers, dO^T an MN-major view of sdO;
-                                                  dv_f16: both float16, dO 2^-shift, dv 2^-shift out)
-  dK  += dSq^T Q                                 (RS: dSq^T from registers, Q^T an MN-major view of sQ)
-  dQ   = dSq K  (per query tile), times tau, added into dq (config.dq_store: "bulk", production at H128, stages the
-         tile in shared memory and issues one 256-byte cp.reduce.async.bulk .add.f32 per row; "red" issues
-         red.global.add.f32 per element; "tma" / "tma_warp", tunes 15 / 16: staged in a 128-byte-swizzled
-         tile, one TMA tensor reduce-add per consumer / per warp and tile)
-  dK *= tau at the end.
-A 32-key block of dS spans two warps of a consumer warpgroup (16 keys each): the two warps exchange their
-block amax through shared memory (a 64-thread named barrier per warp pair).
+  dV  += Pq^T dO                 float16 wgmma (dv_f16: Pq's E4M3 values exact in float16; dO is float16
+                                 dO^ 2^-shift per (batch, KV head), dv comes out times 2^-shift)
+  dS^T = P^T (dP^T - delta); dSq = 32x32 square blocks over (key, query), scale rule "up", E4M3 satfinite
+  dK  += dSq^T Q                 BF16 wgmma, dSq^T read from the dS tile in shared memory (dk_ss)
+  dQ   = dSq K per query tile    BF16 wgmma, issued before dK's; times tau, added into dq by TMA tensor
+                                 reduce-adds (dq_store "tma_writer" at H128: warp 1 of the producer warpgroup
+                                 issues them; "tma_warp" at H64: each consumer warp its own 16 rows)
+  dK *= tau (and dV *= 2^-8) at the end.
+LSE and delta come with the Q / dO stage (smem_stats); at H128 the next tile's query-block factors are loaded
+a step ahead (factors_ahead). The schedule fields and the comparison schedules are the registry's.
+Every operand is an MX value (E4M3 x 2^e), exact in bfloat16, so every BF16 product is exact; the contract is
+reference/attention_bwd.py (docs/numerics.md "Hopper attention backward").
 
-Structure (FA2/FA3-style, KV-stationary; grid (Sp / 128, B * K), one CTA per (128-key tile, batch and KV
-head), 3 warpgroups):
-  WG0   producer: one warp issues TMA for the K and V tiles (once), then Q and dO of every (query head g of
-        the group, 64-row query tile m) into a ring of config.q_stage stages, 24 registers.
-  WG1/2 consumers (240 registers), 64 keys each (wgmma M = 64): S^T, dP^T, dV, dK per query tile; dS^T
-        goes to shared memory (double-buffered), then dQ (64 x H) = dS K is split over the two
-        consumers by head-dim halves (H128; at H64 the first consumer computes all of it).
-  Causal: query tiles entirely above this KV tile's diagonal are skipped; tiles past q_len are skipped.
-  Tunings (registry TUNINGS, non-production): config.overlap issues the next tile's S^T (1; 2: and dP^T)
-  between this tile's dQ staging and its bulk reductions, waited at the end of the same step: no wgmma
-  group may stay in flight across the loop's back edge, nor may the accumulators' initial values be
-  materialized inside an open wgmma stage, or ptxas serializes EVERY wgmma of the kernel (C7514/C7515;
-  check the SASS: one WARPGROUP.DEPBAR per wait, not per HGMMA). config.smem_stats: the producer copies
-  the tile's LSE and delta into the Q / dO stage (cp.async.bulk), read from shared memory where used
-  (production at H128). config.amax_reduce "redux": the dS block amax's warp reduction as one redux.sync
-  after a tree max; config.stats_early: the LSE loads issued under the S^T wgmma. config.dq_keys "own":
-  each consumer's dQ over its own 64 keys and all H columns (H128: two 64-column wgmmas in sequence, one
-  accumulator), behind its own 128-thread barrier instead of the 256-thread dS barrier: the consumers run
-  independently, at twice the dQ reductions. config.dq_red_width 2: red.global.add.v2.f32.
-Modules: this file (host side, shared memory, the kernel entry, the producer warp); attention_bwd_consumer.py
-(the consumer warpgroups' loop, the dK / dV epilogue); attention_bwd_dq_reduce.py (the float32 dQ stores
-"red" / "bulk" / "tma"; the TMA staging offsets: attention_bwd_dq_layout.py); attention_bwd_dq.py (the dQ
-modes); attention_bwd_blocks.py (tile geometry, named barriers, dS square quantization, the PTX wrappers);
-warp_specialization, wgmma, wgmma_fragment (acc_coords).
+Operands (docs/interfaces.md; the handler csrc/attention_bwd.cc passes each (B, heads, L, H) buffer as a 2-D
+(B * heads, L * H) row-major view, so the kernel reads N, K, Tp, Sp from the shapes; Tp, Sp = T, S rounded up
+to 128): q, do (B*N, Tp*H) and k, v (B*K, Sp*H) bfloat16 (do float16 with dv_f16; no v with sdp_fp8), lse,
+delta (B*N, Tp) float32, lens (2, B) int32 (packed, B = 1: seqs (4, S) and work (2, Sp / 128) instead, the
+forward's sequence table and a work list of the key tiles: tile_scheduler.KeyTileScheduler),
+dq (B*N, Tp*H) float32 (float16 dQ 2^e for "fp16"), dk, dv (B*K, Sp*H) float32, the dQ modes' dq_sem
+(B*N, Tp/32) int32, sdp_fp8's q8, k8, v8, do8 (float8_e4m3fn, shapes of q, k, v, do) and row factors qs, dos
+(B*N, Tp/32), ks, vs (B*K, Sp/32) float32; scalars tau and (dQ modes) tau 2^e. dq, dq_sem are zero-filled by
+the caller; dk, dv are written once per CTA (rows >= kv_len 0).
 
-Measured on the H200 (docs/perf-notes.md "Attention backward (sm90)", tests/test_attention_bwd_kernel_gpu.py):
-BF16-wgmma tunes: dq, dk, dv 68-156 dB SQNR against the XLA reference; production (sdp_fp8, session 8) 44-51
-dB (the FP8 wgmma's accumulation and the re-encoding move some P / dS roundings); both with their float64
-SQNR equal to the reference's within 0.01 dB. Production 427-433 TFLOP/s at B4 T4k N16 H128 non-causal, 385-391
-causal, 330-333 at H64 (0.78-0.88x cuDNN BF16's backward; registry PRODUCTION for the history). Latency-bound
-(ncu, session 8: 0.5 eligible warps per scheduler, 5.8 cycles per issued instruction; the largest waits are
-the end-of-step dK wgmma, the 256-thread dS barrier before dQ, and the first S^T of a step).
+Structure (FA3-style, KV-stationary): grid (Sp / 128, B * K), one CTA per (128-key tile, KV head)
+(tile_scheduler.KeyTileScheduler), looping over the 64-row query tiles of the group's G query heads that
+can see the tile (attention_mask.AttentionMask.query_tile_range); 3 warpgroups:
+  WG0   producer: warp 0 loads K and V (once) and Q, dO of every step into a ring of q_stage stages by TMA;
+        warp 1 is the dQ writer of "tma_writer".
+  WG1/2 consumers, 64 keys each (wgmma M = 64): the phases of attention_bwd_consumer.py; dQ (64 x H) is split
+        over the two consumers by head-dim halves at H128 (consumer 0 alone at H64).
+Modules: this file (the operand structs, host side, shared memory, the kernel entry, the producer warp);
+attention_bwd_consumer.py (the consumers' phases and the dK / dV epilogue); attention_bwd_dq_reduce.py (the
+float32 dQ stores; staging offsets: attention_bwd_dq_layout.py); attention_bwd_dq.py (the dQ modes);
+attention_bwd_blocks.py (tile geometry, named barriers, the square-block and P-block quantizers, PTX
+wrappers). Measurements: docs/perf/attention-backward.md and docs/perf/removed-variants.md.
 """
 
 from __future__ import annotations
@@ -121,42 +76,40 @@ from jax_mxfp8.kernels.sm90.attention_bwd_blocks import (
 )
 from jax_mxfp8.kernels.sm90.attention_bwd_consumer import AttentionBwdConsumer
 from jax_mxfp8.kernels.sm90.attention_bwd_dq_reduce import AttentionBwdDqReduce
+from jax_mxfp8.kernels.sm90.attention_bwd_operands import (
+    BwdOperands,
+    BwdSmem,
+    DqModeOperands,
+    Fp8Operands,
+    Mmas,
+    SmemLayouts,
+    TmaTile,
+)
+from jax_mxfp8.kernels.sm90.attention_mask import AttentionMask
+from jax_mxfp8.kernels.sm90.tile_scheduler import KeyTile, KeyTileScheduler
 
 
 class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
-    """Host entry: (q, k, v, do, lse, delta, lens, dq, dk, dv, scale, stream); module docstring for shapes.
-
-    The consumer warpgroups' loop is AttentionBwdConsumer's (kernels/sm90/attention_bwd_consumer.py), the dQ
-    reductions into dq AttentionBwdDqReduce's (kernels/sm90/attention_bwd_dq_reduce.py)."""
+    """Host entry: (q, k, v, do, lse, delta, lens, dq, dk, dv, scale, stream) (the sdp_fp8 and dQ-mode entries
+    below); module docstring for shapes. The consumers' phases are AttentionBwdConsumer's
+    (attention_bwd_consumer.py), the dQ reductions AttentionBwdDqReduce's (attention_bwd_dq_reduce.py)."""
 
     def __init__(self, config: AttentionBwdConfig):
         self.config = config
         self.h = config.head_dim
         self.q_stage = config.q_stage
-        # dq_keys "own": each consumer's dQ over its own 64 keys, all H columns (no 256-thread dS barrier)
-        self.dq_own = config.dq_keys == "own"
-        # "cta": dQ's head-dim halves on the two consumers; H64: consumer 0 only
-        self.dq_split = self.h == 128 and not self.dq_own
-        # "own": 64 head-dim columns per dQ wgmma (H128: two in sequence; a 64 x 128 float32 accumulator
-        # next to dV and dK does not fit the registers: ptxas serializes every wgmma, C7512)
-        self.dq_halves = self.h // 64 if self.dq_own else 1
+        # dQ's head-dim halves on the two consumers at H128; H64: consumer 0 only
+        self.dq_split = self.h == 128
         self.redux = config.amax_reduce == "redux"
         self.stats_early = config.stats_early
-        self.bulk_dq = config.dq_store == "bulk"
-        # dq_store "tma": the dQ tile staged in a 128-byte-swizzled (64, 64, H / 64) float32 tile, one TMA
-        # tensor reduce-add per consumer and tile (kernels/sm90/attention_bwd_dq_reduce.py)
-        self.tma_dq = config.dq_store in ("tma", "tma_warp", "tma_writer")
+        # "tma_warp" / "tma_writer": the dQ tile staged in a 128-byte-swizzled (16, 64, H / 64 * 4) float32 tile,
+        # one TMA tensor reduce-add per 16-row box (kernels/sm90/attention_bwd_dq_reduce.py)
+        self.tma_dq = config.dq_store in ("tma_warp", "tma_writer")
         # "tma_writer": the consumers stage dQ and signal; warp 1 of the producer warpgroup issues the reductions
         self.dq_writer = config.dq_store == "tma_writer"
-        # "tma": 64 rows (a consumer's tile) per TMA box; "tma_warp", "tma_writer": 16 (a warp's rows)
-        self.dq_box_rows = 16 if config.dq_store in ("tma_warp", "tma_writer") else TILE_M
-        # the staging tile's 64-column blocks (16 KB each): one per head-dim block of the CTA's dQ tile, or
-        # with dq_keys "own" one per consumer (each stages its 64-column halves in turn)
-        self.dq_stage_blocks = NUM_CONSUMERS if self.dq_own else self.h // 64
+        self.dq_stage_blocks = self.h // 64  # 64-column blocks (16 KB each) of the CTA's dQ tile
         self.dq_mode = config.dq_mode  # float16 dq and / or ordered adds (kernels/sm90/attention_bwd_dq.py)
-        self.overlap = config.overlap
         self.dk_ss = config.dk_ss  # dK's A operand from the dS tile in shared memory, not the registers
-        self.next_early = config.next_early  # the next tile's S^T (/ dP^T) right after this tile's dQ store
         self.p_scaled = config.p_scaled  # P computed as 2^8 P (the FP8 rounding's scale in the exponent)
         self.smem_stats = config.smem_stats
         # sdp_fp8: S^T and dP^T on FP8 wgmma from the realigned FP8 copies q8, k8, v8, do8 (one exponent per 32
@@ -167,13 +120,16 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         self.do_dtype = cutlass.Float16 if config.dv_f16 else BF16
         # smem_stats: per Q / dO stage, the tile's 64 LSE then 64 delta values (float32), by cp.async.bulk
         self.stats_bytes = 2 * TILE_M * 4
-        # dq_store "bulk": the dQ tile (64 rows x H float32) in shared memory, rows padded by 32 bytes so that
-        # the accumulator's 8-byte stores (8 rows x 4 column pairs per warp) take 2 wavefronts
-        self.dq_pitch = self.h * 4 + 32
+        # TMA transaction bytes of one Q / dO stage and of K / V (bfloat16; FP8 copies: one byte per element)
+        self.q_bytes, self.k_bytes = TILE_M * self.h * 2, CTA_N * self.h * 2
+        self.q8_bytes, self.k8_bytes = (TILE_M * self.h, CTA_N * self.h) if self.sdp_fp8 else (0, 0)
         self.sdp_tiler = (CTA_N, TILE_M, self.h)  # S^T, dP^T: M = keys, N = queries, K = H
         self.dkv_tiler = (CTA_N, self.h, TILE_M)  # dV, dK: M = keys, N = H, K = queries
         self.dq_tiler = (TILE_M, self.h, CTA_N)  # dQ: M = queries, N = H, K = keys
         self.threads = ws.WARPGROUP_THREADS * (1 + NUM_CONSUMERS)
+        # masks of 64-row query tiles against the 128-key tile, and the key-tile schedule
+        self.mask = AttentionMask(config.causal, TILE_M, CTA_N)
+        self.scheduler = KeyTileScheduler(self.mask, config.packed)
         ws.check_register_budget(NUM_CONSUMERS)
 
     # ------------------------------------------------------------------------------------------------
@@ -205,7 +161,8 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
             t(self.do_dtype, s(), s(divisibility=rows_h)),  # do (dv_f16: float16)
             t(Float32, s(), s(divisibility=128)),  # lse (B*N, Tp)
             t(Float32, s(), s(divisibility=128)),  # delta
-            t(Int32, s(), s()),  # lens (2, B)
+            t(Int32, s(), s()),  # lens (2, B); packed: seqs (4, S)
+            *((t(Int32, s(), s()),) if self.config.packed else ()),  # packed: work (2, Sp / 128)
             t(dq_t, s(), s(divisibility=rows_h)),  # dq (B*N, Tp*H)
             t(Float32, s(), s(divisibility=rows_h)),  # dk (B*K, Sp*H)
             t(Float32, s(), s(divisibility=rows_h)),  # dv
@@ -218,11 +175,15 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
 
     def tensor_names(self) -> tuple[str, ...]:
         names = ("q", "k", "v", "do", "lse", "delta", "lens", "dq", "dk", "dv")
+        if self.config.packed:
+            names = ("q", "k", "v", "do", "lse", "delta", "seqs", "work", "dq", "dk", "dv")
         if self.sdp_fp8:
             return tuple(x for x in names if x != "v") + SDP_FP8_OPERANDS
         return names + ("dq_sem",) if self.dq_mode else names
 
     def entry(self):
+        if self.config.packed:
+            return self.launch_packed
         if self.sdp_fp8:
             return self.launch_fp8
         return self.launch_dq if self.dq_mode else self.launch
@@ -261,68 +222,55 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         """dQ = dSq K: A (queries, keys) MN-major in shared memory (sdS), B (H, keys) an MN-major view of sK.
         H128: the consumers take head-dim halves (thread t covers columns 64 (t // 128) ..); H64: one."""
         mn = OperandMajorMode.MN
-        if self.dq_own:  # one consumer's (64 queries, 64 head-dim columns) per wgmma
-            return sm90_utils.make_trivial_tiled_mma(BF16, BF16, mn, mn, Float32, (1, 1, 1), (TILE_M, 64))
         if self.dq_split:
             return sm90_utils.make_trivial_tiled_mma(
                 BF16, BF16, mn, mn, Float32, (1, NUM_CONSUMERS, 1), (TILE_M, self.h // NUM_CONSUMERS)
             )
         return sm90_utils.make_trivial_tiled_mma(BF16, BF16, mn, mn, Float32, (1, 1, 1), (TILE_M, self.h))
 
-    def _smem_layouts(self):
+    def _smem_layouts(self) -> SmemLayouts:
         """Q / dO stages (64, H, q_stage) and K / V (128, H, 1), K-major; dS (64 queries, 128 keys, 2)
-        query-major (M-major A of dQ), double-buffered."""
+        query-major (M-major A of dQ), double-buffered; the TMA dQ staging tile as (16 box rows, 64 head-dim
+        columns, stages) float32, row-major with the 128-byte swizzle (conflict-free 8-byte stores of the
+        accumulator fragment), a stage per (64-column block, warp), block-major; sdp_fp8's FP8 Q / dO stages
+        and K / V, K-major."""
         kmajor = utils.LayoutEnum.ROW_MAJOR
         q_smem = sm90_utils.make_smem_layout_b(kmajor, self.sdp_tiler, BF16, self.q_stage)
         k_smem = sm90_utils.make_smem_layout_a(kmajor, self.sdp_tiler, BF16, 1)
         ds_smem = sm90_utils.make_smem_layout_a(utils.LayoutEnum.COL_MAJOR, self.dq_tiler, BF16, 2)
-        return q_smem, k_smem, ds_smem
+        dq_smem, q8_smem, k8_smem = None, None, None
+        if self.sdp_fp8:
+            q8_smem = sm90_utils.make_smem_layout_b(kmajor, self.sdp_tiler, FP8, self.q_stage)
+            k8_smem = sm90_utils.make_smem_layout_a(kmajor, self.sdp_tiler, FP8, 1)
+        if self.tma_dq:
+            stages = self.dq_stage_blocks * (TILE_M // 16)
+            dq_smem = sm90_utils.make_smem_layout_epi(Float32, utils.LayoutEnum.ROW_MAJOR, (16, 64), stages)
+        return SmemLayouts(q_smem, k_smem, ds_smem, dq_smem, q8_smem, k8_smem)
 
-    def _fp8_smem_layouts(self):
-        """sdp_fp8: the FP8 Q / dO stages (64, H, q_stage) and K / V (128, H, 1), K-major."""
-        kmajor = utils.LayoutEnum.ROW_MAJOR
-        q8_smem = sm90_utils.make_smem_layout_b(kmajor, self.sdp_tiler, FP8, self.q_stage)
-        k8_smem = sm90_utils.make_smem_layout_a(kmajor, self.sdp_tiler, FP8, 1)
-        return q8_smem, k8_smem
-
-    def _dq_smem_layout(self):
-        """dq_store "tma": the dQ staging tile as (box rows R, 64 head-dim columns, stages) float32, row-major
-        with the 128-byte swizzle (conflict-free 8-byte stores of the accumulator fragment: a warp's 8 rows
-        x 32 bytes land on 8 distinct 16-byte chunk pairs); R = 64: a stage per 64-column block (H / 64),
-        R = 16 ("tma_warp"): a stage per (block, warp), block-major (dq_keys "own": a block per consumer).
-        The TMA box is (R rows, 32 columns)."""
-        stages = self.dq_stage_blocks * (TILE_M // self.dq_box_rows)
-        return sm90_utils.make_smem_layout_epi(Float32, utils.LayoutEnum.ROW_MAJOR, (self.dq_box_rows, 64), stages)
-
-    def _shared_storage(self, q_smem, k_smem, ds_smem):
-        """The kernel's shared-memory struct (plain Python: the smem_stats and sdp_fp8 members exist only when
-        used; sdp_fp8 has no bfloat16 sV)."""
+    def _shared_storage(self, layouts: SmemLayouts):
+        """The kernel's shared-memory struct (plain Python: the smem_stats, TMA dQ and sdp_fp8 members exist
+        only when used; sdp_fp8 has no bfloat16 sV)."""
         fields = dict(
             q_mbar=cute.struct.MemRange[cutlass.Int64, self.q_stage * 2],
             kv_mbar=cute.struct.MemRange[cutlass.Int64, 2],
             amax=cute.struct.Align[cute.struct.MemRange[Uint32, 2 * 8 * 2], 16],  # (parity, warp, q block)
-            sK=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem)], 1024],
-            sV=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(k_smem)], 1024],
-            sQ=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(q_smem)], 1024],
-            sdO=cute.struct.Align[cute.struct.MemRange[self.do_dtype, cute.cosize(q_smem)], 1024],
-            sdS=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(ds_smem)], 1024],
-            sdQ=cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self._sdq_bytes() if self.bulk_dq else 16], 128],
+            sK=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(layouts.k)], 1024],
+            sV=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(layouts.k)], 1024],
+            sQ=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(layouts.q)], 1024],
+            sdO=cute.struct.Align[cute.struct.MemRange[self.do_dtype, cute.cosize(layouts.q)], 1024],
+            sdS=cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(layouts.ds)], 1024],
+            sdQ=cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, 16], 128],
         )
         if self.tma_dq:  # the swizzled staging tile (same member: the other variants' struct unchanged)
-            fields["sdQ"] = cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(self._dq_smem_layout())], 1024]
+            fields["sdQ"] = cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(layouts.dq)], 1024]
         if self.smem_stats:  # (LSE, delta) x q_stage, float32
             words = self.q_stage * self.stats_bytes // 4
             fields["stats"] = cute.struct.Align[cute.struct.MemRange[Float32, words], 128]
         if self.sdp_fp8:
             del fields["sV"]
-            q8_smem, k8_smem = self._fp8_smem_layouts()
-            for name, layout in (("sK8", k8_smem), ("sV8", k8_smem), ("sQ8", q8_smem), ("sdO8", q8_smem)):
+            for name, layout in (("sK8", layouts.k8), ("sV8", layouts.k8), ("sQ8", layouts.q8), ("sdO8", layouts.q8)):
                 fields[name] = cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(layout)], 1024]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
-
-    def _sdq_bytes(self) -> int:
-        """dq_store "bulk": the dQ staging tile(s), one per consumer with dq_keys "own"."""
-        return TILE_M * self.dq_pitch * (NUM_CONSUMERS if self.dq_own else 1)
 
     @cute.jit
     def launch(
@@ -341,7 +289,7 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         stream: cuda.CUstream,
     ):
         """Grid (Sp / 128, B * K): one CTA per (128-key tile, batch and KV head)."""
-        self._launch(q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, None, scale, None, stream)
+        self._launch(q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, scale, stream)
 
     @cute.jit
     def launch_fp8(
@@ -368,8 +316,38 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
     ):
         """The sdp_fp8 entry: launch's operands without v (V is read only by dP^T, as v8), plus the FP8 copies
         and their row factors."""
+        self._launch(
+            q2, k2, None, do2, lse, delta, lens, dq2, dk2, dv2, scale, stream, fp8=(q8, k8, v8, do8, qs, ks, vs, dos)
+        )
+
+    @cute.jit
+    def launch_packed(
+        self,
+        q2: cute.Tensor,
+        k2: cute.Tensor,
+        do2: cute.Tensor,
+        lse: cute.Tensor,
+        delta: cute.Tensor,
+        seqs: cute.Tensor,
+        work: cute.Tensor,
+        dq2: cute.Tensor,
+        dk2: cute.Tensor,
+        dv2: cute.Tensor,
+        q8: cute.Tensor,
+        k8: cute.Tensor,
+        v8: cute.Tensor,
+        do8: cute.Tensor,
+        qs: cute.Tensor,
+        ks: cute.Tensor,
+        vs: cute.Tensor,
+        dos: cute.Tensor,
+        scale: Float32,
+        stream: cuda.CUstream,
+    ):
+        """The packed entry (sdp_fp8): launch_fp8's operands with seqs and work (the packed sequences' tables,
+        tile_scheduler.KeyTileScheduler) in lens' place; B = 1."""
         fp8 = (q8, k8, v8, do8, qs, ks, vs, dos)
-        self._launch(q2, k2, None, do2, lse, delta, lens, dq2, dk2, dv2, None, scale, None, stream, fp8)
+        self._launch(q2, k2, None, do2, lse, delta, seqs, dq2, dk2, dv2, scale, stream, fp8=fp8, work=work)
 
     @cute.jit
     def launch_dq(
@@ -390,11 +368,14 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         stream: cuda.CUstream,
     ):
         """The dQ modes' entry (config.dq_mode): launch's operands plus dq_sem and dq_scale."""
-        self._launch(q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, sem, scale, dq_scale, stream)
+        self._launch(q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, scale, stream, dq_mode=(sem, dq_scale))
 
-    def _launch(self, q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, sem, scale, dq_scale, stream, fp8=None):
-        """launch's body (traced inside launch / launch_dq / launch_fp8); sem, dq_scale None outside the dQ
-        modes, fp8 (q8, k8, v8, do8, qs, ks, vs, dos) None outside sdp_fp8."""
+    def _launch(
+        self, q2, k2, v2, do2, lse, delta, lens, dq2, dk2, dv2, scale, stream, dq_mode=None, fp8=None, work=None
+    ):
+        """launch's body (traced inside the launch entries): the (rows, H, heads) views, the TMA atoms, the
+        operand struct, the launch. dq_mode (dq_sem, tau 2^e), fp8 (q8, k8, v8, do8, qs, ks, vs, dos) and work
+        only for those entries."""
         h = self.h
         bn = q2.shape[0]
         q_heads = bn
@@ -409,182 +390,69 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
 
         q, do, dq = rows(q2, tp, q_heads), rows(do2, tp, bn), rows(dq2, tp, q_heads)  # broadcast_q: dq batch 1
         k, dk, dv = rows(k2, sp, bk), rows(dk2, sp, bk), rows(dv2, sp, bk)
-        v = k if cutlass.const_expr(self.sdp_fp8) else rows(v2, sp, bk)  # (sdp_fp8: no bfloat16 v; tma_v unused)
+        v = k if cutlass.const_expr(self.sdp_fp8) else rows(v2, sp, bk)  # (sdp_fp8: no bfloat16 v; not read)
 
-        sdp_mma, dkv_mma, dq_mma = self._sdp_mma(), self._dkv_mma(), self._dq_mma()
-        q_smem, k_smem, ds_smem = self._smem_layouts()
+        layouts = self._smem_layouts()
         g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
-        q_one = cute.slice_(q_smem, (None, None, 0))
-        k_one = cute.slice_(k_smem, (None, None, 0))
-        tma_q, tq = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, q, q_one, (TILE_M, h))
-        tma_do, tdo = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, do, q_one, (TILE_M, h))
-        tma_k, tk = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, k, k_one, (CTA_N, h))
-        tma_v, tv = cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, v, k_one, (CTA_N, h))
-        self.q_bytes = cute.size_in_bytes(BF16, q_one)
-        self.k_bytes = cute.size_in_bytes(BF16, k_one)
-        self.q8_bytes, self.k8_bytes = 0, 0
-        f8 = (None,) * 12  # sdp_fp8: TMA atoms and tensors of q8, do8, k8, v8, then qs, ks, vs, dos
-        q8_smem, k8_smem = None, None
+
+        def tma(x, layout, tile, op=g2s) -> TmaTile:  # the atom of one stage of `layout`
+            return TmaTile(*cute.nvgpu.cpasync.make_tiled_tma_atom(op, x, cute.slice_(layout, (None, None, 0)), tile))
+
+        q_tile, k_tile = (TILE_M, h), (CTA_N, h)
+        fp8_ops = None
         if cutlass.const_expr(self.sdp_fp8):
-            q8_smem, k8_smem = self._fp8_smem_layouts()
-            q8_one = cute.slice_(q8_smem, (None, None, 0))
-            k8_one = cute.slice_(k8_smem, (None, None, 0))
-            q8, do8 = rows(fp8[0], tp, q_heads), rows(fp8[3], tp, bn)
-            k8, v8 = rows(fp8[1], sp, bk), rows(fp8[2], sp, bk)
-            atoms = [
-                cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, x, one, tile)
-                for x, one, tile in ((q8, q8_one, (TILE_M, h)), (do8, q8_one, (TILE_M, h)),
-                                     (k8, k8_one, (CTA_N, h)), (v8, k8_one, (CTA_N, h)))
-            ]  # fmt: skip
-            f8 = tuple(x for pair in atoms for x in pair) + tuple(fp8[4:])
-            self.q8_bytes = cute.size_in_bytes(FP8, q8_one)
-            self.k8_bytes = cute.size_in_bytes(FP8, k8_one)
-
-        tma_dq, tdq, dq_smem = None, None, None
-        if cutlass.const_expr(self.tma_dq):
-            dq_smem = self._dq_smem_layout()
-            red = cute.nvgpu.cpasync.CopyReduceBulkTensorTileS2GOp()  # .add
-            tma_dq, tdq = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                red, dq, cute.slice_(dq_smem, (None, None, 0)), (self.dq_box_rows, 64)
-            )
-
-        self.shared_storage = self._shared_storage(q_smem, k_smem, ds_smem)
-        self.kernel(
-            sdp_mma, dkv_mma, dq_mma, tma_q, tq, tma_do, tdo, tma_k, tk, tma_v, tv,
-            lse, delta, lens, dq, dk, dv, scale, q_smem, k_smem, ds_smem, sem, dq_scale, tma_dq, tdq, dq_smem,
-            *f8, q8_smem, k8_smem,
-        ).launch(
-            grid=[sp // CTA_N, bk, 1],
-            block=[self.threads, 1, 1],
-            stream=stream,
-            min_blocks_per_mp=1,
-        )  # fmt: skip
+            q8, k8, v8, do8, qs, ks, vs, dos = fp8
+            q8_t, do8_t = tma(rows(q8, tp, q_heads), layouts.q8, q_tile), tma(rows(do8, tp, bn), layouts.q8, q_tile)
+            k8_t, v8_t = tma(rows(k8, sp, bk), layouts.k8, k_tile), tma(rows(v8, sp, bk), layouts.k8, k_tile)
+            fp8_ops = Fp8Operands(q8_t, do8_t, k8_t, v8_t, qs, ks, vs, dos)
+        dq_tma = None
+        if cutlass.const_expr(self.tma_dq):  # a TMA reduce-add (.add) of (16, 64) boxes into dq
+            dq_tma = tma(dq, layouts.dq, (16, 64), cute.nvgpu.cpasync.CopyReduceBulkTensorTileS2GOp())
+        ops = BwdOperands(
+            mma=Mmas(self._sdp_mma(), self._dkv_mma(), self._dq_mma()),
+            q=tma(q, layouts.q, q_tile),
+            do=tma(do, layouts.q, q_tile),
+            k=tma(k, layouts.k, k_tile),
+            v=tma(v, layouts.k, k_tile),
+            lse=lse,
+            delta=delta,
+            lens=lens,
+            work=work,
+            dq=dq,
+            dk=dk,
+            dv=dv,
+            scale=scale,
+            dq_mode=None if dq_mode is None else DqModeOperands(*dq_mode),
+            dq_tma=dq_tma,
+            fp8=fp8_ops,
+            smem=layouts,
+        )
+        self.kernel(ops).launch(
+            grid=[sp // CTA_N, bk, 1], block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1
+        )
 
     # ------------------------------------------------------------------------------------------------
     # Device side
     # ------------------------------------------------------------------------------------------------
 
     @cute.kernel
-    def kernel(
-        self,
-        sdp_mma: cute.TiledMma,
-        dkv_mma: cute.TiledMma,
-        dq_mma: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_do: cute.CopyAtom,
-        mdO: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mV: cute.Tensor,
-        mLse: cute.Tensor,
-        mDelta: cute.Tensor,
-        mLen: cute.Tensor,
-        mdQ: cute.Tensor,
-        mdK: cute.Tensor,
-        mdV: cute.Tensor,
-        scale: Float32,
-        q_smem: cute.ComposedLayout,
-        k_smem: cute.ComposedLayout,
-        ds_smem: cute.ComposedLayout,
-        mSem,
-        dq_scale,
-        tma_dq,
-        mdQt,
-        dq_smem,
-        tma_q8,
-        mQ8,
-        tma_do8,
-        mdO8,
-        tma_k8,
-        mK8,
-        tma_v8,
-        mV8,
-        mQs,
-        mKs,
-        mVs,
-        mdOs,
-        q8_smem,
-        k8_smem,
-    ):
+    def kernel(self, ops: BwdOperands):
         """One CTA: key tile n (128 keys) of KV head bk = b * K + kv; loops over the G query heads of the
-        group and the 64-row query tiles that can see this key tile."""
+        group and the 64-row query tiles that can see this key tile (KeyTileScheduler)."""
         tidx, _, _ = cute.arch.thread_idx()
-        n, bk, _ = cute.arch.block_idx()
-        if cutlass.const_expr(self.config.packed):
-            # one batch row of aligned packed sequences; mLen (4, Sp / 128) per key tile n: its sequence's first
-            # query row, query end row, KV end row and first KV row. Rows and tiles stay global (every address
-            # as in the dense kernel); q_len / kv_len are the end rows, and causal compares key - kv_row0 with
-            # query - q_row0: key <= query + causal_shift
-            g_size = mLse.shape[0] // mdK.shape[2]  # query heads per KV head
-            q_row0 = mLen[0, n]
-            q_len = mLen[1, n]
-            kv_len = mLen[2, n]
-            self.causal_shift = mLen[3, n] - q_row0
-            m_start = q_row0 // TILE_M
-            if cutlass.const_expr(self.config.causal):
-                m_start = (n * CTA_N - self.causal_shift) // TILE_M  # the first query row >= the first key
-        else:
-            nb = mLen.shape[1]
-            n_kv = mdK.shape[2] // nb  # KV heads per batch row
-            g_size = mLse.shape[0] // mdK.shape[2]  # query heads per KV head (LSE: B * N rows, also broadcast_q)
-            b = bk // n_kv
-            q_len = mLen[0, b]
-            kv_len = mLen[1, b]
-            m_start = Int32(0)
-            if cutlass.const_expr(self.config.causal):
-                m_start = n * (CTA_N // TILE_M)  # the first query tile holding a row >= this tile's first key
-        n_m = (q_len + (TILE_M - 1)) // TILE_M - m_start
-        if n * CTA_N >= kv_len:
-            n_m = Int32(0)
-        if n_m < 0:
-            n_m = Int32(0)
-        n_iter = g_size * n_m
-        bn0 = bk * g_size  # query head of (b, kv, g) is b * N + kv * G + g = bk * G + g
+        tile = self.scheduler.work_tile(ops.lens, ops.work, ops.lse.shape[0], ops.dk.shape[2])
+        dq_mode = None  # the dQ modes' (dq_sem address, tau 2^e) for the dQ stores
         if cutlass.const_expr(self.dq_mode):
-            # _store_dq's extra operands, kept off _consume's argument list (None outside the dQ modes)
-            self.dq_extra = (mSem.iterator.toint(), dq_scale)
+            dq_mode = (ops.dq_mode.sem.iterator.toint(), ops.dq_mode.scale)
 
-        smem = utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
+        storage = utils.SmemAllocator().allocate(self._shared_storage(ops.smem))
         consumer_warps = ws.WARPGROUP_WARPS * NUM_CONSUMERS
         q_tx = 2 * self.q_bytes + 2 * self.q8_bytes + (self.stats_bytes if self.smem_stats else 0)
         q_pipe = ws.make_tma_pipeline(storage.q_mbar.data_ptr(), self.q_stage, consumer_warps, q_tx)
         # sdp_fp8: K, K8 and V8 (no bfloat16 V)
         kv_tx = self.k_bytes + 2 * self.k8_bytes if self.sdp_fp8 else 2 * self.k_bytes
         kv_pipe = ws.make_tma_pipeline(storage.kv_mbar.data_ptr(), 1, consumer_warps, kv_tx)
-
-        sQ = storage.sQ.get_tensor(q_smem.outer, swizzle=q_smem.inner)
-        sdO = storage.sdO.get_tensor(q_smem.outer, swizzle=q_smem.inner)
-        sK = storage.sK.get_tensor(k_smem.outer, swizzle=k_smem.inner)
-        sV = sK  # (sdp_fp8: not read; V comes in as V8)
-        fp8_smem = None
-        if cutlass.const_expr(self.sdp_fp8):
-            fp8_smem = (
-                storage.sQ8.get_tensor(q8_smem.outer, swizzle=q8_smem.inner),
-                storage.sdO8.get_tensor(q8_smem.outer, swizzle=q8_smem.inner),
-                storage.sK8.get_tensor(k8_smem.outer, swizzle=k8_smem.inner),
-                storage.sV8.get_tensor(k8_smem.outer, swizzle=k8_smem.inner),
-            )
-            # _produce's / _consume's FP8 operands, kept off their argument lists (None otherwise)
-            self.fp8_tma = (tma_q8, mQ8, tma_do8, mdO8, tma_k8, mK8, tma_v8, mV8, fp8_smem)
-            self.fp8_factors = (mQs, mKs, mVs, mdOs)
-        else:
-            sV = storage.sV.get_tensor(k_smem.outer, swizzle=k_smem.inner)
-        sdS = storage.sdS.get_tensor(ds_smem.outer, swizzle=ds_smem.inner)
-        sAmax = storage.amax.get_tensor(cute.make_layout(2 * 8 * 2))
-        sdq_base = storage.sdQ.data_ptr().toint()
-        stats_base = Int32(0)
-        sStats = sAmax  # (unused unless smem_stats)
-        if cutlass.const_expr(self.tma_dq):
-            # _store_dq's TMA reduce operands, kept off _consume's argument list (None otherwise)
-            sDQ = storage.sdQ.get_tensor(dq_smem.outer, swizzle=dq_smem.inner)
-            self.dq_tma = (tma_dq, mdQt, sDQ)
-        if cutlass.const_expr(self.smem_stats):
-            stats_base = storage.stats.data_ptr().toint()
-            # (query column, LSE / delta, stage)
-            sStats = storage.stats.get_tensor(cute.make_layout((TILE_M, 2, self.q_stage)))
+        sm = self._smem_tensors(storage, ops.smem)
 
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -595,72 +463,96 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         if wg == 0:
             cute.arch.setmaxregister_decrease(ws.PRODUCER_REGISTERS)
             if warp == 0:
-                self._produce(
-                    tma_q, mQ, sQ, tma_do, mdO, sdO, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_pipe,
-                    n, bk, bn0, m_start, n_m, n_iter, mLse, mDelta, stats_base,
-                )  # fmt: skip
+                self._produce(ops, sm, q_pipe, kv_pipe, tile)
             if cutlass.const_expr(self.dq_writer):
                 if warp == 1:
-                    self._write_dq(n_iter, n_m, m_start, bn0)
+                    self.write_dq(tile, self.partition_dq_tma(ops.dq_tma.atom, ops.dq_tma.tensor, sm.dq))
         else:
             cute.arch.setmaxregister_increase(ws.CONSUMER_REGISTERS)
-            self._consume(
-                dkv_mma, sdp_mma, dq_mma, sQ, sdO, sK, sV, sdS, sAmax, q_pipe, kv_pipe,
-                mLse, mDelta, mdQ, mdK, mdV, scale, n, bk, bn0, m_start, n_m, n_iter, q_len, kv_len,
-                q_smem, k_smem, ds_smem, sdq_base, wg - 1, tidx - 128, sStats,
-            )  # fmt: skip
+            self.consume(ops, sm, q_pipe, kv_pipe, tile, wg - 1, tidx - 128, dq_mode)
+
+    def _smem_tensors(self, storage, layouts: SmemLayouts) -> BwdSmem:
+        """The shared-memory tensors of the allocated struct (traced inline in the kernel)."""
+        sQ = storage.sQ.get_tensor(layouts.q.outer, swizzle=layouts.q.inner)
+        sdO = storage.sdO.get_tensor(layouts.q.outer, swizzle=layouts.q.inner)
+        sK = storage.sK.get_tensor(layouts.k.outer, swizzle=layouts.k.inner)
+        sV = sK  # (sdp_fp8: not read; V comes in as V8)
+        fp8 = None
+        if cutlass.const_expr(self.sdp_fp8):
+            fp8 = (
+                storage.sQ8.get_tensor(layouts.q8.outer, swizzle=layouts.q8.inner),
+                storage.sdO8.get_tensor(layouts.q8.outer, swizzle=layouts.q8.inner),
+                storage.sK8.get_tensor(layouts.k8.outer, swizzle=layouts.k8.inner),
+                storage.sV8.get_tensor(layouts.k8.outer, swizzle=layouts.k8.inner),
+            )
+        else:
+            sV = storage.sV.get_tensor(layouts.k.outer, swizzle=layouts.k.inner)
+        sdS = storage.sdS.get_tensor(layouts.ds.outer, swizzle=layouts.ds.inner)
+        sAmax = storage.amax.get_tensor(cute.make_layout(2 * 8 * 2))
+        dq_base = storage.sdQ.data_ptr().toint()
+        stats_base = Int32(0)
+        sStats = sAmax  # (unused unless smem_stats)
+        sDQ = None
+        if cutlass.const_expr(self.tma_dq):
+            sDQ = storage.sdQ.get_tensor(layouts.dq.outer, swizzle=layouts.dq.inner)
+        if cutlass.const_expr(self.smem_stats):
+            stats_base = storage.stats.data_ptr().toint()
+            # (query column, LSE / delta, stage)
+            sStats = storage.stats.get_tensor(cute.make_layout((TILE_M, 2, self.q_stage)))
+        return BwdSmem(sQ, sdO, sK, sV, sdS, sAmax, sStats, stats_base, dq_base, sDQ, fp8)
 
     @cute.jit
-    def _produce(
-        self, tma_q, mQ, sQ, tma_do, mdO, sdO, tma_k, mK, sK, tma_v, mV, sV, q_pipe, kv_pipe,
-        n, bk, bn0, m_start, n_m, n_iter, mLse, mDelta, stats_base,
-    ):  # fmt: skip
-        """Producer warp: K and V of key tile n (once), then Q and dO of every (head g, query tile m)
+    def _produce(self, ops: BwdOperands, sm: BwdSmem, q_pipe, kv_pipe, tile: KeyTile):
+        """Producer warp: K and V of the key tile (once), then Q and dO of every (head g, query tile m) step
         (smem_stats: and that tile's 64 LSE and 64 delta values, by lane 0, on the stage's mbarrier)."""
         h = self.h
-
+        n, bk = tile.n, tile.bk
         part = tma_tile_partition
-        tQsQ, tQgQ = part(tma_q, mQ, sQ, (TILE_M, h))
-        tOsO, tOgO = part(tma_do, mdO, sdO, (TILE_M, h))
-        tKsK, tKgK = part(tma_k, mK, sK, (CTA_N, h))
-        tVsV, tVgV = part(tma_v, mV, sV, (CTA_N, h))
+        tQsQ, tQgQ = part(ops.q.atom, ops.q.tensor, sm.q, (TILE_M, h))
+        tOsO, tOgO = part(ops.do.atom, ops.do.tensor, sm.do, (TILE_M, h))
+        tKsK, tKgK = part(ops.k.atom, ops.k.tensor, sm.k, (CTA_N, h))
+        tVsV, tVgV = part(ops.v.atom, ops.v.tensor, sm.v, (CTA_N, h))
         if cutlass.const_expr(self.sdp_fp8):
-            tma_q8, mQ8, tma_do8, mdO8, tma_k8, mK8, tma_v8, mV8, (sQ8, sdO8, sK8, sV8) = self.fp8_tma
-            tQsQ8, tQgQ8 = part(tma_q8, mQ8, sQ8, (TILE_M, h))
-            tOsO8, tOgO8 = part(tma_do8, mdO8, sdO8, (TILE_M, h))
-            tKsK8, tKgK8 = part(tma_k8, mK8, sK8, (CTA_N, h))
-            tVsV8, tVgV8 = part(tma_v8, mV8, sV8, (CTA_N, h))
-        if n_iter > 0:
+            f8 = ops.fp8
+            sQ8, sdO8, sK8, sV8 = sm.fp8
+            tQsQ8, tQgQ8 = part(f8.q8.atom, f8.q8.tensor, sQ8, (TILE_M, h))
+            tOsO8, tOgO8 = part(f8.do8.atom, f8.do8.tensor, sdO8, (TILE_M, h))
+            tKsK8, tKgK8 = part(f8.k8.atom, f8.k8.tensor, sK8, (CTA_N, h))
+            tVsV8, tVgV8 = part(f8.v8.atom, f8.v8.tensor, sV8, (CTA_N, h))
+        if tile.steps > 0:
             kv_prod = kv_pipe.make_producer()
             handle = kv_prod.acquire_and_advance()
-            cute.copy(tma_k, tKgK[(None, n, 0, bk)], tKsK[(None, 0)], tma_bar_ptr=handle.barrier)
+            cute.copy(ops.k.atom, tKgK[(None, n, 0, bk)], tKsK[(None, 0)], tma_bar_ptr=handle.barrier)
             if cutlass.const_expr(self.sdp_fp8):
-                cute.copy(tma_k8, tKgK8[(None, n, 0, bk)], tKsK8[(None, 0)], tma_bar_ptr=handle.barrier)
-                cute.copy(tma_v8, tVgV8[(None, n, 0, bk)], tVsV8[(None, 0)], tma_bar_ptr=handle.barrier)
+                cute.copy(f8.k8.atom, tKgK8[(None, n, 0, bk)], tKsK8[(None, 0)], tma_bar_ptr=handle.barrier)
+                cute.copy(f8.v8.atom, tVgV8[(None, n, 0, bk)], tVsV8[(None, 0)], tma_bar_ptr=handle.barrier)
             else:
-                cute.copy(tma_v, tVgV[(None, n, 0, bk)], tVsV[(None, 0)], tma_bar_ptr=handle.barrier)
+                cute.copy(ops.v.atom, tVgV[(None, n, 0, bk)], tVsV[(None, 0)], tma_bar_ptr=handle.barrier)
             q_prod = q_pipe.make_producer()
-            for i in cutlass.range(n_iter, unroll=1):
-                g = i // n_m
-                m = m_start + i - g * n_m
+            for it in cutlass.range(tile.steps, unroll=1):
+                # KeyTile.step's (query tile, query head) of this step, spelled out: the head's add after the
+                # stage's acquire, the order the kernel was measured in
+                g = it // tile.n_m
+                m = tile.m_start + it - g * tile.n_m
                 handle = q_prod.acquire_and_advance()
-                q_head = bn0 + g
+                bn = tile.bn0 + g  # the step's query head: dO, LSE, delta, and Q's
+                q_head = bn
                 if cutlass.const_expr(self.config.broadcast_q):
-                    q_head = q_head % mQ.shape[2]  # batch 0's head n: the one query sequence
-                cute.copy(tma_q, tQgQ[(None, m, 0, q_head)], tQsQ[(None, handle.index)], tma_bar_ptr=handle.barrier)
-                cute.copy(tma_do, tOgO[(None, m, 0, bn0 + g)], tOsO[(None, handle.index)], tma_bar_ptr=handle.barrier)
+                    q_head = bn % ops.q.tensor.shape[2]  # batch 0's head n: the one query sequence
+                stage, bar = handle.index, handle.barrier
+                cute.copy(ops.q.atom, tQgQ[(None, m, 0, q_head)], tQsQ[(None, stage)], tma_bar_ptr=bar)
+                cute.copy(ops.do.atom, tOgO[(None, m, 0, bn)], tOsO[(None, stage)], tma_bar_ptr=bar)
                 if cutlass.const_expr(self.sdp_fp8):
-                    bar = handle.barrier
-                    cute.copy(tma_q8, tQgQ8[(None, m, 0, q_head)], tQsQ8[(None, handle.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_do8, tOgO8[(None, m, 0, bn0 + g)], tOsO8[(None, handle.index)], tma_bar_ptr=bar)
+                    cute.copy(f8.q8.atom, tQgQ8[(None, m, 0, q_head)], tQsQ8[(None, stage)], tma_bar_ptr=bar)
+                    cute.copy(f8.do8.atom, tOgO8[(None, m, 0, bn)], tOsO8[(None, stage)], tma_bar_ptr=bar)
                 if cutlass.const_expr(self.smem_stats):
                     if cute.arch.lane_idx() == 0:
-                        offset = (Int64(bn0 + g) * Int64(mLse.shape[1]) + Int64(m * TILE_M)) * 4
-                        dst = stats_base + handle.index * self.stats_bytes
-                        mbar = handle.barrier.toint()
+                        offset = (Int64(bn) * Int64(ops.lse.shape[1]) + Int64(m * TILE_M)) * 4
+                        dst = sm.stats_base + stage * self.stats_bytes
+                        mbar = bar.toint()
                         half = self.stats_bytes // 2
-                        bulk_load(dst, mLse.iterator.toint() + offset, half, mbar)
-                        bulk_load(dst + half, mDelta.iterator.toint() + offset, half, mbar)
+                        bulk_load(dst, ops.lse.iterator.toint() + offset, half, mbar)
+                        bulk_load(dst + half, ops.delta.iterator.toint() + offset, half, mbar)
 
 
 def make_kernel(config: AttentionBwdConfig) -> AttentionBackwardSm90:

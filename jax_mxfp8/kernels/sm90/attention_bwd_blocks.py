@@ -4,9 +4,9 @@
                        MX values (scale rule "up", E4M3 satfinite), the block amax shared by a warp pair
   quantize_p_blocks    P^T (the same fragment) -> its MX values in blocks of 32 queries per key (p_scale "block":
                        dV's contracting axis), the block amax reduced over a lane quad
-  red_add_f32          red.global.add.f32 (dq_store "red"); red_add_v2_f32 / _v4_f32: 2 / 4 adjacent floats
-  bulk_*               cp.reduce.async.bulk .add.f32 from shared memory and its bulk-group waits ("bulk");
-                       bulk_load: cp.async.bulk global -> shared on an mbarrier (smem_stats)
+  red_add_f32          red.global.add.f32 (dq_store "red"); red_add_v2_f32: 2 adjacent floats
+  bulk_*               the bulk-group commit and waits of the TMA dQ stores; bulk_load: cp.async.bulk
+                       global -> shared on an mbarrier (smem_stats)
   st_shared_v2_f32     8-byte shared-memory store
   tma_tile_partition   the TMA partitions of a tiled (rows, H, heads) tensor and its staged smem tile
   redux_max_u32        warp-wide unsigned max in one instruction (amax_reduce "redux")
@@ -36,8 +36,7 @@ LOG2E = math.log2(math.e)
 P_CONST = 256.0  # p_scale "const": P stored as E4M3(P * 2^8)
 DS_BARRIER = 1  # named barrier: dS tile written by both consumers (256 threads)
 AMAX_BARRIER0 = 2  # named barriers 2..5: one per warp pair (64 threads), the dS block amax exchange
-DQ_BARRIER0 = 6  # named barriers 6, 7: one per consumer (128 threads), its dQ staging tile (dq_store "bulk")
-DS_OWN_BARRIER0 = 8  # dq_keys "own": named barriers 8, 9, one per consumer (128 threads), its own dS keys
+DQ_BARRIER0 = 6  # named barriers 6, 7: one per consumer (128 threads), the deterministic dQ mode's ordering
 DQ_FULL_BARRIER = 10  # dq_store "tma_writer": the dQ staging tile written (consumers arrive, the writer warp syncs)
 DQ_EMPTY_BARRIER = 11  # dq_store "tma_writer": the staging tile read by the TMA (the writer arrives, consumers sync)
 
@@ -77,21 +76,6 @@ def red_add_v2_f32(addr: Int64, a: Float32, b: Float32) -> None:
     """Float32 atomic adds without return of a, b at the 8-byte aligned global address addr, addr + 4
     (red.global.add.v2.f32, sm_90): one L2 reduction of two floats."""
     inline_ptx("red.global.add.v2.f32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, a, b])
-
-
-def red_add_v4_f32(addr: Int64, a: Float32, b: Float32, c: Float32, d: Float32) -> None:
-    """Float32 atomic adds without return of a, b, c, d at the 16-byte aligned global address addr ..
-    addr + 12 (red.global.add.v4.f32, sm_90)."""
-    inline_ptx("red.global.add.v4.f32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, a, b, c, d])
-
-
-def bulk_reduce_add_f32(dst: Int64, src: Int32, size: int) -> None:
-    """cp.reduce.async.bulk .add.f32 of `size` bytes from shared address src to global address dst (both
-    16-byte aligned), in this thread's bulk group."""
-    inline_ptx(
-        f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [{{$r0}}], [{{$r1}}], {size};",
-        read_only_args=[dst, src],
-    )
 
 
 def bulk_load(dst: Int32, src: Int64, size: int, mbar: Int32) -> None:

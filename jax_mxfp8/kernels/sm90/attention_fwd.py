@@ -13,8 +13,8 @@ Supported features (kernels/registry.py, AttentionFwdConfig):
 
 Inputs come from the producer pass jax_mxfp8.primitives.attention_fwd.prepare_sequence_major (exponents
 in XLA, the FP8 data through kernels/sm90/attention_realign.py; `prepare` is its XLA formulation), which
-re-encodes the contract's square-block MX operands to a shared exponent per GEMM sub-tile ("way (a)" of
-DESIGN.md section 2, docs/numerics.md "Hopper attention kernel"):
+re-encodes the contract's square-block MX operands to a shared exponent per GEMM sub-tile (docs/numerics.md
+"Hopper attention kernel"; operand tables: docs/interfaces.md):
   q   (B*N*Tp, H)     float8_e4m3fn  Q' rows, head-major (b, n, t); Tp = T rounded up to 128
   k   (B*K*Sp, H)     float8_e4m3fn  K' rows, head-major (b, kv, s); Sp = S rounded up to 128
   vt  (B*K*H, Sp)     float8_e4m3fn  V'^T: per (b, kv) an (H, Sp) matrix whose columns are the KV
@@ -78,14 +78,13 @@ Structure (per CTA: one (batch, query head, 128-row tile); 3 warpgroups, FA3-sty
   P needs no shuffles: packed from the S accumulator in the A fragment's order, its k-slot a holds key
   PV_PERMUTATION[a] of every 32, the order the producer pass stores V'^T in (kernels/sm90/wgmma_fragment.py).
   With config.overlap the consumer issues S_{j+1} = Q K_{j+1}^T before O += P_j V_j and runs the softmax of
-  tile j+1 while that PV wgmma is in flight (FA3's intra-warpgroup overlap). config.pingpong makes the
-  two consumers take turns issuing (named barriers 1 and 2).
+  tile j+1 while that PV wgmma is in flight (FA3's intra-warpgroup overlap).
 Building blocks (shared with the other kernels, import them rather than copy): kernels/sm90/ tile_scheduler
 (dense grid / packed work list -> WorkTile), warp_specialization (TMA pipelines, turns, registers), wgmma
 and wgmma_fragment (FP8 MMAs, accumulator -> A repacking), attention_mask, attention_softmax (online
-softmax step, P offset, acc_O rescale); kernels/common/fp32_math (pow2, exp2_poly, tree_reduce).
+softmax step, P offset, acc_O rescale); kernels/common/fp32_math (pow2, tree_reduce).
 
-Measured on the H200 (docs/perf-notes.md, benchmarks/results/h200_attention_fwd.json): O within
+Measured on the H200 (docs/perf/attention-forward.md, benchmarks/results/h200_attention_fwd.json): O within
 45.9-52.1 dB of the XLA reference (LSE 97-106 dB), 0.01 dB of its float64 SQNR; 717-811 TFLOP/s
 non-causal at N16 H128 (1.13-1.33x cuDNN BF16, 0.77-0.89x cuDNN FP8), latency-bound (ncu: 40% issue
 slots, 36% tensor pipe).
@@ -494,21 +493,14 @@ class AttentionForwardSm90:
                 )
                 pack_acc_to_a_fp8(acc_s, p_f32, p_fp8)
                 self.softmax.rescale_o(acc_o, alpha0, v_prev, mVs, mVi, bkv, kt0)
-            if cutlass.const_expr(self.config.pingpong):
-                if c == 1:  # consumer 0 issues first
-                    ws.turn_arrive(1)
             for j in cutlass.range(1, n_tiles, unroll=1):
                 kv_pipe.consumer_wait(self._kv_state(2 * j))
                 kv_pipe.consumer_wait(self._kv_state(2 * j - 1))
-                if cutlass.const_expr(self.config.pingpong):
-                    ws.turn_wait(c)
                 cute.nvgpu.warpgroup.fence()
                 self._gemm("qk", acc_s, tSrQ, tSrK[(None, None, None, (2 * j) % self.kv_stage)], False)
                 cute.nvgpu.warpgroup.commit_group()
                 self._gemm("pv", acc_pv, p_fp8, tOrV[(None, None, None, (2 * j - 1) % self.kv_stage)], self._pv_chain)
                 cute.nvgpu.warpgroup.commit_group()
-                if cutlass.const_expr(self.config.pingpong):
-                    ws.turn_arrive(c)
                 cute.nvgpu.warpgroup.wait_group(1)
                 kv_pipe.consumer_release(self._kv_state(2 * j))
                 alpha = self.softmax.step(
@@ -519,9 +511,6 @@ class AttentionForwardSm90:
                 self._add_pv(acc_o, acc_pv)
                 pack_acc_to_a_fp8(acc_s, p_f32, p_fp8)
                 self.softmax.rescale_o(acc_o, alpha, v_prev, mVs, mVi, bkv, kt0 + j)
-            if cutlass.const_expr(self.config.pingpong):
-                if c == 0:  # consume consumer 1's last arrive (or its initial one)
-                    ws.turn_wait(0)
             if n_tiles > 0:
                 last = 2 * n_tiles - 1
                 kv_pipe.consumer_wait(self._kv_state(last))

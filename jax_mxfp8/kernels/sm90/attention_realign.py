@@ -10,9 +10,9 @@ Supported features (kernels/registry/, AttentionRealignConfig): head_dim 64 or 1
   out[..] = RNE_E4M3(x * 2^shift) for each element x of a block (shift <= 0; 2^shift is 0 below -126 and the
   shift is taken as 0 when positive), exactly primitives.attention_fwd._realign; rows l >= L are written as
   zeros. L must be a multiple of 32 (block rows never straddle sequences).
-The exponent arithmetic (e_row, e_tile, V_SPREAD, NaN blocks) stays in XLA on the scale arrays (1/1024 of
-the data): this kernel only moves bytes, so that the FP8 transposes run at copy speed instead of XLA's
-byte-wise fusions (0.08 ms for Q and 0.22 ms for V at B4 T4k N16 H128 on the H200, docs/perf-notes.md).
+The exponent arithmetic (e_row, e_tile, V_SPREAD, NaN blocks) stays in XLA on the scale arrays (1/1024 of the
+data): this kernel only moves bytes, so that the FP8 transposes run at copy speed instead of XLA's byte-wise
+fusions (0.08 ms for Q, 0.22 ms for V at B4 T4k N16 H128, benchmarks/results/h200_attention_producer_b4t4k.json).
 
 Design (memory-bound): one CTA of 128 threads per (128-row tile, head, batch). Each thread converts H/16
 16-byte chunks (consecutive threads along a row, so the loads are coalesced within each row and the

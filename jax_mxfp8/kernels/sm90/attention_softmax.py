@@ -16,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from jax_mxfp8.kernels.common.fp32_math import MIN_NORMAL, exp2_poly, pow2, softmax_exponent, tree_reduce
+from jax_mxfp8.kernels.common.fp32_math import MIN_NORMAL, pow2, softmax_exponent, tree_reduce
 from jax_mxfp8.kernels.registry import LOG2_E4M3_MAX, P_CONST_OFFSET, P_OFFSET_MAX, AttentionFwdConfig
 from jax_mxfp8.kernels.sm90.attention_mask import AttentionMask
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
@@ -98,11 +98,7 @@ class OnlineSoftmax:
                     i = v0 + 2 * v1 + 4 * nb
                     # t = acc * c_g rounded once, as the max saw it: (t - m) + offset <= offset exactly
                     x = softmax_exponent(acc_s[i], kg[nb // 4], m_use, offset)
-                    # config.poly_exp2 of every 16 exponentials on the FMA pipe, the rest on MUFU.EX2
-                    if cutlass.const_expr((2 * nb + v0) % 16 < self.config.poly_exp2):
-                        p = exp2_poly(x)
-                    else:
-                        p = cute.math.exp2(x, fastmath=True)
+                    p = cute.math.exp2(x, fastmath=True)
                     acc_s[i] = p
                     ps.append(p)
             tile_sum = tree_reduce(ps, lambda a, b: a + b)

@@ -42,7 +42,7 @@ WARPS = 8  # consumer warps (2 warpgroups x 4), 16 rows each
 BLOCKS = RUN // 32
 THREADS = 32 * WARPS
 PITCH = 144  # bytes per column of the staging tile: 128 rows + 16 (bank spread, 16-byte aligned rows)
-BARRIER = 3  # named barrier id (0: __syncthreads, 1 and 2: the pingpong turns)
+BARRIER = 3  # named barrier id (0: __syncthreads)
 ELEM = "float8_e4m3fn"
 
 

@@ -9,7 +9,7 @@ Supported features (kernels/registry/gemm.py, MXGemmConfig):
   Not here (primitives/mx_gemm.py mx_gemm_unsupported says why, the XLA emulation takes them): M or N not
   multiples of 16, K = 0, per-32 promotion (the contract's raw scales: align128 first), transposed operands.
 
-Operands (GEMM_INTERFACE.md; 2-D row-major views from csrc/mx_gemm.cc):
+Operands (docs/interfaces.md; 2-D row-major views from csrc/mx_gemm.cc):
   a    (G*M, Kp)       FP8    K-major rows of the left operand, aligned to one exponent per 128 K
   b    (G*N, Kp)       FP8    K-major rows of the right operand
   sa   (G*Kp/128, M)   f32    scale of a[g, m, kt*128:(kt+1)*128]  (a power of two, or NaN)
@@ -29,29 +29,6 @@ Structure (persistent, warp-specialized; 3 warpgroups, 384 threads, one CTA per 
   WG1/2  consumers (CONSUMER_REGISTERS): one tiled MMA over both (atom layout (2, 1, 1)), 64 rows each,
          m64 n{tile_n} k32 wgmmas from shared memory, promotion, epilogue (registers -> global, vector
          stores on full tiles, masked scalar stores on edge tiles).
-  config.pingpong: the consumers take turns issuing each K tile's wgmmas (named barriers 1 and 2,
-  warp_specialization.turn_wait / turn_arrive; consumer 0 first): issued together, the tensor core
-  interleaves both warpgroups' wgmmas, both finish at once and both promote while it idles; in turns,
-  one promotes while the other's wgmmas run. Passing the turn right after issuing (config.handoff = 0)
-  only orders the issue: the tensor core still interleaves both warpgroups' wgmmas and they fall back
-  into lockstep (measured no faster). config.handoff = h > 0 commits one group per wgmma and passes the
-  turn only once h of the K tile's 4 wgmmas have completed (wait_group(4 - h)), so the two warpgroups'
-  K tiles alternate on the tensor core and each one's promotion overlaps the other's wgmmas. Measured
-  no faster either (docs/perf-notes.md, H200 runs 6 and 7): tunings only.
-  config.overlap: two temporary accumulators per warpgroup; K tile kt + 1's wgmmas are issued before K
-  tile kt is promoted (wait_group(1)), the loop body being one (odd, even) pair of K tiles with fixed
-  register roles (_mainloop_overlap). ptxas keeps these wgmmas unserialized (SASS: one DEPBAR.LE gsb0, 1
-  after each next K tile's 4 QGMMAs, none between them), unlike the earlier two-temporary attempt of
-  docs/perf-notes.md (C7514, "non wgmma instructions reading accumulator registers ..."). tile_n 128
-  only (three accumulator-sized tensors); +11% over the same tile without it, equal to the production
-  128 x 192 tile (H200 run 7): tunings only.
-  config.preload_scales: the promoted K tile's scales are read from shared memory into registers before
-  the next wgmma fence (DeepGEMM's order), not after the wait (_issue's `pre`); 128 x 128 lockstep only
-  in practice (spills elsewhere).
-  config.diagnostic (benchmark only, WRONG outputs on purpose): "row_scale_only" promotes with one FFMA
-  by the row scale and loads no column scales (about the cost of a contract whose B scale is one scalar
-  per 128 x 128 block, DeepGEMM's 1d2d). (A "no scale loads" diagnostic that kept the 48 column scales
-  of the first K tile in registers spilled at 128 x 192: dropped.)
   config.unroll_stages: the consumer's K loop body is one lap of the ring (`stages` K tiles with
   trace-time stage indices: barrier addresses, smem descriptors and scale addresses become immediates,
   DeepGEMM's unrolling), so every work tile starts at stage 0 (the producer wraps its stage per tile) and
@@ -60,14 +37,8 @@ Structure (persistent, warp-specialized; 3 warpgroups, 384 threads, one CTA per 
   order as without it (bit-identical).
   config.uniform_desc: the A / B fragments (smem descriptors) are partitioned with the warpgroup's first
   thread marked warp-uniform, so their per-K-block descriptors are uniform-register adds.
-  config.split_n: each K tile's wgmmas in two column halves (m64 n{tile_n / 2}) into two half-width
-  temporaries, both issued at once; half 0 is promoted while half 1's wgmmas run (mx_gemm_split.py), so
-  half of the promotion overlaps the tensor core (main + two halves = the registers of lockstep's main +
-  tmp). A is read from shared memory twice per K tile. Issuing a half one step ahead across the loop's
-  back edge (the full overlap) made ptxas serialize every wgmma (C7514).
-  config.early_scales: the 64 (96) scale products sa[m] * sb[n] of a K tile are loaded and multiplied
-  between issuing its wgmmas and waiting for them; after the wait only the FFMAs remain (costs one
-  more accumulator-sized register tensor).
+  The schedules measured and no longer built (pingpong turns, two temporaries, early / preloaded scales,
+  split column halves, a row-scale-only diagnostic): docs/perf/removed-variants.md.
   Scheduling: kernels/sm90/tile_scheduler.py GemmTileScheduler (grid min(tiles, max_ctas), bands of
   group_m M tiles). The producer runs ahead into the next work tile while the consumers finish one.
 Building blocks: kernels/sm90/wgmma (tiled FP8 MMA, K-block issue loop), warp_specialization (TMA ring,
@@ -87,7 +58,6 @@ from cutlass import Float32, Int32
 from jax_mxfp8.kernels.registry import GEMM_K_TILE, MXGemmConfig
 from jax_mxfp8.kernels.sm90 import warp_specialization as ws
 from jax_mxfp8.kernels.sm90 import wgmma
-from jax_mxfp8.kernels.sm90.mx_gemm_split import MXGemmSplitN
 from jax_mxfp8.kernels.sm90.tile_scheduler import GemmTile, GemmTileScheduler
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
 
@@ -112,7 +82,7 @@ def fake_2d(dtype, rows, cols):
     return make_fake_compact_tensor(dtype, (rows, cols), stride_order=(1, 0), assumed_align=16)
 
 
-class MXGemmSm90(MXGemmSplitN):
+class MXGemmSm90:
     """Host entry: (a, b, sa, sb, [bias], c, stream); see the module docstring for shapes."""
 
     def __init__(self, config: MXGemmConfig):
@@ -376,18 +346,7 @@ class MXGemmSm90(MXGemmSplitN):
         tCrB = mma.make_fragment_B(thr_ab.partition_B(sB))
         acc_shape = thr.partition_shape_C((self.tm, self.tn))
         main = cute.make_rmem_tensor(acc_shape, Float32)
-        if cutlass.const_expr(self.config.split_n):  # two half-width temporaries instead of one
-            half_shape = self._make_mma_half().get_slice(tid).partition_shape_C((self.tm, self.tn // 2))
-            ta = cute.make_rmem_tensor(half_shape, Float32)
-            tb = cute.make_rmem_tensor(half_shape, Float32)
-            split = (*self._split_operands(sA, sB, tid), ta, tb)
-            tmp = None
-        else:
-            tmp = cute.make_rmem_tensor(acc_shape, Float32)
-        prod = cute.make_rmem_tensor(acc_shape, Float32) if self.config.early_scales else tmp
-        tmp2 = cute.make_rmem_tensor(acc_shape, Float32) if self.config.overlap else tmp
-        sa_r = cute.make_rmem_tensor((2,), Float32)  # this thread's scales of one K tile: rows row, row + 8
-        sb_c = cute.make_rmem_tensor((self.tn // 4,), Float32)  # columns col + j % 2 + 8 (j // 2)
+        tmp = cute.make_rmem_tensor(acc_shape, Float32)
         assert cute.size(main) == self.tn // 2
         gC_all = self._out_tiles(mC)
 
@@ -395,35 +354,19 @@ class MXGemmSm90(MXGemmSplitN):
         lane = tid % 32
         row = c * WG_M + ((tid % ws.WARPGROUP_THREADS) // 32) * 16 + lane // 4
         col = 2 * (lane % 4)  # this thread's columns: col + v0 + 8 nb
-        if cutlass.const_expr(self.config.pingpong):
-            if c == 1:  # consumer 0 issues first
-                ws.turn_arrive(1)
         first, step = self._cluster_range()
         phases = Int32(0)  # unroll_stages: bit s = parity of stage s's uses so far (each tile starts at stage 0)
         for t in cutlass.range(first, total, step, unroll=1):
             w = self.sched.work_tile(t, m_tiles, n_tiles, rank)
             base = ((t - first) // step) * k_tiles  # ring position of this work tile's first K tile
             main.fill(0.0)
-            if cutlass.const_expr(self.config.overlap):
-                ring = (pipe, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c)
-                self._mainloop_overlap(ring, main, tmp, tmp2, base, k_tiles)
-            ktile = (pipe, main, tmp, prod, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c)
-            if cutlass.const_expr(self.config.split_n and not self.config.unroll_stages):
-                self._mainloop_split((pipe, *split, sSA, sSB, row, col), main, base, k_tiles)
+            ktile = (pipe, main, tmp, tCrA, tCrB, sSA, sSB, row, col)
             if cutlass.const_expr(self.config.unroll_stages):
-                if cutlass.const_expr(self.config.split_n):
-                    split_tile = lambda pos: self._split_tile((pipe, *split, sSA, sSB, row, col), main, pos)  # noqa: E731
-                    phases = self._mainloop_unrolled(split_tile, k_tiles, phases)
-                else:
-                    phases = self._mainloop_unrolled(lambda pos, kt=ktile: self._ktile(kt, pos), k_tiles, phases)
-            if cutlass.const_expr(not self.config.split_n):  # (split_n has no full-width temporary)
-                own_loop = self.config.overlap or self.config.unroll_stages
-                for kt in cutlass.range(0 if own_loop else k_tiles, unroll=1):
+                phases = self._mainloop_unrolled(lambda pos, kt=ktile: self._ktile(kt, pos), k_tiles, phases)
+            else:
+                for kt in cutlass.range(k_tiles, unroll=1):
                     self._ktile(ktile, base + kt)
             self._epilogue(main, thr, gC_all, mBias, mC, w, row, col)
-        if cutlass.const_expr(self.config.pingpong):
-            if c == 0:  # consume consumer 1's last arrive (or its initial one): the barriers end balanced
-                ws.turn_wait(0)
 
     def _with_epilogue_smem(self, mC):
         """mC plus any shared memory an epilogue subclass allocates beside the ring (none here: mC as is)."""
@@ -435,32 +378,20 @@ class MXGemmSm90(MXGemmSplitN):
 
     @cute.jit
     def _ktile(self, ktile, pos):
-        """One K tile of the lockstep loop at ring position pos (an absolute position, or with
-        unroll_stages a PipelineState whose stage index is a trace-time constant): issue, wait, promote.
-        ktile = (pipe, main, tmp, prod, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c)."""
-        pipe, main, tmp, prod, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c = ktile
-        self._issue(pipe, tmp, tCrA, tCrB, pos, c, (sa_r, sb_c, sSA, sSB, pos, row, col))
-        if cutlass.const_expr(self.config.early_scales):
-            # the scale products are made while the wgmmas run; after the wait only the FFMAs
-            self._scale_products(prod, sSA, sSB, pos, row, col)
-        if cutlass.const_expr(self.config.handoff > 0):
-            # pass the turn once `handoff` of this K tile's wgmmas have completed: the other
-            # warpgroup's wgmmas then run while this one promotes (never both at once)
-            cute.nvgpu.warpgroup.wait_group(K_BLOCKS - self.config.handoff)
-            ws.turn_arrive(c)
-        if cutlass.const_expr(self.config.early_scales):
-            cute.nvgpu.warpgroup.wait_group(0)
-            self._accumulate(pipe, main, tmp, prod, pos)
-        else:
-            cute.nvgpu.warpgroup.wait_group(0)
-            self._finish(pipe, main, tmp, sa_r, sb_c, sSA, sSB, pos, row, col)
+        """One K tile at ring position pos (an absolute position, or with unroll_stages a PipelineState whose
+        stage index is a trace-time constant): issue, wait, promote.
+        ktile = (pipe, main, tmp, tCrA, tCrB, sSA, sSB, row, col)."""
+        pipe, main, tmp, tCrA, tCrB, sSA, sSB, row, col = ktile
+        self._issue(pipe, tmp, tCrA, tCrB, pos)
+        cute.nvgpu.warpgroup.wait_group(0)
+        self._finish(pipe, main, tmp, sSA, sSB, pos, row, col)
 
     @cute.jit
     def _mainloop_unrolled(self, step, k_tiles, phases):
         """config.unroll_stages: one work tile's K tiles, its first one at stage 0; the loop body is one lap
         of the ring (`stages` K tiles, stage indices 0 .. stages - 1 trace-time constants, so barrier
         addresses, smem descriptors and scale addresses are immediates), then the k_tiles % stages left
-        over at run-time stages 0 .. . step(state): one K tile (_ktile, or split_n's _split_tile).
+        over at run-time stages 0 .. . step(state): one K tile (_ktile).
         phases (bit s: parity of stage s's uses so far) -> the new phases."""
         n = self.stages
         for _ in cutlass.range(k_tiles // n, unroll=1):
@@ -482,62 +413,15 @@ class MXGemmSm90(MXGemmSplitN):
         return pos if isinstance(pos, pipeline.PipelineState) else ws.ring_state(self.stages, pos)
 
     @cute.jit
-    def _mainloop_overlap(self, ring, main, ta, tb, base, k_tiles):
-        """config.overlap: K tile kt + 1's wgmmas (into the other temporary) are issued before K tile kt is
-        promoted (wait_group(1)), so the tensor core never drains between K tiles. Even K tiles go to ta,
-        odd ones to tb; the loop body is one (odd, even) pair, the last odd tile is peeled.
-        ring = (pipe, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c)."""
-        pipe, tCrA, tCrB, _, _, _, _, _, _, c = ring
-        self._issue(pipe, ta, tCrA, tCrB, base, c)
-        for p in cutlass.range((k_tiles - 1) // 2, unroll=1):
-            k1 = base + 1 + 2 * p
-            self._overlap_step(ring, main, tb, k1, ta, k1 - 1)
-            self._overlap_step(ring, main, ta, k1 + 1, tb, k1)
-        last = base + k_tiles - 1
-        if k_tiles % 2 == 0:  # one odd tile left after the pairs: it goes to tb
-            self._overlap_step(ring, main, tb, last, ta, last - 1)
-            cute.nvgpu.warpgroup.wait_group(0)
-            self._overlap_finish(ring, main, tb, last)
-        else:
-            cute.nvgpu.warpgroup.wait_group(0)
-            self._overlap_finish(ring, main, ta, last)
-
-    @cute.jit
-    def _overlap_step(self, ring, main, t_next, pos_next, t_prev, pos_prev):
-        """Issues ring position pos_next into t_next (preload_scales: loading pos_prev's scales first), then
-        promotes t_prev (ring position pos_prev) once its wgmmas have completed (wait_group(1))."""
-        pipe, tCrA, tCrB, sSA, sSB, sa_r, sb_c, row, col, c = ring
-        self._issue(pipe, t_next, tCrA, tCrB, pos_next, c, (sa_r, sb_c, sSA, sSB, pos_prev, row, col))
-        cute.nvgpu.warpgroup.wait_group(1)
-        self._overlap_finish(ring, main, t_prev, pos_prev)
-
-    @cute.jit
-    def _overlap_finish(self, ring, main, tmp, pos):
-        pipe, _, _, sSA, sSB, sa_r, sb_c, row, col, _ = ring
-        self._finish(pipe, main, tmp, sa_r, sb_c, sSA, sSB, pos, row, col)
-
-    @cute.jit
-    def _issue(self, pipe, tmp, tCrA, tCrB, pos, c, pre=None):
+    def _issue(self, pipe, tmp, tCrA, tCrB, pos):
         """Waits for ring position pos and issues its K tile's wgmmas into tmp (fresh: the first k-block
-        does not accumulate); commits one group (handoff: one per k-block). pingpong: inside consumer c's
-        turn (without handoff the turn passes here, as soon as the wgmmas are issued).
-        pre = (sa_r, sb_c, sSA, sSB, scale_pos, row, col): with config.preload_scales, the scales of ring
-        position scale_pos (a full stage not yet released) are loaded into sa_r, sb_c before the wgmmas
-        are issued (DeepGEMM's order: every shared-memory read before the fence)."""
+        does not accumulate); commits one group."""
         state = self._state(pos)
         pipe.consumer_wait(state)
-        if cutlass.const_expr(self.config.preload_scales and pre is not None):
-            self._load_scales(*pre)
-        if cutlass.const_expr(self.config.pingpong):
-            ws.turn_wait(c)
         cute.nvgpu.warpgroup.fence()
         s = state.index
-        handoff = self.config.handoff > 0  # one commit group per K block; the caller passes the turn
-        wgmma.gemm(self._make_mma, tmp, tCrA[(None, None, None, s)], tCrB[(None, None, None, s)], False, handoff)
-        if cutlass.const_expr(not handoff):
-            cute.nvgpu.warpgroup.commit_group()
-        if cutlass.const_expr(self.config.pingpong and not handoff):
-            ws.turn_arrive(c)
+        wgmma.gemm(self._make_mma, tmp, tCrA[(None, None, None, s)], tCrB[(None, None, None, s)], False)
+        cute.nvgpu.warpgroup.commit_group()
 
     @cute.jit
     def _load_scales(self, sa_r, sb_c, sSA, sSB, pos, row, col):
@@ -549,25 +433,14 @@ class MXGemmSm90(MXGemmSplitN):
             sb_c[j] = sSB[(col + j % 2 + 8 * (j // 2), 0, s)]
 
     @cute.jit
-    def _finish(self, pipe, main, tmp, sa_r, sb_c, sSA, sSB, pos, row, col):
+    def _finish(self, pipe, main, tmp, sSA, sSB, pos, row, col):
         """main += tmp * sa[row] * sb[col] for ring position pos, whose wgmmas have completed: loads its
-        scales (unless config.preload_scales did already), releases the stage, promotes."""
-        diagnostic = self.config.diagnostic
-        if cutlass.const_expr(diagnostic == "row_scale_only"):
-            s = self._state(pos).index
-            for v1 in cutlass.range_constexpr(2):
-                sa_r[v1] = sSA[(row + 8 * v1, 0, s)]
-        elif cutlass.const_expr(not self.config.preload_scales):
-            sa_r = cute.make_rmem_tensor((2,), Float32)  # fresh per K tile (the kernels as measured)
-            sb_c = cute.make_rmem_tensor((self.tn // 4,), Float32)
-            self._load_scales(sa_r, sb_c, sSA, sSB, pos, row, col)
+        scales, releases the stage, promotes."""
+        sa_r = cute.make_rmem_tensor((2,), Float32)  # this thread's scales of one K tile: rows row, row + 8
+        sb_c = cute.make_rmem_tensor((self.tn // 4,), Float32)  # columns col + j % 2 + 8 (j // 2)
+        self._load_scales(sa_r, sb_c, sSA, sSB, pos, row, col)
         pipe.consumer_release(self._state(pos))
-        if cutlass.const_expr(diagnostic == "row_scale_only"):
-            for i in cutlass.range_constexpr(cute.size(main)):  # one FFMA per element: WRONG output
-                _, v1, _ = acc_coords(i)
-                main[i] = main[i] + tmp[i] * sa_r[v1]
-        else:
-            self._fma(main, tmp, sa_r, sb_c)
+        self._fma(main, tmp, sa_r, sb_c)
 
     @cute.jit
     def _fma(self, main, tmp, sa_r, sb_c):
@@ -575,26 +448,6 @@ class MXGemmSm90(MXGemmSplitN):
         for i in cutlass.range_constexpr(cute.size(main)):
             v0, v1, nb = acc_coords(i)
             main[i] = main[i] + tmp[i] * (sa_r[v1] * sb_c[2 * nb + v0])
-
-    @cute.jit
-    def _scale_products(self, prod, sSA, sSB, pos, row, col):
-        """prod[i] = sa[row(i)] * sb[col(i)] of ring position pos (its stage is full; its wgmmas may still
-        be running: only the scales are read)."""
-        s = self._state(pos).index
-        sa_r = cute.make_rmem_tensor((2,), Float32)
-        for v1 in cutlass.range_constexpr(2):
-            sa_r[v1] = sSA[(row + 8 * v1, 0, s)]
-        for i in cutlass.range_constexpr(cute.size(prod) // 2):
-            _, v1, nb = acc_coords(2 * i)
-            for v0 in cutlass.range_constexpr(2):
-                prod[2 * i + v0] = sa_r[v1] * sSB[(col + v0 + 8 * nb, 0, s)]
-
-    @cute.jit
-    def _accumulate(self, pipe, main, tmp, prod, pos):
-        """main += tmp * prod once ring position pos's wgmmas have completed; releases its stage."""
-        pipe.consumer_release(self._state(pos))
-        for i in cutlass.range_constexpr(cute.size(main)):
-            main[i] = main[i] + tmp[i] * prod[i]
 
     @cute.jit
     def _epilogue(self, main, thr, gC_all, mBias, mC, w: GemmTile, row, col):

@@ -4,9 +4,8 @@ GEMM (the MX GEMM, kernels/sm90/mx_gemm.py): GemmTileScheduler, a persistent sch
 min(tiles, max_ctas) CTAs, CTA x runs work items x, x + grid, ... of the G * ceil(M / tile_m) *
 ceil(N / tile_n) output tiles, rasterized in bands of group_m M tiles (L2 reuse of the B strips).
 
-Attention:
-For the sm_90a attention kernels (forward; the backward will take the same two schedules): one CTA per
-work tile, a 128-row (CTA_M) query tile of one query head against its KV head, in one of two schedules:
+Attention forward (kernels/sm90/attention_fwd.py): one CTA per work tile, a 128-row (CTA_M) query tile of
+one query head against its KV head, in one of two schedules:
   DenseTileScheduler   grid (Tp / CTA_M, B * N): padded batches, per-batch lengths lens (2, B) int32
                        (query lengths, KV lengths); causal runs the last (longest) query tiles first
   PackedTileScheduler  grid (W, N): packed jagged sequences in one batch row; per sequence
@@ -15,6 +14,15 @@ work tile, a 128-row (CTA_M) query tile of one query head against its KV head, i
 Both give a WorkTile whose tile index, lengths and masks are relative to the sequence and whose qt0 / kt0
 locate the sequence in the operands, so the CTA body is the same code for both. Plain Python (traced
 inline): the caller branches on WorkTile.live (a run-time Boolean for packed, Python True for dense).
+
+Attention backward (kernels/sm90/attention_bwd.py): KeyTileScheduler, one CTA per 128-key tile of one KV
+head (grid (Sp / 128, B * K), packed (Sp / 128, K)), which visits the 64-row query tiles of every query head
+of its group that can see the tile (KeyTile; the range comes from attention_mask.AttentionMask.
+query_tile_range): dense padded batches with lens (2, B) as the forward's, or packed sequences with the
+forward's seqs table and a work list of the same form whose items are the aligned layout's key tiles in
+order (item n = key tile n: (its sequence, key tile inside it), (-1, 0) for a tile in no sequence, whose dk,
+dv rows are written 0). Packed rows stay global in the aligned layout; the causal mask is offset by the
+sequence's KV-to-query row shift. packed_item is the one decode of a work-list item both use.
 """
 
 from __future__ import annotations
@@ -37,6 +45,23 @@ class WorkTile(NamedTuple):
     qt0: Int32 | int  # the sequence's first query tile in the operands (0 for a dense batch)
     kt0: Int32 | int  # the sequence's first KV tile in the operands (0 for a dense batch)
     live: cutlass.Boolean | bool  # False: a padding item past the end of the packed work list
+
+
+SEQ_TILE = 128
+"""Rows per tile of the aligned packed layout (every sequence starts on one): the unit of seqs' first tiles."""
+
+
+def packed_item(work: cute.Tensor, seqs: cute.Tensor, item: Int32):
+    """Work item `item` of a packed work list: (tile inside the sequence, the sequence's first query tile,
+    first KV tile, query length, KV length, live). A padding item (sequence -1) reads sequence 0's entries
+    and is not live."""
+    seq = work[0, item]
+    live = seq >= 0
+    s = cutlass.max(seq, 0)  # padding items read sequence 0's entries (unused)
+    tile = work[1, item]
+    qt0, kt0 = seqs[0, s], seqs[1, s]
+    q_len, kv_len = seqs[2, s], seqs[3, s]
+    return tile, qt0, kt0, q_len, kv_len, live
 
 
 class DenseTileScheduler:
@@ -65,12 +90,7 @@ class PackedTileScheduler:
     def work_tile(self, work: cute.Tensor, seqs: cute.Tensor, q_heads: Int32, kv_heads: Int32) -> WorkTile:
         """work (2, W), seqs (4, S) int32 as in the module docstring; q_heads = N, kv_heads = K rows."""
         bx, by, _ = cute.arch.block_idx()
-        seq = work[0, bx]
-        live = seq >= 0
-        s = cutlass.max(seq, 0)  # padding items read sequence 0's entries (unused)
-        m_tile = work[1, bx]
-        qt0, kt0 = seqs[0, s], seqs[1, s]
-        q_len, kv_len = seqs[2, s], seqs[3, s]
+        m_tile, qt0, kt0, q_len, kv_len, live = packed_item(work, seqs, bx)
         bn = by
         bkv = by // (q_heads // kv_heads)
         return WorkTile(m_tile, bn, bkv, q_len, kv_len, qt0, kt0, live)
@@ -119,3 +139,63 @@ class GemmTileScheduler:
         rows = cutlass.min(m_tiles - first_m, Int32(self.group_m))
         r = r - (r // band) * band
         return GemmTile(g, (first_m + r % rows) * self.cluster_m + rank, r // rows)
+
+
+class KeyTile(NamedTuple):
+    """One backward CTA's work: key tile n (CTA_N keys) of KV head row bk against query tiles m_start ..
+    m_start + n_m - 1 (TILE_M rows each) of each of the group's query heads bn0 .. bn0 + group - 1, taken
+    head-major: loop step it is (head it // n_m, query tile m_start + it % n_m). DSL Int32 values unless
+    noted; rows and tiles are global in the operands (packed: a sequence's rows in the aligned layout)."""
+
+    n: Int32  # key tile
+    bk: Int32  # KV head row: b * K + kv (packed: kv)
+    bn0: Int32  # the group's first query head row: bk * group (query head n of batch b is b * N + n)
+    group: Int32  # query heads per KV head
+    q_len: Int32  # end of the valid query rows (dense: the batch row's query length)
+    kv_len: Int32  # end of the valid keys
+    m_start: Int32  # first query tile visited
+    n_m: Int32  # query tiles visited per head (0: none)
+    steps: Int32  # loop steps: group * n_m
+    shift: Int32 | None  # packed: first KV row - first query row of the sequence (None for a dense batch)
+
+    def step(self, it: Int32, tile_m: int) -> tuple[Int32, Int32, Int32]:
+        """(query tile m, query head row bn, first query row q0) of loop step it."""
+        g = it // self.n_m
+        m = self.m_start + it - g * self.n_m
+        return m, self.bn0 + g, m * tile_m
+
+
+class KeyTileScheduler:
+    """The backward's schedule: block (x, y) = (key tile, KV head row); grid (Sp / CTA_N, B * K) dense,
+    (Sp / CTA_N, K) packed (CTA_N = SEQ_TILE). `mask` (an AttentionMask over TILE_M-row query tiles and
+    CTA_N-key tiles) gives the query tiles a key tile visits."""
+
+    def __init__(self, mask, packed: bool):
+        self.mask = mask
+        self.packed = packed
+
+    def work_tile(self, lens: cute.Tensor, work, q_heads: Int32, kv_heads: Int32) -> KeyTile:
+        """lens: (2, B) int32 query and KV lengths (dense), or for packed the seqs (4, S) table (first query
+        tile, first KV tile, query length, KV length per sequence) with work (2, Sp / CTA_N) its key-tile
+        items in key-tile order (None dense). q_heads = B * N rows of the per-query-head operands (LSE),
+        kv_heads = B * K."""
+        n, bk, _ = cute.arch.block_idx()
+        if self.packed:
+            group = q_heads // kv_heads
+            _, qt0, kt0, seq_q, seq_kv, live = packed_item(work, lens, n)  # item n is key tile n
+            q_row0, kv_row0 = qt0 * SEQ_TILE, kt0 * SEQ_TILE
+            q_len = q_row0 + seq_q
+            kv_len = cutlass.select_(live, kv_row0 + seq_kv, Int32(0))  # no sequence: no key, dk, dv rows 0
+            shift = kv_row0 - q_row0
+        else:
+            nb = lens.shape[1]
+            n_kv = kv_heads // nb  # KV heads per batch row
+            group = q_heads // kv_heads
+            b = bk // n_kv
+            q_len = lens[0, b]
+            kv_len = lens[1, b]
+            q_row0, shift = None, None
+        m_start, n_m = self.mask.query_tile_range(n, q_row0, q_len, kv_len, shift)
+        steps = group * n_m
+        bn0 = bk * group
+        return KeyTile(n, bk, bn0, group, q_len, kv_len, m_start, n_m, steps, shift)

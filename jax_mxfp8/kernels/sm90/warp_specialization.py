@@ -1,11 +1,10 @@
-"""Warp-specialization set-up for Hopper (sm_90a) kernels: TMA pipelines, named-barrier turns, registers.
+"""Warp-specialization set-up for Hopper (sm_90a) kernels: TMA pipelines, registers.
 
 For every FA3-style sm_90a kernel with one producer warpgroup (a single warp issues TMA loads into a
 shared-memory ring) and consumer warpgroups (wgmma + CUDA-core math): attention forward and backward, the
 MX GEMM. Provides:
   make_tma_pipeline    the mbarrier ring between the TMA producer thread and the consumer warps
   ring_state           the pipeline state of an absolute ring position (for loops that count positions)
-  turn_wait/turn_arrive  two consumer warpgroups taking turns issuing wgmmas (FA3 "pingpong")
   PRODUCER_REGISTERS, CONSUMER_REGISTERS, check_register_budget: setmaxnreg reallocation
 """
 
@@ -61,15 +60,3 @@ def ring_state(num_stages: int, pos: Int32) -> pipeline.PipelineState:
     """Consumer state of absolute ring position pos (count, stage pos % num_stages, phase of its lap), so
     that a loop can address any position (e.g. K_j at 2j and V_j at 2j + 1) without carrying a state."""
     return pipeline.PipelineState(num_stages, pos, pos % num_stages, (pos // num_stages) % 2)
-
-
-def turn_wait(c, first_barrier: int = 1, threads: int = 2 * WARPGROUP_THREADS) -> None:
-    """Blocks consumer warpgroup c (0 or 1) until the other one has issued its wgmmas (named barrier
-    first_barrier + c; barrier 0 is the CTA-wide __syncthreads)."""
-    cute.arch.barrier(barrier_id=first_barrier + c, number_of_threads=threads)
-
-
-def turn_arrive(c, first_barrier: int = 1, threads: int = 2 * WARPGROUP_THREADS) -> None:
-    """Consumer warpgroup c has issued its wgmmas: the other one's turn (arrive on its named barrier).
-    The kernel picks who goes first by one extra arrive up front (attention forward: consumer 1's)."""
-    cute.arch.barrier_arrive(barrier_id=first_barrier + 1 - c, number_of_threads=threads)

@@ -2,7 +2,7 @@
 
 For every sm_90a kernel that multiplies FP8 operands on the tensor cores (attention forward and backward,
 the MX GEMM): tiled-MMA construction for the two operand sources and the K-block issue loop. Hopper's FP8
-wgmma reads both operands K-major (DESIGN.md section 2: the transpose bits exist only for 16-bit types),
+wgmma reads both operands K-major (the transpose bits exist only for 16-bit types),
 so every operand here is K-major; a GEMM contracting along the other axis needs a transposed FP8 copy.
 Register fragment layouts (accumulator -> A operand) are in kernels/sm90/wgmma_fragment.py.
 """
@@ -46,14 +46,12 @@ def make_fp8_rs_mma(tiler_mn: tuple[int, int]) -> cute.TiledMma:
 
 
 @cute.jit
-def gemm(make_mma: Callable[[], cute.TiledMma], acc, a, b, accumulate_first: bool, commit_each: bool = False):
+def gemm(make_mma: Callable[[], cute.TiledMma], acc, a, b, accumulate_first: bool):
     """acc (+)= a b over every K block (mode 2 of the partitioned a, b: 32 FP8 elements per wgmma).
 
     a, b: one stage of the MMA's A / B fragments (make_fragment_A/B, stage index already applied), acc its
     C fragment. The first K block accumulates onto acc iff accumulate_first (a run-time or trace-time
     Boolean), the others always. Issues the wgmmas only: the caller fences, commits and waits.
-    commit_each (trace time): commit one wgmma group after every K block instead (then the caller does
-    not commit; wait_group(n) waits until all but the last n K blocks have completed).
     make_mma builds a fresh tiled MMA per call: setting its ACCUMULATE field rebinds run-time state, which
     must not escape the staged loop or branch it was set in.
     """
@@ -61,5 +59,3 @@ def gemm(make_mma: Callable[[], cute.TiledMma], acc, a, b, accumulate_first: boo
     for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, accumulate_first or kb != 0)
         cute.gemm(tiled_mma, acc, a[None, None, kb], b[None, None, kb], acc)
-        if cutlass.const_expr(commit_each):
-            cute.nvgpu.warpgroup.commit_group()

@@ -1,0 +1,342 @@
+"""MXFP8 attention backward for Blackwell (sm_100f: B200 / GB200 cc 10.0, B300 / GB300 cc 10.3), CuTe DSL,
+compiled ahead of time. NOT RUN ON HARDWARE: no Blackwell GPU exists on this project's machines; every variant
+is compiled and its cubin checked statically (tools/check_sm100_attention.py), and its arithmetic is
+primitives/attention_bwd_sm100_emulation.py's (docs/perf/blackwell-attention.md "Backward").
+
+Host function (`__call__`, i.e. `entry()`: the @cute.jit function of the variant's arity; operands in
+AttentionBwdSm100Config.tensor_names order, the emulation's operand interface):
+  q          (Bq, T, N, H)  float8_e4m3fn   Bq = B, or 1 (broadcast_query_attention: one q for every row)
+  q_sf_hd    (Bq, N, Tp/128, 1, 512) uint8  Q's "hd" blocked scales   (Tp = T rounded up to 128)
+  q_sf_seq   (Bq, N, 1, Tp/128, 512) uint8  Q's "seq" blocked scales
+  k          (B, S, K, H)   float8_e4m3fn;  k_sf_hd, k_sf_seq as q's over (B, K, Sp/128)
+  v          (B, S, K, H)   float8_e4m3fn;  v_sf_hd
+  do         (B, T, N, H)   float8_e4m3fn;  do_sf_hd, do_sf_seq (the pre-pass's output)
+  lse, delta (B, N, T)      float32         forward LSE (natural log), rowsum(dO O) - dLSE
+  lens       (2, B)         int32           query, key lengths   (packed: seqs (4, S + 1) = cu_q, cu_k,
+                                            chunk_q, chunk_k; T, S are the packed totals, B = 1, and the
+                                            scale buffers hold n_chunks chunks per head)
+  dq_sem     (B, N, Tp/128) int32           deterministic only; zero-filled by the caller
+  dq         (Bq, T, N, H)  float32 / float16 (dQ 2^e)   accumulated: the caller zero-fills it
+  dk, dv     (B, S, K, H)   float32         written once per key tile (rows past kv_len: the computed
+                                            values, zeros for key tiles that visit nothing)
+  (dkv "mx": dk_row, dk_col (B S, K H) float8_e4m3fn; dk_row_scale (B S, K H / 32), dk_col_scale (B S / 32,
+  K H) uint8: MXGradient's row and col MXArrays of bfloat16(dk); the same four for dv)
+  scale (tau), scale_log2 (float32(tau log2 e), the emulation's c), dq_scale (tau 2^e for float16 dQ, else
+  tau): float32 scalars; the stream.
+The caller (a future FFI handler) checks the shapes against config.unsupported and the variant's key.
+
+Structure (docs/perf/blackwell-attention.md "Backward"; AttentionBwdSm100Config for the warp roles): one CTA
+of 16 warps per key tile (kernels/sm100/attention_bwd_tiles.py), TMEM per attention_bwd_config.tmem_columns,
+the five block-scaled GEMMs of kernels/sm100/attention_bwd_gemms.py. Roles, one module each:
+  load    (warp 13)    attention_bwd_load.py     TMA K, V once; Q, dO, their scale chunks and LSE / Delta per step
+  MMA     (warp 12)    attention_bwd_mma.py      scale copies and the five GEMMs in the design's order
+  compute (warps 4-11) attention_bwd_compute.py  P and dS, their quantization; then attention_bwd_epilogue.py
+  reduce  (warps 0-3)  attention_bwd_dq.py       dQ from TMEM into dq (the dQ modes)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.blockscaled_layout as blockscaled
+from cutlass import Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync, tcgen05
+from cutlass.memory import SmemAllocator, TmemAllocator, compute_tmem_cols_from_layout
+from cutlass.pipeline import NamedBarrier
+
+from jax_mxfp8.kernels.sm100 import attention_bwd_config as C
+from jax_mxfp8.kernels.sm100.attention_bwd_compute import ComputeRole
+from jax_mxfp8.kernels.sm100.attention_bwd_dq import ReduceRole
+from jax_mxfp8.kernels.sm100.attention_bwd_epilogue import EpilogueRole
+from jax_mxfp8.kernels.sm100.attention_bwd_gemms import E4M3, BwdGemms
+from jax_mxfp8.kernels.sm100.attention_bwd_load import LoadRole
+from jax_mxfp8.kernels.sm100.attention_bwd_mma import MmaRole
+from jax_mxfp8.kernels.sm100.attention_bwd_tiles import dense_work, packed_work, tma_rows
+
+ARRIVALS = {
+    "kv_full": 1, "q_full": 1, "q_empty": 1, "do_full": 1, "do_empty": 1, "stats_full": 1,
+    "stats_empty": len(C.COMPUTE_WARPS), "s_full": 1, "s_drained": len(C.COMPUTE_WARPS),
+    "p_full": len(C.COMPUTE_WARPS), "dp_full": 1, "dp_drained": len(C.COMPUTE_WARPS),
+    "ds_full": len(C.COMPUTE_WARPS), "dq_full": 1, "dq_drained": len(C.REDUCE_WARPS), "dkv_full": 1,
+}  # fmt: skip
+"""Arrivals that complete a phase of each mbarrier: 1 for TMA (with its bytes) and tcgen05.commit, one
+elected lane per warp for the compute and reduce warps."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Barriers:
+    """The storage struct's mbarriers by name (AttentionBwdSm100Config.MBARRIERS order). Frozen: the DSL
+    reads it inside run-time branches and loops."""
+
+    config: C.AttentionBwdSm100Config
+    base: object
+
+    def ptr(self, name: str, stage=0):
+        i = 0
+        for other, n in self.config.MBARRIERS:
+            if other == name:
+                return self.base + (i + stage)
+            i += self.config.stages if n == "stages" else n
+        raise KeyError(name)
+
+    def addr(self, name: str, stage=0) -> Int32:
+        """The mbarrier's shared-memory address (for inline PTX)."""
+        return self.ptr(name, stage).toint()
+
+
+def _init_barriers(config, bars: Barriers) -> None:
+    for name, n in config.MBARRIERS:
+        for s in range(config.stages if n == "stages" else n):
+            cute.arch.mbarrier_init(bars.ptr(name, s), ARRIVALS[name])
+
+
+class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole):
+    """The kernel object of one AttentionBwdSm100Config (module docstring)."""
+
+    def __init__(self, config: C.AttentionBwdSm100Config):
+        self.config = config
+        self.tmem = config.tmem_map().check()
+        self.cols = config.tmem
+        self.smem_struct_bytes = None  # set when traced: tools/check_sm100_attention.py compares these two
+        self.tmem_layout_columns = None
+
+    # -------------------------------------------------------------------------------- AOT interface
+    def tensor_names(self) -> tuple[str, ...]:
+        return self.config.tensor_names
+
+    def fake_args(self):
+        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+        cfg, s = self.config, cute.sym_int32
+        h = cfg.head_dim
+        bq, b, t, sk, n, nk, ct, ck = s(), s(), s(), s(), s(), s(), s(), s()
+        u8, i32, f32 = cutlass.Uint8, Int32, Float32
+        dq_dtype = f32 if cfg.dq_accum == "fp32" else cutlass.Float16
+        shapes = {
+            "q": (E4M3, (bq, t, n, h)), "q_sf_hd": (u8, (bq, n, ct, 1, 512)), "q_sf_seq": (u8, (bq, n, 1, ct, 512)),
+            "k": (E4M3, (b, sk, nk, h)), "k_sf_hd": (u8, (b, nk, ck, 1, 512)), "k_sf_seq": (u8, (b, nk, 1, ck, 512)),
+            "v": (E4M3, (b, sk, nk, h)), "v_sf_hd": (u8, (b, nk, ck, 1, 512)),
+            "do": (E4M3, (b, t, n, h)), "do_sf_hd": (u8, (b, n, ct, 1, 512)), "do_sf_seq": (u8, (b, n, 1, ct, 512)),
+            "lse": (f32, (b, n, t)), "delta": (f32, (b, n, t)), "lens": (i32, (2, b)), "seqs": (i32, (4, s())),
+            "dq_sem": (i32, (b, n, ct)), "dq": (dq_dtype, (bq, t, n, h)), "dk": (f32, (b, sk, nk, h)),
+            "dv": (f32, (b, sk, nk, h)),
+        }  # fmt: skip
+        for name in ("dk", "dv"):
+            shapes[f"{name}_row"] = shapes[f"{name}_col"] = (E4M3, (s(divisibility=32), s(divisibility=32)))
+            shapes[f"{name}_row_scale"] = shapes[f"{name}_col_scale"] = (u8, (s(), s()))
+
+        def fake(dtype, shape):
+            order = tuple(reversed(range(len(shape))))
+            return make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=16)
+
+        tensors = tuple(fake(*shapes[name]) for name in self.tensor_names())
+        return (*tensors, Float32(1.0), Float32(1.0), Float32(1.0), make_fake_stream())
+
+    def entry(self):
+        """The @cute.jit host function for this variant's number of tensors."""
+        return {17: self.launch17, 18: self.launch18, 23: self.launch23}[len(self.tensor_names())]
+
+    def __call__(self, *args):
+        """Runs the host function on (tensors in tensor_names order, [scalars,] stream): what cute.compile
+        traces for the AOT build, and a JIT call where a GPU exists."""
+        return self.entry()(*args)
+
+    # fmt: off
+    @cute.jit
+    def launch17(self, t0: cute.Tensor, t1: cute.Tensor, t2: cute.Tensor, t3: cute.Tensor, t4: cute.Tensor,
+                 t5: cute.Tensor, t6: cute.Tensor, t7: cute.Tensor, t8: cute.Tensor, t9: cute.Tensor,
+                 t10: cute.Tensor, t11: cute.Tensor, t12: cute.Tensor, t13: cute.Tensor, t14: cute.Tensor,
+                 t15: cute.Tensor, t16: cute.Tensor, scale: Float32, scale_log2: Float32, dq_scale: Float32,
+                 stream: cuda.CUstream):
+        self._launch((t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15, t16),
+                     (scale, scale_log2, dq_scale), stream)
+
+    @cute.jit
+    def launch18(self, t0: cute.Tensor, t1: cute.Tensor, t2: cute.Tensor, t3: cute.Tensor, t4: cute.Tensor,
+                 t5: cute.Tensor, t6: cute.Tensor, t7: cute.Tensor, t8: cute.Tensor, t9: cute.Tensor,
+                 t10: cute.Tensor, t11: cute.Tensor, t12: cute.Tensor, t13: cute.Tensor, t14: cute.Tensor,
+                 t15: cute.Tensor, t16: cute.Tensor, t17: cute.Tensor, scale: Float32, scale_log2: Float32,
+                 dq_scale: Float32, stream: cuda.CUstream):
+        self._launch((t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15, t16, t17),
+                     (scale, scale_log2, dq_scale), stream)
+
+    @cute.jit
+    def launch23(self, t0: cute.Tensor, t1: cute.Tensor, t2: cute.Tensor, t3: cute.Tensor, t4: cute.Tensor,
+                 t5: cute.Tensor, t6: cute.Tensor, t7: cute.Tensor, t8: cute.Tensor, t9: cute.Tensor,
+                 t10: cute.Tensor, t11: cute.Tensor, t12: cute.Tensor, t13: cute.Tensor, t14: cute.Tensor,
+                 t15: cute.Tensor, t16: cute.Tensor, t17: cute.Tensor, t18: cute.Tensor, t19: cute.Tensor,
+                 t20: cute.Tensor, t21: cute.Tensor, t22: cute.Tensor, scale: Float32, scale_log2: Float32,
+                 dq_scale: Float32, stream: cuda.CUstream):
+        self._launch((t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15, t16, t17, t18, t19,
+                      t20, t21, t22), (scale, scale_log2, dq_scale), stream)
+    # fmt: on
+
+    # ------------------------------------------------------------------------------------ host side
+    @cute.jit
+    def _launch(self, tensors, scalars, stream: cuda.CUstream):
+        cfg = self.config
+        t = dict(zip(self.tensor_names(), tensors))
+        q_batch, seq_q, n_heads, _ = t["q"].shape
+        batch, seq_k, kv_heads, _ = t["k"].shape
+        g = BwdGemms(cfg.head_dim, cfg.stages)
+        g.check_views(cfg.head_dim)
+        op = cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE)
+        vmnk = (1, 1, 1, 1)
+        rows = {name: tma_rows(t[name], cfg.packed) for name in ("q", "k", "v", "do")}
+        tma_k = cute.nvgpu.make_tiled_tma_atom_A(op, rows["k"], g.k_smem, g.tiler["S"], g.mma["S"], vmnk)
+        tma_v = cute.nvgpu.make_tiled_tma_atom_A(op, rows["v"], g.k_smem, g.tiler["dP"], g.mma["dP"], vmnk)
+        q_stage = cute.slice_(g.q_smem, (None, None, None, 0))
+        tma_q = cute.nvgpu.make_tiled_tma_atom_B(op, rows["q"], q_stage, g.tiler["S"], g.mma["S"], vmnk)
+        tma_do = cute.nvgpu.make_tiled_tma_atom_B(op, rows["do"], q_stage, g.tiler["dP"], g.mma["dP"], vmnk)
+
+        st = cfg.stages
+        size = dict((name, nbytes) for name, nbytes, _ in cfg.smem_regions)
+        n_k, n_v, n_q, n_do, n_ds = size["sK"], size["sV"], size["sQ"], size["sdO"], size["sdS"]
+        n_sf_kv, n_sf_q, n_sf_do, n_sf_c = size["sSF_kv"], size["sSF_q"], size["sSF_do"], size["sSF_c"]
+        n_stats, n_dq = size["sStats"] // 4, size["sdQ"]
+
+        @cute.struct
+        class SharedStorage:
+            mbar: cute.struct.MemRange[cutlass.Int64, cfg.mbarrier_count]
+            tmem_holding: cutlass.Int32
+            sK: cute.struct.Align[cute.struct.MemRange[E4M3, n_k], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[E4M3, n_v], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[E4M3, n_q], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[E4M3, n_do], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[E4M3, n_ds], 1024]
+            sSF_kv: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, n_sf_kv], 128]
+            sSF_q: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, n_sf_q], 128]
+            sSF_do: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, n_sf_do], 128]
+            sSF_c: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, n_sf_c], 128]
+            sStats: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, n_stats], 128]
+            sdQ: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, n_dq], 128]
+
+        self.shared_storage = SharedStorage
+        self.smem_struct_bytes = SharedStorage.size_in_bytes()
+        self.tmem_layout_columns = tmem_layout_columns(g)
+        assert st * cfg.tile_bytes == n_q
+        addrs = tuple(t[name].iterator.toint() for name in self.tensor_names() if name not in ("q", "k", "v", "do"))
+        ct = t["q_sf_hd"].shape[2]  # query scale chunks per head (dense: Tp/128; packed: n_chunks_q)
+        ck = t["k_sf_hd"].shape[2]
+        n_seq = t["seqs"].shape[1] - 1 if cfg.packed else Int32(0)
+        dims = (q_batch, batch, seq_q, seq_k, n_heads, kv_heads, ct, ck, n_seq)
+        key_tiles = ck if cfg.packed else (seq_k + (C.TILE - 1)) // C.TILE
+        self.kernel(tma_q[0], tma_q[1], tma_k[0], tma_k[1], tma_v[0], tma_v[1], tma_do[0], tma_do[1], addrs, dims,
+                    scalars).launch(grid=[kv_heads, 1 if cfg.packed else batch, key_tiles], block=[C.THREADS, 1, 1],
+                                    stream=stream, min_blocks_per_mp=1)  # fmt: skip
+
+    # ---------------------------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
+               tma_v: cute.CopyAtom, mV: cute.Tensor, tma_do: cute.CopyAtom, mdO: cute.Tensor, addrs, dims,
+               scalars):  # fmt: skip
+        cfg = self.config
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        storage = SmemAllocator().allocate(self.shared_storage)
+        bars = Barriers(cfg, storage.mbar.data_ptr())
+        if warp == 0:
+            with cute.arch.elect_one():
+                _init_barriers(cfg, bars)
+            cute.arch.mbarrier_init_fence()
+        if warp == C.LOAD_WARP:
+            for atom in (tma_q, tma_k, tma_v, tma_do):
+                cpasync.prefetch_descriptor(atom)
+        cute.arch.sync_threads()
+
+        users = 32 * (1 + len(C.COMPUTE_WARPS) + len(C.REDUCE_WARPS))
+        tmem = TmemAllocator(storage.tmem_holding.ptr,
+                             barrier_for_retrieve=NamedBarrier(barrier_id=C.BAR_TMEM_ALLOC, num_threads=users),
+                             allocator_warp_id=C.MMA_WARP)  # fmt: skip
+
+        if warp >= C.MMA_WARP:
+            cute.arch.setmaxregister_decrease(C.REGISTERS["other"])
+            ctx = self._context(storage, bars, addrs, dims, scalars)
+            if warp == C.LOAD_WARP:
+                self.load(ctx, (tma_q, mQ), (tma_k, mK), (tma_v, mV), (tma_do, mdO))
+            if warp == C.MMA_WARP:
+                tmem.allocate(self.tmem.alloc_columns)
+                tmem.wait_for_alloc()
+                tmem_ptr = tmem.retrieve_ptr(Float32)
+                self.mma(ctx, tmem_ptr)
+                tmem.relinquish_alloc_permit()
+                NamedBarrier(barrier_id=C.BAR_TMEM_ALLOC, num_threads=users).arrive_and_wait()
+                tmem.free(tmem_ptr)
+        if warp >= C.COMPUTE_WARPS[0] and warp <= C.COMPUTE_WARPS[-1]:
+            cute.arch.setmaxregister_increase(C.REGISTERS["compute"])
+            ctx = self._context(storage, bars, addrs, dims, scalars)
+            tmem.wait_for_alloc()
+            tmem_ptr = tmem.retrieve_ptr(Float32)
+            self.compute(ctx, tmem_ptr, warp)
+            self.epilogue(ctx, tmem_ptr, warp)
+            NamedBarrier(barrier_id=C.BAR_TMEM_ALLOC, num_threads=users).arrive()
+        if warp <= C.REDUCE_WARPS[-1]:
+            cute.arch.setmaxregister_decrease(C.REGISTERS["reduce"])
+            ctx = self._context(storage, bars, addrs, dims, scalars)
+            tmem.wait_for_alloc()
+            tmem_ptr = tmem.retrieve_ptr(Float32)
+            self.reduce_dq(ctx, tmem_ptr, warp)
+            NamedBarrier(barrier_id=C.BAR_TMEM_ALLOC, num_threads=users).arrive()
+
+    def _context(self, storage, bars, addrs, dims, scalars):
+        """The roles' _Context, built by each role after its setmaxnreg (nothing computed before the role
+        split stays live across it: ptxas would spill it)."""
+        cfg = self.config
+        names = [n for n in self.tensor_names() if n not in ("q", "k", "v", "do")]
+        a = {name: Int64(x) for name, x in zip(names, addrs)}
+        q_batch, batch, seq_q, seq_k, n_heads, kv_heads, ct, ck, n_seq = dims
+        groups = n_heads // kv_heads
+        if cfg.packed:
+            work = packed_work(a["seqs"], n_seq, groups, cfg.causal)
+        else:
+            work = dense_work(a["lens"], seq_q, seq_k, q_batch, groups, cfg.causal)
+        return _Context(cfg, storage, bars, a, work, q_batch, batch, seq_q, seq_k, n_heads, kv_heads, ct, ck, *scalars)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """What every role reads (frozen: read inside run-time branches and loops): the config, shared memory,
+    barriers, buffer addresses (by tensor name), the CTA's Work, the problem's dims and the scalars (tau,
+    c = float32(tau log2 e), dq_scale)."""
+
+    config: C.AttentionBwdSm100Config
+    storage: object
+    bars: Barriers
+    addrs: dict
+    work: object
+    q_batch: Int32
+    batch: Int32
+    seq_q: Int32
+    seq_k: Int32
+    n_heads: Int32
+    kv_heads: Int32
+    q_chunks: Int32
+    k_chunks: Int32
+    scale: Float32
+    scale_log2: Float32
+    dq_scale: Float32
+
+    def smem_addr(self, region: str) -> Int32:
+        """A storage region's shared-memory address."""
+        return getattr(self.storage, region).data_ptr().toint()
+
+
+def tmem_layout_columns(g: BwdGemms) -> dict[str, int]:
+    """TMEM columns the DSL's layouts span per GEMM: the accumulator, one K tile's SFA and SFB (the declared
+    map's regions must be as wide; tools/check_sm100_attention.py compares)."""
+    out = {}
+    for gemm in ("S", "dP", "dV", "dK", "dQ"):
+        mma, tiler = g.mma[gemm], g.tiler[gemm]
+        acc = mma.make_fragment_C(mma.get_slice(0).partition_shape_C(tiler[:2])).layout
+        out[f"acc_{gemm}"] = compute_tmem_cols_from_layout(acc, Float32)
+        sides = (("sfa", blockscaled.make_tmem_layout_sfa, g.sfa), ("sfb", blockscaled.make_tmem_layout_sfb, g.sfb))
+        for side, make, sf in sides:
+            layout = make(mma, tiler, 32, cute.slice_(sf[gemm], (None, None, None, 0)))
+            out[f"{side}_{gemm}"] = compute_tmem_cols_from_layout(layout, cutlass.Float8E8M0FNU)
+    return out
+
+
+def make_kernel(config: C.AttentionBwdSm100Config) -> AttentionBwdSm100:
+    return AttentionBwdSm100(config)
