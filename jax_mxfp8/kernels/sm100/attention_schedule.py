@@ -34,9 +34,6 @@ from cutlass import Boolean, Int32
 from jax_mxfp8.kernels.sm100.attention_fwd_config import ITEM_ROWS, TILE_N
 from jax_mxfp8.kernels.sm100.attention_loads import SeqAddr, dense_seq, packed_seq
 
-SEQ_FIELDS = ("q_row0", "kv_row0", "q_len", "kv_len", "q_chunk0", "kv_chunk0")
-"""Rows of the packed `seqs` table, in order."""
-
 
 class AttentionWorkItem(NamedTuple):
     """One item (DSL Int32 values): Q tile pair `pair` of query head `head` against KV head `kv_head`."""
