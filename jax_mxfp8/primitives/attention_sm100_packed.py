@@ -1,6 +1,7 @@
 """Packed jagged sequences on the Blackwell attention kernels (layer 5): split addressing, in XLA.
 
   chunk_starts(lens)                            (S + 1,) int32: each sequence's first 128-row scale chunk
+  packed_tables(cu_q, cu_k, chunk_q, chunk_k, *, causal, max_len_q)   the forward kernel's seqs / work tables
   pack_operand(x, cu, chunk0, *, max_len, n_chunks, orientations)   the producer: compact E4M3 data, square
                                                 blocks restarting at every sequence start, padded scales
   emulate_packed_fwd_sm100(...), emulate_packed_bwd_sm100(...)      the kernels' arithmetic on them
@@ -46,6 +47,36 @@ def chunk_starts(lens: jax.Array) -> jax.Array:
     """(S,) sequence lengths -> (S + 1,) int32 first scale chunk of each sequence (and the total)."""
     n = -(-lens.astype(jnp.int32) // TILE)
     return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(n).astype(jnp.int32)])
+
+
+ITEM_ROWS = 2 * TILE
+"""Query rows of one work item of the forward kernel (two 128-row Q tiles)."""
+
+
+def packed_tables(
+    cu_q: jax.Array, cu_k: jax.Array, chunk_q: jax.Array, chunk_k: jax.Array, *, causal: bool, max_len_q: int
+) -> tuple[jax.Array, jax.Array]:
+    """The packed forward kernel's int32 tables (kernels/sm100/attention_fwd.py) for S sequences.
+
+    seqs (6, S): first query row cu_q[s], first key row cu_k[s], query length, key length, first Q scale chunk
+    chunk_q[s], first K / V scale chunk chunk_k[s]. work (2, S * ceil(max_len_q / 256)): one (sequence, pair)
+    item per 256-row query pair holding a row of its sequence, the most KV tiles first (a causal pair visits
+    the tiles up to its last row, as kernels/sm100/attention_schedule.kv_tile_count), then (-1, 0) padding
+    that the kernel skips. max_len_q (static) >= every query length."""
+    q_len = (cu_q[1:] - cu_q[:-1]).astype(jnp.int32)
+    kv_len = (cu_k[1:] - cu_k[:-1]).astype(jnp.int32)
+    seqs = jnp.stack([cu_q[:-1], cu_k[:-1], q_len, kv_len, chunk_q[:-1], chunk_k[:-1]]).astype(jnp.int32)
+    n_seq, pairs = q_len.shape[0], max(-(-max_len_q // ITEM_ROWS), 1)
+    seq = jnp.repeat(jnp.arange(n_seq, dtype=jnp.int32), pairs)
+    pair = jnp.tile(jnp.arange(pairs, dtype=jnp.int32), n_seq)
+    live = pair * ITEM_ROWS < q_len[seq]
+    n_kv = -(-kv_len[seq] // TILE)
+    if causal:
+        last = jnp.minimum((pair + 1) * ITEM_ROWS, q_len[seq]) - 1
+        n_kv = jnp.minimum(n_kv, last // TILE + 1)
+    order = jnp.argsort(-jnp.where(live, n_kv, -1), stable=True)
+    work = jnp.stack([jnp.where(live, seq, -1)[order], jnp.where(live, pair, 0)[order]]).astype(jnp.int32)
+    return seqs, work
 
 
 def _window_rows(cu: jax.Array, width: int, total: int) -> tuple[jax.Array, jax.Array]:
