@@ -16,6 +16,7 @@ import pytest
 from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from offsets_model import sanitized, valid
 
 import jax_mxfp8.flax as mf
 from jax_mxfp8.flax import functional as F
@@ -23,17 +24,6 @@ from jax_mxfp8.flax import functional as F
 T, D = 192, 64
 PRECISIONS = {"mxfp8": mf.MXFP8, "bf16": mf.BF16}
 PROPERTY = settings(max_examples=12, deadline=None, database=None, derandomize=True)
-
-
-def sanitized(cu, total: int) -> np.ndarray:
-    """NumPy model of what traced offsets become: clamped to [0, total], then made non-decreasing."""
-    return np.maximum.accumulate(np.clip(np.asarray(cu, np.int64), 0, total)).astype(np.int32)
-
-
-def valid(cu, total: int, max_len: int) -> bool:
-    c = np.asarray(cu, np.int64)
-    d = np.diff(c)
-    return bool(c[0] >= 0 and np.all(d >= 0) and c[-1] <= total and (d.size == 0 or d.max() <= max_len))
 
 
 @functools.cache
