@@ -7,6 +7,11 @@ prints their losses side by side, evaluates held-out loss, reports tokens/s, wri
 curves and a JSON history, and saves a checkpoint that --resume continues from. CPU by default (a few
 minutes on 2 cores); a GPU is used if JAX sees one; `--preset h200` sizes the model for one H200.
 
+Timing: the steps run in windows of --log-every steps, each model's window enqueued back to back and read
+back once at its end (the losses of every step included), so the host never waits for the GPU inside a
+window; the tokens/s printed per window and in the summary are then the GPU-bound figure (window time over
+its steps, the first two, compiling steps excluded), not the host's per-step round trip.
+
 Run: python examples/train_lm.py [--steps 200] [--d-model 128] [--layers 2] [--policy mxfp8-head-bf16]
      python examples/train_lm.py --preset h200            # on the GPU machine, with the kernels installed
 """
@@ -57,6 +62,7 @@ PRESETS = {
         lr=1e-3,
         eval_every=100,
         eval_batches=8,
+        log_every=50,
         # bfloat16 activations (parameters stay float32): benchmarks/profile_lm_step.py measured both on the
         # H200 (benchmarks/results/h200_profile_lm_step.json, 2026-12-02): MXFP8 60.7 vs 70.4 ms per step,
         # BF16 46.4 vs 54.6 ms, and only bfloat16 outputs take the GEMM's quantize epilogue
@@ -128,6 +134,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--policy", default="mxfp8-head-bf16", choices=sorted(POLICIES))
     p.add_argument("--no-bf16", action="store_true", help="train only the MXFP8 model")
     p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument(
+        "--log-every",
+        type=int,
+        default=10,
+        help="steps per timing window: one read-back (sync) per window and model, its tokens/s printed",
+    )
     p.add_argument("--eval-batches", type=int, default=1, help="held-out batches of 32 windows per evaluation")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="out/train_lm", help="folder for the plot, history and checkpoint")
@@ -140,6 +152,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     if preset:
         p.set_defaults(**PRESETS[preset])
     return p.parse_args(argv)
+
+
+def window_ends(start: int, end: int, log_every: int, eval_every: int) -> list[int]:
+    """The steps (1-based) at which a timing window ends: the first two steps together (they compile: the
+    second call can compile again for its inputs' new layouts), then every multiple of log_every, every
+    multiple of eval_every (evaluations fall on window ends) and `end`."""
+    if log_every < 1 or eval_every < 1:
+        raise ValueError(f"--log-every {log_every} and --eval-every {eval_every} must be >= 1")
+    warm = min(start + 2, end)
+    ends = {warm, end} | {s for s in range(start + 1, end + 1) if s % eval_every == 0}
+    ends |= {s for s in range(warm + 1, end + 1) if s % log_every == 0}
+    return sorted(e for e in ends if start < e <= end)
+
+
+def train_window(step_fn, device_batches: list) -> tuple[list[float], float]:
+    """Runs step_fn on each batch without waiting for any (JAX dispatches them asynchronously), then reads
+    all their losses back at once: (losses, seconds from the first dispatch to the last loss on the host)."""
+    t0 = time.perf_counter()
+    losses = [step_fn(b) for b in device_batches]
+    values = jax.device_get(losses)  # the window's one sync
+    return [float(v) for v in values], time.perf_counter() - t0
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -177,46 +210,58 @@ def run(args: argparse.Namespace) -> dict:
         print(f"resumed from {ckpt} at step {start}")
 
     # nnx.cached_partial: the (model, optimizer) graph is flattened once, not on every call as plain nnx.jit
-    # does. The h200 preset's step, timed one synchronised step at a time here, took twice its GPU time on the
-    # H200 (122 vs 61 ms); the dispatch of one call at that model size measured 20-60 ms with nnx.jit and
-    # 5-15 ms this way (2-core CPU, batch 1 x 32). State updates land in the same model and optimizer objects.
+    # does: the dispatch of one call at the h200 preset's model size measured 20-60 ms with nnx.jit and 5-15 ms
+    # this way (2-core CPU, batch 1 x 32). State updates land in the same model and optimizer objects. Timed
+    # one synchronised step at a time, that step took twice its GPU time on the H200 (122 vs 61 ms): hence
+    # the windows below, one read-back per window.
     step_fns = {name: nnx.cached_partial(train_step, model, opt) for name, (model, opt) in runs.items()}
     data = batches(train_tokens, args.batch, args.seq_len, seed=args.seed)
     for _ in range(start):  # the data stream continues where the interrupted run stopped
         next(data)
     end = args.steps if args.stop_after is None else min(args.steps, args.stop_after)
-    progress = range(start, end)
+    progress = None
     if not args.no_progress:
         from tqdm import tqdm
 
-        progress = tqdm(progress, initial=start, total=end, unit="step", dynamic_ncols=True)
-    step_times = {n: [] for n in runs}
-    for step in progress:
-        batch = next(data)
-        losses = {}
-        for name in runs:
-            t0 = time.perf_counter()
-            losses[name] = float(step_fns[name](batch))
-            step_times[name].append(time.perf_counter() - t0)
-            history["loss"][name].append(losses[name])
-        history["step"].append(step + 1)
-        if not all(np.isfinite(v) for v in losses.values()):
-            raise FloatingPointError(f"non-finite loss at step {step + 1}: {losses}")
-        if (step + 1) % args.eval_every == 0 or step + 1 == end:
-            history["val_step"].append(step + 1)
+        progress = tqdm(initial=start, total=end, unit="step", dynamic_ncols=True)
+    log = progress.write if progress is not None else print
+    tokens_per_step = args.batch * args.seq_len
+    timed = {n: [0, 0.0] for n in runs}  # (steps, seconds) of every window after the first
+    prev = start
+    for stop in window_ends(start, end, args.log_every, args.eval_every):
+        device_batches = jax.device_put([next(data) for _ in range(prev, stop)])
+        jax.block_until_ready(device_batches)  # the host-to-device copies are not timed
+        speed = {}
+        for name in runs:  # each model's window back to back: its time is its own
+            losses, seconds = train_window(step_fns[name], device_batches)
+            history["loss"][name].extend(losses)
+            speed[name] = tokens_per_step * (stop - prev) / seconds
+            if prev >= start + 2:  # not the first two, compiling steps
+                timed[name][0] += stop - prev
+                timed[name][1] += seconds
+        history["step"].extend(range(prev + 1, stop + 1))
+        for i in range(stop - prev):
+            bad = {n: history["loss"][n][i - (stop - prev)] for n in runs}
+            if not all(np.isfinite(v) for v in bad.values()):
+                raise FloatingPointError(f"non-finite loss at step {prev + i + 1}: {bad}")
+        last = {n: history["loss"][n][-1] for n in runs}
+        msg = f"step {stop:4d}  train " + "  ".join(f"{n} {v:.4f}" for n, v in last.items())
+        if stop % args.eval_every == 0 or stop == end:
+            history["val_step"].append(stop)
             for name, (model, _) in runs.items():
                 history["val"][name].append(float(np.mean([eval_loss(model, vb) for vb in val_batches])))
-            vals = "  ".join(f"{n} {history['val'][n][-1]:.4f}" for n in runs)
-            msg = (
-                f"step {step + 1:4d}  train " + "  ".join(f"{n} {v:.4f}" for n, v in losses.items()) + f"  | val {vals}"
-            )
-            (progress.write if hasattr(progress, "write") else print)(msg)
-        elif hasattr(progress, "set_postfix"):
-            progress.set_postfix({n: f"{v:.3f}" for n, v in losses.items()})
+            msg += "  | val " + "  ".join(f"{n} {history['val'][n][-1]:.4f}" for n in runs)
+        k = stop - prev
+        what = "compiling" if prev < start + 2 else f"{k} step{'s' * (k != 1)}, one sync"
+        log(msg + "  | tokens/s " + "  ".join(f"{n} {v:,.0f}" for n, v in speed.items()) + f" ({what})")
+        if progress is not None:
+            progress.update(stop - prev)
+        prev = stop
+    if progress is not None:
+        progress.close()
 
-    # median step time after the first (compiling) steps
-    history["step_time_s"] = {n: float(np.median(t[2:])) if len(t) > 2 else None for n, t in step_times.items()}
-    tokens_per_step = args.batch * args.seq_len
+    # GPU-bound step time: the windows after the first two steps, each from its first dispatch to its read-back
+    history["step_time_s"] = {n: (t / k if k else None) for n, (k, t) in timed.items()}
     history["tokens_per_s"] = {n: tokens_per_step / t if t else None for n, t in history["step_time_s"].items()}
     history["corpus"] = corpus
     save_checkpoint(ckpt, runs, end, history)
@@ -234,7 +279,7 @@ def run(args: argparse.Namespace) -> dict:
     print("final (train: mean of last 10 steps):")
     for n, s in summary.items():
         t, tps = history["step_time_s"][n], history["tokens_per_s"][n]
-        speed = f"step {t * 1e3:.1f} ms  {tps:,.0f} tokens/s" if t else "step time n/a"
+        speed = f"step {t * 1e3:.1f} ms  {tps:,.0f} tokens/s (windows after step 2, one sync each)" if t else ""
         print(f"  {n:6s} train {s['final_train_loss']:.4f}  val {s['final_val_loss']:.4f}  {speed}")
     print(f"wrote {args.out}/loss.png, history.json, checkpoint/")
     return history

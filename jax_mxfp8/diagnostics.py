@@ -1,15 +1,21 @@
 """What runs here: versions, the kernel library, the GPU, and the implementation each public op takes.
 
-`python -m jax_mxfp8` prints `report()`. The per-op lines come from tracing a typical call of each public
-op with implementation=None under `jax.eval_shape` (nothing is computed or compiled) and reading the
-decision `jax_mxfp8.primitives.implementation.resolve` made for it, so they state what the op itself does
-on this machine, not a re-derivation of its rules.
+`python -m jax_mxfp8` runs `main()`: it prints the report section by section as each is built
+(`report_lines()`), so whatever can be known is printed before anything fails. The per-op lines come from
+tracing a typical call of each public op with implementation=None under `jax.eval_shape` (nothing is
+computed or compiled) and reading the decision `jax_mxfp8.primitives.implementation.resolve` made for
+it, so they state what the op itself does on this machine, not a re-derivation of its rules. When no JAX
+backend starts (e.g. JAX_PLATFORMS=cuda without the CUDA plugin or a visible GPU) the devices section says
+why, the ops are not traced, and `main()` returns 1.
 
   versions() -> dict[str, str]          distribution -> version (absent ones omitted)
   library_status() -> LibraryStatus     the kernel library: path, loaded or why not, targets, kernels
+  backend_error() -> str | None         why no JAX backend starts (None when one does)
   device_lines() -> list[str]           the default backend and its first device (GPU: compute capability)
   op_decisions() -> list[OpDecision]    a typical call per public op and the path it takes, and why
-  report() -> str                       all of the above as text
+  report_lines() -> Iterator[str]       all of the above as lines, built one section at a time
+  report() -> str                       the same, as one text
+  main() -> int                         prints report_lines() as they come; 0, or 1 without a backend
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import importlib.metadata
+import os
 import platform
 import sys
 import warnings
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +42,7 @@ DISTRIBUTIONS = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", 
 _ARCH_OF_MAJOR = {m: a for a, m in registry.ARCH_MAJOR.items()}
 _FORWARD_ONLY = ("rms_norm_quantize",)
 """Ops whose kernel computes the forward pass only (their gradients run the XLA reference)."""
-_BACKWARD_KERNEL = ("dot_product_attention", "varlen_attention")
+_BACKWARD_KERNEL = ("dot_product_attention", "dot_product_attention_vjp", "varlen_attention")
 """Ops whose backward takes its own kernel where a variant covers the call (ops/attention_bwd_kernel.py)."""
 
 
@@ -95,12 +103,33 @@ def library_status() -> LibraryStatus:
     )
 
 
+def backend_error() -> str | None:
+    """Why no JAX backend starts, or None when the default backend does.
+
+    jax.devices() raises RuntimeError when a platform named in JAX_PLATFORMS fails to initialise (e.g. a
+    GPU without the CUDA plugin), and an AssertionError without a message when it skips every named platform
+    (jax skips "cuda" when no NVIDIA GPU is visible): both mean no backend, and the reason says what was
+    asked for and which jax CUDA plugins are installed.
+    """
+    try:
+        jax.devices()
+    except (RuntimeError, AssertionError) as e:
+        detail = str(e) or "no platform it names could start here (jax skips 'cuda' without a visible NVIDIA GPU)"
+        plugins = [name for name in versions() if name.startswith("jax-cuda")] or ["none installed"]
+        return (
+            f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r}: {detail}; jax CUDA plugins: "
+            f"{', '.join(plugins)}. Fix: unset JAX_PLATFORMS (or set it to 'cpu'), or install the CUDA plugin "
+            "(pip install 'jax[cuda12]' or 'jax[cuda13]') on a machine with an NVIDIA GPU"
+        )
+    return None
+
+
 def device_lines() -> list[str]:
     """The default backend and its devices; for a GPU its kind, compute capability and kernel arch."""
-    try:
-        devices = jax.devices()
-    except RuntimeError as e:
-        return [f"no JAX backend: {e}"]
+    why = backend_error()
+    if why is not None:
+        return [f"no JAX backend: {why}"]
+    devices = jax.devices()
     dev = devices[0]
     lines = [f"default backend: {jax.default_backend()} ({len(devices)} device{'s' * (len(devices) != 1)})"]
     cc = getattr(dev, "compute_capability", None)
@@ -115,19 +144,28 @@ def device_lines() -> list[str]:
 
 
 def _typical_calls():
-    """(op, call text, thunk) per public op: the thunk makes the call on abstract bf16 arguments."""
+    """(op, call text, thunk, the op name its decision is recorded under) per public op: the thunk makes the
+    call on abstract bf16 arguments."""
     import jax_mxfp8 as jm
     from jax_mxfp8.formats import quantize as ref_quantize
+    from jax_mxfp8.ops.attention_grads import dot_product_attention_vjp
+    from jax_mxfp8.ops.mx_dot_quantized import mx_dot_general_quantized
 
     bf16 = jnp.bfloat16
     x = jax.ShapeDtypeStruct((4096, 4096), bf16)
     w = jax.ShapeDtypeStruct((4096,), bf16)
     q = jax.ShapeDtypeStruct((4, 1024, 16, 128), bf16)
     kv = jax.ShapeDtypeStruct((4, 1024, 4, 128), bf16)
+    q1 = jax.ShapeDtypeStruct((1024, 16, 128), bf16)
     pq = jax.ShapeDtypeStruct((4096, 16, 128), bf16)
     pkv = jax.ShapeDtypeStruct((4096, 4, 128), bf16)
     cu = jax.ShapeDtypeStruct((5,), jnp.int32)
     dn = (((1,), (0,)), ((), ()))
+
+    def attention_vjp(a, b, c):
+        out, vjp = dot_product_attention_vjp(a, b, c, is_causal=True)
+        return vjp(out)
+
     return [
         ("quantize", "quantize(bfloat16[4096,4096], axis=-1)", lambda: jax.eval_shape(lambda a: jm.quantize(a), x)),
         (
@@ -146,9 +184,26 @@ def _typical_calls():
             lambda: jax.eval_shape(lambda a, b: jm.mx_dot_general(a, b, dn), x, x),
         ),
         (
+            "mx_dot_general_quantized",
+            "mx_dot_general_quantized(bfloat16[4096,4096], bfloat16[4096,4096], activation='gelu', "
+            "orientations=('row', 'wgrad'))",
+            lambda: jax.eval_shape(
+                lambda a, b: mx_dot_general_quantized(
+                    a, b, dn, activation="gelu", preferred_element_type=bf16, orientations=("row", "wgrad")
+                ),
+                x,
+                x,
+            ),
+        ),
+        (
             "dot_product_attention",
             "dot_product_attention(q bfloat16[4,1024,16,128], k/v [4,1024,4,128], is_causal=True)",
             lambda: jax.eval_shape(lambda a, b, c: jm.dot_product_attention(a, b, c, is_causal=True), q, kv, kv),
+        ),
+        (
+            "dot_product_attention_vjp",
+            "dot_product_attention_vjp(q bfloat16[4,1024,16,128], k/v [4,1024,4,128], is_causal=True), its vjp",
+            lambda: jax.eval_shape(attention_vjp, q, kv, kv),
         ),
         (
             "varlen_attention",
@@ -164,7 +219,39 @@ def _typical_calls():
                 cu,
             ),
         ),
+        (
+            "broadcast_query_attention",
+            "broadcast_query_attention(q bfloat16[1024,16,128], k/v [4096,4,128] packed, 4 sequences <= 2048)",
+            lambda: jax.eval_shape(
+                lambda a, b, c, ck: jm.broadcast_query_attention(a, b, c, ck, max_seqlen_k=2048), q1, pkv, pkv, cu
+            ),
+        ),
     ]
+
+
+_RECORDED_AS = {"dot_product_attention_vjp": "dot_product_attention"}
+"""Ops whose decision is the one of the op they call (the vjp's forward and backward are
+dot_product_attention's; its MX gradients' quantize decides for itself and is reported with it)."""
+
+
+def _decision(op: str, call: str, decisions) -> OpDecision:
+    mine = [d for d in decisions if d.op == _RECORDED_AS.get(op, op)]
+    if not mine:  # the op never asked the kernel policy
+        return OpDecision(op, call, "xla", "no implementation decision recorded: the XLA reference")
+    d = mine[0]
+    reason = d.reason or "the CuTe DSL kernel covers the call and runs on this GPU"
+    if d.path == "cuda" and op in _FORWARD_ONLY:
+        reason += " (forward pass; the backward runs the XLA reference)"
+    if d.path == "cuda" and op in _BACKWARD_KERNEL:
+        reason += " (backward: the backward kernel where the library holds a variant for it, else the XLA reference)"
+    if op == "mx_dot_general_quantized" and d.path == "xla":
+        reason += " (the two-pass path: mx_dot_general, then quantize, each choosing its own implementation)"
+    if op == "dot_product_attention_vjp":
+        grads = [g for g in decisions if g.op == "quantize_rowcol"]
+        if grads:
+            reason += f"; dK, dV quantized (row and column blocks) by: {grads[0].path}"
+            reason += f" ({grads[0].reason})" if grads[0].reason else " (the quantize_rowcol kernel)"
+    return OpDecision(op, call, d.path, reason)
 
 
 def op_decisions() -> list[OpDecision]:
@@ -178,41 +265,48 @@ def op_decisions() -> list[OpDecision]:
             except Exception as e:  # noqa: BLE001 - a diagnostics tool reports, it does not raise
                 out.append(OpDecision(op, call, "error", f"{type(e).__name__}: {e}"))
                 continue
-        mine = [d for d in decisions if d.op == op]
-        if not mine:  # the op never asked the kernel policy
-            out.append(OpDecision(op, call, "xla", "no implementation decision recorded: the XLA reference"))
-            continue
-        d = mine[0]
-        reason = d.reason or "the CuTe DSL kernel covers the call and runs on this GPU"
-        if d.path == "cuda" and op in _FORWARD_ONLY:
-            reason += " (forward pass; the backward runs the XLA reference)"
-        if d.path == "cuda" and op in _BACKWARD_KERNEL:
-            reason += (
-                " (backward: the backward kernel where the library holds a variant for it, else the XLA reference)"
-            )
-        out.append(OpDecision(op, call, d.path, reason))
+        out.append(_decision(op, call, decisions))
     return out
+
+
+def report_lines() -> Iterator[str]:
+    """The report, one section at a time (versions first: they never need a backend)."""
+    yield from ["jax_mxfp8 diagnostics", "", "versions"]
+    yield from (f"  {name:<18} {version}" for name, version in versions().items())
+    st = library_status()
+    yield from ["", "kernel library", f"  path               {st.path}"]
+    if st.loaded:
+        per_arch = ", ".join(f"{n} for {arch}" for arch, n in st.kernels_per_arch) or "none"
+        yield f"  status             loaded: {len(st.targets)} FFI targets, kernels: {per_arch}"
+        note = f" ({st.binding_note})" if st.binding_note else ""
+        yield f"  binding            {st.binding}{note}"
+        if st.build_info:
+            yield "  built with         " + ", ".join(f"{k} {v}" for k, v in st.build_info)
+    else:
+        yield f"  status             NOT loaded: {st.error}"
+        yield f"  fix                {impl.FIX_LIBRARY}"
+    yield from ["", "devices"]
+    yield from (f"  {line}" for line in device_lines())
+    yield from ["", "ops: the implementation a typical call takes with implementation=None"]
+    if backend_error() is not None:
+        yield "  not traced: no JAX backend (devices, above)"
+        return
+    for d in op_decisions():
+        yield f"  {d.op:<25} -> {d.path:<5} {d.call}"
+        yield f"  {'':<25}    why: {d.reason}"
 
 
 def report() -> str:
     """The text `python -m jax_mxfp8` prints."""
-    lines = ["jax_mxfp8 diagnostics", "", "versions"]
-    lines += [f"  {name:<18} {version}" for name, version in versions().items()]
-    st = library_status()
-    lines += ["", "kernel library", f"  path               {st.path}"]
-    if st.loaded:
-        per_arch = ", ".join(f"{n} for {arch}" for arch, n in st.kernels_per_arch) or "none"
-        lines.append(f"  status             loaded: {len(st.targets)} FFI targets, kernels: {per_arch}")
-        note = f" ({st.binding_note})" if st.binding_note else ""
-        lines.append(f"  binding            {st.binding}{note}")
-        if st.build_info:
-            lines.append("  built with         " + ", ".join(f"{k} {v}" for k, v in st.build_info))
-    else:
-        lines.append(f"  status             NOT loaded: {st.error}")
-        lines.append(f"  fix                {impl.FIX_LIBRARY}")
-    lines += ["", "devices"] + [f"  {line}" for line in device_lines()]
-    lines += ["", "ops: the implementation a typical call takes with implementation=None"]
-    for d in op_decisions():
-        lines.append(f"  {d.op:<22} -> {d.path:<5} {d.call}")
-        lines.append(f"  {'':<22}    why: {d.reason}")
-    return "\n".join(lines)
+    return "\n".join(report_lines())
+
+
+def main() -> int:
+    """Prints the report line by line as it is built; 1 when no JAX backend starts, else 0."""
+    for line in report_lines():
+        print(line, flush=True)
+    why = backend_error()
+    if why is not None:
+        print(f"\njax_mxfp8: no JAX backend, so no op was traced: {why}", file=sys.stderr, flush=True)
+        return 1
+    return 0

@@ -370,7 +370,6 @@ XFAIL = {
     + "the scale parameter reads x.shape[-1] before any check: IndexError",
     ("linen.MXAttention", "rank", "2-D x"): _OPEN + "no rank check: a broadcasting error inside rope",
     ("linen.TransformerBlock", "rank", "2-D x"): _OPEN + "no rank check: a broadcasting error inside rope",
-    ("linen.TransformerBlock", "option", "policy"): _OPEN + "policy not checked: AttributeError at the first call",
     ("flax.MXAttention", "zero-size", "B 0, MXFP8 and BF16"): _OPEN
     + "o.reshape(*o.shape[:-2], -1) of an empty o divides by 0",
     ("flax.MXAttention", "zero-size", "packed without rows"): _OPEN

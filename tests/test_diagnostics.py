@@ -24,7 +24,17 @@ from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives import library
 
 ROOT = Path(__file__).resolve().parent.parent
-OPS = ("quantize", "dequantize", "rms_norm_quantize", "mx_dot_general", "dot_product_attention", "varlen_attention")
+OPS = (
+    "quantize",
+    "dequantize",
+    "rms_norm_quantize",
+    "mx_dot_general",
+    "mx_dot_general_quantized",
+    "dot_product_attention",
+    "dot_product_attention_vjp",
+    "varlen_attention",
+    "broadcast_query_attention",
+)
 
 
 @pytest.fixture
@@ -63,7 +73,7 @@ def test_report_on_this_machine():
     decisions = {d.op: d for d in diagnostics.op_decisions()}
     assert tuple(decisions) == OPS
     for op in OPS:
-        assert f"  {op:<22} -> {decisions[op].path}" in text
+        assert f"  {op:<25} -> {decisions[op].path}" in text
     if jax.default_backend() == "cpu":
         for op in OPS:
             assert decisions[op].path == "xla", decisions[op]
@@ -95,6 +105,8 @@ def test_decisions_on_a_faked_hopper(monkeypatch, fresh_warnings):
     assert "backward runs the XLA reference" in decisions["rms_norm_quantize"].reason
     assert "backward: the backward kernel" in decisions["dot_product_attention"].reason
     assert "backward" not in decisions["mx_dot_general"].reason  # its kernel runs all three GEMMs
+    # the vjp's MX gradients: their rowcol quantize takes its kernel too
+    assert "dK, dV quantized (row and column blocks) by: cuda" in decisions["dot_product_attention_vjp"].reason
     assert _fallbacks(fresh_warnings) == []  # diagnostics never warn
 
 
@@ -107,6 +119,42 @@ def test_python_m_jax_mxfp8():
     assert out.stdout.startswith("jax_mxfp8 diagnostics")
     for op in OPS:
         assert f"  {op} " in out.stdout
+
+
+def test_python_m_jax_mxfp8_without_a_backend():
+    """JAX_PLATFORMS=cuda where no CUDA backend can start (no plugin, or no visible GPU): the report prints
+    what it can (versions, library), says why there is no backend, traces no op and exits 1 (it was a bare
+    AssertionError from jax with nothing printed)."""
+    if any(name.startswith("jax-cuda") for name in diagnostics.versions()) and jax.default_backend() == "gpu":
+        pytest.skip("the CUDA backend starts here")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cuda")
+    out = subprocess.run(
+        [sys.executable, "-m", "jax_mxfp8"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr and "AssertionError" not in out.stderr, out.stderr
+    assert out.stdout.startswith("jax_mxfp8 diagnostics")
+    assert f"  jax                {jax.__version__}" in out.stdout and "kernel library" in out.stdout
+    assert "no JAX backend: JAX_PLATFORMS='cuda'" in out.stdout and "jax CUDA plugins:" in out.stdout
+    assert "not traced: no JAX backend" in out.stdout and " -> " not in out.stdout
+    assert "no JAX backend, so no op was traced" in out.stderr
+
+
+def test_backend_failures_become_a_reason(monkeypatch):
+    """Both ways jax.devices() fails without a backend (RuntimeError from a platform that fails to start, a
+    bare AssertionError when every named platform was skipped) become the devices line; nothing raises."""
+    for exc, said in ((RuntimeError("Unable to initialize backend 'cuda'"), "Unable to initialize backend 'cuda'"),
+                      (AssertionError(), "no platform it names could start here")):  # fmt: skip
+
+        def fail(*a, exc=exc, **k):
+            raise exc
+
+        monkeypatch.setattr(jax, "devices", fail)
+        why = diagnostics.backend_error()
+        assert why is not None and said in why and "Fix:" in why
+        lines = list(diagnostics.report_lines())
+        assert f"  no JAX backend: {why}" in lines
+        assert lines[-1] == "  not traced: no JAX backend (devices, above)"
 
 
 # ---------------------------------------------------------------------------------------- the warning

@@ -81,9 +81,33 @@ def test_lm_dtype_sets_the_activations_not_the_parameters():
         assert {p.dtype for p in jax.tree.leaves(nnx.state(m, nnx.Param))} == {jnp.dtype(jnp.float32)}
 
 
+def test_lm_steps_run_in_windows_with_one_read_back_each(monkeypatch):
+    """The training loop never waits for a step inside a window: each model's window is dispatched whole and
+    its losses read back once (so the printed tokens/s is the GPU's, not the host's per-step round trip)."""
+    import jax
+    import jax.numpy as jnp
+
+    assert train_lm.window_ends(0, 25, 10, 20) == [2, 10, 20, 25]  # steps 1-2 apart (they compile), evals on ends
+    assert train_lm.window_ends(3, 6, 10, 3) == [5, 6]  # a resumed run: its first two steps apart again
+    assert train_lm.window_ends(0, 1, 10, 50) == [1]
+    assert train_lm.window_ends(0, 4, 1, 1) == [1, 2, 3, 4]  # an evaluation after every step
+    with pytest.raises(ValueError, match="--log-every 0"):
+        train_lm.window_ends(0, 5, 0, 5)
+    assert train_lm.parse_args([]).log_every == 10 and train_lm.parse_args(["--preset", "h200"]).log_every == 50
+    reads = []
+    real = jax.device_get
+    monkeypatch.setattr(jax, "device_get", lambda x: reads.append(len(x)) or real(x))
+    steps = []
+    losses, seconds = train_lm.train_window(
+        lambda b: steps.append(b) or jnp.sum(b), [jnp.full((2,), i) for i in range(4)]
+    )
+    assert losses == [0.0, 2.0, 4.0, 6.0] and len(steps) == 4 and reads == [4] and seconds > 0
+
+
 @pytest.mark.slow
 def test_lm_checkpoint_resume_is_bit_exact(tmp_path):
     common = ["--steps", "6", "--eval-every", "3", "--batch", "4", "--seq-len", "32", "--d-model", "64", "--heads", "2"]
+    common += ["--log-every", "2"]  # windows [1 2] [3] [4] [5 6]; [1 2] [3] to the stop, [4 5] [6] resumed
     full = train_lm.run(train_lm.parse_args([*common, "--out", str(tmp_path / "a"), "--no-progress"]))
     train_lm.run(train_lm.parse_args([*common, "--out", str(tmp_path / "b"), "--stop-after", "3", "--no-progress"]))
     resumed = train_lm.run(train_lm.parse_args([*common, "--out", str(tmp_path / "b"), "--resume", "--no-progress"]))

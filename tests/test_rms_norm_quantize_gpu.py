@@ -187,6 +187,40 @@ def test_y_bitexact_where_sum_of_squares_is_exact(in_dtype, d):
         assert (_bits(q.data) == _bits(q_ref.data)).all() and (_bits(q.scale) == _bits(q_ref.scale)).all()
 
 
+@pytest.mark.parametrize("in_dtype", registry.IN_DTYPES)
+@pytest.mark.parametrize("d", [32, 1024, 4128])
+def test_rows_whose_sum_of_squares_overflows(in_dtype, d):
+    """Rows of finite values whose float32 x * x sum overflows take the scaled branch (reference/rms_norm.py
+    inv_rms: sum of (x * 2^-80)^2, y = ((x * r) * 2^-80) * w), in one batch with ordinary rows and rows holding
+    Inf or NaN (the branch is per CTA, so per row). Small integers times 2^70: every scaled square and partial
+    sum is exact in any order, so y is bit-identical with the reference; random huge rows within the general
+    test's ulp limits; the MXArray is quantize(y) always; the plain formula would give 0 for those rows."""
+    rng = np.random.default_rng(test_seed())
+    dt = jnp.dtype(in_dtype)
+    x = rng.integers(-8, 9, size=(64, d)).astype(np.float32)
+    x[::2] *= 2.0**70  # even rows overflow; odd rows are ordinary small integers (exact sums too)
+    x[10, 3], x[12, 5], x[13, 7] = np.inf, np.nan, np.inf  # an overflowing row with Inf; an ordinary row with Inf
+    x, w = jnp.asarray(x, dt), random_weight(d, rng)
+    y, q = kernel_call(x, w, eps=1e-6)
+    y_ref, _ = reference_call(x, w, 1e-6, dtype=jnp.float8_e4m3fn, scale_rounding="up")
+    assert_mx_is_quantize_of_y(y, q, jnp.float8_e4m3fn, "up", f"overflow rows {in_dtype} {d}")
+    yk, yr = np.asarray(y), np.asarray(y_ref)
+    assert (np.isnan(yk.astype(np.float32)) == np.isnan(yr.astype(np.float32))).all(), "NaN positions differ"
+    same = (_bits(y) == _bits(y_ref)) | (np.isnan(yk.astype(np.float32)) & np.isnan(yr.astype(np.float32)))
+    assert same.all(), f"{int((~same).sum())} y differ, rows {sorted(set(np.argwhere(~same)[:, 0].tolist()))[:8]}"
+    huge = np.ones(64, bool)
+    huge[1::2], huge[[10, 12, 13]] = False, False
+    assert np.all(np.abs(yk[huge].astype(np.float32)).max(-1) > 0.1)
+    # random rows past the overflow point (2^60 .. 2^126 times N(0, 1)): within the general test's limits
+    xr = rng.standard_normal((64, d)) * np.exp2(rng.integers(60, 127, size=(64, 1)))
+    xr = jnp.asarray(np.clip(xr, -3.0e38, 3.0e38), dt)
+    y, q = kernel_call(xr, w, eps=1e-6)
+    assert_mx_is_quantize_of_y(y, q, jnp.float8_e4m3fn, "up", f"random huge rows {in_dtype} {d}")
+    y_ref, _ = reference_call(xr, w, 1e-6, dtype=jnp.float8_e4m3fn, scale_rounding="up")
+    dist = ulp_distance(np.asarray(y), np.asarray(y_ref))
+    assert dist.max() <= (1 if dt == jnp.bfloat16 else 16), f"y differs by up to {dist.max()} ulps"
+
+
 def test_large_rows_and_limits():
     rng = np.random.default_rng(test_seed())
     cfg = registry.find(registry.RMSNormQuantizeConfig, in_dtype="bfloat16", elem_dtype="float8_e4m3fn")

@@ -32,6 +32,9 @@ def test_binding_and_decisions_on_the_gpu():
     for op in ("quantize", "dequantize", "rms_norm_quantize", "mx_dot_general", "dot_product_attention"):
         assert decisions[op].path == "cuda", decisions[op]
     assert decisions["varlen_attention"].path == "cuda", decisions["varlen_attention"]
+    for op in ("mx_dot_general_quantized", "dot_product_attention_vjp", "broadcast_query_attention"):
+        assert decisions[op].path == "cuda", decisions[op]
+    assert "dK, dV quantized (row and column blocks) by: cuda" in decisions["dot_product_attention_vjp"].reason
     assert not [w for w in caught if issubclass(w.category, impl.KernelFallbackWarning)]
     assert "compute capability 9.0" in diagnostics.report()
 

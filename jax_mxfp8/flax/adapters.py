@@ -10,8 +10,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.config.gemm import MXDotConfig
+from jax_mxfp8.flax.checks import check_attention_config
 from jax_mxfp8.ops.attention import dot_product_attention
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
 from jax_mxfp8.primitives import implementation as impl
@@ -51,8 +51,7 @@ def attention_fn(*, config=None, implementation: str | None = None) -> Callable:
     A bad `config` or `implementation` raises a ValueError here, not at the module's first call.
     """
     impl.check(implementation)
-    if config is not None and not isinstance(config, AttentionConfig):
-        raise ValueError(f"config must be an AttentionConfig or None; got {type(config).__name__}")
+    check_attention_config(config, "config")
 
     def fn(
         query: jax.Array,

@@ -15,6 +15,7 @@ from jax import lax
 from jax_mxfp8.flax.policy import LayerPrecision
 from jax_mxfp8.formats import MXArray
 from jax_mxfp8.ops.attention import dot_product_attention
+from jax_mxfp8.ops.attention_checks import check_concrete_offsets, check_cu_seqlens, check_max_seqlen
 from jax_mxfp8.ops.checks import check_rank
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
 from jax_mxfp8.ops.mx_dot_quantized import MXHandoff, mx_dot_general_handoff, mx_dot_general_quantized
@@ -23,7 +24,7 @@ from jax_mxfp8.ops.varlen_attention import varlen_attention
 from jax_mxfp8.parallel.fsdp import fsdp_mx_dot, fsdp_supported, gather_quantized
 from jax_mxfp8.reference.attention_tiling import round_up
 from jax_mxfp8.reference.rms_norm import rms_norm
-from jax_mxfp8.reference.varlen import seq_lengths, to_packed, to_padded
+from jax_mxfp8.reference.varlen import sanitize_offsets, seq_lengths, to_packed, to_padded
 
 
 def linear(
@@ -270,6 +271,21 @@ def bf16_attention(
     return call()
 
 
+def packed_offsets(cu_seqlens, max_seqlen, total: int) -> tuple[jax.Array, int]:
+    """The offsets rule of every packed path (varlen_attention's own checks, so MXFP8 and BF16 agree).
+
+    cu_seqlens must be a (B + 1,) integer array and max_seqlen a positive Python int (ValueError naming
+    them). Concrete offsets must be non-decreasing within [0, total] with no sequence longer than
+    max_seqlen (ValueError); traced offsets cannot be checked and are sanitized as varlen_attention does
+    (reference/varlen.py sanitize_offsets: clamped to [0, total], made non-decreasing; valid offsets are
+    unchanged). Returns (the (B + 1,) int32 offsets to use, max_seqlen as an int).
+    """
+    cu = check_cu_seqlens(cu_seqlens, "cu_seqlens")
+    max_len = check_max_seqlen(max_seqlen, "max_seqlen")
+    check_concrete_offsets(cu_seqlens, max_len, total, "cu_seqlens", "max_seqlen")
+    return sanitize_offsets(cu, total), max_len
+
+
 def jagged_attention(
     q: jax.Array,
     k: jax.Array,
@@ -286,9 +302,12 @@ def jagged_attention(
     The MXFP8 path is varlen_attention (packed rows, no padding). The BF16 path gathers the sequences into
     a padded batch (B, round_up(max_seqlen, 32), ...) and runs jax.nn.dot_product_attention with
     query_seq_lengths / key_value_seq_lengths (cuDNN's fused attention on a GPU, see bf16_attention):
-    the strong BF16 baseline, whose cost grows with B * max_seqlen^2, not T_total^2. Sequences longer than
-    max_seqlen are truncated to it on both paths; rows outside every sequence are 0.
+    the strong BF16 baseline, whose cost grows with B * max_seqlen^2, not T_total^2. Both paths take the
+    offsets by one rule (packed_offsets): concrete offsets that are not non-decreasing within [0, T_total],
+    or a sequence longer than max_seqlen, raise a ValueError; traced ones are sanitized (a traced sequence
+    longer than max_seqlen is truncated to it). Rows outside every sequence are 0.
     """
+    cu_seqlens, max_seqlen = packed_offsets(cu_seqlens, max_seqlen, q.shape[0])
     if precision.attention == "mxfp8":
         return varlen_attention(
             q,
@@ -301,7 +320,7 @@ def jagged_attention(
             is_causal=is_causal,
             config=config,
         )
-    cu = jnp.asarray(cu_seqlens, jnp.int32)
+    cu = cu_seqlens
     lengths = seq_lengths(cu, max_seqlen)
     padded_len = round_up(max_seqlen, 32)
     qp, kp, vp = (to_padded(a, cu, lengths, padded_len) for a in (q, k, v))

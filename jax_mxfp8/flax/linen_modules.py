@@ -7,9 +7,10 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from jax_mxfp8.flax import functional as F
-from jax_mxfp8.flax.policy import MXFP8, LayerPrecision, PrecisionPolicy
+from jax_mxfp8.flax.checks import check_attention_config, check_bool
+from jax_mxfp8.flax.policy import MXFP8, LayerPrecision, PrecisionPolicy, check_layer_precision, check_policy
 from jax_mxfp8.formats import MXArray
-from jax_mxfp8.ops.checks import check_features, check_rank
+from jax_mxfp8.ops.checks import check_eps, check_features, check_rank
 
 
 class MXDense(nn.Module):
@@ -27,13 +28,18 @@ class MXDense(nn.Module):
     bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()
     hadamard_seed: int = 0
 
+    def __post_init__(self):
+        check_layer_precision(self.precision)
+        check_features(self.features, "features")
+        check_bool(self.use_bias, "use_bias")
+        super().__post_init__()
+
     @nn.compact
     def __call__(self, x: jax.Array, *, x_quantized: MXArray | None = None, activation: str | None = None):
         """y = x @ kernel + bias; activation="gelu": (gelu(y), its MXHandoff or None), functional.linear_gelu
         (the GEMM's quantize epilogue hands the next MX GEMM its operand when precision.fuses_quantize)."""
         if activation not in (None, "gelu"):
             raise ValueError(f"activation={activation!r} is not one of (None, 'gelu')")
-        check_features(self.features, "features")
         check_rank(x, 1, "x")
         kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype)
         bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
@@ -60,6 +66,11 @@ class MXRMSNorm(nn.Module):
     eps: float = 1e-6
     param_dtype: jnp.dtype = jnp.float32
 
+    def __post_init__(self):
+        check_layer_precision(self.precision)
+        check_eps(self.eps)
+        super().__post_init__()
+
     @nn.compact
     def __call__(self, x: jax.Array) -> tuple[jax.Array, MXArray | None]:
         scale = self.param("scale", nn.initializers.ones_init(), (x.shape[-1],), self.param_dtype)
@@ -77,6 +88,16 @@ class MXAttention(nn.Module):
     use_rope: bool = True
     dtype: jnp.dtype | None = None
     param_dtype: jnp.dtype = jnp.float32
+
+    def __post_init__(self):
+        check_features(self.num_heads, "num_heads")
+        for name in ("num_kv_heads", "head_dim"):
+            if getattr(self, name) is not None:
+                check_features(getattr(self, name), name)
+        check_layer_precision(self.precision)
+        check_attention_config(self.attention_config)
+        check_bool(self.use_rope, "use_rope")
+        super().__post_init__()
 
     @nn.compact
     def __call__(
@@ -108,6 +129,17 @@ class TransformerBlock(nn.Module):
     layer_name: str = "block"
     attention_config: object = None
     dtype: jnp.dtype | None = None
+
+    def __post_init__(self):
+        check_features(self.num_heads, "num_heads")
+        if self.num_kv_heads is not None:
+            check_features(self.num_kv_heads, "num_kv_heads")
+        check_features(self.mlp_ratio, "mlp_ratio")
+        check_policy(self.policy)
+        check_attention_config(self.attention_config)
+        if not isinstance(self.layer_name, str):
+            raise ValueError(f"layer_name={self.layer_name!r} must be a str (the prefix the policy matches)")
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, x: jax.Array, *, is_causal: bool = True, mask: jax.Array | None = None) -> jax.Array:

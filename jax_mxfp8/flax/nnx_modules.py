@@ -9,7 +9,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_mxfp8.flax import functional as F
-from jax_mxfp8.flax.policy import MXFP8, LayerPrecision, PrecisionPolicy
+from jax_mxfp8.flax.checks import check_attention_config, check_bool
+from jax_mxfp8.flax.policy import MXFP8, LayerPrecision, PrecisionPolicy, check_layer_precision, check_policy
 from jax_mxfp8.formats import MXArray
 from jax_mxfp8.ops.checks import check_eps, check_features, check_rank
 
@@ -47,6 +48,8 @@ class MXLinear(nnx.Module):
         hadamard_seed: int = 0,
         rngs: nnx.Rngs,
     ):
+        precision = check_layer_precision(precision)
+        use_bias = check_bool(use_bias, "use_bias")
         mxfp8 = precision.gemm == "mxfp8"
         in_features = check_features(in_features, "in_features", multiple_of_block=mxfp8)
         out_features = check_features(out_features, "out_features")
@@ -124,6 +127,7 @@ class MXRMSNorm(nnx.Module):
         rngs: nnx.Rngs | None = None,
     ):
         del rngs
+        precision = check_layer_precision(precision)
         # the fused RMSNorm + quantize blocks the feature axis when the next GEMM runs in MXFP8 (functional.norm)
         fused = precision.gemm == "mxfp8" and not precision.hadamard
         features = check_features(features, "features", multiple_of_block=fused)
@@ -146,7 +150,9 @@ class MXAttention(nnx.Module):
       use_rope: apply rotary position embeddings to q and k.
     Call:
       dense: x (B, T, D) -> (B, T, D), with is_causal and an optional boolean mask (B|1, N|1, T, T).
-      jagged: x (T_total, D) packed sequences with cu_seqlens (B + 1,) int32 and static max_seqlen.
+      jagged: x (T_total, D) packed sequences with cu_seqlens (B + 1,) int32 and static max_seqlen, checked
+        (concrete) or sanitized (traced) by one rule for every precision (functional.packed_offsets, the
+        rule of jax_mxfp8.varlen_attention).
       x_quantized: the MXArray of x from MXRMSNorm (skips quantizing x for the QKV GEMM).
     """
 
@@ -164,6 +170,9 @@ class MXAttention(nnx.Module):
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
+        precision = check_layer_precision(precision)
+        attention_config = check_attention_config(attention_config)
+        use_rope = check_bool(use_rope, "use_rope")
         features = check_features(features, "features")
         num_heads = check_features(num_heads, "num_heads")
         num_kv_heads = num_heads if num_kv_heads is None else check_features(num_kv_heads, "num_kv_heads")
@@ -199,12 +208,15 @@ class MXAttention(nnx.Module):
         cu_seqlens: jax.Array | None = None,
         max_seqlen: int | None = None,
     ) -> jax.Array:
-        q, k, v = self._split_heads(self.qkv(x, x_quantized=x_quantized))
         if cu_seqlens is not None:
             if x.ndim != 2 or max_seqlen is None:
                 raise ValueError("jagged input takes x of shape (T_total, D) with cu_seqlens and max_seqlen")
             if mask is not None:
                 raise ValueError("mask is not supported with cu_seqlens (sequences already isolate each other)")
+            # one offsets rule for every precision (checked, or sanitized when traced), RoPE positions included
+            cu_seqlens, max_seqlen = F.packed_offsets(cu_seqlens, max_seqlen, x.shape[0])
+        q, k, v = self._split_heads(self.qkv(x, x_quantized=x_quantized))
+        if cu_seqlens is not None:
             if self.use_rope:
                 pos = F.positions_in_sequences(cu_seqlens, x.shape[0])
                 q, k = F.rope(q[None], pos[None])[0], F.rope(k[None], pos[None])[0]
@@ -234,6 +246,7 @@ class MXMLP(nnx.Module):
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
+        precision = check_layer_precision(precision)
         common = dict(precision=precision, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.up = MXLinear(features, hidden, **common)
         self.down = MXLinear(hidden, features, **common)
@@ -264,8 +277,10 @@ class TransformerBlock(nnx.Module):
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
-        if not isinstance(policy, PrecisionPolicy):
-            raise ValueError(f"policy must be a PrecisionPolicy, got {type(policy).__name__}")
+        policy = check_policy(policy)
+        attention_config = check_attention_config(attention_config)
+        if not isinstance(name, str):
+            raise ValueError(f"name={name!r} must be a str (the layer-name prefix the policy matches)")
         mlp_ratio = check_features(mlp_ratio, "mlp_ratio")
         attn_p, mlp_p = policy.for_layer(f"{name}.attn"), policy.for_layer(f"{name}.mlp")
         common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)

@@ -351,8 +351,25 @@ def f32_sum_squares(acc: Uint32, xs) -> Uint32:
     return inline_ptx(code, write_only_types=[Uint32], read_only_args=[acc, *xs])
 
 
+def f32_sum_scaled_squares(acc: Uint32, xs, scale: float) -> Uint32:
+    """acc + (x0*c)*(x0*c) + (x1*c)*(x1*c) + ... left to right with c = float32(scale) (a PTX immediate),
+    each product and sum rounded separately."""
+    c = f"0f{_f32_bits(scale):08X}"
+    step = "mul.rn.f32 t, {{$r{}}}, " + c + ";\nmul.rn.f32 t, t, t;\nadd.rn.f32 a, a, t;\n"
+    body = "".join(step.format(i + 1) for i in range(len(xs)))
+    code = "{\n.reg .f32 a, t;\nmov.b32 a, {$r0};\n" + body + "mov.b32 {$w0}, a;\n}"
+    return inline_ptx(code, write_only_types=[Uint32], read_only_args=[acc, *xs])
+
+
 def f32_add(a: Uint32, b: Uint32) -> Uint32:
     return inline_ptx("add.rn.f32 {$w0}, {$r0}, {$r1};", write_only_types=[Uint32], read_only_args=[a, b])
+
+
+def f32_mul_const(a: Uint32, scale: float) -> Uint32:
+    """a * float32(scale) (a PTX immediate), one IEEE float32 multiply."""
+    return inline_ptx(
+        f"mul.rn.f32 {{$w0}}, {{$r0}}, 0f{_f32_bits(scale):08X};", write_only_types=[Uint32], read_only_args=[a]
+    )
 
 
 def rms_rsqrt(sum_sq: Uint32, d: Int32, eps: Uint32) -> Uint32:
@@ -373,10 +390,10 @@ def rms_rsqrt(sum_sq: Uint32, d: Int32, eps: Uint32) -> Uint32:
     return inline_ptx(code, write_only_types=[Uint32], read_only_args=[sum_sq, d, eps])
 
 
-def f32_scale2(x: Uint32, r: Uint32, w: Uint32) -> Uint32:
-    """(x * r) * w, two IEEE float32 multiplies."""
+def f32_scale3(x: Uint32, r: Uint32, s: Uint32, w: Uint32) -> Uint32:
+    """((x * r) * s) * w, three IEEE float32 multiplies (s = 1.0 makes it exactly (x * r) * w)."""
     return inline_ptx(
-        "{\n.reg .f32 t;\nmul.rn.f32 t, {$r0}, {$r1};\nmul.rn.f32 {$w0}, t, {$r2};\n}",
+        "{\n.reg .f32 t;\nmul.rn.f32 t, {$r0}, {$r1};\nmul.rn.f32 t, t, {$r2};\nmul.rn.f32 {$w0}, t, {$r3};\n}",
         write_only_types=[Uint32],
-        read_only_args=[x, r, w],
+        read_only_args=[x, r, s, w],
     )

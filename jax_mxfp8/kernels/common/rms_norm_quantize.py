@@ -5,8 +5,12 @@ Supported features (kernels/registry/, RMSNormQuantizeConfig):
   multiple of 32 and at most max_threads * chunks * V (V = 16 / sizeof(x): 32768 for bf16, 16384 for
   f32 with the defaults); weight: float32 (D,) (viewed as (1, D)); eps: float32 kernel argument.
   Outputs, in one pass over x:
-    y      = (x32 * rsqrt(sum(x32 * x32) / D + eps)) * w32, rounded to x's dtype (RNE; the exact
-             float32 steps below);
+    y      = ((x32 * r) * s) * w32 with r = rsqrt(sum(x32 * x32) / D + eps) and s = 1, rounded to x's
+             dtype (RNE; the exact float32 steps below); a row of finite values whose float32 sum of
+             squares overflows (+Inf) takes the reference's scaled branch (reference/rms_norm.py inv_rms):
+             r = rsqrt(sum((x32 c)^2) / D + (eps c) c), s = c = 2^-80, the sum in the same order (a
+             uniform branch: every thread of the CTA holds the same sum; kept only if the scaled sum is
+             finite, i.e. the row holds no Inf);
     data   = quantize(y) in row blocks of 32 along D (float8_e4m3fn / float8_e5m2, "up" / "floor"),
     scale  = (M, D / 32) E8M0 bytes,
   where quantize takes the ROUNDED y, so (data, scale) is bit-identical to
@@ -28,7 +32,8 @@ quantize(y_kernel) exactly in every case.
 Design (memory-bound): one CTA per row, T = roundup32(ceil(D / (V * chunks))) threads. Thread t holds
 the 16-byte vectors at columns (c * T + t) * V for c < chunks (predicated loads: zeros past D) in
 registers, so x is read from DRAM once. Sum of squares per thread, butterfly over the warp, one float
-per warp through shared memory, a second butterfly (every thread ends with the same bits), then per
+per warp through shared memory, a second butterfly (every thread ends with the same bits; the overflow
+branch repeats this on the registers with the scaled squares, x is not read again), then per
 vector: weight (L1-cached loads), y, its bf16/f32 store, the block amax over the G = 32 / V lanes of a
 32-column block (sign-cleared bit patterns, integer max), the E8M0 scale, FP8 conversion and stores
 (FP8 8 or 4 bytes per lane, coalesced; one scale byte per block).
@@ -43,6 +48,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 
 from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.registry import RMSNormQuantizeConfig
+from jax_mxfp8.reference.rms_norm import ROW_RESCALE
 
 _IN_TYPES = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
 _FP8_TYPES = {"float8_e4m3fn": cutlass.Float8E4M3FN, "float8_e5m2": cutlass.Float8E5M2}
@@ -114,21 +120,33 @@ class RMSNormQuantize:
         row, _, _ = cute.arch.block_idx()
         nthr, _, _ = cute.arch.block_dim()
         smem = cute.arch.alloc_smem(cutlass.Float32, 32)
-        self._row(mX, mW, mY, mQ, mS, eps, Int32(tidx), Int32(row), Int32(nthr), smem.toint())
-
-    def _row(self, mX, mW, mY, mQ, mS, eps, tidx, row, nthr, sbase):
-        """The CTA's row (trace-time Python: loops unroll)."""
-        c = self.config
-        V, G, C = self.vec, self.group, self.chunks
-        bf16 = c.in_dtype == "bfloat16"
-        lane = tidx % 32
-        warp = tidx // 32
+        tidx, row, nthr, sbase = Int32(tidx), Int32(row), Int32(nthr), smem.toint()
         d = mX.shape[1]
-        d64 = Int64(d)
-        base = Int64(row) * d64  # element offset of the row
-        x_addr = mX.iterator.toint() + base * self.in_bytes
+        cols, valid, words = self._load_row(mX, row, tidx, nthr)
+        total = self._cta_sum(self._sum_squares(words, None), tidx, nthr, sbase)
+        r = ptx.rms_rsqrt(total, d, ptx.f32_from_f32(eps))
+        s = ptx._u32(ptx._f32_bits(1.0))  # y = ((x * r) * s) * w: s = 1 unless the sum of squares overflowed
+        # a row of finite values whose x * x sum overflowed: the reference's scaled formula (inv_rms). The
+        # branch is uniform: every thread of the CTA holds the same total, bit for bit
+        if total == ptx._u32(ptx.F32_INF_BITS):
+            r, s = self._rescaled_inv_rms(words, r, s, d, eps, tidx, nthr, sbase)
+        self._normalize_quantize_store(mW, mY, mQ, mS, d, row, tidx, cols, valid, words, r, s)
 
-        # ---- the row into registers: C independent 16-byte loads per thread, zeros past D
+    def _values(self, ws):
+        """float32 bit patterns of a 16-byte vector's V elements, in column order."""
+        if self.config.in_dtype == "bfloat16":
+            out = []
+            for w in ws:
+                out += [ptx.bf16_lo(w), ptx.bf16_hi(w)]
+            return out
+        return list(ws)
+
+    def _load_row(self, mX, row, tidx, nthr):
+        """The CTA's row into registers: C independent 16-byte loads per thread, zeros past D (trace-time
+        Python: loops unroll). Returns (columns, in-bounds predicates, 16-byte words) per chunk."""
+        V, C = self.vec, self.chunks
+        d = mX.shape[1]
+        x_addr = mX.iterator.toint() + Int64(row) * Int64(d) * self.in_bytes
         cols, valid, words = [], [], []
         for k in range(C):
             col = (k * nthr + tidx) * V
@@ -136,31 +154,52 @@ class RMSNormQuantize:
             cols.append(col)
             valid.append(ok)
             words.append(ptx.ld_global_v4_pred(x_addr + Int64(col) * self.in_bytes, ok))
+        return cols, valid, words
 
-        def values(ws):
-            """float32 bit patterns of a vector's V elements, in column order."""
-            if bf16:
-                out = []
-                for w in ws:
-                    out += [ptx.bf16_lo(w), ptx.bf16_hi(w)]
-                return out
-            return list(ws)
-
-        # ---- sum of squares: per thread, over the warp, over the warps (through shared memory)
+    def _sum_squares(self, words, scale: float | None):
+        """This thread's float32 sum of x * x (scale None) or of (x * scale) * (x * scale), in column order."""
         acc = Uint32(0)
-        for k in range(C):
-            acc = ptx.f32_sum_squares(acc, values(words[k]))
+        for k in range(self.chunks):
+            xs = self._values(words[k])
+            acc = ptx.f32_sum_squares(acc, xs) if scale is None else ptx.f32_sum_scaled_squares(acc, xs, scale)
+        return acc
+
+    def _cta_sum(self, acc, tidx, nthr, sbase):
+        """The CTA's sum of every thread's acc: butterfly over the warp, one float per warp through shared
+        memory, a second butterfly (every thread ends with the same bits: IEEE add commutes)."""
+        lane = tidx % 32
+        warp = tidx // 32
         for s in (16, 8, 4, 2, 1):
             acc = ptx.f32_add(acc, ptx.shfl_bfly(acc, s))
         ptx.st_shared_b32(sbase + warp * 4, acc, pred=lane == 0)
         cute.arch.barrier()
         part = ptx.ld_shared_b32(sbase + lane * 4)
         total = cutlass.select_(lane < nthr // 32, part, Uint32(0))
-        for s in (16, 8, 4, 2, 1):  # identical bits in every lane of every warp (IEEE add commutes)
+        for s in (16, 8, 4, 2, 1):
             total = ptx.f32_add(total, ptx.shfl_bfly(total, s))
-        r = ptx.rms_rsqrt(total, d, ptx.f32_from_f32(eps))
+        return total
 
-        # ---- normalize, round to x's dtype, store y; quantize the rounded y in 32-column blocks
+    def _rescaled_inv_rms(self, words, r, s, d, eps, tidx, nthr, sbase):
+        """(r, s) = (rsqrt(sum((x c)^2) / D + (eps c) c), c) with c = ROW_RESCALE (reference/rms_norm.py inv_rms),
+        or (r, s) unchanged when the scaled sum is not finite either (a row holding Inf)."""
+        acc = self._sum_squares(words, ROW_RESCALE)
+        cute.arch.barrier()  # every warp has read the first sum's partials before they are overwritten
+        total = self._cta_sum(acc, tidx, nthr, sbase)
+        eps_c = ptx.f32_mul_const(ptx.f32_mul_const(ptx.f32_from_f32(eps), ROW_RESCALE), ROW_RESCALE)
+        r_c = ptx.rms_rsqrt(total, d, eps_c)
+        finite = total < ptx._u32(ptx.F32_INF_BITS)
+        c = ptx._u32(ptx._f32_bits(ROW_RESCALE))
+        return Uint32(cutlass.select_(finite, r_c, r)), Uint32(cutlass.select_(finite, c, s))
+
+    def _normalize_quantize_store(self, mW, mY, mQ, mS, d, row, tidx, cols, valid, words, r, s):
+        """y = ((x * r) * s) * w per element, rounded to x's dtype and stored; quantize the rounded y in
+        32-column blocks (trace-time Python: loops unroll)."""
+        c = self.config
+        V, G, C = self.vec, self.group, self.chunks
+        bf16 = c.in_dtype == "bfloat16"
+        lane = tidx % 32
+        d64 = Int64(d)
+        base = Int64(row) * d64  # element offset of the row
         w_addr = mW.iterator.toint()
         y_addr = mY.iterator.toint() + base * self.in_bytes
         q_addr = mQ.iterator.toint() + base
@@ -171,8 +210,8 @@ class RMSNormQuantize:
             wv = []
             for j in range(V // 4):  # float32 weight: V // 4 16-byte loads
                 wv += list(ptx.ld_global_v4_l1(w_addr + Int64(col + 4 * j) * 4, ok))
-            xs = values(words[k])
-            ys = [ptx.f32_scale2(xs[j], r, wv[j]) for j in range(V)]
+            xs = self._values(words[k])
+            ys = [ptx.f32_scale3(xs[j], r, s, wv[j]) for j in range(V)]
             if bf16:
                 out = [ptx.pack_bf16x2_rn(ys[2 * p], ys[2 * p + 1]) for p in range(4)]
                 a = [w & ptx._u32(0x7FFF7FFF) for w in out]
