@@ -320,6 +320,8 @@ def jagged_attention(
             is_causal=is_causal,
             config=config,
         )
+    if q.shape[0] == 0:  # no rows: nothing to gather into a padded batch (the empty result, as varlen's)
+        return jnp.zeros(q.shape, q.dtype)
     cu = cu_seqlens
     lengths = seq_lengths(cu, max_seqlen)
     padded_len = round_up(max_seqlen, 32)
