@@ -204,6 +204,18 @@ RAISES = {
     ),
     ("flax.MXAttention", "option", "is_causal"): (lambda: _attn()(X3, is_causal="yes"), "is_causal"),
     ("flax.MXAttention", "dtype", "mask"): (lambda: _attn()(X3, mask=jnp.ones((32, 32))), "mask must be boolean"),
+    ("flax.MXAttention", "dtype", "mask, BF16"): (
+        lambda: _attn(precision=mf.BF16)(X3, mask=jnp.ones((32, 32))),
+        "mask must be boolean",
+    ),
+    ("flax.MXAttention", "shape", "mask, BF16"): (
+        lambda: _attn(precision=mf.BF16)(X3, mask=jnp.ones((3, 1, 32, 32), bool)),
+        "mask of shape",
+    ),
+    ("flax.MXAttention", "option", "is_causal, BF16"): (
+        lambda: _attn(precision=mf.BF16)(X3, is_causal="yes"),
+        "is_causal",
+    ),
     ("flax.MXAttention", "dtype", "int x, BF16"): (
         lambda: _attn(precision=mf.BF16)(X3.astype(jnp.int32)),
         "MXAttention: x has dtype int32",
