@@ -20,7 +20,9 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
+from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.sm100 import attention_bwd_ptx as px
+from jax_mxfp8.kernels.sm100 import float32_ops as f32
 from jax_mxfp8.kernels.sm100.attention_bwd_config import SCALE_CHUNK, TILE
 from jax_mxfp8.kernels.sm100.attention_bwd_gemms import BwdGemms
 from jax_mxfp8.kernels.sm100.attention_bwd_tiles import cta_rows, scale_chunk
@@ -114,11 +116,11 @@ class LoadRole:
             ok = r < w.q_len
             off = (rows * Int64(ctx.seq_q) + Int64(w.q_off + r)) * 4
             lse = px.ld_global_f32(ctx.addrs["lse"] + off, ok, float("-inf"))
-            use = px.select_f32(lse == Float32(float("-inf")), Float32(0.0), lse)
-            ls.append(px.mul_rn(use, Float32(LOG2E)))
+            use = f32.select_f32(lse == Float32(float("-inf")), Float32(0.0), lse)
+            ls.append(f32.mul_rn(use, Float32(LOG2E)))
             ds.append(px.ld_global_f32(ctx.addrs["delta"] + off, ok, 0.0))
-        px.st_shared_v4(smem + 16 * lane, [x.bitcast(cutlass.Uint32) for x in ls])
-        px.st_shared_v4(smem + TILE * 4 + 16 * lane, [x.bitcast(cutlass.Uint32) for x in ds])
+        ptx.st_shared_v4(smem + 16 * lane, [x.bitcast(cutlass.Uint32) for x in ls])
+        ptx.st_shared_v4(smem + TILE * 4 + 16 * lane, [x.bitcast(cutlass.Uint32) for x in ds])
         cute.arch.sync_warp()
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive(bars.ptr("stats_full", s))

@@ -35,6 +35,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.sm100 import attention_bwd_ptx as px
 from jax_mxfp8.kernels.sm100 import epilogue_quantize as eq
+from jax_mxfp8.kernels.sm100 import float32_ops as f32
 from jax_mxfp8.kernels.sm100.attention_bwd_config import BLOCK, TILE, AttentionBwdPrepassConfig
 from jax_mxfp8.kernels.sm100.attention_bwd_tiles import find_sequence, scale_chunk
 
@@ -125,10 +126,10 @@ class AttentionBwdPrepass:
         o = self._row(a["o"] + offset * self.in_bytes, exists)
         total = Float32(0.0)
         for i in cutlass.range_constexpr(h):
-            total = total + px.mul_rn(do[i], o[i])
+            total = total + f32.mul_rn(do[i], o[i])
         stat = (Int64(b) * Int64(heads) + Int64(head)) * Int64(seq) + Int64(row0 + r)
         dlse = px.ld_global_f32(a["dlse"] + stat * 4, exists, 0.0)
-        delta = px.sub_rn(total, dlse)
+        delta = f32.sub_rn(total, dlse)
         ptx.st_global(a["delta"] + stat * 4, [delta.bitcast(Uint32)], pred=exists)
         hd_bytes, words = [], []
         for j in cutlass.range_constexpr(h // BLOCK):
