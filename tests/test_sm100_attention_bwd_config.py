@@ -17,15 +17,13 @@ from jax_mxfp8.kernels.sm100 import attention_bwd_perf_model as pm
 from jax_mxfp8.kernels.sm100.attention_bwd_config import (
     ATTENTION_BWD_PREPASS_VARIANTS,
     ATTENTION_BWD_SM100_VARIANTS,
-    REGISTER_FILE,
     REGISTERS,
-    SMEM_LIMIT,
-    THREADS,
     AttentionBwdPrepassConfig,
     AttentionBwdSm100Config,
     sf_slot,
     tmem_columns,
 )
+from jax_mxfp8.kernels.sm100.attention_geometry import REGISTER_FILE, SMEM_LIMIT, THREADS
 from jax_mxfp8.kernels.sm100.attention_tmem import backward_map
 from jax_mxfp8.kernels.sm100.perf_model import B200, GB300
 

@@ -48,15 +48,12 @@ from compare_sass import find_cuobjdump  # noqa: E402
 
 from jax_mxfp8.kernels.sm100 import attention_bwd_perf_model as pm  # noqa: E402 (pure Python)
 from jax_mxfp8.kernels.sm100.attention_bwd_config import (  # noqa: E402
-    ARCH,
     ATTENTION_BWD_PREPASS_VARIANTS,
     ATTENTION_BWD_SM100_VARIANTS,
-    REGISTER_FILE,
     REGISTERS,
-    SMEM_LIMIT,
-    THREADS,
     sf_slot,
 )
+from jax_mxfp8.kernels.sm100.attention_geometry import ARCH, REGISTER_FILE, SMEM_LIMIT, THREADS  # noqa: E402
 from jax_mxfp8.kernels.sm100.perf_model import B200, GB300  # noqa: E402
 
 _UTCQMMA = re.compile(

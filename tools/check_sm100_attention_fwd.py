@@ -48,15 +48,8 @@ from check_sm100 import _ALLOC, _RES, _one  # noqa: E402
 from compare_sass import find_cuobjdump  # noqa: E402
 
 from jax_mxfp8.kernels.sm100 import attention_fwd_perf_model as model  # noqa: E402 (pure Python, no DSL)
-from jax_mxfp8.kernels.sm100.attention_fwd_config import (  # noqa: E402
-    ARCH,
-    ATTENTION_FWD_SM100_VARIANTS,
-    MMA_K,
-    REGISTER_FILE,
-    REGISTERS,
-    SMEM_LIMIT,
-    THREADS,
-)
+from jax_mxfp8.kernels.sm100.attention_fwd_config import ATTENTION_FWD_SM100_VARIANTS, MMA_K, REGISTERS  # noqa: E402
+from jax_mxfp8.kernels.sm100.attention_geometry import ARCH, REGISTER_FILE, SMEM_LIMIT, THREADS  # noqa: E402
 from jax_mxfp8.kernels.sm100.attention_tmem import SF_COLS  # noqa: E402
 
 QK_SITES, PV_SITES = 4, 6

@@ -61,7 +61,7 @@ def packed_tables(
     seqs (6, S): first query row cu_q[s], first key row cu_k[s], query length, key length, first Q scale chunk
     chunk_q[s], first K / V scale chunk chunk_k[s]. work (2, S * ceil(max_len_q / 256)): one (sequence, pair)
     item per 256-row query pair holding a row of its sequence, the most KV tiles first (a causal pair visits
-    the tiles up to its last row, as kernels/sm100/attention_schedule.kv_tile_count), then (-1, 0) padding
+    the tiles up to its last row, as kernels/sm100/tile_scheduler.kv_tile_count), then (-1, 0) padding
     that the kernel skips. max_len_q (static) >= every query length."""
     q_len = (cu_q[1:] - cu_q[:-1]).astype(jnp.int32)
     kv_len = (cu_k[1:] - cu_k[:-1]).astype(jnp.int32)

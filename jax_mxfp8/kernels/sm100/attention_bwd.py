@@ -54,7 +54,9 @@ from jax_mxfp8.kernels.sm100.attention_bwd_epilogue import EpilogueRole
 from jax_mxfp8.kernels.sm100.attention_bwd_gemms import E4M3, BwdGemms
 from jax_mxfp8.kernels.sm100.attention_bwd_load import LoadRole
 from jax_mxfp8.kernels.sm100.attention_bwd_mma import MmaRole
-from jax_mxfp8.kernels.sm100.attention_bwd_tiles import dense_work, packed_work, tma_rows
+from jax_mxfp8.kernels.sm100.attention_geometry import SCALE_CHUNK, THREADS, TILE
+from jax_mxfp8.kernels.sm100.attention_loads import rows_view
+from jax_mxfp8.kernels.sm100.tile_scheduler import dense_key_tile, packed_key_tile
 
 ARRIVALS = {
     "kv_full": 1, "q_full": 1, "q_empty": 1, "do_full": 1, "do_empty": 1, "stats_full": 1,
@@ -112,25 +114,28 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
 
         cfg, s = self.config, cute.sym_int32
         h = cfg.head_dim
-        bq, b, t, sk, n, nk, ct, ck = s(), s(), s(), s(), s(), s(), s(), s()
         u8, i32, f32 = cutlass.Uint8, Int32, Float32
         dq_dtype = f32 if cfg.dq_accum == "fp32" else cutlass.Float16
+
+        def rows(dtype):  # (rows, heads * H) data
+            return dtype, (s(), s(divisibility=h))
+
+        def chunks():  # (batch * heads, chunks * 512) blocked scales
+            return u8, (s(), s(divisibility=SCALE_CHUNK))
+
         shapes = {
-            "q": (E4M3, (bq, t, n, h)), "q_sf_hd": (u8, (bq, n, ct, 1, 512)), "q_sf_seq": (u8, (bq, n, 1, ct, 512)),
-            "k": (E4M3, (b, sk, nk, h)), "k_sf_hd": (u8, (b, nk, ck, 1, 512)), "k_sf_seq": (u8, (b, nk, 1, ck, 512)),
-            "v": (E4M3, (b, sk, nk, h)), "v_sf_hd": (u8, (b, nk, ck, 1, 512)),
-            "do": (E4M3, (b, t, n, h)), "do_sf_hd": (u8, (b, n, ct, 1, 512)), "do_sf_seq": (u8, (b, n, 1, ct, 512)),
-            "lse": (f32, (b, n, t)), "delta": (f32, (b, n, t)), "lens": (i32, (2, b)), "seqs": (i32, (4, s())),
-            "dq_sem": (i32, (b, n, ct)), "dq": (dq_dtype, (bq, t, n, h)), "dk": (f32, (b, sk, nk, h)),
-            "dv": (f32, (b, sk, nk, h)),
+            "q": rows(E4M3), "k": rows(E4M3), "v": rows(E4M3), "do": rows(E4M3),
+            "lse": (f32, (s(), s())), "delta": (f32, (s(), s())), "lens": (i32, (2, s())), "seqs": (i32, (4, s())),
+            "dq_sem": (i32, (s(), s())), "dq": rows(dq_dtype), "dk": rows(f32), "dv": rows(f32),
         }  # fmt: skip
+        for name in ("q_sf_hd", "q_sf_seq", "k_sf_hd", "k_sf_seq", "v_sf_hd", "do_sf_hd", "do_sf_seq"):
+            shapes[name] = chunks()
         for name in ("dk", "dv"):
             shapes[f"{name}_row"] = shapes[f"{name}_col"] = (E4M3, (s(divisibility=32), s(divisibility=32)))
             shapes[f"{name}_row_scale"] = shapes[f"{name}_col_scale"] = (u8, (s(), s()))
 
         def fake(dtype, shape):
-            order = tuple(reversed(range(len(shape))))
-            return make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=16)
+            return make_fake_compact_tensor(dtype, shape, stride_order=(1, 0), assumed_align=16)
 
         tensors = tuple(fake(*shapes[name]) for name in self.tensor_names())
         return (*tensors, Float32(1.0), Float32(1.0), Float32(1.0), make_fake_stream())
@@ -179,13 +184,18 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
     def _launch(self, tensors, scalars, stream: cuda.CUstream):
         cfg = self.config
         t = dict(zip(self.tensor_names(), tensors))
-        q_batch, seq_q, n_heads, _ = t["q"].shape
-        batch, seq_k, kv_heads, _ = t["k"].shape
+        h = cfg.head_dim
+        n_heads, kv_heads = t["do"].shape[1] // h, t["k"].shape[1] // h
+        batch = Int32(1) if cutlass.const_expr(cfg.packed) else t["lens"].shape[1]
+        seq_q, seq_k = t["do"].shape[0] // batch, t["k"].shape[0] // batch
+        q_batch = cutlass.select_(t["q"].shape[0] == t["do"].shape[0], batch, Int32(1))  # B, or 1 (broadcast q)
         g = BwdGemms(cfg.head_dim, cfg.stages)
         g.check_views(cfg.head_dim)
         op = cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE)
         vmnk = (1, 1, 1, 1)
-        rows = {name: tma_rows(t[name], cfg.packed) for name in ("q", "k", "v", "do")}
+        row_batch = {"q": q_batch, "k": batch, "v": batch, "do": batch}
+        row_heads = {"q": n_heads, "k": kv_heads, "v": kv_heads, "do": n_heads}
+        rows = {name: rows_view(t[name], row_batch[name], row_heads[name], h, cfg.packed) for name in row_batch}
         tma_k = cute.nvgpu.make_tiled_tma_atom_A(op, rows["k"], g.k_smem, g.tiler["S"], g.mma["S"], vmnk)
         tma_v = cute.nvgpu.make_tiled_tma_atom_A(op, rows["v"], g.k_smem, g.tiler["dP"], g.mma["dP"], vmnk)
         q_stage = cute.slice_(g.q_smem, (None, None, None, 0))
@@ -219,13 +229,13 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
         self.tmem_layout_columns = tmem_layout_columns(g)
         assert st * cfg.tile_bytes == n_q
         addrs = tuple(t[name].iterator.toint() for name in self.tensor_names() if name not in ("q", "k", "v", "do"))
-        ct = t["q_sf_hd"].shape[2]  # query scale chunks per head (dense: Tp/128; packed: n_chunks_q)
-        ck = t["k_sf_hd"].shape[2]
+        ct = t["q_sf_hd"].shape[1] // SCALE_CHUNK  # query scale chunks per head (dense: Tp/128; packed: n_chunks)
+        ck = t["k_sf_hd"].shape[1] // SCALE_CHUNK
         n_seq = t["seqs"].shape[1] - 1 if cfg.packed else Int32(0)
         dims = (q_batch, batch, seq_q, seq_k, n_heads, kv_heads, ct, ck, n_seq)
-        key_tiles = ck if cfg.packed else (seq_k + (C.TILE - 1)) // C.TILE
+        key_tiles = ck if cfg.packed else (seq_k + (TILE - 1)) // TILE
         self.kernel(tma_q[0], tma_q[1], tma_k[0], tma_k[1], tma_v[0], tma_v[1], tma_do[0], tma_do[1], addrs, dims,
-                    scalars).launch(grid=[kv_heads, 1 if cfg.packed else batch, key_tiles], block=[C.THREADS, 1, 1],
+                    scalars).launch(grid=[kv_heads, 1 if cfg.packed else batch, key_tiles], block=[THREADS, 1, 1],
                                     stream=stream, min_blocks_per_mp=1)  # fmt: skip
 
     # ---------------------------------------------------------------------------------- device side
@@ -289,9 +299,9 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
         q_batch, batch, seq_q, seq_k, n_heads, kv_heads, ct, ck, n_seq = dims
         groups = n_heads // kv_heads
         if cfg.packed:
-            work = packed_work(a["seqs"], n_seq, groups, cfg.causal)
+            work = packed_key_tile(a["seqs"], n_seq, groups, cfg.causal)
         else:
-            work = dense_work(a["lens"], seq_q, seq_k, q_batch, groups, cfg.causal)
+            work = dense_key_tile(a["lens"], seq_q, seq_k, q_batch, groups, cfg.causal)
         return _Context(cfg, storage, bars, a, work, q_batch, batch, seq_q, seq_k, n_heads, kv_heads, ct, ck, *scalars)
 
 

@@ -37,10 +37,11 @@ from jax_mxfp8.kernels.sm100 import attention_bwd_ptx as px
 from jax_mxfp8.kernels.sm100 import attention_quant as aq
 from jax_mxfp8.kernels.sm100 import float32_ops as f32
 from jax_mxfp8.kernels.sm100 import tmem_rows
-from jax_mxfp8.kernels.sm100.attention_bwd_config import BAR_COMPUTE_PAIR, SCALE_CHUNK, TILE
+from jax_mxfp8.kernels.sm100.attention_bwd_config import BAR_COMPUTE_PAIR
 from jax_mxfp8.kernels.sm100.attention_bwd_load import STATS_STAGE_BYTES
+from jax_mxfp8.kernels.sm100.attention_geometry import SCALE_CHUNK, TILE
+from jax_mxfp8.kernels.sm100.attention_mask import mask_queries
 
-NEG_INF = float("-inf")
 HALF = TILE // 2
 
 
@@ -94,7 +95,7 @@ class ComputeRole:
                 cute.arch.mbarrier_wait(bars.ptr("stats_full", s), ph)
                 t = [f32.mul_rn(x, ctx.scale_log2) for x in acc]
                 if w.masked(m, cfg.causal):
-                    t = self._mask(t, q0, lo, hi)
+                    t = mask_queries(t, q0, lo, hi)
                 p = []
                 for j4 in cutlass.range_constexpr(HALF // 4):
                     lv = ptx.ld_shared_v4_f32(stage + 16 * j4)
@@ -116,15 +117,6 @@ class ComputeRole:
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_arrive(bars.ptr("stats_empty", s))
                 i += 1
-
-    @cute.jit
-    def _mask(self, t, q0, lo, hi):
-        """t with -inf where query q0 + j is outside [lo, hi) (the row's valid queries)."""
-        out = []
-        for j in cutlass.range_constexpr(len(t)):
-            q = q0 + j
-            out.append(f32.select_f32((q >= lo) & (q < hi), t[j], Float32(NEG_INF)))
-        return out
 
     def _store_p(self, p, p_addr, sf_addr) -> None:
         """P^T's two blocks of this thread into TMEM (and, p_scale "block", their scale bytes into the chunk)."""

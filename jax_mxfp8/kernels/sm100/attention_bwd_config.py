@@ -24,22 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from jax_mxfp8.kernels.registry.attention_bwd import DQ_ACCUM_CODE, DQ_ACCUMS
+from jax_mxfp8.kernels.registry.base import P_SCALE_CODE, P_SCALES
+from jax_mxfp8.kernels.sm100.attention_geometry import BLOCK, HEAD_DIMS, SCALE_CHUNK, SMEM_LIMIT, TILE
 from jax_mxfp8.kernels.sm100.attention_tmem import SF_COLS, backward_map
 from jax_mxfp8.kernels.sm100.tmem_map import TmemMap
 
-ARCH = "sm_100f"
-"""One cubin for cc 10.0 (B200, GB200) and 10.3 (B300, GB300)."""
-TILE = 128
-"""Keys per CTA (TMEM lanes) and queries per step: the 1-CTA block-scaled MMA's M."""
-BLOCK = 32
-SCALE_CHUNK = 512
-"""Bytes of one 128 x 4 blocked scale chunk (formats/blocked_scales.py)."""
-SMEM_LIMIT = 227 * 1024
-HEAD_DIMS = (64, 128)
-P_SCALES = ("const", "block")
-DQ_ACCUMS = ("fp32", "fp16")
 DKV_OUTPUTS = ("float32", "mx")
-P_CONST_SCALE_BYTE = 0x77  # 2^-8: kernels/sm100/attention_quant.P_CONST_SCALE_BYTE (that module imports the DSL)
 
 # Warp roles (16 warps, 512 threads; one CTA per (128-key tile, KV head, batch row or sequence)).
 REDUCE_WARPS = (0, 1, 2, 3)
@@ -51,11 +42,9 @@ MMA_WARP = 12
 LOAD_WARP = 13
 IDLE_WARPS = (14, 15)
 """Warpgroup 3 (MMA, load, two idle warps) shares one register budget: setmaxnreg is per warpgroup."""
-THREADS = 512
 REGISTERS = {"reduce": 64, "compute": 168, "other": 112}
 """setmaxnreg per warpgroup: 128 (120 + 56) + 256 * 168 = 65536, the register file. The kernel launches
 with 128 per thread (512 threads) and moves registers from warpgroups 0 and 3 to the compute warpgroups."""
-REGISTER_FILE = 65536
 
 # Named barriers (0 is __syncthreads).
 BAR_TMEM_ALLOC = 1
@@ -116,7 +105,7 @@ class AttentionBwdSm100Config:
 
     key_fields = ("head_dim", "causal", "p_scale", "dq_accum", "deterministic", "packed", "dkv")
     """The fields that with `tune` identify a variant (a future handler checks them as named integers)."""
-    codes = {"p_scale": {"const": 0, "block": 1}, "dq_accum": {"fp32": 0, "fp16": 1}, "dkv": {"float32": 0, "mx": 1}}
+    codes = {"p_scale": P_SCALE_CODE, "dq_accum": DQ_ACCUM_CODE, "dkv": {"float32": 0, "mx": 1}}
 
     def __post_init__(self):
         if self.head_dim not in HEAD_DIMS:

@@ -36,7 +36,8 @@ from jax_mxfp8.kernels.common import ptx, semaphore
 from jax_mxfp8.kernels.sm100 import attention_bwd_ptx as px
 from jax_mxfp8.kernels.sm100 import float32_ops as f32
 from jax_mxfp8.kernels.sm100 import tmem_rows
-from jax_mxfp8.kernels.sm100.attention_bwd_config import BAR_REDUCE, REDUCE_WARPS, TILE
+from jax_mxfp8.kernels.sm100.attention_bwd_config import BAR_REDUCE, REDUCE_WARPS
+from jax_mxfp8.kernels.sm100.attention_geometry import TILE
 
 THREADS = 32 * len(REDUCE_WARPS)
 CHUNK = 16

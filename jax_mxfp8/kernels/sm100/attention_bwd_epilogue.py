@@ -28,7 +28,7 @@ from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.sm100 import epilogue_quantize as eq
 from jax_mxfp8.kernels.sm100 import float32_ops as f32
 from jax_mxfp8.kernels.sm100 import tmem_rows
-from jax_mxfp8.kernels.sm100.attention_bwd_config import BLOCK, TILE
+from jax_mxfp8.kernels.sm100.attention_geometry import BLOCK, TILE
 
 
 def _bf16_values(vals) -> list[Uint32]:

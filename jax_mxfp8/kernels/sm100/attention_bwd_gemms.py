@@ -36,7 +36,7 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 import cutlass.utils.blockscaled_layout as blockscaled
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 
-from jax_mxfp8.kernels.sm100.attention_bwd_config import TILE
+from jax_mxfp8.kernels.sm100.attention_geometry import TILE
 from jax_mxfp8.kernels.sm100.blockscaled_mma import SF_DTYPE, SF_VEC, make_scale_copy
 
 E4M3 = cutlass.Float8E4M3FN

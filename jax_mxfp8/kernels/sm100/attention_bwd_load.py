@@ -23,9 +23,9 @@ from cutlass.cute.nvgpu import cpasync
 from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.sm100 import attention_bwd_ptx as px
 from jax_mxfp8.kernels.sm100 import float32_ops as f32
-from jax_mxfp8.kernels.sm100.attention_bwd_config import SCALE_CHUNK, TILE
 from jax_mxfp8.kernels.sm100.attention_bwd_gemms import BwdGemms
-from jax_mxfp8.kernels.sm100.attention_bwd_tiles import cta_rows, scale_chunk
+from jax_mxfp8.kernels.sm100.attention_geometry import SCALE_CHUNK, TILE
+from jax_mxfp8.kernels.sm100.attention_loads import ragged_coords, scale_chunk_addr, sequence_view
 
 LOG2E = math.log2(math.e)
 STATS_STAGE_BYTES = 2 * TILE * 4
@@ -42,6 +42,12 @@ def _partition(atom, tiled_mma, tiler, smem, gmem, operand: str):
     return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 3), cute.group_modes(g, 0, 3))
 
 
+def _sequence(packed: bool, batch, row0, rows):
+    """(L coordinate, row shift) of the CTA's sequence in a rows_view: the batch row (dense) or the ragged
+    packed sequence (attention_loads.ragged_coords)."""
+    return ragged_coords(row0, rows) if packed else (batch, 0)
+
+
 class LoadRole:
     """The load warp's method of AttentionBwdSm100."""
 
@@ -55,13 +61,13 @@ class LoadRole:
         sV = ctx.storage.sV.get_tensor(g.k_smem.outer, swizzle=g.k_smem.inner)
         sQ = ctx.storage.sQ.get_tensor(g.q_smem.outer, swizzle=g.q_smem.inner)
         sdO = ctx.storage.sdO.get_tensor(g.q_smem.outer, swizzle=g.q_smem.inner)
-        kv_rows = (w.b, w.k_off, w.kv_len)
-        q_rows = (w.bq, w.q_off, w.q_len)
-        do_rows = (w.b, w.q_off, w.q_len)
-        tKs, tKg = _partition(k[0], g.mma["S"], g.tiler["S"], sK, cta_rows(k[1], cfg.packed, *kv_rows), "A")
-        tVs, tVg = _partition(v[0], g.mma["dP"], g.tiler["dP"], sV, cta_rows(v[1], cfg.packed, *kv_rows), "A")
-        tQs, tQg = _partition(q[0], g.mma["S"], g.tiler["S"], sQ, cta_rows(q[1], cfg.packed, *q_rows), "B")
-        tOs, tOg = _partition(do[0], g.mma["dP"], g.tiler["dP"], sdO, cta_rows(do[1], cfg.packed, *do_rows), "B")
+        kv_rows = _sequence(cfg.packed, w.b, w.k_off, w.kv_len)
+        q_rows = _sequence(cfg.packed, w.bq, w.q_off, w.q_len)
+        do_rows = _sequence(cfg.packed, w.b, w.q_off, w.q_len)
+        tKs, tKg = _partition(k[0], g.mma["S"], g.tiler["S"], sK, sequence_view(k[1], *kv_rows, cfg.packed), "A")
+        tVs, tVg = _partition(v[0], g.mma["dP"], g.tiler["dP"], sV, sequence_view(v[1], *kv_rows, cfg.packed), "A")
+        tQs, tQg = _partition(q[0], g.mma["S"], g.tiler["S"], sQ, sequence_view(q[1], *q_rows, cfg.packed), "B")
+        tOs, tOg = _partition(do[0], g.mma["dP"], g.tiler["dP"], sdO, sequence_view(do[1], *do_rows, cfg.packed), "B")
         sf_kv, sf_q, sf_do = ctx.smem_addr("sSF_kv"), ctx.smem_addr("sSF_q"), ctx.smem_addr("sSF_do")
         stats = ctx.smem_addr("sStats")
         lane = cute.arch.lane_idx()
@@ -74,7 +80,7 @@ class LoadRole:
                 kv_bar = bars.addr("kv_full")
                 chunks = ((a["k_sf_hd"], 0), (a["k_sf_seq"], 1), (a["v_sf_hd"], 2))
                 for base, slot in chunks:
-                    src = scale_chunk(base, w.b, w.kv, ctx.kv_heads, ctx.k_chunks, k_tile)
+                    src = scale_chunk_addr(base, w.b, w.kv, ctx.kv_heads, ctx.k_chunks, k_tile)
                     px.bulk_load(sf_kv + slot * SCALE_CHUNK, src, SCALE_CHUNK, kv_bar)
         i = Int32(0)
         for gi in cutlass.range(w.groups, unroll=1):
@@ -101,7 +107,7 @@ class LoadRole:
         """The "hd" and "seq" scale chunks of one query tile into ring stage s."""
         st = self.config.stages
         for base, slot in ((hd, s), (seq, st + s)):
-            src = scale_chunk(base, batch, head, ctx.n_heads, ctx.q_chunks, tile)
+            src = scale_chunk_addr(base, batch, head, ctx.n_heads, ctx.q_chunks, tile)
             px.bulk_load(smem + slot * SCALE_CHUNK, src, SCALE_CHUNK, bar)
 
     @cute.jit

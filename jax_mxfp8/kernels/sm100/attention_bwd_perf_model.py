@@ -29,7 +29,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from jax_mxfp8.kernels.sm100.attention_bwd_config import TILE, AttentionBwdSm100Config
+from jax_mxfp8.kernels.sm100.attention_bwd_config import AttentionBwdSm100Config
+from jax_mxfp8.kernels.sm100.attention_geometry import TILE
 from jax_mxfp8.kernels.sm100.perf_model import B200, FP8_FLOP_PER_CLK_PER_SM, GB300, Gpu
 
 EX2_PER_CLK = {B200.name: 16, GB300.name: 32}

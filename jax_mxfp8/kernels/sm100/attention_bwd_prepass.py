@@ -36,8 +36,10 @@ from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.sm100 import attention_bwd_ptx as px
 from jax_mxfp8.kernels.sm100 import epilogue_quantize as eq
 from jax_mxfp8.kernels.sm100 import float32_ops as f32
-from jax_mxfp8.kernels.sm100.attention_bwd_config import BLOCK, TILE, AttentionBwdPrepassConfig
-from jax_mxfp8.kernels.sm100.attention_bwd_tiles import find_sequence, scale_chunk
+from jax_mxfp8.kernels.sm100.attention_bwd_config import AttentionBwdPrepassConfig
+from jax_mxfp8.kernels.sm100.attention_geometry import BLOCK, SCALE_CHUNK, TILE
+from jax_mxfp8.kernels.sm100.attention_loads import scale_chunk_addr
+from jax_mxfp8.kernels.sm100.tile_scheduler import find_sequence
 
 E4M3 = "float8_e4m3fn"
 THREADS = TILE
@@ -58,18 +60,17 @@ class AttentionBwdPrepass:
         from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
         s, h = cute.sym_int32, self.config.head_dim
-        b, t, n, ct = s(), s(), s(), s()
         u8, x = cutlass.Uint8, DTYPES[self.config.in_dtype]
-        lens = (Int32, (4, s())) if self.config.packed else (Int32, (2, b))
+        table = (Int32, (4, s())) if self.config.packed else (Int32, (2, s()))
         shapes = {
-            "do": (x, (b, t, n, h)), "o": (x, (b, t, n, h)), "dlse": (Float32, (b, n, t)), "lens": lens,
-            "seqs": lens, "do_q": (cutlass.Float8E4M3FN, (b, t, n, h)), "do_sf_hd": (u8, (b, n, ct, 1, 512)),
-            "do_sf_seq": (u8, (b, n, 1, ct, 512)), "delta": (Float32, (b, n, t)),
+            "do": (x, (s(), s(divisibility=h))), "o": (x, (s(), s(divisibility=h))), "dlse": (Float32, (s(), s())),
+            "lens": table, "seqs": table, "do_q": (cutlass.Float8E4M3FN, (s(), s(divisibility=h))),
+            "do_sf_hd": (u8, (s(), s(divisibility=SCALE_CHUNK))), "do_sf_seq": (u8, (s(), s(divisibility=SCALE_CHUNK))),
+            "delta": (Float32, (s(), s())),
         }  # fmt: skip
 
         def fake(dtype, shape):
-            order = tuple(reversed(range(len(shape))))
-            return make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=16)
+            return make_fake_compact_tensor(dtype, shape, stride_order=(1, 0), assumed_align=16)
 
         return (*(fake(*shapes[name]) for name in self.tensor_names()), make_fake_stream())
 
@@ -85,8 +86,9 @@ class AttentionBwdPrepass:
     def launch(self, t0: cute.Tensor, t1: cute.Tensor, t2: cute.Tensor, t3: cute.Tensor, t4: cute.Tensor,
                t5: cute.Tensor, t6: cute.Tensor, t7: cute.Tensor, stream: cuda.CUstream):  # fmt: skip
         t = dict(zip(self.tensor_names(), (t0, t1, t2, t3, t4, t5, t6, t7)))
-        batch, seq, heads, _ = t["do"].shape
-        chunks = t["do_sf_hd"].shape[2]
+        batch = Int32(1) if cutlass.const_expr(self.config.packed) else t["lens"].shape[1]
+        seq, heads = t["do"].shape[0] // batch, t["do"].shape[1] // self.config.head_dim
+        chunks = t["do_sf_hd"].shape[1] // SCALE_CHUNK
         n_seq = t["seqs"].shape[1] - 1 if self.config.packed else Int32(0)
         addrs = tuple(x.iterator.toint() for x in (t0, t1, t2, t3, t4, t5, t6, t7))
         grid_x = chunks if self.config.packed else (seq + (TILE - 1)) // TILE
@@ -141,10 +143,10 @@ class AttentionBwdPrepass:
             hd_bytes.append(byte)
             words += [ptx.quantize4_f32(bits[4 * k : 4 * k + 4], [factor] * 4, E4M3) for k in range(BLOCK // 4)]
         eq.store_words(a["do_q"] + offset, words, exists)
-        hd = scale_chunk(a["do_sf_hd"], b, head, heads, chunks, chunk)
+        hd = scale_chunk_addr(a["do_sf_hd"], b, head, heads, chunks, chunk)
         hd_bytes += [Uint32(0)] * (4 - len(hd_bytes))
         ptx.st_global(hd + Int64(lane * 16 + warp * 4), [eq.pack_bytes(hd_bytes)])
-        sq = scale_chunk(a["do_sf_seq"], b, head, heads, chunks, chunk)
+        sq = scale_chunk_addr(a["do_sf_seq"], b, head, heads, chunks, chunk)
         for j in cutlass.range_constexpr(4):
             ptx.st_global_u8(sq + Int64(lane * 16 + j * 4 + warp), hd_bytes[j])
 

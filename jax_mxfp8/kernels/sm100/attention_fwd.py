@@ -58,9 +58,7 @@ from jax_mxfp8.kernels.sm100.attention_fwd_config import (
     MMA_WARP,
     Q_STAGES,
     REGISTERS,
-    SCALE_CHUNK,
     SOFTMAX_WARPS,
-    THREADS,
     TILE_M,
     TILE_N,
     AttentionFwdSm100Config,
@@ -68,10 +66,11 @@ from jax_mxfp8.kernels.sm100.attention_fwd_config import (
 from jax_mxfp8.kernels.sm100.attention_fwd_correction import CorrectionRole
 from jax_mxfp8.kernels.sm100.attention_fwd_mma import FP8, ForwardMmas, MmaRole
 from jax_mxfp8.kernels.sm100.attention_fwd_softmax import SoftmaxRole
+from jax_mxfp8.kernels.sm100.attention_geometry import SCALE_CHUNK, THREADS
 from jax_mxfp8.kernels.sm100.attention_loads import cols_view, rows_view, scale_tiles, scale_view, sequence_tiles
 from jax_mxfp8.kernels.sm100.attention_quant import P_CONST_SCALE_BYTE
-from jax_mxfp8.kernels.sm100.attention_schedule import AttentionSchedule
 from jax_mxfp8.kernels.sm100.blockscaled_mma import SF_DTYPE
+from jax_mxfp8.kernels.sm100.tile_scheduler import AttentionSchedule
 
 TMEM_BARRIER = 1
 TMEM_THREADS = 32 * (1 + len(SOFTMAX_WARPS) + len(CORRECTION_WARPS))
