@@ -11,13 +11,14 @@ The arithmetic of every variant is primitives/attention_bwd_sm100_emulation.py's
 attention_sm100_packed.py); the design is docs/perf/blackwell-attention.md "Backward". None of these kernels
 has run on a GPU: they are compiled for sm_100f and checked statically (tools/check_sm100_attention.py).
 
-Operand order of the backward (the host function's arguments; a future FFI handler passes them in this
-order and checks the shapes and the key fields below):
+Operand order of the backward (the host function's arguments, 2-D views: docs/interfaces.md "sm100 attention";
+a future FFI handler passes them in this order and checks the shapes and the key fields below):
   q, q_sf_hd, q_sf_seq, k, k_sf_hd, k_sf_seq, v, v_sf_hd, do, do_sf_hd, do_sf_seq,   (Sm100Operand parts)
-  lse, delta, lens (dense: (2, B) query / key lengths; packed: seqs (4, S + 1) = cu_q, cu_k, chunk_q,
-  chunk_k), [dq_sem (deterministic)], dq, then dk, dv (dkv "float32") or dk_row, dk_row_scale, dk_col,
-  dk_col_scale, dv_row, dv_row_scale, dv_col, dv_col_scale (dkv "mx"), then the scalars scale (tau) and
-  dq_scale (tau 2^e for dq_accum "fp16", tau otherwise), and the stream.
+  lse, delta, lens (dense: (2, B) query / key lengths) or seqs, key_tiles (packed: the tables of
+  primitives/attention_sm100_packed.packed_tables), [dq_sem (deterministic)], dq, then dk, dv (dkv "float32")
+  or dk_row, dk_row_scale, dk_col, dk_col_scale, dv_row, dv_row_scale, dv_col, dv_col_scale (dkv "mx"), then
+  the scalars scale (tau), scale_log2 and dq_scale (tau 2^e for dq_accum "fp16", tau otherwise), and the
+  stream.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class AttentionBwdSm100Config:
         dq_scale_log2: the kernel gets tau 2^e as dq_scale).
       deterministic: dQ's adds in ascending key-tile order (a per-query-tile semaphore, dq_sem), bit-identical
         across runs; False: reduce-adds in any order.
-      packed: packed jagged sequences (batch 1, compact rows, cu / chunk tables; ragged TMA boxes bounded at
+      packed: packed jagged sequences (batch 1, compact rows, the packed_tables encoding; ragged TMA boxes bounded at
         each sequence's end). dq_accum "fp32", not deterministic, dkv "float32".
       dkv: "float32" (dk, dv (B, S, K, H)) or "mx" (MXGradient of bfloat16(dk), bfloat16(dv) written by the
         epilogue: row blocks of 32 features and column blocks of 32 tokens, scale rule "up"; dense only,
@@ -149,9 +150,9 @@ class AttentionBwdSm100Config:
     # ------------------------------------------------------------------------------------- operands
     @property
     def inputs(self) -> tuple[str, ...]:
-        lens = "seqs" if self.packed else "lens"
+        tables = ("seqs", "key_tiles") if self.packed else ("lens",)
         return ("q", "q_sf_hd", "q_sf_seq", "k", "k_sf_hd", "k_sf_seq", "v", "v_sf_hd", "do", "do_sf_hd",
-                "do_sf_seq", "lse", "delta", lens)  # fmt: skip
+                "do_sf_seq", "lse", "delta", *tables)  # fmt: skip
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -312,8 +313,8 @@ class AttentionBwdPrepassConfig:
 
     @property
     def tensor_names(self) -> tuple[str, ...]:
-        lens = "seqs" if self.packed else "lens"
-        return ("do", "o", "dlse", lens, "do_q", "do_sf_hd", "do_sf_seq", "delta")
+        tables = ("seqs", "query_tiles") if self.packed else ("lens",)
+        return ("do", "o", "dlse", *tables, "do_q", "do_sf_hd", "do_sf_seq", "delta")
 
 
 ATTENTION_BWD_PREPASS_VARIANTS: tuple[AttentionBwdPrepassConfig, ...] = tuple(

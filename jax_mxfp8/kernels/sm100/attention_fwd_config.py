@@ -118,9 +118,9 @@ class AttentionFwdSm100Config:
     @property
     def tensor_names(self) -> tuple[str, ...]:
         """The host function's tensors, in argument order (then the float scale_log2, then the stream):
-        q, q_sf, k, k_sf, v, v_sf, then lens (dense) or seqs, work (packed), then the outputs o, lse."""
+        q, q_sf_hd, k, k_sf_hd, v, v_sf_seq, then lens (dense) or seqs, work (packed), then the outputs o, lse."""
         tables = ("seqs", "work") if self.packed else ("lens",)
-        return ("q", "q_sf", "k", "k_sf", "v", "v_sf", *tables, "o", "lse")
+        return ("q", "q_sf_hd", "k", "k_sf_hd", "v", "v_sf_seq", *tables, "o", "lse")
 
     def unsupported(self, *, batch: int, q_batch: int, t: int, s: int, heads: int, kv_heads: int) -> str | None:
         """Why the variant cannot take a problem (None = it can); dense / broadcast shapes: q (q_batch, t, heads,

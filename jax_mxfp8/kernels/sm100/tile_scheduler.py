@@ -11,9 +11,9 @@ head's Q tile pair (ITEM_ROWS = 256 rows, two 128-row Q tiles) of one sequence:
       share a head's K / V in L2); causal: the longest pairs first, t -> pair P - 1 - t // (B N), head row
       t % (B N) (longest-processing-time order over the static round robin)
   broadcast_q: the same items; Q (and its scales) are read at batch 0, O and LSE per batch row
-  packed (one batch row of S sequences, seqs (6, S) int32 = first query row, first key row, query length,
-      key length, first Q scale chunk, first K / V scale chunk; work (2, W) int32 = (sequence, pair) sorted
-      longest first, sequence -1 = padding): items = W * N, t -> work entry t // N, head t % N
+  packed (one batch row of S sequences; the packed encoding of kernels/common/packed_sequences.py, seqs (6, S)
+      and work (2, W) = (sequence, pair) sorted longest first, sequence -1 = padding): items = W * N,
+      t -> work entry t // N, head t % N
 
 Every item's addressing is "a sequence in a flattened row space": data rows row0 .. row0 + rows - 1 of the
 (rows, heads, H) operand (dense: batch b's rows b T .., rows = T; packed: cu[s] .., rows = the sequence
@@ -23,16 +23,16 @@ the masks use the lengths, the stores stop at `rows`.
 
 Backward (kernels/sm100/attention_bwd.py), KeyTile: one CTA per (KV head, batch row, 128-key tile) -- dense
 grid (K, B, ceil(S / 128)) -- or per (KV head, key scale chunk) of packed sequences -- grid (K, 1,
-n_chunks_k), chunk i belonging to the sequence s with chunk_k[s] <= i < chunk_k[s + 1] (packed tiles start at
-sequence starts; chunks past chunk_k[S] do nothing). The key tile is the slowest grid index, so CTAs launch
-key tile by key tile across all heads: the longest causal key tiles first, and, in the deterministic dQ mode,
-a key tile's predecessor of the same head is never launched later and is usually a wave ahead (no wavefront
-of ordered adds inside one wave). It visits, for each of the G = N / K query heads of its KV head (GQA / MQA:
-dK, dV accumulate over them in TMEM), the query tiles m_lo .. m_hi - 1 in ascending order: m_hi =
-ceil(q_len / 128), m_lo = the key tile's index under causal masking (tiles above the diagonal hold no valid
-logit) and 0 otherwise; a key tile at or past kv_len visits nothing (its dK, dV rows are written as zeros).
-Every warp role walks the same (g, m) sequence, the step counter i = g * (m_hi - m_lo) + m - m_lo giving
-ring stages and mbarrier phases.
+n_chunks_k), chunk i being item i of the key-tile work list (its sequence and key tile inside it, read with
+packed_item: no search; packed tiles start at sequence starts; an item of no sequence does nothing). The key
+tile is the slowest grid index, so CTAs launch key tile by key tile across all heads: the longest causal key
+tiles first, and, in the deterministic dQ mode, a key tile's predecessor of the same head is never launched
+later and is usually a wave ahead (no wavefront of ordered adds inside one wave). It visits, for each of the G
+= N / K query heads of its KV head (GQA / MQA: dK, dV accumulate over them in TMEM), the query tiles m_lo ..
+m_hi - 1 in ascending order: m_hi = ceil(q_len / 128), m_lo = the key tile's index under causal masking (tiles
+above the diagonal hold no valid logit) and 0 otherwise; a key tile at or past kv_len visits nothing (its dK,
+dV rows are written as zeros). Every warp role walks the same (g, m) sequence, the step counter i = g * (m_hi
+- m_lo) + m - m_lo giving ring stages and mbarrier phases.
 """
 
 from __future__ import annotations
@@ -44,14 +44,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Boolean, Int32, Int64
 
+from jax_mxfp8.kernels.common.packed_sequences import packed_item, sequence_rows
 from jax_mxfp8.kernels.sm100 import attention_bwd_ptx as px
 from jax_mxfp8.kernels.sm100.attention_fwd_config import ITEM_ROWS, TILE_N
 from jax_mxfp8.kernels.sm100.attention_geometry import TILE
 from jax_mxfp8.kernels.sm100.attention_loads import SeqAddr, dense_seq, packed_seq
 from jax_mxfp8.kernels.sm100.attention_mask import step_needs_mask
-
-SEARCH_LEVELS = 4
-"""32-ary search levels of the packed tile -> sequence lookup: up to 32^4 sequences."""
 
 
 class AttentionWorkItem(NamedTuple):
@@ -102,15 +100,12 @@ class AttentionSchedule:
             seqs, work = tables
             entry = idx // heads
             head = idx - entry * heads
-            seq = work[0, entry]
-            live = seq >= 0
-            s = cutlass.max(seq, Int32(0))
-            pair = work[1, entry]
-            q_row0, kv_row0 = seqs[0, s], seqs[1, s]
-            q_len, kv_len = seqs[2, s], seqs[3, s]
+            it = packed_item(work, seqs, entry)
+            live, pair, q_len, kv_len = it.live, it.tile, it.q_len, it.kv_len
+            q_row0, kv_row0 = sequence_rows(seqs, it.seq)
             kv_head = head // group
-            q = packed_seq(q_row0, q_len, head, seqs[4, s])
-            kv = packed_seq(kv_row0, kv_len, kv_head, seqs[5, s])
+            q = packed_seq(q_row0, q_len, head, it.q_tile0)
+            kv = packed_seq(kv_row0, kv_len, kv_head, it.kv_tile0)
             o = q
             lse_off = head * t_ + q_row0
         else:
@@ -190,41 +185,16 @@ def dense_key_tile(lens: Int64, t: Int32, s: Int32, q_batch: Int32, groups: Int3
                 q_chunk0=zero, k_chunk0=zero, groups=groups, m_lo=m_lo, m_hi=m_hi, steps=steps)  # fmt: skip
 
 
-def find_sequence(table: Int64, n_seq: Int32, i: Int32) -> Int32:
-    """The largest s in [0, n_seq) with table[s] <= i (table: n_seq + 1 ascending int32, table[0] = 0),
-    found by the whole warp: each level, lane l reads the start of the l-th of 32 sub-ranges and a ballot
-    counts the sub-ranges starting at or before i (SEARCH_LEVELS dependent loads)."""
-    lane = cute.arch.lane_idx()
-    lo, span = Int32(0), n_seq
-    for _ in range(SEARCH_LEVELS):
-        stride = (span + 31) // 32
-        idx = lo + lane * stride
-        inside = idx < lo + span
-        start = px.ld_global_i32_pred(table + Int64(idx) * 4, inside, 2**31 - 1)
-        count = px.popc(px.ballot(inside & (start <= i)))
-        new_lo = lo + (count - 1) * stride
-        span = cutlass.min(stride, lo + span - new_lo)
-        lo = new_lo
-    return lo
-
-
-def packed_key_tile(seqs: Int64, n_seq: Int32, groups: Int32, causal: bool) -> KeyTile:
-    """The CTA's work on packed sequences: seqs (4, S + 1) int32 = cu_q, cu_k, chunk_q, chunk_k."""
+def packed_key_tile(seqs: cute.Tensor, key_tiles: cute.Tensor, groups: Int32, causal: bool) -> KeyTile:
+    """The CTA's work on packed sequences: grid z = item i of key_tiles (2, n_chunks_k) (key chunk i: its
+    sequence and key tile inside it, or -1), seqs (6, S) (kernels/common/packed_sequences.py)."""
     kv, _, i = cute.arch.block_idx()
-    row = Int64(n_seq + 1) * 4
-
-    def at(r: int, s) -> Int32:
-        return px.ld_global_i32(seqs + Int64(r) * row + Int64(s) * 4)
-
-    valid = i < at(3, n_seq)
-    s = find_sequence(seqs + 3 * row, n_seq, i)
-    q_off, k_off = at(0, s), at(1, s)
-    q_len, kv_len = at(0, s + 1) - q_off, at(1, s + 1) - k_off
-    k_chunk0 = at(3, s)
-    n = i - k_chunk0
-    m_lo, m_hi, steps = _steps(n, q_len, kv_len, groups, causal)
-    steps = cutlass.select_(valid, steps, Int32(0))
-    m_hi = cutlass.select_(valid, m_hi, m_lo)
+    it = packed_item(key_tiles, seqs, i)
+    q_off, k_off = sequence_rows(seqs, it.seq)
+    m_lo, m_hi, steps = _steps(it.tile, it.q_len, it.kv_len, groups, causal)
+    steps = cutlass.select_(it.live, steps, Int32(0))
+    m_hi = cutlass.select_(it.live, m_hi, m_lo)
     zero = Int32(0)
-    return KeyTile(valid=valid, b=zero, bq=zero, kv=kv, n=n, q_off=q_off, k_off=k_off, q_len=q_len, kv_len=kv_len,
-                q_chunk0=at(2, s), k_chunk0=k_chunk0, groups=groups, m_lo=m_lo, m_hi=m_hi, steps=steps)  # fmt: skip
+    return KeyTile(valid=it.live, b=zero, bq=zero, kv=kv, n=it.tile, q_off=q_off, k_off=k_off, q_len=it.q_len,
+                kv_len=it.kv_len, q_chunk0=it.q_tile0, k_chunk0=it.kv_tile0, groups=groups, m_lo=m_lo, m_hi=m_hi,
+                steps=steps)  # fmt: skip
