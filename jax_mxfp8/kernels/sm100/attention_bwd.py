@@ -1,6 +1,6 @@
 """MXFP8 attention backward for Blackwell (sm_100f: B200 / GB200 cc 10.0, B300 / GB300 cc 10.3), CuTe DSL,
 compiled ahead of time. NOT RUN ON HARDWARE: no Blackwell GPU exists on this project's machines; every variant
-is compiled and its cubin checked statically (tools/check_sm100_attention.py), and its arithmetic is
+is compiled and its cubin checked statically (tools/check_sm100_attention_bwd.py), and its arithmetic is
 primitives/attention_bwd_sm100_emulation.py's (docs/perf/blackwell-attention.md "Backward").
 
 Host function (`__call__`, i.e. `entry()`: the @cute.jit function of the variant's arity; the sm100 attention
@@ -106,7 +106,7 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
         self.config = config
         self.tmem = config.tmem_map().check()
         self.cols = config.tmem
-        self.smem_struct_bytes = None  # set when traced: tools/check_sm100_attention.py compares these two
+        self.smem_struct_bytes = None  # set when traced: tools/check_sm100_attention_bwd.py compares these two
         self.tmem_layout_columns = None
 
     # -------------------------------------------------------------------------------- AOT interface
@@ -344,7 +344,7 @@ class _Context:
 
 def tmem_layout_columns(g: BwdGemms) -> dict[str, int]:
     """TMEM columns the DSL's layouts span per GEMM: the accumulator, one K tile's SFA and SFB (the declared
-    map's regions must be as wide; tools/check_sm100_attention.py compares)."""
+    map's regions must be as wide; tools/check_sm100_attention_bwd.py compares)."""
     out = {}
     for gemm in ("S", "dP", "dV", "dK", "dQ"):
         mma, tiler = g.mma[gemm], g.tiler[gemm]

@@ -9,7 +9,7 @@ its dO / Delta pre-pass (kernels/sm100/attention_bwd_prepass.py). Pure Python (n
 
 The arithmetic of every variant is primitives/attention_bwd_sm100_emulation.py's (packed:
 attention_sm100_packed.py); the design is docs/perf/blackwell-attention.md "Backward". None of these kernels
-has run on a GPU: they are compiled for sm_100f and checked statically (tools/check_sm100_attention.py).
+has run on a GPU: they are compiled for sm_100f and checked statically (tools/check_sm100_attention_bwd.py).
 
 Operand order of the backward (the host function's arguments, 2-D views: docs/interfaces.md "sm100 attention";
 a future FFI handler passes them in this order and checks the shapes and the key fields below):
@@ -224,7 +224,7 @@ class AttentionBwdSm100Config:
 
     @property
     def smem_bytes(self) -> int:
-        """The storage struct's size (tools/check_sm100_attention.py compares it with the traced struct)."""
+        """The storage struct's size (tools/check_sm100_attention_bwd.py compares it with the traced struct)."""
         size = 8 * self.mbarrier_count + 4
         for _, nbytes, align in self.smem_regions:
             size = _round_up(size, align) + nbytes

@@ -1,6 +1,6 @@
 """The Blackwell attention backward's pre-pass (sm_100f, CuTe DSL, SIMT): one read of dO and O gives dO's
 square-block E4M3 operand with both blocked scale orientations, and Delta. NOT RUN ON HARDWARE (compiled and
-checked statically, tools/check_sm100_attention.py); its arithmetic is
+checked statically, tools/check_sm100_attention_bwd.py); its arithmetic is
 primitives/attention_bwd_sm100_emulation.bwd_prepass (docs/perf/blackwell-attention.md "Delta").
 
 Host function (`entry()`; the sm100 attention operand convention of docs/interfaces.md "sm100 attention",
