@@ -67,25 +67,3 @@ def ld_global_f32(addr: Int64, pred: Boolean, other: float) -> Float32:
 
 def ld_global_i32(addr: Int64) -> Int32:
     return inline_ptx("ld.global.nc.b32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
-
-
-def ld_global_i32_pred(addr: Int64, pred: Boolean, other: int) -> Int32:
-    """The int32 at addr when pred, else `other` (no access)."""
-    return inline_ptx(
-        "{\n.reg .pred p;\nsetp.ne.u32 p, {$r1}, 0;\nmov.b32 {$w0}, {$r2};\n@p ld.global.nc.b32 {$w0}, [{$r0}];\n}",
-        write_only_types=[Int32],
-        read_only_args=[addr, Uint32(pred), Int32(other)],
-    )
-
-
-def ballot(pred: Boolean) -> Uint32:
-    """The warp's lanes whose pred is true, as a bit mask (vote.sync.ballot)."""
-    return inline_ptx(
-        "{\n.reg .pred p;\nsetp.ne.u32 p, {$r0}, 0;\nvote.sync.ballot.b32 {$w0}, p, 0xffffffff;\n}",
-        write_only_types=[Uint32],
-        read_only_args=[Uint32(pred)],
-    )
-
-
-def popc(x: Uint32) -> Int32:
-    return inline_ptx("popc.b32 {$w0}, {$r0};", write_only_types=[Int32], read_only_args=[x])

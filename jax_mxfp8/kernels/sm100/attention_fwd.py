@@ -73,6 +73,7 @@ from jax_mxfp8.kernels.sm100.attention_loads import cols_view, rows_view, scale_
 from jax_mxfp8.kernels.sm100.attention_quant import P_CONST_SCALE_BYTE
 from jax_mxfp8.kernels.sm100.blockscaled_mma import SF_DTYPE
 from jax_mxfp8.kernels.sm100.tile_scheduler import AttentionSchedule
+from jax_mxfp8.kernels.sm100.warp_roles import make_ab_pipeline
 
 TMEM_BARRIER = 1
 TMEM_THREADS = 32 * (1 + len(SOFTMAX_WARPS) + len(CORRECTION_WARPS))
@@ -226,8 +227,8 @@ class AttentionForwardSm100(MmaRole, SoftmaxRole, CorrectionRole):
         storage = utils.SmemAllocator().allocate(self.shared_storage)
         vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (mm.qk.thr_id.shape,))
         pipes = {
-            "q": self._tma_pipeline(storage.q_mbar.data_ptr(), Q_STAGES, self.stage_bytes["q"], vmnk),
-            "kv": self._tma_pipeline(storage.kv_mbar.data_ptr(), cfg.kv_stages, self.stage_bytes["k"], vmnk),
+            "q": make_ab_pipeline(storage.q_mbar.data_ptr(), Q_STAGES, self.stage_bytes["q"], vmnk),
+            "kv": make_ab_pipeline(storage.kv_mbar.data_ptr(), cfg.kv_stages, self.stage_bytes["k"], vmnk),
         }
         bars = self._signals(storage)
         if warp == 0:
@@ -312,19 +313,6 @@ class AttentionForwardSm100(MmaRole, SoftmaxRole, CorrectionRole):
             storage.tmem_holding.ptr,
             barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=TMEM_BARRIER, num_threads=TMEM_THREADS),
             allocator_warp_id=MMA_WARP,
-        )
-
-    @staticmethod
-    def _tma_pipeline(barriers, stages: int, tx_bytes: int, vmnk) -> pipeline.PipelineTmaUmma:
-        """A TMA -> MMA ring (full: expect-tx by the load warp; empty: tcgen05.commit by the MMA warp)."""
-        return pipeline.PipelineTmaUmma.create(
-            barrier_storage=barriers,
-            num_stages=stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            tx_count=tx_bytes,
-            cta_layout_vmnk=vmnk,
-            defer_sync=True,
         )
 
     # -------------------------------------------------------------------------------------------- load warp
