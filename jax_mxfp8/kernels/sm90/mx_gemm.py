@@ -55,10 +55,10 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 
+from jax_mxfp8.kernels.common.gemm_schedule import GemmTile, GemmTileScheduler
 from jax_mxfp8.kernels.registry import GEMM_K_TILE, MXGemmConfig
 from jax_mxfp8.kernels.sm90 import warp_specialization as ws
 from jax_mxfp8.kernels.sm90 import wgmma
-from jax_mxfp8.kernels.sm90.tile_scheduler import GemmTile, GemmTileScheduler
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
 
 DTYPES = {
