@@ -80,7 +80,7 @@ ffi::Error Run(cudaStream_t stream, int32_t device, std::string_view kernel, int
   }
   if (col) JMX_RETURN_IF_ERROR(CheckPair(entry, outs[o], outs[o + 1], g, c, r, "col"));
   if (g == 0 || r == 0 || c == 0) return ffi::Error::Success();
-  Tensor2D t[5];
+  TensorView t[5];
   JMX_RETURN_IF_ERROR(As2D(x, "x", &t[0]));
   static const char* const kNames[] = {"data", "scale", "data", "scale"};
   for (int i = 0; i < n_out; ++i) JMX_RETURN_IF_ERROR(As2D(outs[i], kNames[i], &t[i + 1]));

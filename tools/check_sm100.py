@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Compiles every Blackwell MX GEMM variant (kernels/sm100/mx_gemm_config.py) for sm_100f and checks the
-cubins statically -- no GPU needed, and none of these kernels has run on one.
+"""Compiles every Blackwell MX GEMM variant (kernels/registry/gemm_sm100.py) for sm_100f and checks the
+cubins statically -- no GPU needed, and none of these kernels has run on one. With --reuse it checks the
+cubins a library build already compiled (tools/build_kernels.py dumps each variant's cubin, PTX and
+facts.json under <out>/sm_100f/dump/<variant>/) and compiles only the variants missing there.
 
 Per variant:
   arch      the cubin was built with -arch sm_100f (the family target: one cubin for cc 10.0 and 10.3)
@@ -17,11 +19,15 @@ Per variant:
             integer REDUX/CREDUX.MAX; GELU variants use MUFU.TANH
 and the per-variant table (registers, shared memory, TMEM, epilogue instructions, predicted TFLOP/s on B200
 and GB300 from kernels/sm100/perf_model.py) is written (--write-table) or compared (--check-table).
+With --all, every other registry variant built for sm_100f (the quantize family, the RMSNorm and the GEMM
+operand producers: compiled by the library build, found in DIR) is checked too: built with -arch sm_100f, no
+local memory (LOCAL 0), registers within limits.
 
 Usage:
-  python tools/check_sm100.py --dump DIR [--only NAME ...] [--reuse] [--write-table F | --check-table F]
+  python tools/check_sm100.py --dump DIR [--only NAME ...] [--reuse] [--all] [--write-table F | --check-table F]
 Compiling needs nvidia-cutlass-dsl 4.8.1 in this Python (or --python PY); cuobjdump comes from PATH or the
-nvidia-cuda-cuobjdump wheel. --reuse skips variants whose DIR/<name>/meta.json exists.
+nvidia-cuda-cuobjdump wheel. --reuse skips variants whose DIR/<name>/facts.json exists (e.g. DIR =
+build/kernels/sm_100f/dump after tools/build_library.py).
 """
 
 from __future__ import annotations
@@ -41,8 +47,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from compare_sass import find_cuobjdump  # noqa: E402
 
-from jax_mxfp8.kernels.sm100 import perf_model  # noqa: E402 (pure Python, no DSL)
-from jax_mxfp8.kernels.sm100.mx_gemm_config import (  # noqa: E402
+from jax_mxfp8.kernels.registry.gemm_sm100 import (  # noqa: E402
     ARCH,
     K_TILE,
     MMA_K,
@@ -50,6 +55,7 @@ from jax_mxfp8.kernels.sm100.mx_gemm_config import (  # noqa: E402
     SMEM_LIMIT,
     THREADS,
 )
+from jax_mxfp8.kernels.sm100 import perf_model  # noqa: E402 (pure Python, no DSL)
 
 TABLE_SHAPE = (1, 8192, 8192, 8192)
 """(G, M, N, K) of the table's predictions."""
@@ -79,7 +85,7 @@ def compile_worker(dump: Path, names: list[str], reuse: bool) -> None:
 
     for config in variants(names):
         out = dump / config.name
-        if reuse and (out / "meta.json").exists():
+        if reuse and (out / "facts.json").exists():
             continue
         out.mkdir(parents=True, exist_ok=True)
         for old in out.glob("*"):
@@ -89,16 +95,13 @@ def compile_worker(dump: Path, names: list[str], reuse: bool) -> None:
         cute.compile(
             kernel.entry(), *kernel.fake_args(), options=f"--gpu-arch {ARCH} --keep-cubin --keep-ptx --dump-dir {out}"
         )
-        meta = {
-            "smem_struct_bytes": int(kernel.smem_struct_bytes),
-            "tmem_layout_columns": kernel.tmem_layout_columns,
-            "seconds": round(time.time() - t0, 2),
-        }
-        (out / "meta.json").write_text(json.dumps(meta))
-        print(f"[{ARCH}] {config.name}: {meta['seconds']:.2f} s", flush=True)
+        (out / "facts.json").write_text(json.dumps(kernel.build_facts()))
+        print(f"[{ARCH}] {config.name}: {time.time() - t0:.2f} s", flush=True)
 
 
 def compile_all(dump: Path, names: list[str], reuse: bool, python: str) -> None:
+    if reuse and all((dump / c.name / "facts.json").exists() for c in variants(names)):
+        return  # everything is there: no DSL process at all
     cmd = [python, __file__, "--worker", "--dump", str(dump)] + [a for n in names for a in ("--only", n)]
     cmd += ["--reuse"] if reuse else []
     subprocess.run(cmd, check=True, env={**os.environ, "CUTE_DSL_ARCH": ARCH})
@@ -124,7 +127,7 @@ def check_variant(config, dump: Path, cuobjdump: str) -> tuple[dict, list[str]]:
     """(the table row's measured values, problems) of one compiled variant."""
     folder = dump / config.name
     cubin, ptx_text = _one(folder, "*.cubin"), _one(folder, "*.ptx").read_text()
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = json.loads((folder / "facts.json").read_text())
     run = lambda *args: subprocess.run([cuobjdump, *args, str(cubin)], capture_output=True, text=True, check=True)  # noqa: E731
     sass = run("-sass").stdout.splitlines()
     text = "\n".join(sass)
@@ -176,6 +179,30 @@ def check_variant(config, dump: Path, cuobjdump: str) -> tuple[dict, list[str]]:
         problems.append("MUFU.TANH present iff activation == 'gelu'")
     row = {"reg": reg, "smem": smem + static_smem, "tmem": cols, "epi": epilogue_instructions(sass)}
     return row, problems
+
+
+def check_built_variant(name: str, dump: Path, cuobjdump: str) -> list[str]:
+    """Problems of a non-GEMM sm_100f variant the library build compiled into dump/<name>/ (--all)."""
+    folder = dump / name
+    if not folder.is_dir():
+        return [f"{folder} is missing (build the library first: tools/build_library.py)"]
+    cubin = _one(folder, "*.cubin")
+    run = lambda *args: subprocess.run([cuobjdump, *args, str(cubin)], capture_output=True, text=True, check=True)  # noqa: E731
+    reg, stack, _, local = map(int, _RES.search(run("-res-usage").stdout).groups())
+    problems = [] if f"-arch {ARCH}" in run("-elf").stdout else [f"cubin not built for {ARCH}"]
+    if local:
+        problems.append(f"LOCAL {local} (STACK {stack}): registers spill to local memory")
+    if reg > 255:
+        problems.append(f"{reg} registers")
+    return problems
+
+
+def other_sm100_variants() -> list[str]:
+    """Every registry variant built for sm_100f that is not an MX GEMM variant (production and tunes)."""
+    from jax_mxfp8.kernels import registry
+
+    gemms = {v.name for v in MX_GEMM_SM100_VARIANTS}
+    return [v.name for v in registry.PRODUCTION_VARIANTS if ARCH in v.archs and v.name not in gemms]
 
 
 # -------------------------------------------------------------------------------------------------- table
@@ -263,6 +290,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dump", required=True, help="folder for the cubins and PTX (DIR/<variant>/)")
     ap.add_argument("--only", action="append", help="check only these variants")
     ap.add_argument("--reuse", action="store_true", help="do not recompile variants already in --dump")
+    ap.add_argument("--all", action="store_true", help="also check every other sm_100f variant in --dump")
     ap.add_argument("--python", default=sys.executable, help="the Python with nvidia-cutlass-dsl (compiling)")
     ap.add_argument("--write-table", help="write the table to this file")
     ap.add_argument("--check-table", help="compare the table with this file (exit 1 when it differs)")
@@ -282,6 +310,14 @@ def main(argv=None) -> int:
         status = "ok" if not problems else "FAILED: " + "; ".join(problems)
         failed += bool(problems)
         print(f"{config.name}: {rows[config.name]} {status}")
+    if args.all:
+        others = other_sm100_variants()
+        for name in others:
+            problems = check_built_variant(name, dump, cuobjdump)
+            failed += bool(problems)
+            if problems:
+                print(f"{name}: FAILED: " + "; ".join(problems))
+        print(f"{len(others)} other sm_100f variants checked (arch, no local memory, registers)")
     text = table(rows)
     if args.write_table:
         Path(args.write_table).write_text(text)

@@ -33,8 +33,7 @@ from cutlass import Int32, Int64, Uint32
 
 from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.common.fp32_math import gelu_tanh_f32
-from jax_mxfp8.kernels.sm100 import epilogue_quantize as eq
-from jax_mxfp8.kernels.sm100.mx_gemm_config import (
+from jax_mxfp8.kernels.registry.gemm_sm100 import (
     COL_PITCH,
     COL_SCALES,
     COLUMN_SMEM_PER_WARP,
@@ -42,6 +41,7 @@ from jax_mxfp8.kernels.sm100.mx_gemm_config import (
     TRANSPOSE_PITCH,
     MXGemmSm100Config,
 )
+from jax_mxfp8.kernels.sm100 import epilogue_quantize as eq
 
 CHUNK = eq.CHUNK
 SCALE_TILE_BYTES = 512
