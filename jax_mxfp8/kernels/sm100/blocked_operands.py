@@ -30,8 +30,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from jax_mxfp8.kernels.common import ptx, ptx_align
-from jax_mxfp8.kernels.common.gemm_operands import _FP8_TYPES, _IN_TYPES, ROWS, TILE, WARPS, GemmOperands
+from jax_mxfp8.kernels.common import ptx
+from jax_mxfp8.kernels.common.gemm_operands import _FP8_TYPES, ROWS, TILE, WARPS, GemmOperands
 from jax_mxfp8.kernels.registry.blocked_operands import BlockedOperandsConfig
 
 SCALE_TILE_BYTES = 512
@@ -40,22 +40,10 @@ SCALE_TILE_BYTES = 512
 class BlockedOperands(GemmOperands):
     """One pass over x (G, R, C): contract MX quantization, "row" and/or "col", scales in the blocked layout."""
 
-    def __init__(self, config: BlockedOperandsConfig):
-        super().__init__(config)
-
-    def fake_args(self):
-        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
-
-        def t(dtype, shape):
-            return make_fake_compact_tensor(dtype, shape, stride_order=(1, 0), assumed_align=16)
-
-        s = cute.sym_int32
-        fp8 = _FP8_TYPES[self.elem]
-        args = [t(_IN_TYPES[self.config.in_dtype], (s(divisibility=32), s(divisibility=32)))]
-        for on in (self.do_row, self.do_col):
-            if on:
-                args += [t(fp8, (s(), s(divisibility=32))), t(cutlass.Uint8, (s(), s(divisibility=SCALE_TILE_BYTES)))]
-        return (*args, make_fake_stream())
+    def _output_pair_fakes(self, s):
+        """(dtype, shape) of one orientation's (data, scale) in the AOT signature: data (rows, K), scale (G,
+        tiles * 512) uint8."""
+        return (_FP8_TYPES[self.elem], (s(), s(divisibility=32))), (cutlass.Uint8, (s(), s(divisibility=512)))
 
     def _dims(self, mX, mRS, mCD):
         """(G, R, C): G is the row scale's rows ("row"/"both"), else R is the column data's width."""
@@ -81,11 +69,11 @@ class BlockedOperands(GemmOperands):
         """One 128 x 128 tile: block scales and factors, the scale bytes, then row by row the FP8 elements
         (the input registers die as it goes) and the transposed column stores."""
         rows = self._row_blocks(regs) if self.do_row else None
-        cols = self._col_blocks(regs) if self.do_col else None
+        col_bytes, col_factors = self._col_block_scales(regs) if self.do_col else (None, None)
         if self.do_row:
             self._row_scale_bytes(rows, mRS, co)
         if self.do_col:
-            self._col_scale_bytes(cols["b"], mCS, co)
+            self._col_scale_bytes(col_bytes, mCS, co)
         col_words = [[], []]
         for i in range(ROWS):
             if self.do_row:
@@ -93,9 +81,9 @@ class BlockedOperands(GemmOperands):
             if self.do_col:
                 for u in range(2):
                     words = regs[i][0] if self.bf16 else regs[i][u]
-                    col_words[u].append(self._quantize4(words, u, cols["f"][4 * u : 4 * u + 4]))
+                    col_words[u].append(self._quantize4(words, u, col_factors[4 * u : 4 * u + 4]))
         if self.do_col:
-            self._col_data(col_words, mCD, co)
+            self._col_store(col_words, mCD, co)
 
     # ------------------------------------------------------------------------------------------ rows
     def _row_blocks(self, regs) -> list:
@@ -138,40 +126,9 @@ class BlockedOperands(GemmOperands):
                 ptx.st_global_u8(tile + Int64(byte), rows[i][h][0], pred=leader)
 
     # --------------------------------------------------------------------------------------- columns
-    def _col_blocks(self, regs) -> dict:
-        """Column blocks (32 rows: the thread's 16 and the other band's): per thread column tc = 0..7 the
-        E8M0 byte ("b") and the factor ("f")."""
-        vmax = ptx.max_u16x2 if self.bf16 else ptx.max_u32
-        mask = ptx._u32(0x7FFF7FFF if self.bf16 else 0x7FFFFFFF)
-        amax = []
-        for h in range(self.nch):
-            cm = [regs[0][h][j] & mask for j in range(4)]
-            for i in range(1, ROWS):
-                cm = [vmax(cm[j], regs[i][h][j] & mask) for j in range(4)]
-            cm = [vmax(w, ptx.shfl_bfly(w, 16)) for w in cm]  # the other band: the 32-row block
-            for w in cm:
-                if cutlass.const_expr(self.bf16):
-                    amax += [w << 16, w & ptx._u32(0xFFFF0000)]
-                else:
-                    amax.append(w)
-        pairs = [ptx.scale_and_factor(a, self.elem, self.config.scale_rounding) for a in amax]
-        return dict(b=[b for b, _ in pairs], f=[f for _, f in pairs])
-
-    def _col_data(self, col_words, mCD, co) -> None:
-        """Column data (G, C, R), transposed in registers: 4x4 byte transposes turn the thread's 16 rows x
-        8 columns into 8 x 16 bytes, one 16-byte store per column inside (C, R)."""
-        c64, r64 = Int64(co["c"]), Int64(co["r"])
-        for u in range(2):
-            cols = [[None] * 4 for _ in range(4)]  # cols[e][ig]: column 4u + e, rows 4 ig .. 4 ig + 3
-            for ig in range(4):
-                t = ptx_align.transpose4x4(col_words[u][4 * ig : 4 * ig + 4])
-                for e in range(4):
-                    cols[e][ig] = t[e]
-            ok = co["col_ok"][0 if self.bf16 else u] & co["row_ok"]
-            for e in range(4):
-                col = co["kt"] * TILE + self._tile_col(co, 4 * u + e)
-                addr = mCD.iterator.toint() + (co["g"] * c64 + Int64(col)) * r64 + Int64(co["row0"])
-                ptx.st_global(addr, cols[e], pred=ok)
+    def _col_store_ok(self, co, u: int):
+        """Column data (G, C, R) is not padded: the thread's columns inside C and its rows inside R."""
+        return co["col_ok"][0 if self.bf16 else u] & co["row_ok"]
 
     def _col_scale_bytes(self, bs, mCS, co) -> None:
         """The tile's column scales: tile (kt, rt) of the (C, R/32) scales in the blocked layout; the thread's
