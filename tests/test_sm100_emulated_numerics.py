@@ -83,9 +83,9 @@ def test_mx_dot_general_forward_dgrad_wgrad_equal_the_reference(case, out_dtype)
 def test_bias_and_a_vmapped_call():
     x, w, b = _exact(4, (4, 64, 128)), _exact(5, (128, 64), axis=0), _exact(6, (1, 64))[0]
     dn = (((1,), (0,)), ((), ()))
-    ref = jax.vmap(lambda a: mx.mx_dot_general(a, w, dn, bias=b, implementation="xla"))(x)
+    ref = jax.jit(jax.vmap(lambda a: mx.mx_dot_general(a, w, dn, bias=b, implementation="xla")))(x)
     with library.forced_gpu(CC):
-        got = jax.vmap(lambda a: mx.mx_dot_general(a, w, dn, bias=b))(x)
+        got = jax.jit(jax.vmap(lambda a: mx.mx_dot_general(a, w, dn, bias=b)))(x)
     _equal(got, ref)
 
 
@@ -127,11 +127,11 @@ def test_quantized_output_and_the_handoff_equal_the_reference():
 
 def test_rms_norm_quantize_hands_blocked_scales_to_the_gemm():
     x, weight = _exact(11, (2, 128, 64)), jnp.exp2(jnp.arange(64) % 3 - 1.0)
-    y_ref, q_ref = mx.rms_norm_quantize(x, weight, implementation="xla")
+    y_ref, q_ref = jax.jit(lambda a, w: mx.rms_norm_quantize(a, w, implementation="xla"))(x, weight)
     assert q_ref.scale_layout == "natural"
     with library.forced_gpu(CC):
-        y, q = mx.rms_norm_quantize(x, weight)
-        y_n, q_n = mx.rms_norm_quantize(x, weight, scale_layout="natural")
+        y, q = jax.jit(mx.rms_norm_quantize)(x, weight)
+        y_n, q_n = jax.jit(lambda a, w: mx.rms_norm_quantize(a, w, scale_layout="natural"))(x, weight)
     assert q.scale_layout == "blocked" and q.scale.shape == (2, 1, 1, 512) and q_n.scale_layout == "natural"
     _equal(y, y_ref)
     _equal(q.data, q_ref.data)
@@ -145,7 +145,7 @@ def test_quantize_with_blocked_scales():
     want = ref_quantize(x, scale_layout="blocked")
     assert want.scale.shape == (3, 1, 2, 512)
     with library.forced_gpu(CC), impl.record() as decisions:
-        got = mx.quantize(x, scale_layout="blocked")
+        got = jax.jit(lambda a: mx.quantize(a, scale_layout="blocked"))(x)
     assert [d.path for d in decisions] == ["emulated"]
     assert got.scale_layout == "blocked"
     _equal(got.data, want.data)
