@@ -1,4 +1,4 @@
-"""The Hopper MX GEMM's operand producer (CuTe DSL): MX quantize + align128 in one pass, AOT for sm_90a / sm_100a.
+"""The Hopper MX GEMM's operand producer (CuTe DSL): MX quantize + align128 in one pass, AOT for sm_90a.
 
 Supported features (kernels/registry/gemm_operands.py): x (G, R, C) row-major bfloat16 / float32, R and C
 multiples of 32; per orientation, exactly align128(formats.quantize(x, axis, dtype, scale_rounding)):

@@ -1,4 +1,4 @@
-"""Fused RMSNorm + MX quantize (CuTe DSL), compiled ahead of time for sm_90a and sm_100a.
+"""Fused RMSNorm + MX quantize (CuTe DSL), compiled ahead of time for sm_90a and sm_100f.
 
 Supported features (kernels/registry/, RMSNormQuantizeConfig):
   x: 2-D (M, D) row-major bfloat16 or float32 (leading axes flattened into M by the handler), D a
