@@ -33,6 +33,7 @@ TOOL = ROOT / "tools" / "check_sm100.py"
 sys.path.insert(0, str(ROOT / "tools"))
 
 from check_sm100 import TABLE_SHAPE  # noqa: E402
+from sm100_static import FACTS  # noqa: E402
 
 
 def _rows() -> dict[str, list[str]]:
@@ -96,11 +97,11 @@ def _build_python() -> str | None:
 
 
 def _build_dump() -> Path | None:
-    """The library build's sm_100f dump folder (cubins, PTX, facts.json per variant), when it holds every
+    """The library build's sm_100f dump folder (cubins, PTX, FACTS per variant), when it holds every
     production GEMM variant."""
     dump = Path(os.environ.get("JAX_MXFP8_KERNEL_DUMP", ROOT / "build" / "kernels" / "sm_100f" / "dump"))
     wanted = [v.name for v in MX_GEMM_SM100_VARIANTS if v.tune == 0]
-    return dump if all((dump / name / "facts.json").exists() for name in wanted) else None
+    return dump if all((dump / name / FACTS).exists() for name in wanted) else None
 
 
 @pytest.mark.slow

@@ -6,7 +6,8 @@ By default the production variants (registry.PRODUCTION_VARIANTS: what the libra
 registry.ARCHS and each such variant compiled for it (`config.archs`), the kernel object that
 the config names for that arch (`config.make_kernel(arch)`): `cute.compile(..., options="--gpu-arch <arch>")`, then
 `export_to_c` writes <out>/<arch>/<symbol>.h and .o (the .o embeds the cubin; the cubin and PTX are also
-kept under <out>/<arch>/dump/<variant>/). Each arch runs in its own process because the DSL reads
+kept under <out>/<arch>/dump/<variant>/, with the traced facts the static checks read: facts.json,
+tools/sm100_static.py's write_facts). Each arch runs in its own process because the DSL reads
 CUTE_DSL_ARCH at import. Finally it writes the two files the C++ build needs: <out>/kernels_table.inc,
 the self-contained table that csrc/kernels_table.cc includes (the exported headers inlined, plus one
 launch adapter per (variant, arch) with a uniform signature, generated from the headers' tensor
@@ -44,6 +45,7 @@ def compile_arch(arch: str, out: Path, names: list[str] | None, with_tunes: bool
 
     Each config names the kernel class that builds it on `arch` (registry `KernelConfig.kernels`)."""
     import cutlass.cute as cute
+    from sm100_static import write_facts  # (tools/, this script's folder)
 
     adir = out / arch
     adir.mkdir(parents=True, exist_ok=True)
@@ -81,9 +83,7 @@ def compile_arch(arch: str, out: Path, names: list[str] | None, with_tunes: bool
             "args": _arg_specs(kern.fake_args()),
             "seconds": time.time() - t0,
         }
-        facts = getattr(kern, "build_facts", None)
-        if facts is not None:  # what static checks need beyond the cubin (tools/check_sm100.py reads it)
-            (dump / "facts.json").write_text(json.dumps(facts()))
+        write_facts(kern, dump)  # what the static checks need beyond the cubin (tools/check_sm100.py --reuse)
         print(f"[{arch}] {config.name}: {meta[sym]['seconds']:.2f} s", flush=True)
     (adir / "meta.json").write_text(json.dumps(meta, indent=1))
 
