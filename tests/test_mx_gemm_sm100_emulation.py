@@ -22,7 +22,7 @@ from seeding import test_rng
 
 import jax_mxfp8
 from jax_mxfp8.formats import from_blocked_scales, to_blocked_scales
-from jax_mxfp8.kernels.sm100.mx_gemm_config import MX_GEMM_SM100_VARIANTS, MXGemmSm100Config
+from jax_mxfp8.kernels.registry.gemm_sm100 import MX_GEMM_SM100_VARIANTS, MXGemmSm100Config
 from jax_mxfp8.primitives import mx_gemm_sm100_emulation as emu
 
 E4M3 = ml_dtypes.float8_e4m3fn

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Compiles every Blackwell MX GEMM variant (kernels/sm100/mx_gemm_config.py) for sm_100f and checks the
-cubins statically -- no GPU needed, and none of these kernels has run on one.
+"""Compiles every Blackwell MX GEMM variant (kernels/registry/gemm_sm100.py) for sm_100f and checks the
+cubins statically -- no GPU needed, and none of these kernels has run on one. With --reuse it checks the
+cubins a library build already compiled (tools/build_kernels.py dumps each variant's cubin, PTX and
+facts.json under <out>/sm_100f/dump/<variant>/) and compiles only the variants missing there.
 
 Per variant:
   arch      the cubin was built with -arch sm_100f (the family target: one cubin for cc 10.0 and 10.3)
@@ -17,12 +19,16 @@ Per variant:
             integer REDUX/CREDUX.MAX; GELU variants use MUFU.TANH
 and the per-variant table (registers, shared memory, TMEM, epilogue instructions, predicted TFLOP/s on B200
 and GB300 from kernels/sm100/perf_model.py) is written (--write-table) or compared (--check-table).
+With --all, every other registry variant built for sm_100f (the quantize family, the RMSNorm and the GEMM
+operand producers: compiled by the library build, found in DIR) is checked too: built with -arch sm_100f, no
+local memory (LOCAL 0, STACK 0, no STL / LDL), at most 255 registers.
 
 Usage:
-  python tools/check_sm100.py --dump DIR [--only NAME ...] [--reuse] [--write-table F | --check-table F]
+  python tools/check_sm100.py --dump DIR [--only NAME ...] [--reuse] [--all] [--write-table F | --check-table F]
 Compiling needs nvidia-cutlass-dsl 4.8.1 in this Python (or --python PY); the compile worker, the cubin
-readers, the common checks (arch, no local memory) and the command line are tools/sm100_static.py's, shared
-with the attention checkers.
+readers, the common checks (arch, no local memory), --reuse, --all and the command line are
+tools/sm100_static.py's, shared with the attention checkers. --reuse skips variants whose
+DIR/<name>/facts.json exists (e.g. DIR = build/kernels/sm_100f/dump after tools/build_library.py).
 """
 
 from __future__ import annotations
@@ -35,14 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sm100_static import INSTRUCTION, Compiled, Family, main  # noqa: E402
 
-from jax_mxfp8.kernels.sm100 import perf_model  # noqa: E402 (pure Python, no DSL)
-from jax_mxfp8.kernels.sm100.mx_gemm_config import (  # noqa: E402
+from jax_mxfp8.kernels.registry.gemm_sm100 import (  # noqa: E402
     K_TILE,
     MMA_K,
     MX_GEMM_SM100_VARIANTS,
     SMEM_LIMIT,
     THREADS,
 )
+from jax_mxfp8.kernels.sm100 import perf_model  # noqa: E402 (pure Python, no DSL)
 
 TABLE_SHAPE = (1, 8192, 8192, 8192)
 """(G, M, N, K) of the table's predictions."""
@@ -72,7 +78,7 @@ def check_variant(config, c: Compiled) -> tuple[dict, list[str]]:
         problems.append(f"UTCCP scale copies {copies}: want 2 at TMEM columns {want}")
     if reg > 255 or reg * THREADS > REGISTER_FILE:
         problems.append(f"{reg} registers x {THREADS} threads")
-    smem = c.meta["smem_struct_bytes"]
+    smem = c.facts["smem_struct_bytes"]
     if smem != config.smem_bytes:
         problems.append(f"storage struct {smem} B != config.smem_bytes {config.smem_bytes}")
     if smem + static_smem > SMEM_LIMIT:
@@ -81,7 +87,7 @@ def check_variant(config, c: Compiled) -> tuple[dict, list[str]]:
     if cols is None or cols != tmem.alloc_columns or cols > 512 or group != config.cta_group:
         problems.append(f"tcgen05.alloc of {cols} columns (cta_group {group}); map: {tmem.alloc_columns}")
     problems += tmem.problems()
-    layout_cols = c.meta["tmem_layout_columns"]
+    layout_cols = c.facts["tmem_layout_columns"]
     declared = {"acc": tmem.region("acc0").cols, "sfa": tmem.region("sfa").cols, "sfb": tmem.region("sfb").cols}
     if layout_cols != declared:
         problems.append(f"the DSL's TMEM layouts span {layout_cols} columns; the map declares {declared}")
@@ -180,7 +186,6 @@ FAMILY = Family(
     tool=Path(__file__).resolve(),
     variants=MX_GEMM_SM100_VARIANTS,
     module=lambda config: "jax_mxfp8.kernels.sm100.mx_gemm",
-    meta_fields=lambda config: ("smem_struct_bytes", "tmem_layout_columns"),
     check=check_variant,
     table=table,
 )

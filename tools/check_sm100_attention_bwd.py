@@ -28,7 +28,8 @@ instruction counts: the forward variants of the backward variants' keys are comp
 (tools/check_sm100_attention_fwd.py's hooks; "companion" lines).
 
 Usage:
-  python tools/check_sm100_attention_bwd.py --dump DIR [--only NAME ...] [--reuse] [--write-table F | --check-table F]
+  python tools/check_sm100_attention_bwd.py --dump DIR [--only NAME ...] [--reuse] [--all]
+      [--write-table F | --check-table F]
 """
 
 from __future__ import annotations
@@ -65,10 +66,6 @@ def _module(config) -> str:
     return f"jax_mxfp8.kernels.sm100.attention_bwd{'_prepass' if prepass else ''}"
 
 
-def _meta_fields(config) -> tuple[str, ...]:
-    return () if isinstance(config, AttentionBwdPrepassConfig) else ("smem_struct_bytes", "tmem_layout_columns")
-
-
 def _companions(configs) -> list:
     """The forward variants whose instruction counts the forward + backward predictions take."""
     return [(FORWARD, pm.forward_config(c)) for c in configs if not isinstance(c, AttentionBwdPrepassConfig)]
@@ -77,7 +74,7 @@ def _companions(configs) -> list:
 # ------------------------------------------------------------------------------------------------ checks
 def check_bwd(config, c: Compiled) -> tuple[dict, list[str]]:
     """(the table row's measured values, problems) of one backward variant."""
-    sass, reg, static_smem, meta = c.sass, c.registers, c.static_smem, c.meta
+    sass, reg, static_smem, facts = c.sass, c.registers, c.static_smem, c.facts
     problems = c.common_problems()
     mmas = c.mma_sites()
     if len(mmas) != len(SITES) or any(two for two, _ in mmas) or [a for _, a in mmas].count("tmem") != 2:
@@ -99,7 +96,7 @@ def check_bwd(config, c: Compiled) -> tuple[dict, list[str]]:
     setmax = sorted(value for _, value in c.setmaxnreg())
     if setmax != sorted(REGISTERS.values()):
         problems.append(f"setmaxnreg {setmax}: want {sorted(REGISTERS.values())}")
-    smem = meta["smem_struct_bytes"]
+    smem = facts["smem_struct_bytes"]
     if smem != config.smem_bytes or smem + static_smem > SMEM_LIMIT:
         problems.append(f"storage struct {smem} B (config {config.smem_bytes}) + {static_smem} static vs {SMEM_LIMIT}")
     tmem = config.tmem_map()
@@ -110,7 +107,7 @@ def check_bwd(config, c: Compiled) -> tuple[dict, list[str]]:
     widths = {r.name.split("@")[0]: r.cols for r in tmem.regions}
     region = {"S": "S^T", "dP": "dP^T", "dV": "dV", "dK": "dK", "dQ": "dQ"}
     for gemm, name in region.items():
-        layout = meta["tmem_layout_columns"]
+        layout = facts["tmem_layout_columns"]
         scale_cols = layout[f"sfa_{gemm}"] + layout[f"sfb_{gemm}"]
         if layout[f"acc_{gemm}"] != widths[name] or scale_cols != widths[f"SF_{gemm}"]:
             problems.append(f"{gemm}: the DSL's TMEM layouts {layout} vs the map's {name}, SF_{gemm}")
@@ -212,7 +209,6 @@ FAMILY = Family(
     tool=Path(__file__).resolve(),
     variants=(*ATTENTION_BWD_SM100_VARIANTS, *ATTENTION_BWD_PREPASS_VARIANTS),
     module=_module,
-    meta_fields=_meta_fields,
     check=check_variant,
     table=table,
     companions=_companions,

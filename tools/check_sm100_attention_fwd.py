@@ -26,7 +26,8 @@ on B200 and GB300 from kernels/sm100/attention_fwd_perf_model.py) is written (--
 (--check-table).
 
 Usage:
-  python tools/check_sm100_attention_fwd.py --dump DIR [--only NAME ...] [--reuse] [--write-table F | --check-table F]
+  python tools/check_sm100_attention_fwd.py --dump DIR [--only NAME ...] [--reuse] [--all]
+      [--write-table F | --check-table F]
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def subroutine_calls(c: Compiled) -> int:
 
 def check_variant(config, c: Compiled) -> tuple[dict, list[str]]:
     """(the table row's measured values, problems) of one compiled variant."""
-    text, reg, static_smem, meta = c.sass, c.registers, c.static_smem, c.meta
+    text, reg, static_smem, facts = c.sass, c.registers, c.static_smem, c.facts
     problems = c.common_problems()
     forms = [a for two, a in c.mma_sites() if not two]
     want = {"gdesc": QK_SITES * config.head_dim // MMA_K, "tmem": PV_SITES * 128 // MMA_K}
@@ -108,21 +109,21 @@ def check_variant(config, c: Compiled) -> tuple[dict, list[str]]:
                            ("DEALLOC", REGISTERS["other"])])  # fmt: skip
     if budgets != want_budgets:
         problems.append(f"setmaxnreg budgets {budgets}, want {want_budgets}")
-    smem = meta["smem_struct_bytes"]
+    smem = facts["smem_struct_bytes"]
     if smem != config.smem_bytes:
         problems.append(f"storage struct {smem} B != config.smem_bytes {config.smem_bytes}")
     if smem + static_smem > SMEM_LIMIT:
         problems.append(f"shared memory {smem} + {static_smem} static > {SMEM_LIMIT}")
-    if set(meta["stage_bytes"].values()) != set(config.tx_bytes.values()):
-        problems.append(f"TMA stage bytes {meta['stage_bytes']} != config.tx_bytes {config.tx_bytes}")
+    if set(facts["stage_bytes"].values()) != set(config.tx_bytes.values()):
+        problems.append(f"TMA stage bytes {facts['stage_bytes']} != config.tx_bytes {config.tx_bytes}")
     cols, group = c.tmem_alloc()
     if cols is None or cols != config.tmem_alloc_columns or group != 1:
         problems.append(f"tcgen05.alloc of {cols} columns; the declared map allocates {config.tmem_alloc_columns}")
     problems += config.tmem_map().problems()
     if config.ordered_tmem_map().conflicts(assume_in_order=True):
         problems.append("the ordered TMEM map has overlapping live regions")
-    if set(meta["sf_tmem_columns"]) != {SF_COLS}:
-        problems.append(f"the DSL's scale TMEM layouts span {meta['sf_tmem_columns']} columns, the map {SF_COLS}")
+    if set(facts["sf_tmem_columns"]) != {SF_COLS}:
+        problems.append(f"the DSL's scale TMEM layouts span {facts['sf_tmem_columns']} columns, the map {SF_COLS}")
     for op in ("MUFU.EX2", "F2FP.SATFINITE.E4M3", "LDTM.x32", "STTM.x8"):
         if op not in text:
             problems.append(f"no {op} in the SASS")
@@ -177,7 +178,6 @@ FAMILY = Family(
     tool=Path(__file__).resolve(),
     variants=ATTENTION_FWD_SM100_VARIANTS,
     module=lambda config: "jax_mxfp8.kernels.sm100.attention_fwd",
-    meta_fields=lambda config: ("smem_struct_bytes", "sf_tmem_columns", "stage_bytes"),
     check=check_variant,
     table=table,
 )

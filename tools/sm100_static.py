@@ -7,17 +7,22 @@ checks, the table and the command line -- with one Family per kernel family (per
                                      and its pre-pass
 
 A Family names its variants (frozen configs with a `name`), the module whose make_kernel(config) builds a
-variant's kernel object in the compiling process (`module(config)`: an object with entry(), fake_args()) and
-which of that object's traced facts to keep next to the cubin (`meta_fields(config)`: attribute names, set
-while tracing), how to check one compiled variant (`check(config, Compiled)` -> (its table row, problems))
-and how to render the table (`table(rows, companion_rows)`). `companions(configs)` lists
-variants of other families a table needs (the backward's forward + backward prediction takes the compiled
-forward's instruction counts): they are compiled and checked with their own family's hooks.
+variant's kernel object in the compiling process (`module(config)`: an object with entry(), fake_args() and,
+where a check needs traced facts beyond the cubin, build_facts()), how to check one compiled variant
+(`check(config, Compiled)` -> (its table row, problems)) and how to render the table (`table(rows,
+companion_rows)`). `companions(configs)` lists variants of other families a table needs (the backward's
+forward + backward prediction takes the compiled forward's instruction counts): they are compiled and
+checked with their own family's hooks.
 
 Compiling runs in a subprocess of the family's tool with CUTE_DSL_ARCH=sm_100f (the DSL reads the target at
 import): `cute.compile(kernel.entry(), *kernel.fake_args(), options="--gpu-arch sm_100f --keep-cubin
---keep-ptx --dump-dir DIR/<variant>")`; --reuse skips variants whose DIR/<variant>/meta.json exists. No GPU
-is needed, and none of these kernels has run on one. cuobjdump comes from PATH or the nvidia-cuda-cuobjdump
+--keep-ptx --dump-dir DIR/<variant>")`, then write_facts: DIR/<variant>/facts.json (FACTS) holds the kernel
+object's build_facts(). The library build (tools/build_kernels.py) dumps every variant the same way under
+<out>/<arch>/dump/<variant>/, so DIR may be its sm_100f dump: --reuse skips variants whose facts.json exists
+(no compiling process at all when every one does), and --all also checks every other registry variant built
+for sm_100f that the library build compiled (the quantize family, the RMSNorm and the operand producers, and
+for the attention checkers the MX GEMM): built for sm_100f, no local memory, at most 255 registers. No GPU is
+needed, and none of these kernels has run on one. cuobjdump comes from PATH or the nvidia-cuda-cuobjdump
 wheel (compare_sass.find_cuobjdump).
 """
 
@@ -41,8 +46,11 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from compare_sass import find_cuobjdump  # noqa: E402
 
-ARCH = "sm_100f"
-"""The family target every sm100 kernel is compiled for (one cubin for cc 10.0 and 10.3)."""
+from jax_mxfp8.kernels import registry  # noqa: E402 (pure Python, no DSL)
+from jax_mxfp8.kernels.registry.gemm_sm100 import ARCH  # noqa: E402 (sm_100f: one cubin for cc 10.0 and 10.3)
+
+FACTS = "facts.json"
+"""A compiled variant's traced facts, next to its cubin and PTX (write_facts; Compiled.facts)."""
 INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([^;]*)")
 """A SASS instruction line of `cuobjdump -sass`: (address, the instruction without its predicate)."""
 _RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
@@ -63,7 +71,6 @@ class Family:
     tool: Path
     variants: tuple
     module: Callable[[object], str]
-    meta_fields: Callable[[object], tuple[str, ...]]
     check: Callable
     table: Callable
     companions: Callable = lambda configs: ()
@@ -87,13 +94,14 @@ class Family:
 
 
 class Compiled:
-    """One compiled variant in DIR/<name>/: its cubin's SASS and resource usage, its PTX and meta.json."""
+    """One compiled variant in DIR/<name>/: its cubin's SASS and resource usage, its PTX and its traced facts
+    (FACTS, `facts`)."""
 
     def __init__(self, folder: Path, cuobjdump: str):
         self.folder = folder
         self.cubin = _one(folder, "*.cubin")
         self.ptx = _one(folder, "*.ptx").read_text()
-        self.meta = json.loads((folder / "meta.json").read_text())
+        self.facts = json.loads((folder / FACTS).read_text())
         self.sass = self._cuobjdump(cuobjdump, "-sass")
         self.sass_lines = self.sass.splitlines()
         usage = _RES.search(self._cuobjdump(cuobjdump, "-res-usage"))
@@ -149,13 +157,20 @@ def _one(folder: Path, pattern: str) -> Path:
     return found[0]
 
 
+def write_facts(kernel, folder: Path) -> None:
+    """folder/FACTS: the traced kernel object's build_facts() ({} for a kernel without one), written after
+    the compile that dumped its cubin and PTX into folder (here and in tools/build_kernels.py)."""
+    facts = kernel.build_facts() if hasattr(kernel, "build_facts") else {}
+    (folder / FACTS).write_text(json.dumps(facts, default=int))
+
+
 def compile_worker(family: Family, dump: Path, names: list[str], reuse: bool) -> None:
-    """Runs in a process with CUTE_DSL_ARCH=sm_100f: compiles each variant, keeps cubin, PTX and meta.json."""
+    """Runs in a process with CUTE_DSL_ARCH=sm_100f: compiles each variant, keeps cubin, PTX and FACTS."""
     import cutlass.cute as cute
 
     for fam, config in family.builds(names or None):
         out = dump / config.name
-        if reuse and (out / "meta.json").exists():
+        if reuse and (out / FACTS).exists():
             continue
         out.mkdir(parents=True, exist_ok=True)
         for old in out.glob("*"):
@@ -164,10 +179,31 @@ def compile_worker(family: Family, dump: Path, names: list[str], reuse: bool) ->
         t0 = time.time()
         options = f"--gpu-arch {ARCH} --keep-cubin --keep-ptx --dump-dir {out}"
         cute.compile(kernel.entry(), *kernel.fake_args(), options=options)
-        meta = {f: getattr(kernel, f) for f in fam.meta_fields(config)}
-        meta = {**json.loads(json.dumps(meta, default=int)), "seconds": round(time.time() - t0, 2)}
-        (out / "meta.json").write_text(json.dumps(meta))
-        print(f"[{ARCH}] {config.name}: {meta['seconds']:.2f} s", flush=True)
+        write_facts(kernel, out)
+        print(f"[{ARCH}] {config.name}: {time.time() - t0:.2f} s", flush=True)
+
+
+def other_variants(family: Family, dump: Path) -> list[str]:
+    """The registry's other sm_100f variants (--all): every production one, and the comparison schedules the
+    library build compiled (with --with-tunes) into dump."""
+    own = {v.name for v in family.variants}
+    return [
+        v.name
+        for v in registry.variants(with_tunes=True)
+        if ARCH in v.archs and v.name not in own and (v.tune == 0 or (dump / v.name).is_dir())
+    ]
+
+
+def check_built_variant(folder: Path, cuobjdump: str) -> list[str]:
+    """Problems of another family's variant the library build compiled into folder (--all): the common
+    checks (built for ARCH, no local memory) and at most 255 registers."""
+    if not (folder / FACTS).exists():
+        return [f"{folder} is missing or incomplete (build the library first: tools/build_library.py)"]
+    c = Compiled(folder, cuobjdump)
+    problems = c.common_problems()
+    if c.registers > 255:
+        problems.append(f"{c.registers} registers")
+    return problems
 
 
 def main(family: Family, argv: list[str] | None = None, doc: str | None = None) -> int:
@@ -177,6 +213,7 @@ def main(family: Family, argv: list[str] | None = None, doc: str | None = None) 
     ap.add_argument("--dump", required=True, help="folder for the cubins and PTX (DIR/<variant>/)")
     ap.add_argument("--only", action="append", help="check only these variants")
     ap.add_argument("--reuse", action="store_true", help="do not recompile variants already in --dump")
+    ap.add_argument("--all", action="store_true", help="also check the registry's other sm_100f variants in --dump")
     ap.add_argument("--python", default=sys.executable, help="the Python with nvidia-cutlass-dsl (compiling)")
     ap.add_argument("--write-table", help="write the table to this file")
     ap.add_argument("--check-table", help="compare the table with this file (exit 1 when it differs)")
@@ -188,16 +225,27 @@ def main(family: Family, argv: list[str] | None = None, doc: str | None = None) 
     if args.worker:
         compile_worker(family, dump, names, args.reuse)
         return 0
-    cmd = [args.python, str(family.tool), "--worker", "--dump", str(dump)] + [a for n in names for a in ("--only", n)]
-    subprocess.run(cmd + (["--reuse"] if args.reuse else []), check=True, env={**os.environ, "CUTE_DSL_ARCH": ARCH})
+    builds = family.builds(names or None)
+    if not (args.reuse and all((dump / config.name / FACTS).exists() for _, config in builds)):
+        cmd = [args.python, str(family.tool), "--worker", "--dump", str(dump)]
+        cmd += [a for n in names for a in ("--only", n)] + (["--reuse"] if args.reuse else [])
+        subprocess.run(cmd, check=True, env={**os.environ, "CUTE_DSL_ARCH": ARCH})
     cuobjdump = find_cuobjdump(args.cuobjdump)
     rows, companion_rows, failed = {}, {}, 0
-    for fam, config in family.builds(names or None):
+    for fam, config in builds:
         row, problems = fam.check(config, Compiled(dump / config.name, cuobjdump))
         (rows if fam is family else companion_rows)[config.name] = row
         failed += bool(problems)
         status = "ok" if not problems else "FAILED: " + "; ".join(problems)
         print(f"{config.name}{'' if fam is family else ' (companion)'}: {row} {status}")
+    if args.all:
+        others = other_variants(family, dump)
+        for name in others:
+            problems = check_built_variant(dump / name, cuobjdump)
+            failed += bool(problems)
+            if problems:
+                print(f"{name}: FAILED: " + "; ".join(problems))
+        print(f"{len(others)} other sm_100f variants checked (arch, no local memory, registers)")
     text = family.table(rows, companion_rows)
     if args.write_table:
         Path(args.write_table).write_text(text)

@@ -82,6 +82,13 @@ def ld_shared_v2(addr: Int32) -> tuple[Uint32, Uint32]:
     return inline_ptx("ld.shared.v2.b32 {{$w0}, {$w1}}, [{$r0}];", write_only_types=[Uint32] * 2, read_only_args=[addr])
 
 
+def ld_shared_v4(addr: Int32) -> tuple[Uint32, Uint32, Uint32, Uint32]:
+    """16 bytes (16-byte aligned) from shared memory."""
+    return inline_ptx(
+        "ld.shared.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];", write_only_types=[Uint32] * 4, read_only_args=[addr]
+    )
+
+
 def ld_shared_b32(addr: Int32) -> Uint32:
     return inline_ptx("ld.shared.b32 {$w0}, [{$r0}];", write_only_types=[Uint32], read_only_args=[addr])
 

@@ -145,6 +145,11 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
         tensors = tuple(fake(*shapes[name]) for name in self.tensor_names())
         return (*tensors, Float32(1.0), Float32(1.0), Float32(1.0), make_fake_stream())
 
+    def build_facts(self) -> dict:
+        """What the static checks need beyond the cubin, known once traced (written next to the dumped cubin:
+        tools/sm100_static.py write_facts; tools/check_sm100_attention_bwd.py reads it)."""
+        return {"smem_struct_bytes": int(self.smem_struct_bytes), "tmem_layout_columns": self.tmem_layout_columns}
+
     def entry(self):
         """The @cute.jit host function for this variant's number of tensors."""
         return {17: self.launch17, 18: self.launch18, 23: self.launch23}[len(self.tensor_names())]

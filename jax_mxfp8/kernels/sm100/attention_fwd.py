@@ -123,6 +123,15 @@ class AttentionForwardSm100(MmaRole, SoftmaxRole, CorrectionRole):
             Float32(1.0), Int32(148), make_fake_stream(),
         )  # fmt: skip
 
+    def build_facts(self) -> dict:
+        """What the static checks need beyond the cubin, known once traced (written next to the dumped cubin:
+        tools/sm100_static.py write_facts; tools/check_sm100_attention_fwd.py reads it)."""
+        return {
+            "smem_struct_bytes": int(self.smem_struct_bytes),
+            "sf_tmem_columns": [int(c) for c in self.sf_tmem_columns],
+            "stage_bytes": {k: int(v) for k, v in self.stage_bytes.items()},
+        }
+
     def entry(self):
         """The @cute.jit host function of this variant: launch (dense, broadcast_q) or launch_packed."""
         return self.launch_packed if self.cfg.packed else self.launch
