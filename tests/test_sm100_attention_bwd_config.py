@@ -45,7 +45,7 @@ def _rows() -> dict[str, list[str]]:
 def test_variants_are_valid_distinct_and_cover_the_feature_set():
     names = [v.name for v in ATTENTION_BWD_SM100_VARIANTS]
     assert len(names) == len(set(names))
-    keys = {tuple(sorted(v.key().items())) for v in ATTENTION_BWD_SM100_VARIANTS}
+    keys = {tuple(sorted(v.key.items())) for v in ATTENTION_BWD_SM100_VARIANTS}
     assert len(keys) == len(names)
     production = [v for v in ATTENTION_BWD_SM100_VARIANTS if v.tune == 0]
     for h in (64, 128):

@@ -10,7 +10,8 @@ and check the buffers against its parameters, so adding a variant here is the on
 
 One module per op family: `quantize` (quantize, dequantize), `rms_norm_quantize`, `gemm_operands` (quantize +
 align128 for the Hopper MX GEMM), `gemm` (the Hopper MX GEMM), `gemm_sm100` (the Blackwell MX GEMM),
-`blocked_operands` (its operand producer), `attention` (forward and realign), `attention_bwd` (backward);
+`blocked_operands` (its operand producer), `attention` (forward and realign), `attention_bwd` (backward),
+`attention_bwd_sm100` (the Blackwell backward and its pre-pass);
 `base` holds the config interface and the shared value sets and codes.
 """
 
@@ -30,6 +31,12 @@ from jax_mxfp8.kernels.registry.attention import (
     pv_permutation,
 )
 from jax_mxfp8.kernels.registry.attention_bwd import ATTENTION_BWD_VARIANTS, AttentionBwdConfig
+from jax_mxfp8.kernels.registry.attention_bwd_sm100 import (
+    ATTENTION_BWD_PREPASS_VARIANTS,
+    ATTENTION_BWD_SM100_VARIANTS,
+    AttentionBwdPrepassConfig,
+    AttentionBwdSm100Config,
+)
 from jax_mxfp8.kernels.registry.base import (
     ARCH_CCS,
     ARCH_MAJOR,
@@ -85,6 +92,8 @@ __all__ = [
     "ARCHS",
     "ARCH_CCS",
     "ARCH_MAJOR",
+    "ATTENTION_BWD_PREPASS_VARIANTS",
+    "ATTENTION_BWD_SM100_VARIANTS",
     "ATTENTION_BWD_VARIANTS",
     "ATTENTION_FWD_VARIANTS",
     "ATTENTION_REALIGN_VARIANTS",
@@ -124,6 +133,8 @@ __all__ = [
     "UNSUPPORTED_CCS",
     "VARIANTS",
     "AttentionBwdConfig",
+    "AttentionBwdPrepassConfig",
+    "AttentionBwdSm100Config",
     "AttentionFwdConfig",
     "AttentionRealignConfig",
     "BlockedOperandsConfig",
@@ -159,6 +170,8 @@ VARIANTS: tuple[KernelConfig, ...] = (
     + MX_GEMM_TUNINGS
     + MX_GEMM_EPILOGUE_VARIANTS
     + MX_GEMM_SM100_VARIANTS
+    + ATTENTION_BWD_PREPASS_VARIANTS
+    + ATTENTION_BWD_SM100_VARIANTS
 )
 """Every registered variant, in table order: production (tune 0, which includes the feature variants) and the
 comparison schedules (tune > 0: at most two per kernel family, for the benchmarks)."""
@@ -185,6 +198,8 @@ CONFIG_CLASSES: tuple[type[KernelConfig], ...] = (
     MXGemmConfig,
     MXGemmEpilogueConfig,
     MXGemmSm100Config,
+    AttentionBwdPrepassConfig,
+    AttentionBwdSm100Config,
 )
 
 C = TypeVar("C", bound=KernelConfig)

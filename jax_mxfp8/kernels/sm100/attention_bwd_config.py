@@ -4,6 +4,9 @@ its dO / Delta pre-pass (kernels/sm100/attention_bwd_prepass.py). Pure Python (n
   AttentionBwdSm100Config          one compiled backward variant (frozen, named fields)
   ATTENTION_BWD_SM100_VARIANTS     production for the feature set, plus the comparison schedule(s)
   AttentionBwdPrepassConfig        one compiled pre-pass variant; ATTENTION_BWD_PREPASS_VARIANTS
+Both are registry KernelConfigs (ops "attention_bwd_sm100" and "attention_bwd_prepass_sm100", built for
+sm_100f; kernels/registry/attention_bwd_sm100.py registers them); their FFI handlers are
+csrc/attention_bwd_sm100.cc, their primitives primitives/attention_bwd_sm100.py.
   tmem_columns(head_dim)           the backward's TMEM columns, read from the declared map
                                    (kernels/sm100/attention_tmem.backward_map)
 
@@ -12,7 +15,7 @@ attention_sm100_packed.py); the design is docs/perf/blackwell-attention.md "Back
 has run on a GPU: they are compiled for sm_100f and checked statically (tools/check_sm100_attention_bwd.py).
 
 Operand order of the backward (the host function's arguments, 2-D views: docs/interfaces.md "sm100 attention";
-a future FFI handler passes them in this order and checks the shapes and the key fields below):
+the FFI handler passes them in this order and checks the shapes and the key fields below):
   q, q_sf_hd, q_sf_seq, k, k_sf_hd, k_sf_seq, v, v_sf_hd, do, do_sf_hd, do_sf_seq,   (Sm100Operand parts)
   lse, delta, lens (dense: (2, B) query / key lengths) or seqs, key_tiles (packed: the tables of
   primitives/attention_sm100_packed.packed_tables), [dq_sem (deterministic)], dq, then dk, dv (dkv "float32")
@@ -26,12 +29,13 @@ from __future__ import annotations
 import dataclasses
 
 from jax_mxfp8.kernels.registry.attention_bwd import DQ_ACCUM_CODE, DQ_ACCUMS
-from jax_mxfp8.kernels.registry.base import P_SCALE_CODE, P_SCALES
+from jax_mxfp8.kernels.registry.base import DTYPE_CODE, P_SCALE_CODE, P_SCALES, KernelConfig
 from jax_mxfp8.kernels.sm100.attention_geometry import BLOCK, HEAD_DIMS, SCALE_CHUNK, SMEM_LIMIT, TILE
 from jax_mxfp8.kernels.sm100.attention_tmem import SF_COLS, backward_map
 from jax_mxfp8.kernels.sm100.tmem_map import TmemMap
 
 DKV_OUTPUTS = ("float32", "mx")
+DKV_CODE = {"float32": 0, "mx": 1}
 
 # Warp roles (16 warps, 512 threads; one CTA per (128-key tile, KV head, batch row or sequence)).
 REDUCE_WARPS = (0, 1, 2, 3)
@@ -72,8 +76,11 @@ def tmem_columns(head_dim: int) -> dict[str, int]:
     return cols
 
 
+ARCH = "sm_100f"
+
+
 @dataclasses.dataclass(frozen=True)
-class AttentionBwdSm100Config:
+class AttentionBwdSm100Config(KernelConfig):
     """One compiled sm100 attention backward.
 
     Attributes:
@@ -104,9 +111,11 @@ class AttentionBwdSm100Config:
     stages: int = 2
     tune: int = 0
 
+    op = "attention_bwd_sm100"
+    kernels = {ARCH: "jax_mxfp8.kernels.sm100.attention_bwd:make_kernel"}
     key_fields = ("head_dim", "causal", "p_scale", "dq_accum", "deterministic", "packed", "dkv")
-    """The fields that with `tune` identify a variant (a future handler checks them as named integers)."""
-    codes = {"p_scale": P_SCALE_CODE, "dq_accum": DQ_ACCUM_CODE, "dkv": {"float32": 0, "mx": 1}}
+    """The fields that with `tune` identify a variant (the handler checks them as named integers)."""
+    codes = {"p_scale": P_SCALE_CODE, "dq_accum": DQ_ACCUM_CODE, "dkv": DKV_CODE}
 
     def __post_init__(self):
         if self.head_dim not in HEAD_DIMS:
@@ -138,14 +147,6 @@ class AttentionBwdSm100Config:
         base += "_packed" if self.packed else ""
         base += "_mxdkv" if self.dkv == "mx" else ""
         return f"{base}_t{self.tune}" if self.tune else base
-
-    def key(self) -> dict[str, int]:
-        """The key fields as named integers (bools as 0 / 1, strings by `codes`)."""
-        out = {}
-        for f in self.key_fields:
-            v = getattr(self, f)
-            out[f] = self.codes[f][v] if f in self.codes else int(v)
-        return {**out, "tune": self.tune}
 
     # ------------------------------------------------------------------------------------- operands
     @property
@@ -283,7 +284,7 @@ Other combinations (e.g. block P with float16 dQ) are not built: a handler takes
 
 
 @dataclasses.dataclass(frozen=True)
-class AttentionBwdPrepassConfig:
+class AttentionBwdPrepassConfig(KernelConfig):
     """The backward's pre-pass (kernels/sm100/attention_bwd_prepass.py): one read of dO and O per (row tile,
     head) gives dO's square-block E4M3 operand with both blocked scale orientations and Delta =
     rowsum(dO O) - dLSE (primitives/attention_bwd_sm100_emulation.bwd_prepass).
@@ -293,6 +294,11 @@ class AttentionBwdPrepassConfig:
       in_dtype: dO's and O's dtype, "bfloat16" or "float32".
       packed: packed jagged rows (batch 1; the square blocks and scale chunks restart at each sequence).
     """
+
+    op = "attention_bwd_prepass_sm100"
+    kernels = {ARCH: "jax_mxfp8.kernels.sm100.attention_bwd_prepass:make_kernel"}
+    key_fields = ("head_dim", "in_dtype", "packed")
+    codes = {"in_dtype": DTYPE_CODE}
 
     head_dim: int = 128
     in_dtype: str = "bfloat16"
