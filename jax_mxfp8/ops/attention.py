@@ -3,7 +3,8 @@
 The custom_vjp's residuals are the quantized operands (MXArrays: 1 byte per element plus scales), the
 output O and the LSE; the T x S matrix is recomputed tile by tile in the backward and never stored.
 The forward and the residuals are ops/attention_core.py's; the backward (mx_attention_bwd) runs the Hopper
-backward kernel where a variant covers the call (ops/attention_bwd_kernel.py), else the XLA reference
+backward kernel where a variant covers the call (ops/attention_bwd_kernel.py), on compute capability 10.x the
+Blackwell one (ops/attention_bwd_sm100.py), else the XLA reference
 (attention_core.reference_backward); the argument checks are ops/attention_checks.py's.
 """
 
@@ -19,6 +20,7 @@ from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.ops import attention_compat as compat
 from jax_mxfp8.ops.attention_bwd_kernel import backward_variant, kernel_backward
+from jax_mxfp8.ops.attention_bwd_sm100 import choose_sm100_backward, sm100_kernel_backward
 from jax_mxfp8.ops.attention_checks import (
     check_bias_or_mask,
     check_config,
@@ -49,7 +51,10 @@ def _mx_attention(static: AttentionStatic, q, k, v, bias, mask, q_len, kv_len):
 def mx_attention_bwd(static: AttentionStatic, res, cts):
     """The custom_vjp bwd on mx_attention_fwd's residuals: the backward kernel when the forward ran the kernel
     path and a backward variant covers the call (ops/attention_bwd_kernel.py), else the XLA reference.
-    Returns the cotangents of (q, k, v, bias, mask, q_len, kv_len)."""
+    Returns the cotangents of (q, k, v, bias, mask, q_len, kv_len). On compute capability 10.x the sm100
+    backward kernel where the call chose it (ops/attention_bwd_sm100.py)."""
+    if static.bwd_sm100:
+        return sm100_kernel_backward(static, res, cts)
     if static.kernel_path:
         o = res[1]  # (B, T, N, H)
         variant, _ = backward_variant(static, o.shape[-1])
@@ -174,6 +179,7 @@ def dot_product_attention(
         out_dtype=out_dtype,
         group=n // n_kv,
         impl=choose_implementation(implementation, why_not),
+        bwd_sm100=choose_sm100_backward(implementation, why_not, config, head_dim=h, is_causal=bool(is_causal)),
     )
     out, lse = _mx_attention_jit(static, q, k, v, bias, mask, q_len, kv_len)
     return _results(out, lse, unbatched, return_residual)

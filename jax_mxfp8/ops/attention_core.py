@@ -55,11 +55,17 @@ class AttentionStatic:
     out_dtype: np.dtype
     group: int  # G = N // K
     impl: str = "xla"  # "xla" (reference forward), "cuda" (the Hopper kernel forward) or "emulated" (its XLA body)
+    bwd_sm100: str = ""  # the Blackwell backward's path ("cuda", "emulated"), "" when the call does not take it
 
     @property
     def kernel_path(self) -> bool:
         """Whether the forward runs the kernel path ("cuda", or "emulated" on any machine)."""
         return self.impl != "xla"
+
+    @property
+    def sequence_major(self) -> bool:
+        """Whether the square-block residuals stay sequence-major: for a kernel forward or backward."""
+        return self.kernel_path or bool(self.bwd_sm100)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -190,7 +196,8 @@ def square_sequence_major(x: jax.Array, lengths: jax.Array | None, scale_roundin
 def quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
     """Quantizes every (operand, layout) pair the config needs, once each (the custom_vjp residuals).
 
-    Residuals are head-major, except on the kernel path, where the square-block residuals stay sequence-major
+    Residuals are head-major, except for the kernels (AttentionStatic.sequence_major), where the square-block
+    residuals stay sequence-major
     (axes (-3, -1), like a caller's MXArray; T and S are multiples of 32, checked by dot_product_attention).
     """
     raw = {
@@ -205,9 +212,10 @@ def quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
         name, layout = key.split(":")
         if layout == "user":
             out[key] = given[name]
-        elif static.kernel_path and layout == "square":
+        elif static.sequence_major and layout == "square":
             # the CUDA square quantize kernel: bit-identical to quantize_operand (tests/test_quantize_kernels_gpu.py)
-            out[key] = square_sequence_major(given[name], lengths[name], static.config.scale_rounding, static.impl)
+            path = static.impl if static.kernel_path else static.bwd_sm100
+            out[key] = square_sequence_major(given[name], lengths[name], static.config.scale_rounding, path)
         else:
             out[key] = quantize_operand(raw[name](), layout, static.config.scale_rounding)
     return out

@@ -1,0 +1,179 @@
+"""jax.grad of the attention ops on compute capability 10.0 / 10.3 (library.forced_gpu: the kernels emulated) takes
+the Blackwell backward (ops/attention_bwd_sm100.py -> primitives/attention_bwd_sm100.py):
+
+* the traced gradient calls the pre-pass and the backward targets; Hopper (cc 9.0) and consumer Blackwell
+  (cc 12.0) never do, nor implementation="xla", bias, or a head_dim without a variant;
+* the gradients equal the emulation (primitives/attention_bwd_sm100_emulation.py, run here step by step on the
+  forward's O and LSE) bit for bit: p_scale const / block, causal, GQA, padded batches, float32 / float16 dQ,
+  deterministic; and are within 0.5 dB of the XLA reference's SQNR against float64 unquantized gradients;
+* values past the sequence lengths (even NaN) leave the valid rows' gradients unchanged bit for bit, and the
+  padding rows' gradients are written (zero, finite);
+* deterministic=True is bit-identical across runs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from attention_emulation import exact_attention, sqnr_db
+from attention_testutil import fresh_rng
+
+import jax_mxfp8 as mx
+from jax_mxfp8.config.attention import AttentionConfig
+from jax_mxfp8.primitives import attention_bwd_sm100 as bwd
+from jax_mxfp8.primitives import attention_sm100_operands as ops
+from jax_mxfp8.primitives import ffi_op, library
+from jax_mxfp8.primitives import implementation as impl
+from jax_mxfp8.primitives.attention_bwd_sm100_emulation import bwd_prepass, emulate_bwd_sm100
+
+BLACKWELL = [(10, 0), (10, 3)]
+IDS = ["cc10.0", "cc10.3"]
+B, T, S, N, K = 2, 128, 256, 4, 2
+
+
+def _problem(rng, h=64, lens=True):
+    q = jnp.asarray(rng.standard_normal((B, T, N, h)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((B, S, K, h)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((B, S, K, h)), jnp.float32)
+    do = jnp.asarray(rng.standard_normal((B, T, N, h)), jnp.float32)
+    ln = (jnp.array([100, 128], jnp.int32), jnp.array([256, 170], jnp.int32)) if lens else (None, None)
+    return q, k, v, do, ln
+
+
+def _grads(q, k, v, do, ln, *, causal, config=None, implementation=None):
+    def f(q, k, v):
+        return mx.dot_product_attention(
+            q, k, v, is_causal=causal, query_seq_lengths=ln[0], key_value_seq_lengths=ln[1], config=config,
+            implementation=implementation,
+        )  # fmt: skip
+
+    out, vjp = jax.vjp(f, q, k, v)
+    return tuple(np.asarray(g) for g in vjp(do))
+
+
+def _expected(q, k, v, do, ln, *, causal, config):
+    """The emulation step by step: the square operands with both orientations, the forward's O and LSE (the
+    forward of the same call), the pre-pass, the backward emulation with the variant's dQ path."""
+    out, lse = mx.dot_product_attention(
+        q, k, v, is_causal=causal, query_seq_lengths=ln[0], key_value_seq_lengths=ln[1], config=config,
+        return_residual="lse", implementation="xla",
+    )  # fmt: skip
+    lens = None if ln[0] is None else jnp.stack(ln)
+
+    def zero(x, n):
+        return x if n is None else jnp.where((jnp.arange(x.shape[1])[None, :] < n[:, None])[:, :, None, None], x, 0)
+
+    q_op, k_op, v_op = (
+        ops.sm100_operand(ops.quantize_square(zero(x, n))) for x, n in ((q, ln[0]), (k, ln[1]), (v, ln[1]))
+    )
+    do_op, delta = bwd_prepass(do, out, None, None if lens is None else lens[0])
+    dq_accum = "fp32" if config.dq_accum == "fp32" else ("fp16" if config.deterministic else "fp16_reduce")
+    dq, dk, dv = emulate_bwd_sm100(
+        q_op, k_op, v_op, do_op, lse, delta, lens, causal=causal, scale=q.shape[-1] ** -0.5, p_scale=config.p_scale,
+        dq_accum=dq_accum, dq_scale_log2=config.dq_fp16_scale_log2,
+    )  # fmt: skip
+    return tuple(np.asarray(g) for g in (dq, dk, dv))
+
+
+def _trace_targets(monkeypatch, cc, fn, *args):
+    calls = []
+    real = ffi_op.FfiOp.call
+
+    def record(self, static, path, *a):
+        calls.append(self.target)
+        return real(self, static, path, *a)
+
+    monkeypatch.setattr(ffi_op.FfiOp, "call", record)
+    jax.clear_caches()  # the op's inner jit would replay an earlier test's trace without calling FfiOp.call
+    with library.forced_gpu(cc), impl.record() as decisions:
+        jax.make_jaxpr(fn)(*args)
+    return calls, decisions
+
+
+@pytest.mark.parametrize("cc", BLACKWELL, ids=IDS)
+def test_grad_calls_the_sm100_backward_targets(monkeypatch, cc):
+    q, k, v, do, ln = _problem(fresh_rng())
+
+    def grad(q, k, v):
+        return jax.grad(lambda q, k, v: jnp.sum(mx.dot_product_attention(q, k, v, is_causal=True) * do), (0, 1, 2))(
+            q, k, v
+        )
+
+    calls, decisions = _trace_targets(monkeypatch, cc, grad, q, k, v)
+    assert calls.count(bwd.TARGET_PREPASS) == 1 and calls.count(bwd.TARGET) == 1, calls
+    assert any(d.op == "dot_product_attention_bwd" and d.path == "emulated" for d in decisions)
+
+
+@pytest.mark.parametrize(
+    "cc, kw",
+    [((9, 0), {}), ((12, 0), {}), ((10, 0), {"implementation": "xla"}), ((10, 0), {"bias": True})],
+    ids=["hopper", "sm120", "xla", "bias"],
+)
+def test_other_devices_and_arguments_take_no_sm100_backward(monkeypatch, cc, kw):
+    q, k, v, do, _ = _problem(fresh_rng())
+    bias = jnp.zeros((B, N, T, S), jnp.float32) if kw.pop("bias", False) else None
+
+    def grad(q, k, v):
+        f = lambda q, k, v: jnp.sum(mx.dot_product_attention(q, k, v, bias, **kw) * do)  # noqa: E731
+        return jax.grad(f, (0, 1, 2))(q, k, v)
+
+    calls, _ = _trace_targets(monkeypatch, cc, grad, q, k, v)
+    assert bwd.TARGET not in calls and bwd.TARGET_PREPASS not in calls, calls
+
+
+CONFIGS = [
+    pytest.param(True, AttentionConfig(), id="causal"),
+    pytest.param(False, AttentionConfig(p_scale="block"), id="pblock"),
+    pytest.param(True, AttentionConfig(dq_accum="fp16"), id="causal-fp16"),
+    pytest.param(False, AttentionConfig(deterministic=True), id="det"),
+    pytest.param(True, AttentionConfig(dq_accum="fp16", deterministic=True), id="causal-fp16-det"),
+]
+
+
+@pytest.mark.parametrize("causal, config", CONFIGS)
+def test_gradients_equal_the_emulation(causal, config):
+    q, k, v, do, ln = _problem(fresh_rng())
+    with library.forced_gpu((10, 0)):
+        got = _grads(q, k, v, do, ln, causal=causal, config=config)
+    want = _expected(q, k, v, do, ln, causal=causal, config=config)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want, strict=True):
+        np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+@pytest.mark.parametrize("h", [64, 128])
+def test_sqnr_within_half_a_db_of_the_reference(h):
+    q, k, v, do, ln = _problem(fresh_rng(), h=h)
+    with library.forced_gpu((10, 3)):
+        got = _grads(q, k, v, do, ln, causal=True)
+    ref = _grads(q, k, v, do, ln, causal=True, implementation="xla")
+    _, _, *exact = exact_attention(q, k, v, do, causal=True, q_len=np.asarray(ln[0]), kv_len=np.asarray(ln[1]))
+    for name, g, r, x64 in zip(("dq", "dk", "dv"), got, ref, exact, strict=True):
+        assert abs(sqnr_db(g, x64) - sqnr_db(r, x64)) <= 0.5, (name, sqnr_db(g, x64), sqnr_db(r, x64))
+
+
+def test_padding_isolated_bit_for_bit_and_written():
+    """NaN past the lengths (query rows, key rows, dO rows) changes no valid row's gradient; the padding rows'
+    gradients are zero."""
+    q, k, v, do, ln = _problem(fresh_rng())
+    qpos = (jnp.arange(T)[None, :] >= ln[0][:, None])[:, :, None, None]
+    kpos = (jnp.arange(S)[None, :] >= ln[1][:, None])[:, :, None, None]
+    poisoned = (jnp.where(qpos, jnp.nan, q), jnp.where(kpos, jnp.nan, k), jnp.where(kpos, jnp.nan, v))
+    with library.forced_gpu((10, 0)):
+        clean = _grads(q, k, v, do, ln, causal=False)
+        dirty = _grads(*poisoned, jnp.where(qpos, jnp.nan, do), ln, causal=False)
+    for name, c, d, pad in zip(("dq", "dk", "dv"), clean, dirty, (qpos, kpos, kpos), strict=True):
+        keep = ~np.broadcast_to(np.asarray(pad), c.shape)
+        np.testing.assert_array_equal(d[keep], c[keep], err_msg=name)
+        assert np.all(d[~keep] == 0) and np.all(np.isfinite(c)), name
+
+
+def test_deterministic_is_bit_identical_across_runs():
+    q, k, v, do, ln = _problem(fresh_rng())
+    config = AttentionConfig(deterministic=True)
+    with library.forced_gpu((10, 0)):
+        first = _grads(q, k, v, do, ln, causal=True, config=config)
+        second = _grads(q, k, v, do, ln, causal=True, config=config)
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
