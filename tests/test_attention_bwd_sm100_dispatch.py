@@ -177,3 +177,54 @@ def test_deterministic_is_bit_identical_across_runs():
         second = _grads(q, k, v, do, ln, causal=True, config=config)
     for a, b in zip(first, second, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("cc", BLACKWELL, ids=IDS)
+def test_broadcast_query_gradient_is_the_sm100_broadcast_backward(monkeypatch, cc):
+    """broadcast_query_attention: one backward call with q of batch 1 (dq summed over the batch in float32);
+    its gradients equal the emulation on the broadcast problem (dq: the float32 sum of the rows' dq)."""
+    rng = fresh_rng()
+    q1 = jnp.asarray(rng.standard_normal((T, N, 64)), jnp.float32)
+    _, k, v, do, ln = _problem(rng)
+
+    def grads(q1, k, v):
+        f = lambda q1, k, v: mx.broadcast_query_attention(q1, k, v, key_value_seq_lengths=ln[1])  # noqa: E731
+        _, vjp = jax.vjp(f, q1, k, v)
+        return vjp(do)
+
+    calls, _ = _trace_targets(monkeypatch, cc, grads, q1, k, v)
+    assert calls.count(bwd.TARGET) == 1 and calls.count(bwd.TARGET_PREPASS) == 1, calls
+    with library.forced_gpu(cc):
+        got = [np.asarray(g) for g in grads(q1, k, v)]
+    qb = jnp.broadcast_to(q1[None], (B, T, N, 64))
+    want = _expected(qb, k, v, do, (jnp.full((B,), T, jnp.int32), ln[1]), causal=False, config=AttentionConfig())
+    np.testing.assert_array_equal(got[0], np.sum(want[0], axis=0))
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[2], want[2])
+
+
+@pytest.mark.parametrize("cc", BLACKWELL, ids=IDS)
+def test_varlen_gradient_takes_the_sm100_backward_and_isolates_sequences(monkeypatch, cc):
+    """varlen_attention (its padded-batch route on cc 10.x): the sm100 backward; a NaN in one sequence leaves
+    the other sequences' gradients unchanged bit for bit."""
+    rng = fresh_rng()
+    cu_q, cu_k = jnp.array([0, 70, 200], jnp.int32), jnp.array([0, 150, 260], jnp.int32)
+    q = jnp.asarray(rng.standard_normal((200, N, 64)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((260, K, 64)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((260, K, 64)), jnp.float32)
+    do = jnp.asarray(rng.standard_normal((200, N, 64)), jnp.float32)
+
+    def grads(q, k, v):
+        f = lambda q, k, v: mx.varlen_attention(q, k, v, cu_q, cu_k, max_seqlen_q=130, max_seqlen_k=150)  # noqa: E731
+        _, vjp = jax.vjp(f, q, k, v)
+        return vjp(do)
+
+    calls, _ = _trace_targets(monkeypatch, cc, grads, q, k, v)
+    assert calls.count(bwd.TARGET) == 1, calls
+    with library.forced_gpu(cc):
+        clean = [np.asarray(g) for g in grads(q, k, v)]
+        dirty = [np.asarray(g) for g in grads(q.at[10].set(jnp.nan), k.at[5].set(jnp.nan), v)]
+    np.testing.assert_array_equal(dirty[0][70:], clean[0][70:])
+    np.testing.assert_array_equal(dirty[1][150:], clean[1][150:])
+    np.testing.assert_array_equal(dirty[2][150:], clean[2][150:])
+    assert np.all(np.isfinite(clean[0])) and np.isnan(dirty[0][:70]).any()

@@ -19,6 +19,8 @@ their backward is the XLA reference on the broadcast residuals, dq per sequence 
 (the deterministic ordering is per batch row, and a float16 accumulator holding dQ 2^e summed over B
 sequences would overflow B times sooner). On the XLA path the broadcast FP8 query feeds the reference's
 dequantize-and-GEMM fusions.
+On compute capability 10.x the backward is the sm100 kernel's with q of batch 1 (ops/attention_bwd_sm100.py;
+dQ summed over the batch in float32 in the kernel), for dq_accum "fp32" without deterministic.
 Packed key/value sequences run on the padded batch (B, ceil32(max_seqlen_k)), as varlen_attention's XLA
 route does (the packed kernel has no broadcast_q variant).
 """
@@ -37,6 +39,7 @@ from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import check_float32_range
 from jax_mxfp8.ops import attention_bwd_kernel as kernel_bwd
 from jax_mxfp8.ops.attention import mx_attention_bwd
+from jax_mxfp8.ops.attention_bwd_sm100 import choose_sm100_backward, sm100_kernel_backward
 from jax_mxfp8.ops.attention_checks import (
     check_concrete_offsets,
     check_config,
@@ -99,6 +102,10 @@ def _bwd(static: AttentionStatic, res, do):
     f32 = dataclasses.replace(static, out_dtype=np.dtype(np.float32))  # out_dtype only casts the cotangents
     cts = (do, jnp.zeros_like(lse))
     variant = None
+    if static.bwd_sm100:  # the sm100 backward with q of batch 1: dq summed over the batch in float32, cast once
+        res_kernel = (quants, o, lse, None, None, q_len, kv_len)
+        dq, dk, dv, *_ = sm100_kernel_backward(static, res_kernel, cts, broadcast_q=True)
+        return dq, dk, dv, None, None
     if static.kernel_path:
         variant, _ = kernel_bwd.backward_variant(static, o.shape[-1], broadcast_q=True)
     if variant is not None:  # dq comes summed (float32 in the kernel): the output dtype directly, one rounding
@@ -253,6 +260,9 @@ def broadcast_query_attention(
         out_dtype=out_dtype,
         group=n // n_kv,
         impl=choose_implementation(implementation, why_not, op=OP),
+        bwd_sm100=choose_sm100_backward(
+            implementation, why_not, config, head_dim=h, is_causal=bool(is_causal), broadcast_q=True
+        ),
     )
     if cu is not None:
         k, v, kv_len = _padded_kv(k, v, cu, max_k)

@@ -33,6 +33,8 @@ from jax_mxfp8.ops.attention_checks import (
 from jax_mxfp8.ops.attention_core import AttentionStatic, choose_implementation, kernel_unsupported
 from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.ops.varlen_kernel import VarlenStatic, packed_kernel_attention
+from jax_mxfp8.primitives import attention_bwd_sm100 as sm100_bwd
+from jax_mxfp8.primitives import library
 from jax_mxfp8.reference.attention_tiling import round_up
 from jax_mxfp8.reference.varlen import sanitize_offsets, seq_lengths, to_packed, to_padded
 
@@ -160,7 +162,9 @@ def varlen_attention(
             total_k=k.shape[0],
         )
         return _packed_jit(st, q, k, v, cu_q, cu_k)
-    return _varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, bool(is_causal), config, "xla")
+    # on compute capability 10.x the padded dense call picks the sm100 backward itself (implementation None)
+    inner = None if implementation is None and library.gpu_arch() in sm100_bwd.ARCHS else "xla"
+    return _varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, bool(is_causal), config, inner)
 
 
 _packed_jit = jax.jit(packed_kernel_attention, static_argnums=(0,))
