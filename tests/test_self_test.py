@@ -4,7 +4,9 @@ library.forced_gpu((10, 0), self_tests=True) makes this machine a B200 whose ker
 are injected into a family's kernel call (self_test.inject): a permuted scale layout (the bug the problem is
 built to expose), a kernel that raises, one that hangs. Each must disable the family for the process with a
 KernelFallbackWarning saying what failed, send the calls to the fallback (jax.nn / cuDNN for mx_dot_general,
-the reference elsewhere), make implementation="cuda" raise, and show up in the report.
+the reference elsewhere), make implementation="cuda" raise, and show up in the report. The attention backward's
+(attention_bwd_sm100_self_test.py): a query block read from the wrong place disables it, and jax.grad of
+dot_product_attention runs the reference backward.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 
 import jax_mxfp8 as mx
 from jax_mxfp8.ops.mx_dot_quantized import mx_dot_general_quantized
+from jax_mxfp8.primitives import attention_bwd_sm100 as bwd
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives import library, self_test
 
@@ -168,14 +171,53 @@ def test_no_self_test_where_the_family_does_not_run():
     assert {r.status for r in reports} == {"skipped"} and "sm_100f: cc 10.0, 10.3" in reports[0].detail
 
 
-@pytest.mark.slow  # the three families' emulations: ~30 s on the 2-core machine
+@pytest.mark.slow  # the four families' emulations: ~60 s on the 2-core machine
 def test_every_family_passes_on_its_emulation(fresh):
     """The problems are consistent: the emulation passes its own self-test (a check of the problems and the
     comparison, not of the kernels, which no machine here can run)."""
     with library.forced_gpu((10, 3), self_tests=True):
         reports = self_test.run_all()
     assert [(r.family, r.status) for r in reports] == [
+        ("attention_bwd_sm100", "passed"),
         ("blocked_operands", "passed"),
         ("mx_gemm_sm100", "passed"),
         ("rms_norm_quantize_blocked", "passed"),
     ], self_test.report_text(reports)
+
+
+# ------------------------------------------------ the attention backward (attention_bwd_sm100_self_test.py)
+def _swap_query_blocks(kernel):
+    """A layout bug: the first run's query rows 0..31 and 32..63 exchanged before the kernel reads them."""
+
+    def faulty(ops, path):
+        q = np.array(ops[0])
+        q[:, :32], q[:, 32:64] = ops[0][:, 32:64], ops[0][:, :32]
+        return kernel((q, *ops[1:]), path)
+
+    return faulty
+
+
+def _grad_decision():
+    q = jnp.ones((1, 128, 2, 64), jnp.float32)
+    with impl.record() as decisions:
+        jax.make_jaxpr(jax.grad(lambda q: jnp.sum(mx.dot_product_attention(q, q, q))))(q)
+    return [d for d in decisions if d.op == "dot_product_attention_bwd"]
+
+
+@pytest.mark.slow  # three backward emulations compiled twice: ~70 s on the 2-core machine
+def test_the_problem_passes_on_the_emulation(fresh):
+    with library.forced_gpu(B200, self_tests=True):
+        assert self_test.verdict(bwd.FAMILY) is None
+        (decision,) = _grad_decision()
+    assert decision.path == "emulated"
+
+
+@pytest.mark.slow  # as above
+def test_a_misplaced_query_block_disables_the_family(fresh):
+    with library.forced_gpu(B200, self_tests=True), self_test.inject(bwd.FAMILY, _swap_query_blocks):
+        why = self_test.verdict(bwd.FAMILY)
+        assert why is not None and "mismatch" in why, why
+        (decision,) = _grad_decision()
+    assert decision.path == "xla" and "attention_bwd_sm100 kernels are disabled" in decision.reason
+    warned = [str(w.message) for w in fresh if issubclass(w.category, impl.KernelFallbackWarning)]
+    assert any("backward runs the XLA reference" in m and bwd.FAMILY in m for m in warned), warned

@@ -155,9 +155,7 @@ def _is_array_like(x) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
-def check_leaves(
-    data, scale, axes: tuple[int, ...], name: str = "MXArray", scale_layout: str = "natural"
-) -> None:
+def check_leaves(data, scale, axes: tuple[int, ...], name: str = "MXArray", scale_layout: str = "natural") -> None:
     """Checks data / scale against each other, `axes` and `scale_layout` (ValueError naming `name` and the
     field). Leaves that are not arrays (placeholders) and float0 leaves (zero cotangents) are not checked."""
     if _is_array_like(data):

@@ -12,7 +12,8 @@ implementation=None that the kernel path covers (ops/attention_core.kernel_unsup
 mask, AttentionConfig's defaults but the dQ options and p_scale, bfloat16 / float32 inputs, square-block MXArrays)
 with head_dim 64 or 128, scale_rounding "up" and a registered variant (kernels/registry/attention_bwd_sm100.py)
 takes it; AttentionStatic.bwd_sm100 holds the path. The backward's first call on the GPU runs the family's
-self-test (primitives/sm100_self_tests.py); a disabled family, or a call outside those conditions, keeps the
+self-test (primitives/attention_bwd_sm100_self_test.py); a disabled family (warned once,
+KernelFallbackWarning), or a call outside those conditions, keeps the
 XLA reference backward.
 
 Dataflow: the residuals (ops/attention_core.quantize_operands: the square-block operands sequence-major,
@@ -31,12 +32,13 @@ from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.ops.attention_core import AttentionStatic, kernel_operand, operand_keys
 from jax_mxfp8.primitives import attention_bwd_sm100 as bwd
 from jax_mxfp8.primitives import implementation as impl
-from jax_mxfp8.primitives import library
+from jax_mxfp8.primitives import library, self_test
 from jax_mxfp8.primitives.attention_sm100_operands import sm100_operand
 
 OP = "dot_product_attention_bwd"
 """The op name the backward's decision is recorded under (implementation.record()), as the Hopper backward's."""
-FAMILIES = (bwd.FAMILY, bwd.PREPASS_FAMILY)
+FAMILIES = (bwd.FAMILY,)
+"""The self-tested family (its first-use self-test runs the pre-pass and the backward)."""
 
 
 def sm100_unsupported(
@@ -73,6 +75,12 @@ def choose_sm100_backward(
         return ""
     why = why_not or sm100_unsupported(config, head_dim=head_dim, is_causal=is_causal, broadcast_q=broadcast_q)
     path = impl.resolve(None, why, bwd.ARCHS, op=OP, warn=False, family=FAMILIES)
+    disabled = self_test.verdict(bwd.FAMILY) if path == "xla" and why is None else None
+    if disabled is not None:
+        impl.warn_once(
+            OP, "self-test", f"jax_mxfp8.dot_product_attention: the backward runs the XLA reference (slow) on this "
+            f"GPU because the {bwd.FAMILY} kernels are disabled: {disabled}. Fix: {impl.FIX_SELF_TEST}."
+        )  # fmt: skip
     if path == "cuda":
         variant = bwd.find_variant(
             head_dim=head_dim, causal=is_causal, p_scale=config.p_scale, dq_accum=config.dq_accum,

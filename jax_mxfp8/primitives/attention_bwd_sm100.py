@@ -26,7 +26,7 @@ added), deterministic=True the ordered float32 add and one rounding per key tile
 batch axis (dense variants; broadcast q: q and dq whole, the devices' dq summed); vmap folds into the batch
 (broadcast q and packed: mapped). NOT RUN ON HARDWARE by this project: compiled for sm_100f, checked
 statically; the first call on a compute-capability 10.x GPU runs the family's self-test
-(primitives/sm100_self_tests.py).
+(primitives/attention_bwd_sm100_self_test.py).
 """
 
 from __future__ import annotations
@@ -271,13 +271,12 @@ def _bwd_sharding(call: BwdCall) -> ShardingRule:
 
 
 def _bwd_attrs(call: BwdCall) -> dict:
-    tau = np.float32(call.scale)
     e = call.dq_scale_log2 if call.variant.dq_accum == "fp16" else 0
-    return {
+    return {  # rounded from float64 as the emulation's factors (attention_sm100_emulation.exponent)
         "kernel": call.variant.name,
-        "scale": tau,
-        "scale_log2": np.float32(tau * np.float32(LOG2E)),
-        "dq_scale": np.float32(tau * np.float32(2.0**e)),
+        "scale": np.float32(call.scale),
+        "scale_log2": np.float32(call.scale * LOG2E),
+        "dq_scale": np.float32(call.scale * 2.0**e),
     }
 
 

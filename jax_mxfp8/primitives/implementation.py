@@ -62,8 +62,7 @@ class Decision:
 
 
 FIX_SELF_TEST = (
-    "run python -m jax_mxfp8 --self-test and paste its report into an issue; JAX_MXFP8_SELF_TEST=0 skips the "
-    "self-tests"
+    "run python -m jax_mxfp8 --self-test and paste its report into an issue; JAX_MXFP8_SELF_TEST=0 skips the self-tests"
 )
 FIX_LIBRARY = (
     "install the wheel with the kernels (python tools/build_wheel.py, then pip install dist/jax_mxfp8-*.whl) "

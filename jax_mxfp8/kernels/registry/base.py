@@ -45,6 +45,7 @@ def arch_for_cc(cc: tuple[int, int]) -> str | None:
 def cc_name(cc: tuple[int, int]) -> str:
     return f"{cc[0]}.{cc[1]}"
 
+
 IN_DTYPES = ("bfloat16", "float32")
 ELEM_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 SCALE_ROUNDINGS = ("up", "floor")
