@@ -16,6 +16,9 @@ jax.vjp(attention, q, k, v)[1](ct)): the forward and the backward with the forwa
   ours_dq_*_det     (and / or deterministic=True): the backward kernel's dQ modes (speed and SQNR study)
   ours_bwd_kernel   the backward call alone (primitives.attention_bwd.attention_bwd) on operands prepared once
                     (FLOPs 2.5x forward), when a backward variant exists
+  ours_bwd_sm100    on compute capability 10.x (and --smoke): the Blackwell pre-pass + backward alone
+                    (primitives.attention_bwd_sm100) on operands prepared once (FLOPs 2.5x forward). There `ours`
+                    runs with implementation=None: the forward where it runs, the sm100 backward
   cudnn_bf16        jax.nn.dot_product_attention(implementation="cudnn") (with sequence lengths when jagged)
   cudnn_fp8         jax._src.cudnn.fused_attention_stablehlo.dot_product_attention(use_fp8=True), per-tensor
                     scales 1, inputs and cotangent cast to float8_e4m3fn BEFORE timing; no sequence lengths,
@@ -52,9 +55,11 @@ import jax_mxfp8 as mx
 from jax_mxfp8.ops import attention_bwd_kernel as kbwd
 from jax_mxfp8.ops import attention_core as attn_ops
 from jax_mxfp8.primitives import attention_bwd as abwd
+from jax_mxfp8.primitives import attention_bwd_sm100 as bwd_sm100
 from jax_mxfp8.primitives import attention_fwd as afwd
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives import library
+from jax_mxfp8.primitives.attention_sm100_operands import sm100_operand
 from jax_mxfp8.reference.varlen import to_packed, to_padded
 
 TARGETS = {
@@ -89,7 +94,8 @@ def build_impls(sh, smoke: bool, dq_accums: tuple[str, ...]):
     c, h = sh["causal"], sh["h"]
     scale = 1.0 / math.sqrt(h)
     jagged = sh["lens_range"] is not None
-    ours_impl = "emulated" if smoke else "cuda"
+    sm100 = library.gpu_arch() in bwd_sm100.ARCHS  # implementation=None picks the sm100 backward there
+    ours_impl = "emulated" if smoke else (None if sm100 else "cuda")
     impls = {}
 
     def cudnn_bf16(lens):
@@ -122,6 +128,12 @@ def build_impls(sh, smoke: bool, dq_accums: tuple[str, ...]):
     if variant is not None and not smoke and variant.name not in {n for n, _ in library.kernel_names()}:
         variant, why = None, f"the kernel library has no {variant.name}"
     impls["ours_bwd_kernel"] = ("bwd_kernel", variant, why)
+    if sm100 or smoke:
+        v100 = bwd_sm100.find_variant(head_dim=h, causal=c)
+        why100 = None if v100 is not None else f"no sm100 backward variant for head_dim {h}"
+        if v100 is not None and not smoke and not library.has_kernel(v100.name):
+            why100 = f"the kernel library has no {v100.name}"
+        impls["ours_bwd_sm100"] = ("bwd_sm100", v100, why100)
 
     fp8_attn = cudnn_fp8_attention(c, scale, smoke)
     skip = FP8_NO_LENGTHS if jagged else None
@@ -176,6 +188,9 @@ def run_shape(sh, args, smoke, res):
                 total = int(np.sum(lens_np))
                 packed = tuple(jax.jit(to_packed, static_argnums=3)(x, cu, lens, total) for x in (q, k, v, ct))
                 fn, call_args = fwd_bwd(make(cu)), packed
+            elif kind == "bwd_sm100":  # the sm100 pre-pass + backward alone on operands prepared once
+                flops = BWD_FACTOR * fwd_flops
+                fn, call_args = _bwd_sm100(make, q, k, v, ct, lens, c, smoke)
             else:  # the backward call alone on operands prepared once
                 flops = BWD_FACTOR * fwd_flops
                 fn, call_args = _bwd_kernel(make, q, k, v, ct, lens, c, smoke)
@@ -183,12 +198,12 @@ def run_shape(sh, args, smoke, res):
             with impl.record() as decisions:
                 compiled = jax.jit(fn).lower(*call_args).compile()
             entry["compile_s"] = round(time.perf_counter() - start, 2)
-            if name.startswith("ours") and kind != "bwd_kernel":
+            if name.startswith("ours") and kind not in ("bwd_kernel", "bwd_sm100"):
                 entry["bwd_path"] = _bwd_path(decisions)
             grads = jax.block_until_ready(compiled(*call_args))
             if kind == "packed":
                 grads = tuple(to_padded(g, cu, lens, t) for g in grads)
-            if kind != "bwd_kernel":
+            if kind not in ("bwd_kernel", "bwd_sm100"):
                 grads = [g.astype(jnp.bfloat16) for g in grads]
                 if name == "cudnn_bf16":
                     ref = grads
@@ -247,6 +262,33 @@ def _bwd_kernel(variant, q, k, v, ct, lens, causal, smoke):
     ops = prepare(q, k, v, ct)
     path = st.impl
     return (lambda ops: abwd.attention_bwd(ops, variant=variant, scale=st.scale, path=path)), (ops,)
+
+
+def _bwd_sm100(variant, q, k, v, ct, lens, causal, smoke):
+    """The sm100 pre-pass + backward on the forward's O and LSE (the reference forward, run once, untimed) and
+    the square-block operands with both scale orientations; returns (the calls, their args)."""
+    h, path = q.shape[-1], "emulated" if smoke else "cuda"
+    b, t = q.shape[:2]
+    tables = jnp.stack([jnp.full((b,), t, jnp.int32) if lens is None else lens] * 2)
+
+    @jax.jit
+    def prepare(q, k, v):
+        o, lse = mx.dot_product_attention(
+            q, k, v, is_causal=causal, query_seq_lengths=lens, key_value_seq_lengths=lens, implementation="xla",
+            return_residual="lse",
+        )  # fmt: skip
+        ops = tuple(sm100_operand(attn_ops.square_sequence_major(x, lens, "up", path)) for x in (q, k, v))
+        return ops, o, lse
+
+    ops, o, lse = prepare(q, k, v)
+
+    def run(ops, o, lse, ct):
+        do_op, delta = bwd_sm100.bwd_prepass_sm100(ct, o, jnp.zeros_like(lse), tables, path=path)
+        return bwd_sm100.attention_bwd_sm100(
+            *ops, do_op, lse, delta, tables, variant=variant, scale=h**-0.5, path=path
+        )  # fmt: skip
+
+    return run, (ops, o, lse, ct)
 
 
 def print_table(results):

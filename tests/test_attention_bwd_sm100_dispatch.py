@@ -228,3 +228,21 @@ def test_varlen_gradient_takes_the_sm100_backward_and_isolates_sequences(monkeyp
     np.testing.assert_array_equal(dirty[1][150:], clean[1][150:])
     np.testing.assert_array_equal(dirty[2][150:], clean[2][150:])
     assert np.all(np.isfinite(clean[0])) and np.isnan(dirty[0][:70]).any()
+
+
+@pytest.mark.parametrize("cc", BLACKWELL, ids=IDS)
+def test_flax_block_training_step_takes_the_sm100_backward(monkeypatch, cc):
+    """The Flax TransformerBlock step benchmarks/train_step.py times (head_dim 64 here): its attention backward
+    is the sm100 one on cc 10.x."""
+    from flax import nnx
+
+    from jax_mxfp8.flax import nnx_modules as M
+
+    graphdef, state = nnx.split(M.TransformerBlock(128, 2, rngs=nnx.Rngs(0)))
+    x = jax.random.normal(jax.random.key(1), (2, 128, 128), jnp.bfloat16)
+
+    def step(state, x):
+        return jax.grad(lambda s: jnp.sum(nnx.merge(graphdef, s)(x, is_causal=True).astype(jnp.float32) ** 2))(state)
+
+    calls, _ = _trace_targets(monkeypatch, cc, step, state, x)
+    assert calls.count(bwd.TARGET) == 1 and calls.count(bwd.TARGET_PREPASS) == 1, calls

@@ -1,4 +1,5 @@
-"""benchmarks/attention.py --backward (benchmarks/attention_bwd.py) runs end to end on CPU with --smoke shapes:
+"""benchmarks/attention.py --backward (benchmarks/attention_bwd.py) runs end to end on CPU with --smoke shapes (the
+sm100 backward alone, ours_bwd_sm100, included):
 ours on the kernel path with the kernel calls emulated, the baselines through jax.nn's XLA attention. The
 numbers mean nothing; the test checks that every column is produced, that ours took the backward kernel
 path, and that its gradients agree with the BF16 baseline's (a wrong transpose or slice would not)."""
@@ -43,13 +44,13 @@ def test_backward_benchmark_smoke(monkeypatch, tmp_path):
     data = _run(monkeypatch, tmp_path, "causal")
     assert data["meta"]["command"] and data["meta"]["mode"] == "smoke"
     (shape,) = data["shapes"]
-    _check_columns(shape, ("ours", "cudnn_bf16", "cudnn_fp8", "ours_bwd_kernel"))
+    _check_columns(shape, ("ours", "cudnn_bf16", "cudnn_fp8", "ours_bwd_kernel", "ours_bwd_sm100"))
     assert "cudnn_bf16" in shape["target"]
 
 
 @pytest.mark.slow
 def test_backward_benchmark_smoke_jagged(monkeypatch, tmp_path):
     (shape,) = _run(monkeypatch, tmp_path, "jagged")["shapes"]
-    _check_columns(shape, ("ours", "ours_varlen", "cudnn_bf16", "ours_bwd_kernel"))
+    _check_columns(shape, ("ours", "ours_varlen", "cudnn_bf16", "ours_bwd_kernel", "ours_bwd_sm100"))
     assert "skipped" in shape["impls"]["cudnn_fp8"]
     assert shape["flops_fwd"] == sum(4.0 * 2 * n**2 * 64 for n in shape["lengths"])
