@@ -246,3 +246,29 @@ def test_flax_block_training_step_takes_the_sm100_backward(monkeypatch, cc):
 
     calls, _ = _trace_targets(monkeypatch, cc, step, state, x)
     assert calls.count(bwd.TARGET) == 1 and calls.count(bwd.TARGET_PREPASS) == 1, calls
+
+
+def test_mx_dkv_variant_returns_the_mx_gradients_of_bfloat16_grads():
+    """The dkv "mx" variant (emulated) returns dK, dV as (row, col) MXArrays of the (B S, K H) matrix of
+    bfloat16(dK) / bfloat16(dV): the float32 variant's gradients quantized along features and along tokens."""
+    from jax_mxfp8.formats.quantize import dequantize, quantize
+
+    q, k, v, do, ln = _problem(fresh_rng())
+    lens = jnp.stack(ln)
+    qo, ko, vo = (ops.sm100_operand(ops.quantize_square(x)) for x in (q, k, v))
+    lse = jnp.asarray(np.log(S) + fresh_rng().standard_normal((B, N, T)), jnp.float32)
+    do_op, delta = bwd.bwd_prepass_sm100(do, do, jnp.zeros_like(lse), lens, path="emulated")
+    kw = dict(scale=0.125, path="emulated")
+    _, dk, dv = bwd.attention_bwd_sm100(
+        qo, ko, vo, do_op, lse, delta, lens, variant=bwd.find_variant(head_dim=64), **kw
+    )
+    mx_variant = bwd.find_variant(head_dim=64, dkv="mx")
+    _, mk, mv = bwd.attention_bwd_sm100(qo, ko, vo, do_op, lse, delta, lens, variant=mx_variant, **kw)
+    for g, (row, col) in ((dk, mk), (dv, mv)):
+        x = g.astype(jnp.bfloat16).reshape(B * S, K * 64)
+        for got, axis in ((row, -1), (col, -2)):
+            want = quantize(x, axis=axis)
+            assert got.axes == want.axes and got.shape == (B * S, K * 64)
+            np.testing.assert_array_equal(np.asarray(got.data).view(np.uint8), np.asarray(want.data).view(np.uint8))
+            np.testing.assert_array_equal(np.asarray(got.scale), np.asarray(want.scale))
+        assert np.all(np.isfinite(np.asarray(dequantize(row))))

@@ -7,6 +7,7 @@ for the first run on a B200 / GB300 (pytest -m blackwell -s prints the self-test
               the pre-pass's dO operand bit for bit and Delta within float32 summation order; dq, dk, dv within
               40 dB SQNR (the kernel's exp2 and accumulation order are not XLA's); deterministic variants twice,
               bit for bit
+  mx dK / dV  the dkv "mx" variants' MXGradient parts, dequantized, within 30 dB of the emulation's
   written     every element of the NaN-poisoned _into result buffers (dk, dv; the pre-pass's outputs) is written
   dispatch    jax.grad of dot_product_attention takes the sm100 backward and is within 0.5 dB of the reference's
               SQNR against float64 gradients
@@ -90,6 +91,35 @@ def test_variant_matches_its_emulation(variant):
         _, _, again = _run(variant, ops, "cuda")
         for g, a in zip(got, again, strict=True):
             np.testing.assert_array_equal(g, a)
+
+
+MX_VARIANTS = [v for v in registry.ATTENTION_BWD_SM100_VARIANTS if v.tune == 0 and v.dkv == "mx"]
+
+
+@pytest.mark.parametrize("variant", MX_VARIANTS, ids=lambda v: v.name)
+def test_mx_dkv_variant_matches_its_emulation(variant):
+    """dK, dV written by the epilogue as MXGradient parts: dequantized within 30 dB of the emulation's (an FP8 step
+    apart where the two float32 accumulators round a value across it)."""
+    from jax_mxfp8.formats.quantize import dequantize
+
+    ops = _problem(variant.head_dim, seed=3)
+    _, _, got = _run_mx(variant, ops, "cuda")
+    _, _, want = _on_cpu(_run_mx, variant, ops, "emulated")
+    for g, w in zip(got, want, strict=True):
+        assert sqnr_db(np.asarray(dequantize(g)), np.asarray(dequantize(w))) >= 30.0
+
+
+def _run_mx(variant, ops, path):
+    q, k, v, do, o, lse = (jnp.asarray(x) for x in ops)
+    lens = jnp.asarray(LENS)
+    qo, ko, vo = sm100_operand(quantize_square(q)), sm100_operand(quantize_square(k)), sm100_operand(quantize_square(v))
+    do_op, delta = bwd.bwd_prepass_sm100(
+        do.astype(jnp.bfloat16), o.astype(jnp.bfloat16), jnp.zeros_like(lse), lens, path=path
+    )
+    dq, (dk_row, dk_col), (dv_row, dv_col) = bwd.attention_bwd_sm100(
+        qo, ko, vo, do_op, lse, delta, lens, variant=variant, scale=variant.head_dim**-0.5, path=path
+    )
+    return do_op, delta, (dk_row, dk_col, dv_row, dv_col)
 
 
 def test_every_result_element_is_written():

@@ -38,6 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mxfp8.config.attention import DQ_FP16_SCALE_LOG2, DQ_FP16_SCALE_LOG2_RANGE
+from jax_mxfp8.formats.mxarray import MXArray
+from jax_mxfp8.formats.quantize import quantize as ref_quantize
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives.attention_bwd_sm100_emulation import bwd_prepass, emulate_bwd_sm100
@@ -59,7 +61,7 @@ TARGET_PREPASS = "jax_mxfp8_attention_bwd_prepass_sm100"
 
 
 def find_variant(
-    *, head_dim: int, causal: bool, p_scale: str = "const", dq_accum: str = "fp32", deterministic: bool = False,
+    *, head_dim: int, causal: bool = False, p_scale: str = "const", dq_accum: str = "fp32", deterministic: bool = False,
     packed: bool = False, dkv: str = "float32", tune: int = 0,
 ) -> registry.AttentionBwdSm100Config | None:  # fmt: skip
     """The registered backward variant for these options, or None."""
@@ -205,13 +207,29 @@ class BwdCall:
 def _bwd_outputs(call: BwdCall, q, q_hd, q_seq, k, k_hd, k_seq, v, v_hd, do, *rest):
     b, t, n, h = do.shape
     _, s, n_kv, _ = k.shape
+    tokens, features = b * s, n_kv * h
+    e4m3, u8 = jnp.float8_e4m3fn, jnp.uint8
     out = {
         "dq_sem": jax.ShapeDtypeStruct((b, n, q_hd.shape[2]), jnp.int32),
         "dq": jax.ShapeDtypeStruct(q.shape, call.dq_dtype),
         "dk": jax.ShapeDtypeStruct(k.shape, jnp.float32),
         "dv": jax.ShapeDtypeStruct(k.shape, jnp.float32),
     }
+    for g in ("dk", "dv"):  # dkv "mx": MXGradient's row and col MXArrays of bfloat16(g), (B S, K H)
+        out[f"{g}_row"] = out[f"{g}_col"] = jax.ShapeDtypeStruct((tokens, features), e4m3)
+        out[f"{g}_row_scale"] = jax.ShapeDtypeStruct((tokens, features // 32), u8)
+        out[f"{g}_col_scale"] = jax.ShapeDtypeStruct((tokens // 32, features), u8)
     return tuple(out[name] for name in call.variant.outputs)
+
+
+def _mx_gradient_parts(g: jax.Array, name: str) -> dict[str, jax.Array]:
+    """dkv "mx": (B, S, K, H) float32 -> the row / col quantization of bfloat16(g) as (B S, K H) matrices (32-blocks
+    along features / tokens, rule "up"), as the kernel's epilogue writes them."""
+    b, s, n_kv, h = g.shape
+    x = g.astype(jnp.bfloat16).reshape(b * s, n_kv * h)
+    row, col = ref_quantize(x, axis=-1), ref_quantize(x, axis=-2)
+    return {f"{name}_row": row.data, f"{name}_row_scale": row.scale, f"{name}_col": col.data,
+            f"{name}_col_scale": col.scale}  # fmt: skip
 
 
 def _bwd_emulation(call: BwdCall, q, q_hd, q_seq, k, k_hd, k_seq, v, v_hd, do, do_hd, do_seq, lse, delta, *tables):
@@ -230,6 +248,8 @@ def _bwd_emulation(call: BwdCall, q, q_hd, q_seq, k, k_hd, k_seq, v, v_hd, do, d
     if var.dq_accum == "fp16":  # the call's dq is the float16 accumulator of dQ 2^e (exact: a power of two)
         dq = (dq * np.float32(2.0**call.dq_scale_log2)).astype(jnp.float16)
     res = {"dq": dq, "dk": dk, "dv": dv}
+    if var.dkv == "mx":
+        res |= _mx_gradient_parts(dk, "dk") | _mx_gradient_parts(dv, "dv")
     if var.deterministic:
         res["dq_sem"] = _emulated_sem(call, do.shape, q_hd.shape[2], k.shape[1], tables[0])
     return tuple(res[name] for name in var.outputs)
@@ -261,11 +281,13 @@ def _bwd_sharding(call: BwdCall) -> ShardingRule:
     tables = ("y x", "w v") if var.packed else ("l b",)
     ops = (f"{qb} t n h", *q_sf, "b s k h", *k_sf, "b s k h", k_sf[0], "b t n h", *do_sf, "b n t", "b n t", *tables)
     res = {"dq_sem": "b n c", "dq": f"{qb} t n h", "dk": "b s k h", "dv": "b s k h"}
-    whole = ("a", "t", "n", "h", "c", "d", "o", "z", "s", "k", "l", "y", "x", "w", "v")
+    for g in ("dk", "dv"):  # dkv "mx": (B S, K H) matrices, whole (the batch is folded into their rows)
+        res |= {f"{g}_row": "r f", f"{g}_row_scale": "r e", f"{g}_col": "r f", f"{g}_col_scale": "p f"}
+    whole = ("a", "t", "n", "h", "c", "d", "o", "z", "s", "k", "l", "y", "x", "w", "v", "r", "f", "e", "p")
     return ShardingRule(
         operands=ops,
         results=tuple(res[name] for name in var.outputs),
-        replicated=whole + (("b",) if var.packed else ()),
+        replicated=whole + (("b",) if var.packed or var.dkv == "mx" else ()),
         summed=((var.outputs.index("dq"), "b"),) if call.broadcast_q else (),
     )
 
@@ -293,7 +315,7 @@ BWD_SM100 = FfiOp(
 variant's outputs ([dq_sem,] dq, dk, dv)."""
 
 BWD_SM100_MAPPED = dataclasses.replace(BWD_SM100, batch_dims=None)
-"""The same target for broadcast q (q of batch 1) and packed tables: vmap maps the call."""
+"""The same target for broadcast q (q of batch 1), packed tables and MX dK / dV: vmap maps the call."""
 
 
 def attention_bwd_sm100(
@@ -304,11 +326,11 @@ def attention_bwd_sm100(
     """Runs the backward variant on the forward's operands and the pre-pass's (module docstring).
 
     Returns dq (Bq, T, N, H) float32 (dq_accum "fp16": the kernel's float16 dQ 2^e times 2^-e), dk, dv (B, S,
-    K, H) float32 (GQA: summed over each KV head's query heads). out: the results' buffers (the `_into` test
-    hook, aliased; no partitioning or batching). path "emulated" runs the emulation through the same
-    partitioning and batching."""
-    if variant.dkv != "float32":
-        raise ValueError(f"attention_bwd_sm100: variant {variant.name} writes MX dK / dV (not wired: dkv 'float32')")
+    K, H) float32 (GQA: summed over each KV head's query heads); for a dkv "mx" variant dk and dv are each a
+    pair (row, col) of MXArrays of the (B S, K H) matrix of bfloat16(g), blocked along features / tokens
+    (jax_mxfp8.MXGradient's). out: the results' buffers in the variant's output order (the `_into` test hook,
+    aliased; no partitioning or batching). path "emulated" runs the emulation through the same partitioning and
+    batching."""
     packed = isinstance(tables, PackedSequenceTables)
     if packed != variant.packed or (packed and (max_len_q is None or max_len_k is None)):
         want = "PackedSequenceTables and max_len_q / max_len_k" if variant.packed else "lens (2, B)"
@@ -325,7 +347,7 @@ def attention_bwd_sm100(
     call = BwdCall(variant, float(scale), int(e), int(max_len_q or 0), int(max_len_k or 0), broadcast_q)
     parts = (q.data, q.sf_hd, q.sf_seq, k.data, k.sf_hd, k.sf_seq, v.data, v.sf_hd, do.data, do.sf_hd, do.sf_seq)
     args = (*parts, lse, delta, *((tables.seqs, tables.key_tiles) if packed else (tables,)))
-    decl = BWD_SM100_MAPPED if packed or broadcast_q else BWD_SM100
+    decl = BWD_SM100_MAPPED if packed or broadcast_q or variant.dkv == "mx" else BWD_SM100
     if path == "cuda":
         library.load_library()
     res = decl.ffi_into(call, args, tuple(out)) if out is not None else decl.call(call, path, *args)
@@ -333,4 +355,10 @@ def attention_bwd_sm100(
     dq = got["dq"]
     if variant.dq_accum == "fp16":
         dq = dq.astype(jnp.float32) * np.float32(2.0**-e)
+    if variant.dkv == "mx":
+        return (dq, *(
+            (MXArray(got[f"{g}_row"], got[f"{g}_row_scale"], (-1,), "row"),
+             MXArray(got[f"{g}_col"], got[f"{g}_col_scale"], (-2,), "row"))
+            for g in ("dk", "dv")
+        ))  # fmt: skip
     return dq, got["dk"], got["dv"]
