@@ -22,6 +22,9 @@ from attention_testutil import fresh_rng
 
 import jax_mxfp8 as mx
 from jax_mxfp8.config.attention import AttentionConfig
+from jax_mxfp8.formats.quantize import dequantize, quantize
+from jax_mxfp8.kernels import registry
+from jax_mxfp8.ops.attention_grads import dot_product_attention_vjp
 from jax_mxfp8.primitives import attention_bwd_sm100 as bwd
 from jax_mxfp8.primitives import attention_sm100_operands as ops
 from jax_mxfp8.primitives import ffi_op, library
@@ -251,8 +254,6 @@ def test_flax_block_training_step_takes_the_sm100_backward(monkeypatch, cc):
 def test_mx_dkv_variant_returns_the_mx_gradients_of_bfloat16_grads():
     """The dkv "mx" variant (emulated) returns dK, dV as (row, col) MXArrays of the (B S, K H) matrix of
     bfloat16(dK) / bfloat16(dV): the float32 variant's gradients quantized along features and along tokens."""
-    from jax_mxfp8.formats.quantize import dequantize, quantize
-
     q, k, v, do, ln = _problem(fresh_rng())
     lens = jnp.stack(ln)
     qo, ko, vo = (ops.sm100_operand(ops.quantize_square(x)) for x in (q, k, v))
@@ -272,3 +273,36 @@ def test_mx_dkv_variant_returns_the_mx_gradients_of_bfloat16_grads():
             np.testing.assert_array_equal(np.asarray(got.data).view(np.uint8), np.asarray(want.data).view(np.uint8))
             np.testing.assert_array_equal(np.asarray(got.scale), np.asarray(want.scale))
         assert np.all(np.isfinite(np.asarray(dequantize(row))))
+
+
+@pytest.mark.parametrize("cc", BLACKWELL, ids=IDS)
+def test_mx_gradient_vjp_takes_the_mx_dkv_variant(monkeypatch, cc):
+    """dot_product_attention_vjp with bfloat16 inputs on cc 10.x: one backward call of the dkv "mx" variant, whose
+    MXGradients equal the ordinary route's (the float32 variant's bfloat16 dK, dV quantized both ways) bit for
+    bit, and dq equal."""
+    q, k, v, do, ln = _problem(fresh_rng())
+    q, k, v, do = (x.astype(jnp.bfloat16) for x in (q, k, v, do))
+    kw = dict(is_causal=True, query_seq_lengths=ln[0], key_value_seq_lengths=ln[1])
+    variants = []
+    real = ffi_op.FfiOp.call
+
+    def record(self, static, path, *a):
+        variants.append(getattr(static, "variant", None))
+        return real(self, static, path, *a)
+
+    monkeypatch.setattr(ffi_op.FfiOp, "call", record)
+    jax.clear_caches()
+    with library.forced_gpu(cc):
+        out, vjp = dot_product_attention_vjp(q, k, v, **kw)
+        dq, dk, dv = vjp(do)
+        assert [x.dkv for x in variants if isinstance(x, registry.AttentionBwdSm100Config)] == ["mx"]
+        ref_out, ref_vjp = jax.vjp(lambda q, k, v: mx.dot_product_attention(q, k, v, **kw), q, k, v)
+        rq, rk, rv = ref_vjp(do)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(ref_out))
+    np.testing.assert_array_equal(np.asarray(dq), np.asarray(rq))
+    for got, g in ((dk, rk), (dv, rv)):
+        x = g.reshape(B * S, K * 64)
+        for part, axis in ((got.row, -1), (got.col, -2)):
+            want = quantize(x, axis=axis)
+            np.testing.assert_array_equal(np.asarray(part.data).view(np.uint8), np.asarray(want.data).view(np.uint8))
+            np.testing.assert_array_equal(np.asarray(part.scale), np.asarray(want.scale))

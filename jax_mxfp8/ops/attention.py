@@ -10,6 +10,7 @@ Blackwell one (ops/attention_bwd_sm100.py), else the XLA reference
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -136,6 +137,36 @@ def dot_product_attention(
     """
     check_implementation(implementation)
     compat.check_return_residual(return_residual)
+    call = prepare_call(
+        query, key, value, bias, mask, scale=scale, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths, implementation=implementation, config=config,
+        local_window_size=local_window_size,
+    )  # fmt: skip
+    if call.static is None:  # nothing to compute, on any implementation (docs/numerics.md "Zero-size inputs")
+        return _results(*call.empty, call.unbatched, return_residual)
+    out, lse = _mx_attention_jit(call.static, *call.args)
+    return _results(out, lse, call.unbatched, return_residual)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedCall:
+    """One checked dot_product_attention call: its static (None when B == 0), the custom_vjp's operands (q, k,
+    v, bias, mask, q_len, kv_len; batched), whether the caller's inputs were rank 3, and for B == 0 the (out,
+    lse) of the empty call."""
+
+    static: AttentionStatic | None
+    args: tuple
+    unbatched: bool
+    empty: tuple | None = None
+
+
+def prepare_call(
+    query, key, value, bias=None, mask=None, *, scale=None, is_causal=False, query_seq_lengths=None,
+    key_value_seq_lengths=None, implementation=None, config=None, local_window_size=None,
+) -> PreparedCall:  # fmt: skip
+    """dot_product_attention's argument checks and implementation choice (its arguments, without
+    return_residual): what it and dot_product_attention_vjp's kernel route run."""
+    check_implementation(implementation)
     window = compat.check_window(local_window_size)
     config = check_config(config, is_causal)
 
@@ -167,10 +198,11 @@ def dot_product_attention(
         mx_inputs=[(nm, x) for nm, x in (("query", q), ("key", k), ("value", v)) if isinstance(x, MXArray)],
     )
     why_not = compat.KERNEL_NO_WINDOW if window is not None else why_not
-    if b == 0:  # nothing to compute, on any implementation (docs/numerics.md "Zero-size inputs")
+    args = (q, k, v, bias, mask, q_len, kv_len)
+    if b == 0:
         check_scale(scale, h)
-        out, lse = jnp.zeros((0, t, n, h), out_dtype), jnp.zeros((0, n, t), jnp.float32)
-        return _results(out, lse, unbatched, return_residual)
+        empty = (jnp.zeros((0, t, n, h), out_dtype), jnp.zeros((0, n, t), jnp.float32))
+        return PreparedCall(None, args, unbatched, empty)
     static = AttentionStatic(
         config=config,
         scale=check_scale(scale, h),
@@ -181,8 +213,7 @@ def dot_product_attention(
         impl=choose_implementation(implementation, why_not),
         bwd_sm100=choose_sm100_backward(implementation, why_not, config, head_dim=h, is_causal=bool(is_causal)),
     )
-    out, lse = _mx_attention_jit(static, q, k, v, bias, mask, q_len, kv_len)
-    return _results(out, lse, unbatched, return_residual)
+    return PreparedCall(static, args, unbatched)
 
 
 def _results(out, lse, unbatched: bool, return_residual):

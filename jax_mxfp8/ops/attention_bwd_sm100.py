@@ -6,6 +6,8 @@ the custom_vjp bwd that runs it.
   choose_sm100_backward(implementation, why_not) -> "" | "cuda" | "emulated"   at the forward's trace time
   sm100_kernel_backward(static, res, cts, broadcast_q=False) -> the 7 cotangents of (q, k, v, bias, mask,
                                                                 q_len, kv_len)
+  mx_variant(static, head_dim), sm100_mx_backward(static, res, do) -> (dq, dk MX pair, dv MX pair)
+                                            dot_product_attention_vjp's route (ops/attention_grads.py)
 
 Which calls: on a cc 10.x GPU (or under library.forced_gpu of one, where the kernels are emulated) a call with
 implementation=None that the kernel path covers (ops/attention_core.kernel_unsupported's conditions: no bias or
@@ -102,6 +104,37 @@ def sm100_kernel_backward(static: AttentionStatic, res, cts, broadcast_q: bool =
     """The custom_vjp bwd on the sm100 kernels (module docstring): the 7 cotangents of (q, k, v, bias, mask,
     q_len, kv_len), as attention_core.reference_backward. broadcast_q: the query residuals hold batch 1 for
     all B rows (ops/broadcast_attention.py); dq comes back as their float32 sum, (1, T, N, H)."""
+    dq, dk, dv = _gradients(static, res, cts, broadcast_q, "float32")
+    out = static.out_dtype
+    dq = None if static.is_mx[0] else dq.astype(out)
+    dk = None if static.is_mx[1] else dk.astype(out)
+    dv = None if static.is_mx[2] else dv.astype(out)
+    return dq, dk, dv, None, None, None, None
+
+
+def mx_variant(static: AttentionStatic, head_dim: int):
+    """The dkv "mx" variant for a call (MX dK / dV written by the epilogue), or None (also where the loaded
+    library lacks it on path "cuda")."""
+    cfg = static.config
+    variant = bwd.find_variant(
+        head_dim=head_dim, causal=static.is_causal, p_scale=cfg.p_scale, dq_accum=cfg.dq_accum,
+        deterministic=cfg.deterministic, dkv="mx",
+    )  # fmt: skip
+    if variant is not None and static.bwd_sm100 == "cuda" and not library.has_kernel(variant.name):
+        return None
+    return variant
+
+
+def sm100_mx_backward(static: AttentionStatic, res, do):
+    """The backward with MX dK / dV (a dkv "mx" variant, mx_variant): dq (B, T, N, H) in the output dtype and
+    dk, dv each a (row, col) pair of MXArrays of the (B S, K H) matrix of bfloat16(g) (jax_mxfp8.MXGradient's)."""
+    lse = res[2]
+    dq, dk, dv = _gradients(static, res, (do, jnp.zeros(lse.shape, jnp.float32)), False, "mx")
+    return dq.astype(static.out_dtype), dk, dv
+
+
+def _gradients(static: AttentionStatic, res, cts, broadcast_q: bool, dkv: str):
+    """(dq float32, dk, dv) of the sm100 backward on the residuals (dk, dv float32 (B, S, K, H), or MX pairs)."""
     quants, o, lse, bias, mask, q_len, kv_len = res
     if bias is not None or mask is not None:
         raise ValueError("the sm100 backward takes no bias or mask")
@@ -112,23 +145,17 @@ def sm100_kernel_backward(static: AttentionStatic, res, cts, broadcast_q: bool =
     v_mx = kernel_operand(quants, keys["v_dp"], kv_len)
     q, k, v = sm100_operand(q_mx), sm100_operand(k_mx), sm100_operand(v_mx, ("hd",))
     b, t, n, h = do.shape
-    s = k.data.shape[1]
-    lens = _lens(q_len, kv_len, b, t, s)
+    lens = _lens(q_len, kv_len, b, t, k.data.shape[1])
     cfg = static.config
     variant = bwd.find_variant(
         head_dim=h, causal=static.is_causal, p_scale=cfg.p_scale, dq_accum=cfg.dq_accum,
-        deterministic=cfg.deterministic,
+        deterministic=cfg.deterministic, dkv=dkv,
     )  # fmt: skip
     in_dtype = o.dtype if np.dtype(o.dtype) in (np.dtype(jnp.bfloat16), np.dtype(jnp.float32)) else jnp.float32
     dlse = jnp.zeros((b, n, t), jnp.float32) if dlse is None else dlse.astype(jnp.float32)
     path = static.bwd_sm100
     do_op, delta = bwd.bwd_prepass_sm100(do.astype(in_dtype), o.astype(in_dtype), dlse, lens, path=path)
-    dq, dk, dv = bwd.attention_bwd_sm100(
+    return bwd.attention_bwd_sm100(
         q, k, v, do_op, lse.astype(jnp.float32), delta, lens, variant=variant, scale=static.scale,
         dq_scale_log2=cfg.dq_fp16_scale_log2, path=path,
     )  # fmt: skip
-    out = static.out_dtype
-    dq = None if static.is_mx[0] else dq.astype(out)
-    dk = None if static.is_mx[1] else dk.astype(out)
-    dv = None if static.is_mx[2] else dv.astype(out)
-    return dq, dk, dv, None, None, None, None

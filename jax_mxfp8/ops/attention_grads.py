@@ -13,7 +13,9 @@ both ways mx_dot_general's backward quantizes its incoming gradient:
   col: E4M3 + E8M0, 32-blocks along tokens (axis -2): the rhs of dW = X^T G, which contracts tokens.
 They are produced by QUANTIZE_ROWCOL (one pass over G, kernels/sm90; its emulation / the reference
 elsewhere) right after the attention backward, from the input-dtype dK, dV the ordinary path returns, so
-the MXArrays equal quantize(dK) along each axis bit for bit (tests/test_attention_mx_grads.py).
+the MXArrays equal quantize(dK) along each axis bit for bit (tests/test_attention_mx_grads.py). On compute
+capability 10.x with bfloat16 inputs, dot_product_attention_vjp runs the sm100 backward's MX dK / dV variant
+instead, whose epilogue writes the same MXArrays of the bfloat16 dK, dV (ops/attention_bwd_sm100.py).
 
 Use (a QKV block with its own VJP, e.g. inside a Flax module through nn.custom_vjp / jax.custom_vjp):
   k = mx_dot_general(x, w_k, (((1,), (0,)), ((), ()))).reshape(S, K, H)        # x (S, D), w_k (D, K*H)
@@ -36,7 +38,9 @@ import jax.numpy as jnp
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import check_float32_range
-from jax_mxfp8.ops.attention import dot_product_attention
+from jax_mxfp8.ops.attention import dot_product_attention, prepare_call
+from jax_mxfp8.ops.attention_bwd_sm100 import mx_variant, sm100_mx_backward
+from jax_mxfp8.ops.attention_core import mx_attention_fwd
 from jax_mxfp8.ops.varlen_attention import varlen_attention
 from jax_mxfp8.primitives.quantize import quantize_rowcol
 
@@ -126,8 +130,43 @@ def dot_product_attention_vjp(query, key, value, *, grad_scale_rounding: str = "
       of the (B * S, K * H) matrices (or (S, K * H) for rank-3 inputs)). B * S must be a multiple of 32.
     """
     _check_options(grad_scale_rounding, kwargs, (("query", query), ("key", key), ("value", value)))
+    routed = _sm100_mx_route(query, key, value, grad_scale_rounding, kwargs)
+    if routed is not None:
+        return routed
     fn = lambda q, k, v: dot_product_attention(q, k, v, **kwargs)
     return _with_mx_kv_grads(fn, query, key, value, grad_scale_rounding, kwargs.get("implementation"))
+
+
+_fwd_jit = jax.jit(mx_attention_fwd, static_argnums=(0,))
+
+
+def _sm100_mx_route(query, key, value, grad_scale_rounding: str, kwargs: dict):
+    """(out, vjp) on the sm100 backward's MX dK / dV variant, whose epilogue writes the MXGradients (no bfloat16
+    dK round trip, no quantize pass), or None where the call does not take it: it needs the sm100 backward
+    (compute capability 10.x, ops/attention_bwd_sm100.py), bfloat16 inputs (the kernel quantizes bfloat16(dK),
+    which is then exactly the gradient this function quantizes on every other route), grad_scale_rounding
+    "up" and a registered variant (p_scale "const", dq_accum "fp32", not deterministic)."""
+    if grad_scale_rounding != "up":
+        return None
+    call_kw = {name: x for name, x in kwargs.items() if name != "return_residual"}
+    call = prepare_call(query, key, value, **call_kw)
+    static = call.static
+    if static is None or not static.bwd_sm100 or static.out_dtype != jnp.bfloat16 or any(static.is_mx):
+        return None
+    if mx_variant(static, call.args[0].shape[-1]) is None:
+        return None
+    (o, _), res = _fwd_jit(static, *call.args)
+    out = o[0] if call.unbatched else o
+
+    def vjp(d_out: jax.Array) -> tuple[jax.Array, MXGradient, MXGradient]:
+        d_out = jnp.asarray(d_out)
+        if d_out.shape != out.shape:
+            raise ValueError(f"d_out must have the output's shape {out.shape}; got {d_out.shape}")
+        do = d_out.astype(o.dtype).reshape(o.shape)
+        dq, dk, dv = sm100_mx_backward(static, res, do)
+        return (dq[0] if call.unbatched else dq), MXGradient(*dk), MXGradient(*dv)
+
+    return out, vjp
 
 
 def varlen_attention_vjp(q, k, v, cu_seqlens_q, cu_seqlens_k, *, grad_scale_rounding: str = "up", **kwargs):
