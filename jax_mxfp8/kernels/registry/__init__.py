@@ -10,7 +10,8 @@ and check the buffers against its parameters, so adding a variant here is the on
 
 One module per op family: `quantize` (quantize, dequantize), `rms_norm_quantize`, `gemm_operands` (quantize +
 align128 for the Hopper MX GEMM), `gemm` (the Hopper MX GEMM), `gemm_sm100` (the Blackwell MX GEMM),
-`blocked_operands` (its operand producer), `attention` (forward and realign), `attention_bwd` (backward);
+`blocked_operands` (its operand producer), `attention` (forward and realign), `attention_bwd` (backward),
+`attention_fwd_sm100` (the Blackwell attention forward);
 `base` holds the config interface and the shared value sets and codes.
 """
 
@@ -30,6 +31,7 @@ from jax_mxfp8.kernels.registry.attention import (
     pv_permutation,
 )
 from jax_mxfp8.kernels.registry.attention_bwd import ATTENTION_BWD_VARIANTS, AttentionBwdConfig
+from jax_mxfp8.kernels.registry.attention_fwd_sm100 import ATTENTION_FWD_SM100_VARIANTS, AttentionFwdSm100Config
 from jax_mxfp8.kernels.registry.base import (
     ARCH_CCS,
     ARCH_MAJOR,
@@ -86,6 +88,7 @@ __all__ = [
     "ARCH_CCS",
     "ARCH_MAJOR",
     "ATTENTION_BWD_VARIANTS",
+    "ATTENTION_FWD_SM100_VARIANTS",
     "ATTENTION_FWD_VARIANTS",
     "ATTENTION_REALIGN_VARIANTS",
     "BLOCKED_OPERANDS_VARIANTS",
@@ -125,6 +128,7 @@ __all__ = [
     "VARIANTS",
     "AttentionBwdConfig",
     "AttentionFwdConfig",
+    "AttentionFwdSm100Config",
     "AttentionRealignConfig",
     "BlockedOperandsConfig",
     "DequantizeConfig",
@@ -159,6 +163,7 @@ VARIANTS: tuple[KernelConfig, ...] = (
     + MX_GEMM_TUNINGS
     + MX_GEMM_EPILOGUE_VARIANTS
     + MX_GEMM_SM100_VARIANTS
+    + ATTENTION_FWD_SM100_VARIANTS
 )
 """Every registered variant, in table order: production (tune 0, which includes the feature variants) and the
 comparison schedules (tune > 0: at most two per kernel family, for the benchmarks)."""
@@ -185,6 +190,7 @@ CONFIG_CLASSES: tuple[type[KernelConfig], ...] = (
     MXGemmConfig,
     MXGemmEpilogueConfig,
     MXGemmSm100Config,
+    AttentionFwdSm100Config,
 )
 
 C = TypeVar("C", bound=KernelConfig)
