@@ -53,6 +53,7 @@ from jax_mxfp8.ops.attention_core import (
     choose_implementation,
     forward_from_quants,
     fwd_kernel,
+    kernel_arch,
     kernel_unsupported,
     quantize_operands,
 )
@@ -253,6 +254,7 @@ def broadcast_query_attention(
         out_dtype=out_dtype,
         group=n // n_kv,
         impl=choose_implementation(implementation, why_not, op=OP),
+        arch=kernel_arch(),
     )
     if cu is not None:
         k, v, kv_len = _padded_kv(k, v, cu, max_k)
