@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +25,7 @@ from test_attention_implementations import AttentionImplementationCases
 
 import jax_mxfp8 as mx
 from jax_mxfp8.primitives import attention_fwd_sm100 as sm100
-from jax_mxfp8.primitives import ffi_op, library
+from jax_mxfp8.primitives import ffi_op, library, self_test
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives.attention_sm100_operands import quantize_square, sm100_operand
 
@@ -198,3 +199,46 @@ def test_rows_the_kernel_leaves_unwritten_never_reach_the_output(blackwell, monk
     np.testing.assert_array_equal(o[:3], 0.0)
     np.testing.assert_array_equal(o[cu_q[-1] :], 0.0)
     assert np.isfinite(o).all()
+
+
+def test_blackwell_coverage_is_the_hopper_kernels(blackwell):
+    """The same arguments fall outside both kernels, with the reason: implementation="cuda" raises."""
+    rng = fresh_rng()
+    q = jnp.asarray(rng.standard_normal((1, 64, 2, 96)), jnp.bfloat16)
+    with pytest.raises(ValueError, match="no Blackwell attention kernel for head_dim=96"):
+        mx.dot_product_attention(q, q, q, implementation="cuda")
+    q, k, v = _qkv(b=1, t=64, s=64)
+    floor = mx.AttentionConfig(p_scale="block", scale_rounding="floor")
+    with pytest.raises(ValueError, match="'up' rule only"):
+        mx.dot_product_attention(q, k, v, implementation="cuda", config=floor)
+    with pytest.raises(ValueError, match="bias or mask"):
+        mx.dot_product_attention(q, k, v, bias=jnp.zeros((1, 4, 64, 64)), implementation="cuda")
+
+
+def test_a_failed_self_test_disables_the_sm100_forward(monkeypatch):
+    """A kernel whose first-use self-test mismatches (one O element off) is disabled for the process: the
+    calls run the reference with a KernelFallbackWarning saying so, and implementation="cuda" raises."""
+
+    def one_off(kernel):
+        def faulty(ops, path):
+            out = list(kernel(ops, path))
+            out[0] = out[0].at[1, 7, 2, 5].add(1.0)
+            return tuple(out)
+
+        return faulty
+
+    self_test.reset()
+    monkeypatch.setattr(impl, "_warned", set())
+    q, k, v = _qkv(b=1, t=64, s=64)
+    try:
+        with warnings.catch_warnings(record=True) as caught, library.forced_gpu((10, 0), self_tests=True):
+            warnings.simplefilter("always")
+            with self_test.inject(sm100.FAMILY, one_off), impl.record() as decisions:
+                mx.dot_product_attention(q, k, v)
+            with pytest.raises(RuntimeError, match="attention_fwd_sm100 kernels are disabled"):
+                mx.dot_product_attention(q, k, v, implementation="cuda")
+        assert [d.path for d in decisions if d.op == "dot_product_attention"] == ["xla"]
+        (msg,) = [str(w.message) for w in caught if issubclass(w.category, impl.KernelFallbackWarning)]
+        assert "attention_fwd_sm100 kernels are disabled" in msg and "mismatch" in msg, msg
+    finally:
+        self_test.reset()
