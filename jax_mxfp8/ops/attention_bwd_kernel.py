@@ -51,6 +51,10 @@ def backward_variant(static: AttentionStatic, head_dim: int, broadcast_q: bool =
         return None, "the forward ran the XLA reference"
     if static.arch != HOPPER:  # the Blackwell forward's residuals go to the reference backward
         impl.note(OP, static.impl, "xla", _NO_SM100_BACKWARD)
+        if static.impl == "cuda" and _NO_SM100_BACKWARD not in _warned:
+            _warned.add(_NO_SM100_BACKWARD)
+            msg = f"jax_mxfp8.dot_product_attention: the forward ran the Blackwell kernel; {_NO_SM100_BACKWARD} (slow)"
+            warnings.warn(msg, impl.KernelFallbackWarning, stacklevel=2)
         return None, _NO_SM100_BACKWARD
     variant, why = _lookup(static, head_dim, broadcast_q=broadcast_q)
     if variant is not None and static.impl == "cuda":
