@@ -48,7 +48,7 @@ The JSON is rewritten after every shape, so a run cut short still returns what i
 
 On a Blackwell GPU (compute capability 10.0 / 10.3) ours_e2e runs the sm100 forward (ops/attention_sm100.py, the
 packed varlen path ops/varlen_sm100.py) and the kernel-only rows time primitives.attention_fwd_sm100 on operands
-prepared once by producer_sm100 (square quantize + the blocked scale bytes); the Hopper-only rows (producer_xla,
+prepared once by producer_sm100 (the operand producer kernel); the Hopper-only rows (producer_xla,
 producer_qkernel, the packed kernel alone, the comparison schedules) are skipped. cuDNN's MXFP8 SDPA is not exposed
 by this jax (only the per-tensor FP8 one, cudnn_fp8), so it is not among the baselines. NOT RUN on a Blackwell GPU.
 """
@@ -78,7 +78,6 @@ from jax_mxfp8.primitives import attention_fwd as afwd
 from jax_mxfp8.primitives import attention_fwd_sm100 as sm100
 from jax_mxfp8.primitives import attention_operands as operands
 from jax_mxfp8.primitives import library
-from jax_mxfp8.primitives.attention_sm100_operands import sm100_operand
 from jax_mxfp8.reference.varlen import aligned_to_padded, to_packed, to_padded
 
 # Issue targets: group -> [(baseline, minimum ratio ours / baseline)]
@@ -160,24 +159,23 @@ def make_producer(quant_impl, scale):
     return producer
 
 
-def sm100_producer(q, k, v, lens):
-    """(q, k, v, lens) BTNH bf16 -> the Blackwell kernel's operands (q, k, v Sm100Operands, (2, B) lengths): the
-    square quantize the op runs, then the blocked scale bytes of each GEMM's orientation."""
-    sq = [attn_ops.square_sequence_major(x, lens, "up") for x in (q, k, v)]
-    ops = tuple(sm100_operand(x, (o,)) for x, o in zip(sq, ("hd", "hd", "seq"), strict=True))
+def sm100_producer(q, k, v, lens, path="cuda"):
+    """(q, k, v, lens) BTNH bf16 -> the Blackwell kernel's operands (q, k, v Sm100Operands, (2, B) lengths): what
+    the op runs, the operand producer kernel (square blocks and both orientations' blocked bytes in one pass)."""
+    ops = tuple(attention_sm100.square_operand(x, lens, "up", path)[1] for x in (q, k, v))
     return (*ops, attention_sm100.lengths_table(lens, lens, q.shape[0], q.shape[1], k.shape[1]))
 
 
 def _blackwell_rows(impls, c: bool, scale: float, smoke: bool) -> None:
     """On Blackwell: the Hopper-only rows skipped, the kernel-only rows on the sm100 kernel."""
+    path = "emulated" if smoke else "cuda"
     rows = dict(impls)
     impls.clear()
     for name, row in rows.items():  # the sm100 producer where the Hopper ones were: before the kernel rows
         hopper = name in ("producer_xla", "producer_qkernel")
         impls[name] = ("producer", None, "the Hopper producer (realign kernel: sm_90a)") if hopper else row
         if name == "producer_qkernel":
-            impls["producer_sm100"] = ("producer", sm100_producer, None)
-    path = "emulated" if smoke else "cuda"
+            impls["producer_sm100"] = ("producer", functools.partial(sm100_producer, path=path), None)
     for name, p_scale in (("ours_kernel", "const"), ("ours_kernel_pblock", "block")):
         fn = functools.partial(
             lambda ops, p: sm100.attention_fwd_sm100(*ops, causal=c, scale=scale, p_scale=p, path=path)[0], p=p_scale

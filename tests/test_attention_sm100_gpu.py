@@ -8,6 +8,8 @@ for the first run on a B200 / GB300.
               jagged) is within float32 rounding of its emulation: SQNR >= 60 dB on O, LSE within 1e-4
   written     every element of O and LSE is written (NaN-poisoned _into buffers): dense rows past the lengths
               included; packed, every row of every sequence
+  producer    the operand producer (data, square, "hd", "seq" bytes) equals its emulation bit for bit and
+              writes every byte, padding included
   ops         dot_product_attention, varlen_attention and broadcast_query_attention take the sm100 path with
               implementation=None and match the XLA reference
 """
@@ -127,3 +129,25 @@ def test_public_ops_take_the_sm100_path():
         assert [d.path for d in decisions if d.op == op] == ["cuda"], (op, decisions)
         want = np.asarray(run("xla"), np.float64)
         assert sqnr_db(got, want) >= 35.0, op
+
+
+PRODUCER_CASES = [((2, 96, 3, 64), jnp.bfloat16, "up"), ((1, 992, 4, 128), jnp.float32, "floor")]
+
+
+@pytest.mark.parametrize("shape,dtype,rounding", PRODUCER_CASES)
+def test_operand_producer_equals_its_emulation_and_writes_every_byte(shape, dtype, rounding):
+    """The producer kernel's data, square, "hd" and "seq" bytes (padding included) equal the emulation's bit for
+    bit, and it writes every byte (NaN-poisoned _into buffers: 0xFF bytes stay only where the emulation has
+    them)."""
+    from jax_mxfp8.primitives import attention_operands_sm100 as producer
+
+    x = jnp.asarray(np.random.default_rng(5).standard_normal(shape), dtype)
+    mx_, op = producer.attention_operands_sm100(x, scale_rounding=rounding, path="cuda")
+    got = (mx_.data, mx_.scale, op.sf_hd, op.sf_seq)
+    want = _cpu(lambda x: producer.emulate_attention_operands(x, rounding), x)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
+    poison = tuple(jax.lax.bitcast_convert_type(jnp.full(w.shape, 0xFF, jnp.uint8), w.dtype) for w in want)
+    _, op2 = producer.attention_operands_sm100(x, scale_rounding=rounding, path="cuda", out=poison)
+    np.testing.assert_array_equal(np.asarray(op2.sf_hd), np.asarray(want[2]))
+    np.testing.assert_array_equal(np.asarray(op2.sf_seq), np.asarray(want[3]))

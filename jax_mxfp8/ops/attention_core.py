@@ -208,11 +208,13 @@ def square_sequence_major(x: jax.Array, lengths: jax.Array | None, scale_roundin
     return MXArray(a.data.reshape(b, length, n, h), a.scale.reshape(b, length // 32, n, h // 32), (-3, -1), "square")
 
 
-def quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
+def quantize_operands(static, q, k, v, q_len, kv_len) -> dict:
     """Quantizes every (operand, layout) pair the config needs, once each (the custom_vjp residuals).
 
     Residuals are head-major, except on the kernel path, where the square-block residuals stay sequence-major
-    (axes (-3, -1), like a caller's MXArray; T and S are multiples of 32, checked by dot_product_attention).
+    (axes (-3, -1), like a caller's MXArray; T and S are multiples of 32, checked by dot_product_attention). On
+    the Blackwell kernel path the producer also returns each operand's blocked scale bytes: "<name>:sm100"
+    (Sm100Operand) next to its MXArray.
     """
     raw = {
         "q": lambda: _zero_rows(_q_to_hm(q, static.group), q_len, 3),
@@ -226,6 +228,11 @@ def quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
         name, layout = key.split(":")
         if layout == "user":
             out[key] = given[name]
+        elif static.kernel_path and layout == "square" and static.arch == BLACKWELL:
+            # the producer writes the MXArray and the sm100 kernels' blocked bytes in one pass
+            out[key], out[f"{name}:sm100"] = attention_sm100.square_operand(
+                given[name], lengths[name], static.config.scale_rounding, static.impl
+            )
         elif static.kernel_path and layout == "square":
             # the CUDA square quantize kernel: bit-identical to quantize_operand (tests/test_quantize_kernels_gpu.py)
             out[key] = square_sequence_major(given[name], lengths[name], static.config.scale_rounding, static.impl)
@@ -291,9 +298,12 @@ def fwd_kernel(static: AttentionStatic, quants, q_len, kv_len, broadcast_q: bool
     kernel reads it at batch 0 (q_len (B,) must be given)."""
     keys = operand_keys(static)
     q = kernel_operand(quants, keys["q_s"], q_len)
-    if static.arch == BLACKWELL:
-        k = kernel_operand(quants, keys["k_s"], kv_len)
-        v = kernel_operand(quants, keys["v_o"], kv_len)
+    if static.arch == BLACKWELL:  # the producer's operands where it ran, else the (caller's) MXArrays
+        ops = [quants.get(f"{use[0]}:sm100") for use in ("q_s", "k_s", "v_o")]
+        q, k, v = (
+            op if op is not None and not keys[use].endswith(":user") else kernel_operand(quants, keys[use], n)
+            for op, use, n in zip(ops, ("q_s", "k_s", "v_o"), (q_len, kv_len, kv_len), strict=True)
+        )
         return attention_sm100.dense_forward(static, q, k, v, q_len, kv_len, broadcast_q)
     ops = prepare_sequence_major(
         q,

@@ -7,8 +7,9 @@ The same dataflow as the Hopper path (ops/attention_core.fwd_kernel) from the sa
 square-block MXArrays (B, L, heads, H) (axes (-3, -1)) that quantize_operands made once. The kernel reads their
 E4M3 data as it is (compact, no padding to 128 rows: its TMA boxes zero-fill past L) and each GEMM's scale bytes in
 the tcgen05 128x4 layout: q and k in orientation "hd", v in "seq" (primitives/attention_sm100_operands.py: the
-square byte repeated over its 32 rows). Those scale bytes are re-laid from the square scales in XLA here (1 byte
-per 32 data bytes, a small fusion next to the quantize pass). The forward kernel is
+square byte repeated over its 32 rows). The producer kernel writes those bytes in the same pass that quantizes
+(square_operand; the residuals keep its Sm100Operands next to the MXArrays, as "<operand>:sm100"); only a
+caller's MXArray has its bytes laid out here in XLA. The forward kernel is
 primitives/attention_fwd_sm100.py; packed jagged sequences: ops/varlen_sm100.py. The backward runs on the
 residuals as on Hopper (the XLA reference where no Blackwell backward kernel covers the call).
 """
@@ -21,11 +22,12 @@ import jax.numpy as jnp
 from jax_mxfp8.formats.blocked_scales import from_blocked_scales
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.primitives import attention_fwd_sm100 as kernel
+from jax_mxfp8.primitives import attention_operands_sm100 as producer
 from jax_mxfp8.primitives.attention_sm100_operands import Sm100Operand, sm100_operand
 
 ARCH = kernel.ARCHS[0]
-FAMILIES = (kernel.FAMILY,)
-"""The kernel families the Blackwell attention forward launches (with first-use self-tests)."""
+FAMILIES = (producer.FAMILY, kernel.FAMILY)
+"""The kernel families the Blackwell attention forward launches (each with a first-use self-test)."""
 
 
 def lengths_table(q_len: jax.Array | None, kv_len: jax.Array | None, b: int, t: int, s: int) -> jax.Array:
@@ -35,17 +37,33 @@ def lengths_table(q_len: jax.Array | None, kv_len: jax.Array | None, b: int, t: 
     return jnp.stack([q_len, kv_len])
 
 
-def dense_forward(static, q: MXArray, k: MXArray, v: MXArray, q_len, kv_len, broadcast_q: bool = False):
-    """The Blackwell forward kernel on square-block MXArrays q (B | 1, T, N, H), k and v (B, S, K, H) (rows past
-    the lengths zeroed by the caller, as for the Hopper kernel); static: the op's AttentionStatic. broadcast_q:
-    q holds one batch row for all of k's (q_len (B,) given). Returns o (B, T, N, H) in static.out_dtype and lse
-    (B, N, T) float32."""
+def square_operand(x: jax.Array, lengths: jax.Array | None, scale_rounding: str, path: str):
+    """(B, L, heads, H) float -> (square-block MXArray (axes (-3, -1)), its Sm100Operand with both orientations'
+    scale bytes), from one pass of the producer kernel (primitives/attention_operands_sm100.py; path "emulated":
+    its emulation). Rows past `lengths` (B,) are zeroed first, as for the Hopper producer."""
+    if lengths is not None:
+        keep = jnp.arange(x.shape[1])[None, :] < lengths[:, None]
+        x = jnp.where(keep[:, :, None, None], x, jnp.zeros((), x.dtype))
+    return producer.attention_operands_sm100(x, scale_rounding=scale_rounding, path=path)
+
+
+def _operand(x: MXArray | Sm100Operand, orientation: str) -> Sm100Operand:
+    """The producer's operand as it is; a caller's MXArray with that orientation's bytes laid out in XLA."""
+    return x if isinstance(x, Sm100Operand) else sm100_operand(x, (orientation,))
+
+
+def dense_forward(static, q, k, v, q_len, kv_len, broadcast_q: bool = False):
+    """The Blackwell forward kernel on q (B | 1, T, N, H), k and v (B, S, K, H): Sm100Operands from the producer
+    (square_operand), or square-block MXArrays (a caller's; rows past the lengths zeroed by the caller, as for
+    the Hopper kernel), whose blocked bytes are then laid out here. static: the op's AttentionStatic.
+    broadcast_q: q holds one batch row for all of k's (q_len (B,) given). Returns o (B, T, N, H) in
+    static.out_dtype and lse (B, N, T) float32."""
     cfg = static.config
-    b, t, s = k.shape[0], q.shape[1], k.shape[1]
+    b, t, s = k.data.shape[0], q.data.shape[1], k.data.shape[1]
     o, lse = kernel.attention_fwd_sm100(
-        sm100_operand(q, ("hd",)),
-        sm100_operand(k, ("hd",)),
-        sm100_operand(v, ("seq",)),
+        _operand(q, "hd"),
+        _operand(k, "hd"),
+        _operand(v, "seq"),
         lengths_table(q_len, kv_len, b, t, s),
         causal=static.is_causal,
         scale=static.scale,

@@ -73,7 +73,7 @@ def _broadcast_mx(x: MXArray, b: int) -> MXArray:
 
 
 def _broadcast_quants(quants: dict[str, MXArray], b: int) -> dict[str, MXArray]:
-    return {key: _broadcast_mx(x, b) if key[0] == "q" else x for key, x in quants.items()}
+    return {key: _broadcast_mx(x, b) if key[0] == "q" and isinstance(x, MXArray) else x for key, x in quants.items()}
 
 
 def _fwd(static: AttentionStatic, q1, k, v, q_len, kv_len):

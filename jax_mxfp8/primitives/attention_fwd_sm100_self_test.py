@@ -1,5 +1,6 @@
-"""The first-use self-test of the Blackwell attention forward (family "attention_fwd_sm100", primitives/self_test.py),
-registered on import.
+"""The first-use self-tests of the Blackwell attention forward (family "attention_fwd_sm100") and of its operand
+producer (family "attention_operands_sm100": data, square, "hd" and "seq" bytes bit-exact vs the emulation),
+primitives/self_test.py, registered on import.
 
 The problem is built so that every operation of the kernel is exact, whatever the hardware's order and internal
 precision, and every misplaced byte shows:
@@ -28,6 +29,8 @@ from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import self_test
 from jax_mxfp8.primitives.attention_fwd_sm100 import FAMILY, attention_fwd_sm100, attention_fwd_sm100_packed
+from jax_mxfp8.primitives.attention_operands_sm100 import FAMILY as OPERANDS_FAMILY
+from jax_mxfp8.primitives.attention_operands_sm100 import attention_operands_sm100, emulate_attention_operands
 from jax_mxfp8.primitives.attention_sm100_emulation import emulate_fwd_sm100
 from jax_mxfp8.primitives.attention_sm100_operands import Sm100Operand, orientation_scales, sm100_operand
 from jax_mxfp8.primitives.attention_sm100_packed import emulate_packed_fwd_sm100, packed_tables
@@ -172,5 +175,46 @@ self_test.register(
         inputs=_inputs,
         kernel=_kernel,
         expected=_expected,
+    )
+)
+
+
+def _producer_inputs() -> tuple:
+    """x (2, 96, 3, 64) bfloat16 and (1, 288, 2, 128) float32: small integers times per-block powers of two
+    2^-6 .. 2^6 (every block's byte differs from its neighbours'), one zero block, one NaN block."""
+    rng = np.random.default_rng(20264)
+    out = []
+    for shape, dtype in (((2, 96, 3, 64), jnp.bfloat16), ((1, 288, 2, 128), jnp.float32)):
+        b, length, heads, h = shape
+        x = rng.integers(-3, 4, size=shape).astype(np.float32)
+        e = _bytes(b, length, heads, h, -6, 6, 3).astype(np.float32) - 127
+        x *= np.exp2(np.repeat(np.repeat(e, 32, axis=1), 32, axis=3))
+        x[0, :32, 0, :32] = 0.0
+        x[-1, -32:, -1, -32:] = np.nan
+        out.append(jnp.asarray(x, dtype))
+    return tuple(out)
+
+
+def _producer_kernel(ops: tuple, path: str) -> tuple:
+    out = []
+    for x, rounding in zip(ops, ("up", "floor"), strict=True):
+        mx, op = attention_operands_sm100(x, scale_rounding=rounding, path=path)
+        out += [mx.data, mx.scale, op.sf_hd, op.sf_seq]
+    return tuple(out)
+
+
+def _producer_expected(ops: tuple, got: tuple) -> tuple:
+    return tuple(y for x, r in zip(ops, ("up", "floor"), strict=True) for y in emulate_attention_operands(x, r))
+
+
+self_test.register(
+    self_test.SelfTestFamily(
+        name=OPERANDS_FAMILY,
+        archs=registry.AttentionOperandsSm100Config.archs,
+        problem="x (2, 96, 3, 64) bf16 'up', (1, 288, 2, 128) f32 'floor'; per-block powers of two, a zero and a "
+        "NaN block: data, square, 'hd' and 'seq' bytes (padding included) bit-exact vs the emulation",
+        inputs=_producer_inputs,
+        kernel=_producer_kernel,
+        expected=_producer_expected,
     )
 )

@@ -11,7 +11,7 @@ and check the buffers against its parameters, so adding a variant here is the on
 One module per op family: `quantize` (quantize, dequantize), `rms_norm_quantize`, `gemm_operands` (quantize +
 align128 for the Hopper MX GEMM), `gemm` (the Hopper MX GEMM), `gemm_sm100` (the Blackwell MX GEMM),
 `blocked_operands` (its operand producer), `attention` (forward and realign), `attention_bwd` (backward),
-`attention_fwd_sm100` (the Blackwell attention forward);
+`attention_fwd_sm100` (the Blackwell attention forward), `attention_operands_sm100` (its operand producer);
 `base` holds the config interface and the shared value sets and codes.
 """
 
@@ -32,6 +32,10 @@ from jax_mxfp8.kernels.registry.attention import (
 )
 from jax_mxfp8.kernels.registry.attention_bwd import ATTENTION_BWD_VARIANTS, AttentionBwdConfig
 from jax_mxfp8.kernels.registry.attention_fwd_sm100 import ATTENTION_FWD_SM100_VARIANTS, AttentionFwdSm100Config
+from jax_mxfp8.kernels.registry.attention_operands_sm100 import (
+    ATTENTION_OPERANDS_SM100_VARIANTS,
+    AttentionOperandsSm100Config,
+)
 from jax_mxfp8.kernels.registry.base import (
     ARCH_CCS,
     ARCH_MAJOR,
@@ -90,6 +94,7 @@ __all__ = [
     "ATTENTION_BWD_VARIANTS",
     "ATTENTION_FWD_SM100_VARIANTS",
     "ATTENTION_FWD_VARIANTS",
+    "ATTENTION_OPERANDS_SM100_VARIANTS",
     "ATTENTION_REALIGN_VARIANTS",
     "BLOCKED_OPERANDS_VARIANTS",
     "CONFIG_CLASSES",
@@ -129,6 +134,7 @@ __all__ = [
     "AttentionBwdConfig",
     "AttentionFwdConfig",
     "AttentionFwdSm100Config",
+    "AttentionOperandsSm100Config",
     "AttentionRealignConfig",
     "BlockedOperandsConfig",
     "DequantizeConfig",
@@ -164,6 +170,7 @@ VARIANTS: tuple[KernelConfig, ...] = (
     + MX_GEMM_EPILOGUE_VARIANTS
     + MX_GEMM_SM100_VARIANTS
     + ATTENTION_FWD_SM100_VARIANTS
+    + ATTENTION_OPERANDS_SM100_VARIANTS
 )
 """Every registered variant, in table order: production (tune 0, which includes the feature variants) and the
 comparison schedules (tune > 0: at most two per kernel family, for the benchmarks)."""
@@ -191,6 +198,7 @@ CONFIG_CLASSES: tuple[type[KernelConfig], ...] = (
     MXGemmEpilogueConfig,
     MXGemmSm100Config,
     AttentionFwdSm100Config,
+    AttentionOperandsSm100Config,
 )
 
 C = TypeVar("C", bound=KernelConfig)
