@@ -188,7 +188,7 @@ def test_implementation_none_picks_kernel_and_matches():
 
 def test_unsupported_arguments_raise_for_cuda():
     x = jnp.ones((48, 64), jnp.bfloat16)
-    with pytest.raises(ValueError, match="multiples of 32"):
+    with pytest.raises(ValueError, match="multiple of the MX block size 32"):
         pq.quantize(x, axis=-2, implementation="cuda")
     with pytest.raises(ValueError, match="stochastic"):
         pq.quantize(jnp.ones((64, 64)), rounding="stochastic", rng=jax.random.key(0), implementation="cuda")

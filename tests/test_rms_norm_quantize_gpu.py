@@ -290,7 +290,7 @@ def test_public_quantize_dequantize_implementation():
     # zero gradient through quantize on the kernel path, like the reference
     g = jax.grad(lambda v: jnp.sum(jax_mxfp8.dequantize(jax_mxfp8.quantize(v, implementation="cuda"))))(x)
     assert not np.asarray(g, np.float32).any()
-    with pytest.raises(ValueError, match="multiples of 32"):
+    with pytest.raises(ValueError, match="multiple of the MX block size 32"):
         jax_mxfp8.quantize(jnp.ones((48, 64)), axis=-2, implementation="cuda")
 
 
