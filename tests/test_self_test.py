@@ -168,13 +168,15 @@ def test_no_self_test_where_the_family_does_not_run():
     assert {r.status for r in reports} == {"skipped"} and "sm_100f: cc 10.0, 10.3" in reports[0].detail
 
 
-@pytest.mark.slow  # the three families' emulations: ~30 s on the 2-core machine
+@pytest.mark.slow  # the five families' emulations: ~60 s on the 2-core machine
 def test_every_family_passes_on_its_emulation(fresh):
     """The problems are consistent: the emulation passes its own self-test (a check of the problems and the
     comparison, not of the kernels, which no machine here can run)."""
     with library.forced_gpu((10, 3), self_tests=True):
         reports = self_test.run_all()
     assert [(r.family, r.status) for r in reports] == [
+        ("attention_fwd_sm100", "passed"),
+        ("attention_operands_sm100", "passed"),
         ("blocked_operands", "passed"),
         ("mx_gemm_sm100", "passed"),
         ("rms_norm_quantize_blocked", "passed"),

@@ -32,6 +32,7 @@ from jax_mxfp8.ops.attention_checks import (
 from jax_mxfp8.ops.attention_core import (
     AttentionStatic,
     choose_implementation,
+    kernel_arch,
     kernel_unsupported,
     mx_attention_fwd,
     reference_backward,
@@ -174,6 +175,7 @@ def dot_product_attention(
         out_dtype=out_dtype,
         group=n // n_kv,
         impl=choose_implementation(implementation, why_not),
+        arch=kernel_arch(),
     )
     out, lse = _mx_attention_jit(static, q, k, v, bias, mask, q_len, kv_len)
     return _results(out, lse, unbatched, return_residual)

@@ -53,6 +53,7 @@ from jax_mxfp8.ops.attention_core import (
     choose_implementation,
     forward_from_quants,
     fwd_kernel,
+    kernel_arch,
     kernel_unsupported,
     quantize_operands,
 )
@@ -72,7 +73,7 @@ def _broadcast_mx(x: MXArray, b: int) -> MXArray:
 
 
 def _broadcast_quants(quants: dict[str, MXArray], b: int) -> dict[str, MXArray]:
-    return {key: _broadcast_mx(x, b) if key[0] == "q" else x for key, x in quants.items()}
+    return {key: _broadcast_mx(x, b) if key[0] == "q" and isinstance(x, MXArray) else x for key, x in quants.items()}
 
 
 def _fwd(static: AttentionStatic, q1, k, v, q_len, kv_len):
@@ -253,6 +254,7 @@ def broadcast_query_attention(
         out_dtype=out_dtype,
         group=n // n_kv,
         impl=choose_implementation(implementation, why_not, op=OP),
+        arch=kernel_arch(),
     )
     if cu is not None:
         k, v, kv_len = _padded_kv(k, v, cu, max_k)

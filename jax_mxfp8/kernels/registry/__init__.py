@@ -10,7 +10,8 @@ and check the buffers against its parameters, so adding a variant here is the on
 
 One module per op family: `quantize` (quantize, dequantize), `rms_norm_quantize`, `gemm_operands` (quantize +
 align128 for the Hopper MX GEMM), `gemm` (the Hopper MX GEMM), `gemm_sm100` (the Blackwell MX GEMM),
-`blocked_operands` (its operand producer), `attention` (forward and realign), `attention_bwd` (backward);
+`blocked_operands` (its operand producer), `attention` (forward and realign), `attention_bwd` (backward),
+`attention_fwd_sm100` (the Blackwell attention forward), `attention_operands_sm100` (its operand producer);
 `base` holds the config interface and the shared value sets and codes.
 """
 
@@ -30,6 +31,11 @@ from jax_mxfp8.kernels.registry.attention import (
     pv_permutation,
 )
 from jax_mxfp8.kernels.registry.attention_bwd import ATTENTION_BWD_VARIANTS, AttentionBwdConfig
+from jax_mxfp8.kernels.registry.attention_fwd_sm100 import ATTENTION_FWD_SM100_VARIANTS, AttentionFwdSm100Config
+from jax_mxfp8.kernels.registry.attention_operands_sm100 import (
+    ATTENTION_OPERANDS_SM100_VARIANTS,
+    AttentionOperandsSm100Config,
+)
 from jax_mxfp8.kernels.registry.base import (
     ARCH_CCS,
     ARCH_MAJOR,
@@ -86,7 +92,9 @@ __all__ = [
     "ARCH_CCS",
     "ARCH_MAJOR",
     "ATTENTION_BWD_VARIANTS",
+    "ATTENTION_FWD_SM100_VARIANTS",
     "ATTENTION_FWD_VARIANTS",
+    "ATTENTION_OPERANDS_SM100_VARIANTS",
     "ATTENTION_REALIGN_VARIANTS",
     "BLOCKED_OPERANDS_VARIANTS",
     "CONFIG_CLASSES",
@@ -125,6 +133,8 @@ __all__ = [
     "VARIANTS",
     "AttentionBwdConfig",
     "AttentionFwdConfig",
+    "AttentionFwdSm100Config",
+    "AttentionOperandsSm100Config",
     "AttentionRealignConfig",
     "BlockedOperandsConfig",
     "DequantizeConfig",
@@ -159,6 +169,8 @@ VARIANTS: tuple[KernelConfig, ...] = (
     + MX_GEMM_TUNINGS
     + MX_GEMM_EPILOGUE_VARIANTS
     + MX_GEMM_SM100_VARIANTS
+    + ATTENTION_FWD_SM100_VARIANTS
+    + ATTENTION_OPERANDS_SM100_VARIANTS
 )
 """Every registered variant, in table order: production (tune 0, which includes the feature variants) and the
 comparison schedules (tune > 0: at most two per kernel family, for the benchmarks)."""
@@ -185,6 +197,8 @@ CONFIG_CLASSES: tuple[type[KernelConfig], ...] = (
     MXGemmConfig,
     MXGemmEpilogueConfig,
     MXGemmSm100Config,
+    AttentionFwdSm100Config,
+    AttentionOperandsSm100Config,
 )
 
 C = TypeVar("C", bound=KernelConfig)
