@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Forward attention TFLOP/s: our Hopper MXFP8 kernel vs cuDNN BF16 and cuDNN FP8 (per-tensor scales).
+"""Forward attention TFLOP/s: our MXFP8 kernel (Hopper, or Blackwell on cc 10.0 / 10.3) vs cuDNN BF16 and cuDNN FP8
+(per-tensor scales).
 
 Inputs: bf16 q, k, v ~ N(0, 1) in jax.nn's BTNH layout. Per shape, each implementation below is compiled,
 run once for a correctness check, then timed; a failure is recorded in the JSON and the run goes on.
@@ -44,6 +45,12 @@ Usage: python benchmarks/attention.py [--out FILE.json] [--plot FILE.png] [--qui
                  (kernel-only), baselines via jax.nn implementation="xla" (FP8: on fp8-rounded inputs);
                  alias --cpu-smoke
 The JSON is rewritten after every shape, so a run cut short still returns what it measured.
+
+On a Blackwell GPU (compute capability 10.0 / 10.3) ours_e2e runs the sm100 forward (ops/attention_sm100.py, the
+packed varlen path ops/varlen_sm100.py) and the kernel-only rows time primitives.attention_fwd_sm100 on operands
+prepared once by producer_sm100 (the operand producer kernel); the Hopper-only rows (producer_xla,
+producer_qkernel, the packed kernel alone, the comparison schedules) are skipped. cuDNN's MXFP8 SDPA is not exposed
+by this jax (only the per-tensor FP8 one, cudnn_fp8), so it is not among the baselines. NOT RUN on a Blackwell GPU.
 """
 
 from __future__ import annotations
@@ -65,9 +72,10 @@ from harness import timeit
 import jax_mxfp8 as mx
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.ops import attention_core as attn_ops
-from jax_mxfp8.ops import varlen_kernel
+from jax_mxfp8.ops import attention_sm100, varlen_kernel
 from jax_mxfp8.primitives import attention_emulation as emulation
 from jax_mxfp8.primitives import attention_fwd as afwd
+from jax_mxfp8.primitives import attention_fwd_sm100 as sm100
 from jax_mxfp8.primitives import attention_operands as operands
 from jax_mxfp8.primitives import library
 from jax_mxfp8.reference.varlen import aligned_to_padded, to_packed, to_padded
@@ -151,9 +159,33 @@ def make_producer(quant_impl, scale):
     return producer
 
 
-def build_impls(sh, smoke: bool, kernel_ok: bool):
+def sm100_producer(q, k, v, lens, path="cuda"):
+    """(q, k, v, lens) BTNH bf16 -> the Blackwell kernel's operands (q, k, v Sm100Operands, (2, B) lengths): what
+    the op runs, the operand producer kernel (square blocks and both orientations' blocked bytes in one pass)."""
+    ops = tuple(attention_sm100.square_operand(x, lens, "up", path)[1] for x in (q, k, v))
+    return (*ops, attention_sm100.lengths_table(lens, lens, q.shape[0], q.shape[1], k.shape[1]))
+
+
+def _blackwell_rows(impls, c: bool, scale: float, smoke: bool) -> None:
+    """On Blackwell: the Hopper-only rows skipped, the kernel-only rows on the sm100 kernel."""
+    path = "emulated" if smoke else "cuda"
+    rows = dict(impls)
+    impls.clear()
+    for name, row in rows.items():  # the sm100 producer where the Hopper ones were: before the kernel rows
+        hopper = name in ("producer_xla", "producer_qkernel")
+        impls[name] = ("producer", None, "the Hopper producer (realign kernel: sm_90a)") if hopper else row
+        if name == "producer_qkernel":
+            impls["producer_sm100"] = ("producer", functools.partial(sm100_producer, path=path), None)
+    for name, p_scale in (("ours_kernel", "const"), ("ours_kernel_pblock", "block")):
+        fn = functools.partial(
+            lambda ops, p: sm100.attention_fwd_sm100(*ops, causal=c, scale=scale, p_scale=p, path=path)[0], p=p_scale
+        )
+        impls[name] = ("kernel", fn, None)
+
+
+def build_impls(sh, smoke: bool, kernel_ok: bool, blackwell: bool = False):
     """name -> (kind, fn taking (q, k, v, lens) or None, why-skipped). kind: 'attn' (BTNH output),
-    'kernel' (fn of prepared operands, BTNH output) or 'producer'."""
+    'kernel' (fn of prepared operands, BTNH output) or 'producer'. blackwell: the sm100 rows."""
     c, h = sh["causal"], sh["h"]
     scale = 1.0 / math.sqrt(h)
     jagged = sh["lens_range"] is not None
@@ -231,6 +263,8 @@ def build_impls(sh, smoke: bool, kernel_ok: bool):
         lambda q, k, v, lens: fp8_attn(*(x.astype(jnp.float8_e4m3fn) for x in (q, k, v))),
         fp8_skip,
     )
+    if blackwell:
+        _blackwell_rows(impls, c, scale, smoke)
     if not smoke and not kernel_ok:
         for name, (kind, fn, _) in list(impls.items()):
             if name.startswith("ours_kernel"):
@@ -259,7 +293,7 @@ def target_check(sh_res, impl: str) -> tuple[str, bool | None]:
     return "; ".join(parts), verdict
 
 
-def run_shape(sh, args, smoke, kernel_ok, res):
+def run_shape(sh, args, smoke, kernel_ok, res, blackwell=False):
     b, t, n, h, c = sh["b"], sh["t"], sh["n"], sh["h"], sh["causal"]
     key = jax.random.key(1000 * b + t // 32 + n + h + c)
     q, k, v = (jax.random.normal(jax.random.fold_in(key, i), (b, t, n, h), jnp.bfloat16) for i in range(3))
@@ -280,7 +314,7 @@ def run_shape(sh, args, smoke, kernel_ok, res):
         cu = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(lens)]).astype(jnp.int32)
         total = int(np.sum(lens_np))
         packed = tuple(to_packed(x, cu, lens, total) for x in (q, k, v)) + (cu,)
-        if not smoke and kernel_ok:
+        if not smoke and kernel_ok and not blackwell:  # the Hopper packed kernel alone
             st = varlen_kernel.VarlenStatic(
                 dense=attn_ops.AttentionStatic(
                     config=mx.AttentionConfig(),
@@ -303,7 +337,7 @@ def run_shape(sh, args, smoke, kernel_ok, res):
     q8, k8, v8 = (x.astype(jnp.float8_e4m3fn) for x in (q, k, v))
     jax.block_until_ready((q, k, v, q8, k8, v8))
     res["flops"] = flops
-    impls = build_impls(sh, smoke, kernel_ok)
+    impls = build_impls(sh, smoke, kernel_ok, blackwell)
     res["impls"] = {}
     ref = None
     e2e_out = None
@@ -333,7 +367,7 @@ def run_shape(sh, args, smoke, kernel_ok, res):
             compiled = jax.jit(fn).lower(*call_args).compile()
             entry["compile_s"] = round(time.perf_counter() - start, 2)
             out = jax.block_until_ready(compiled(*call_args))
-            if kind == "producer" and (name == "producer_qkernel" or ops is None):
+            if kind == "producer" and (name in ("producer_qkernel", "producer_sm100") or ops is None):
                 ops = out
             if kind != "producer":
                 o = out
@@ -492,12 +526,13 @@ def main(argv=None) -> int:
     out_path = Path(args.out)
     plot_path = Path(args.plot) if args.plot else out_path.with_suffix(".png")
     smoke = args.mode == "smoke"
-    kernel_ok, why = library.kernels_runnable(afwd.ARCHS)
+    blackwell = library.gpu_arch() in sm100.ARCHS
+    kernel_ok, why = library.kernels_runnable(sm100.ARCHS if blackwell else afwd.ARCHS)
     if not smoke and not kernel_ok:
         print(f"WARNING: attention kernel unavailable: {why}", flush=True)
     meta = harness.metadata(
         args,
-        kernels=afwd.ARCHS,
+        kernels=sm100.ARCHS if blackwell else afwd.ARCHS,
         flops="4*B*N*T*S*H (x0.5 causal); jagged: sum_i 4*N*L_i^2*H over real lengths; same FLOPs for all impls",
         inputs="bf16 N(0,1), BTNH; scale 1/sqrt(H)",
         targets={g: [dict(baseline=b, min_ratio=r) for b, r in v] for g, v in TARGETS.items()},
@@ -531,7 +566,7 @@ def main(argv=None) -> int:
         print(f"{sh['name']}  [{budget.elapsed():.0f} s]", flush=True)
         shape_start = time.perf_counter()
         try:
-            run_shape(sh, args, smoke, kernel_ok, res)
+            run_shape(sh, args, smoke, kernel_ok, res, blackwell)
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             res["error"] = repr(e)[:800]

@@ -109,8 +109,11 @@ def main(argv=None) -> int:
         for nm in names:
             p = r["parts"][nm]
             cells.append(f"{p['ms']:.3f}" + (f" ({p['gb_s']:.0f} GB/s)" if "gb_s" in p and nm != "bf16" else ""))
-        print(f"| {m}x{k}x{n} | " + " | ".join(cells) + f" | {r['ref_vs_bf16']:.3f} | {r['sum_of_parts_ms']:.3f} | "
-              f"{r['ref_equals_parts']} |", flush=True)
+        print(
+            f"| {m}x{k}x{n} | " + " | ".join(cells) + f" | {r['ref_vs_bf16']:.3f} | {r['sum_of_parts_ms']:.3f} | "
+            f"{r['ref_equals_parts']} |",
+            flush=True,
+        )
         harness.write_json(args.out, meta, shapes=rows)
     return 0
 

@@ -13,6 +13,8 @@ the Blackwell backward (ops/attention_bwd_sm100.py -> primitives/attention_bwd_s
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,13 +58,15 @@ def _grads(q, k, v, do, ln, *, causal, config=None, implementation=None):
     return tuple(np.asarray(g) for g in vjp(do))
 
 
-def _expected(q, k, v, do, ln, *, causal, config):
+def _expected(q, k, v, do, ln, *, causal, config, cc=(10, 0)):
     """The emulation step by step: the square operands with both orientations, the forward's O and LSE (the
-    forward of the same call), the pre-pass, the backward emulation with the variant's dQ path."""
-    out, lse = mx.dot_product_attention(
-        q, k, v, is_causal=causal, query_seq_lengths=ln[0], key_value_seq_lengths=ln[1], config=config,
-        return_residual="lse", implementation="xla",
-    )  # fmt: skip
+    forward of the same call: the sm100 forward, emulated), the pre-pass, the backward emulation with the
+    variant's dQ path."""
+    with library.forced_gpu(cc):
+        out, lse = mx.dot_product_attention(
+            q, k, v, is_causal=causal, query_seq_lengths=ln[0], key_value_seq_lengths=ln[1], config=config,
+            return_residual="lse",
+        )  # fmt: skip
     lens = None if ln[0] is None else jnp.stack(ln)
 
     def zero(x, n):
@@ -306,3 +310,37 @@ def test_mx_gradient_vjp_takes_the_mx_dkv_variant(monkeypatch, cc):
             want = quantize(x, axis=axis)
             np.testing.assert_array_equal(np.asarray(part.data).view(np.uint8), np.asarray(want.data).view(np.uint8))
             np.testing.assert_array_equal(np.asarray(part.scale), np.asarray(want.scale))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_cuda_lowering_holds_the_sm100_backward_custom_calls(packed):
+    """The backward's program for a GPU (exported for platform cuda on this machine) calls the pre-pass and the
+    backward targets with the variants' names and the scalars tau, fl(tau log2 e), tau (float32 dQ)."""
+    rng = fresh_rng()
+    q, k, v, do = (jnp.asarray(rng.standard_normal((1, 128, 2, 64)), jnp.float32) for _ in range(4))
+    qo, ko, vo = (ops.sm100_operand(ops.quantize_square(x)) for x in (q, k, v))
+    lse = jnp.zeros((1, 2, 128), jnp.float32)
+    if packed:
+        from jax_mxfp8.primitives.attention_sm100_packed import packed_tables
+
+        cu = jnp.asarray([0, 128], jnp.int32)
+        tables, lim = packed_tables(cu, cu, causal=True, n_chunks_q=1, n_chunks_k=1), dict(max_len_q=128, max_len_k=128)
+    else:
+        tables, lim = jnp.asarray([[128], [100]], jnp.int32), {}
+    variant = bwd.find_variant(head_dim=64, causal=True, packed=packed)
+
+    def f():
+        do_op, delta = bwd.bwd_prepass_sm100(do, do, lse, tables, path="cuda", max_len_q=lim.get("max_len_q"))
+        return bwd.attention_bwd_sm100(
+            qo, ko, vo, do_op, lse, delta, tables, variant=variant, scale=0.125, path="cuda", **lim
+        )
+
+    unchecked = [jax.export.DisabledSafetyCheck.custom_call(t) for t in (bwd.TARGET, bwd.TARGET_PREPASS)]
+    text = jax.export.export(jax.jit(f), platforms=["cuda"], disabled_checks=unchecked)().mlir_module()
+    assert set(re.findall(r"custom_call @(\w+)\(", text)) == {bwd.TARGET, bwd.TARGET_PREPASS}
+    suffix = "_packed" if packed else ""
+    assert f'kernel = "attention_bwd_sm100_h64_causal{suffix}"' in text
+    assert f'kernel = "attention_bwd_prepass_sm100_h64_f32{suffix}"' in text
+    (log2,) = re.findall(r"scale_log2 = ([-+.e0-9]+) : f32", text)
+    assert np.float32(log2) == np.float32(0.125 * np.log2(np.e))
+    assert re.search(r"dq_scale = 1.250*e-01 : f32", text) and re.search(r"\bscale = 1.250*e-01 : f32", text)

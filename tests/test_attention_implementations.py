@@ -72,9 +72,7 @@ class AttentionImplementationCases:
         case = CASES[name]
         q, k, v, do, q_len, kv_len = _inputs(case, seed=sum(map(ord, name)))
         got = _fwd_bwd(self.IMPLEMENTATION, case, q, k, v, do, q_len, kv_len)
-        exact = exact_attention(
-            *(_f64(x) for x in (q, k, v)), _f64(do), causal=case[6], q_len=q_len, kv_len=kv_len
-        )
+        exact = exact_attention(*(_f64(x) for x in (q, k, v)), _f64(do), causal=case[6], q_len=q_len, kv_len=kv_len)
         o_exact, dq_e, dk_e, dv_e = exact[0], *exact[2:]
         rows = np.ones(q.shape[:2], bool) if q_len is None else np.arange(q.shape[1])[None] < np.asarray(q_len)[:, None]
         for what, g, e in zip(("o", "dq", "dk", "dv"), got, (o_exact, dq_e, dk_e, dv_e), strict=True):

@@ -114,14 +114,13 @@ def test_decisions_on_a_faked_hopper(monkeypatch, fresh_warnings):
 @pytest.mark.parametrize("cc", [(10, 0), (10, 3)], ids=["cc10.0", "cc10.3"])
 def test_decisions_on_a_forced_blackwell(cc, fresh_warnings):
     """cc 10.0 and 10.3 (B200 / GB300) are served by the same sm_100f cubins: quantize, RMSNorm and every GEMM
-    op take their Blackwell kernel path (emulated here: forced_gpu); attention has no sm100 kernel yet."""
+    op take their Blackwell kernel path (emulated here: forced_gpu), attention too."""
     with library.forced_gpu(cc):
         decisions = {d.op: d for d in diagnostics.op_decisions()}
         devices = diagnostics.device_lines()
     for op in ("quantize", "dequantize", "rms_norm_quantize", "mx_dot_general", "mx_dot_general_quantized"):
         assert decisions[op].path == "emulated", decisions[op]
-    assert decisions["dot_product_attention"].path == "xla"
-    assert "these kernels are built for sm_90a: cc 9.0" in decisions["dot_product_attention"].reason
+    assert decisions["dot_product_attention"].path == "emulated"
     assert f"forced: compute capability {cc[0]}.{cc[1]} (library.forced_gpu: served by the sm_100f cubins" in devices[1]
 
 

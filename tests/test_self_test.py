@@ -171,7 +171,7 @@ def test_no_self_test_where_the_family_does_not_run():
     assert {r.status for r in reports} == {"skipped"} and "sm_100f: cc 10.0, 10.3" in reports[0].detail
 
 
-@pytest.mark.slow  # the four families' emulations: ~60 s on the 2-core machine
+@pytest.mark.slow  # the six families' emulations: ~2 min on the 2-core machine
 def test_every_family_passes_on_its_emulation(fresh):
     """The problems are consistent: the emulation passes its own self-test (a check of the problems and the
     comparison, not of the kernels, which no machine here can run)."""
@@ -179,6 +179,8 @@ def test_every_family_passes_on_its_emulation(fresh):
         reports = self_test.run_all()
     assert [(r.family, r.status) for r in reports] == [
         ("attention_bwd_sm100", "passed"),
+        ("attention_fwd_sm100", "passed"),
+        ("attention_operands_sm100", "passed"),
         ("blocked_operands", "passed"),
         ("mx_gemm_sm100", "passed"),
         ("rms_norm_quantize_blocked", "passed"),

@@ -21,7 +21,7 @@ from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.ops import attention_compat as compat
 from jax_mxfp8.ops.attention_bwd_kernel import backward_variant, kernel_backward
-from jax_mxfp8.ops.attention_bwd_sm100 import choose_sm100_backward, sm100_kernel_backward
+from jax_mxfp8.ops.attention_bwd_sm100 import sm100_backward_variant, sm100_kernel_backward
 from jax_mxfp8.ops.attention_checks import (
     check_bias_or_mask,
     check_config,
@@ -33,8 +33,10 @@ from jax_mxfp8.ops.attention_checks import (
     output_dtype,
 )
 from jax_mxfp8.ops.attention_core import (
+    BLACKWELL,
     AttentionStatic,
     choose_implementation,
+    kernel_arch,
     kernel_unsupported,
     mx_attention_fwd,
     reference_backward,
@@ -52,10 +54,12 @@ def _mx_attention(static: AttentionStatic, q, k, v, bias, mask, q_len, kv_len):
 def mx_attention_bwd(static: AttentionStatic, res, cts):
     """The custom_vjp bwd on mx_attention_fwd's residuals: the backward kernel when the forward ran the kernel
     path and a backward variant covers the call (ops/attention_bwd_kernel.py), else the XLA reference.
-    Returns the cotangents of (q, k, v, bias, mask, q_len, kv_len). On compute capability 10.x the sm100
-    backward kernel where the call chose it (ops/attention_bwd_sm100.py)."""
-    if static.bwd_sm100:
-        return sm100_kernel_backward(static, res, cts)
+    Returns the cotangents of (q, k, v, bias, mask, q_len, kv_len). After the Blackwell forward the Blackwell
+    backward where a variant covers the call (ops/attention_bwd_sm100.py)."""
+    if static.kernel_path and static.arch == BLACKWELL:
+        if sm100_backward_variant(static, res[1].shape[-1]) is not None:
+            return sm100_kernel_backward(static, res, cts)
+        return reference_backward(static, res, cts)
     if static.kernel_path:
         o = res[1]  # (B, T, N, H)
         variant, _ = backward_variant(static, o.shape[-1])
@@ -211,7 +215,7 @@ def prepare_call(
         out_dtype=out_dtype,
         group=n // n_kv,
         impl=choose_implementation(implementation, why_not),
-        bwd_sm100=choose_sm100_backward(implementation, why_not, config, head_dim=h, is_causal=bool(is_causal)),
+        arch=kernel_arch(),
     )
     return PreparedCall(static, args, unbatched)
 

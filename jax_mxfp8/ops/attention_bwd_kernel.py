@@ -25,7 +25,7 @@ import warnings
 
 import jax.numpy as jnp
 
-from jax_mxfp8.ops.attention_core import AttentionStatic, kernel_operand, operand_keys, square_sequence_major
+from jax_mxfp8.ops.attention_core import HOPPER, AttentionStatic, kernel_operand, operand_keys, square_sequence_major
 from jax_mxfp8.primitives import attention_bwd as abwd
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives import library
@@ -33,6 +33,7 @@ from jax_mxfp8.primitives import library
 OP = "dot_product_attention_bwd"
 """The op name the backward's decision is recorded under (implementation.record())."""
 _warned: set[str] = set()
+_SM100_BACKWARD = "the Blackwell forward's backward is ops/attention_bwd_sm100.py's (sm100_backward_variant)"
 
 
 def backward_variant(static: AttentionStatic, head_dim: int, broadcast_q: bool = False):
@@ -46,6 +47,8 @@ def backward_variant(static: AttentionStatic, head_dim: int, broadcast_q: bool =
     """
     if not static.kernel_path:
         return None, "the forward ran the XLA reference"
+    if static.arch != HOPPER:  # decided (and recorded) by ops/attention_bwd_sm100.sm100_backward_variant
+        return None, _SM100_BACKWARD
     variant, why = _lookup(static, head_dim, broadcast_q=broadcast_q)
     if variant is not None and static.impl == "cuda":
         why = _missing_from_library(variant)
@@ -67,7 +70,7 @@ def packed_variant(static: AttentionStatic, head_dim: int):
     """The packed backward variant for varlen_attention's aligned packed residuals, or None (then varlen's
     backward gathers them into the padded batch: backward_variant decides there). Path "cuda" needs it in the
     loaded library. Recorded under OP when found."""
-    if not static.kernel_path:
+    if not static.kernel_path or static.arch != HOPPER:
         return None
     variant, _ = _lookup(static, head_dim, packed=True)
     if variant is not None and static.impl == "cuda" and _missing_from_library(variant):

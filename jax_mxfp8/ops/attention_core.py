@@ -28,8 +28,10 @@ from jax_mxfp8.config.attention import AttentionConfig, operand_layouts
 from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import dequantize
+from jax_mxfp8.ops import attention_sm100
 from jax_mxfp8.ops.quantize import quantize as quantize_op
 from jax_mxfp8.primitives import attention_fwd as attention_kernel
+from jax_mxfp8.primitives import attention_fwd_sm100, library
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives.attention_operands import prepare_sequence_major
 from jax_mxfp8.reference.attention_bwd import attention_bwd
@@ -44,6 +46,17 @@ callers get those values upcast: O carries bfloat16's 8-bit precision (2^-9 rela
 operands' own error (docs/numerics.md, "Hopper attention kernel")."""
 
 
+HOPPER = attention_kernel.ARCHS[0]
+BLACKWELL = attention_sm100.ARCH
+
+
+def kernel_arch() -> str:
+    """The arch whose attention kernels the kernel path runs here: BLACKWELL on a compute-capability 10.0 / 10.3
+    GPU (or under library.forced_gpu of one), else HOPPER (also for implementation="emulated" on a machine
+    without a GPU)."""
+    return BLACKWELL if library.gpu_arch() == BLACKWELL else HOPPER
+
+
 @dataclasses.dataclass(frozen=True)
 class AttentionStatic:
     """Hashable, trace-time facts of one call (the custom_vjp's non-differentiable argument)."""
@@ -54,18 +67,13 @@ class AttentionStatic:
     is_mx: tuple[bool, bool, bool]  # which of query, key, value arrived as MXArray
     out_dtype: np.dtype
     group: int  # G = N // K
-    impl: str = "xla"  # "xla" (reference forward), "cuda" (the Hopper kernel forward) or "emulated" (its XLA body)
-    bwd_sm100: str = ""  # the Blackwell backward's path ("cuda", "emulated"), "" when the call does not take it
+    impl: str = "xla"  # "xla" (reference forward), "cuda" (the kernel forward) or "emulated" (its XLA body)
+    arch: str = HOPPER  # whose kernels the kernel path runs: HOPPER (sm_90a) or BLACKWELL (sm_100f); kernel_arch()
 
     @property
     def kernel_path(self) -> bool:
         """Whether the forward runs the kernel path ("cuda", or "emulated" on any machine)."""
         return self.impl != "xla"
-
-    @property
-    def sequence_major(self) -> bool:
-        """Whether the square-block residuals stay sequence-major: for a kernel forward or backward."""
-        return self.kernel_path or bool(self.bwd_sm100)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -76,19 +84,25 @@ class AttentionStatic:
 def choose_implementation(
     implementation: str | None, unsupported: str | None = None, op: str = "dot_product_attention"
 ) -> str:
-    """Resolves `implementation` for one call: "xla", "emulated" or "cuda" (the Hopper kernel).
+    """Resolves `implementation` for one call: "xla", "emulated" or "cuda" (the kernel of kernel_arch()).
 
-    None picks the kernel when it can run (library built, default backend a compute-capability 9.x GPU)
-    and covers the arguments (`unsupported` is None), else the XLA reference. "emulated" runs the kernel
-    path with the kernel calls' XLA emulation (any machine). "cuda" raises RuntimeError when the kernel
-    cannot run here and ValueError naming the reason when it does not cover the arguments (the one
-    policy of jax_mxfp8.primitives.implementation, which also preloads the kernel modules).
+    None picks the kernel when it can run (library built, default backend a compute-capability 9.0 GPU for
+    the Hopper kernels, 10.0 / 10.3 for the Blackwell ones) and covers the arguments (`unsupported` is None,
+    kernel_unsupported's answer for the same arch), else the XLA reference. "emulated" runs the kernel path
+    with the kernel calls' XLA emulation (any machine). "cuda" raises RuntimeError when the kernel cannot run
+    here and ValueError naming the reason when it does not cover the arguments (the one policy of
+    jax_mxfp8.primitives.implementation, which also preloads the kernel modules). On Blackwell the forward's
+    first-use self-test gates the kernel (a family it disabled runs the reference).
     """
+    if kernel_arch() == BLACKWELL:
+        archs, families = attention_fwd_sm100.ARCHS, attention_sm100.FAMILIES
+        return impl.resolve(implementation, unsupported, archs, op=op, family=families)
     return impl.resolve(implementation, unsupported, attention_kernel.ARCHS, op=op)
 
 
 def kernel_unsupported(config, *, head_dim, is_causal, has_bias, has_mask, out_dtype, mx_inputs) -> str | None:
-    """Why the Hopper kernel does not cover these arguments (None when it does); see kernels/sm90/attention_fwd.py."""
+    """Why the kernel of kernel_arch() does not cover these arguments (None when it does): the Hopper forward
+    (kernels/sm90/attention_fwd.py) and the Blackwell one (kernels/sm100/attention_fwd.py) cover the same ones."""
     # scale_rounding (operands and block-scaled P), the backward's dQ options (dq_accum, dq_fp16_scale_log2,
     # deterministic) and p_scale may vary; the rest must be the defaults
     default = AttentionConfig(
@@ -107,7 +121,8 @@ def kernel_unsupported(config, *, head_dim, is_causal, has_bias, has_mask, out_d
     for name, x in mx_inputs:
         if x.dtype != jnp.float8_e4m3fn or x.block != "square" or x.axes != (-3, -1):
             return f"{name}: the kernel takes float8_e4m3fn MXArrays with square blocks over (sequence, head_dim)"
-    _, why = attention_kernel.kernel_variant(
+    variants = attention_fwd_sm100 if kernel_arch() == BLACKWELL else attention_kernel
+    _, why = variants.kernel_variant(
         head_dim=head_dim, causal=is_causal, p_scale=config.p_scale, p_rounding=config.scale_rounding
     )
     return why
@@ -193,12 +208,13 @@ def square_sequence_major(x: jax.Array, lengths: jax.Array | None, scale_roundin
     return MXArray(a.data.reshape(b, length, n, h), a.scale.reshape(b, length // 32, n, h // 32), (-3, -1), "square")
 
 
-def quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
+def quantize_operands(static, q, k, v, q_len, kv_len) -> dict:
     """Quantizes every (operand, layout) pair the config needs, once each (the custom_vjp residuals).
 
-    Residuals are head-major, except for the kernels (AttentionStatic.sequence_major), where the square-block
-    residuals stay sequence-major
-    (axes (-3, -1), like a caller's MXArray; T and S are multiples of 32, checked by dot_product_attention).
+    Residuals are head-major, except on the kernel path, where the square-block residuals stay sequence-major
+    (axes (-3, -1), like a caller's MXArray; T and S are multiples of 32, checked by dot_product_attention). On
+    the Blackwell kernel path the producer also returns each operand's blocked scale bytes: "<name>:sm100"
+    (Sm100Operand) next to its MXArray.
     """
     raw = {
         "q": lambda: _zero_rows(_q_to_hm(q, static.group), q_len, 3),
@@ -212,10 +228,14 @@ def quantize_operands(static, q, k, v, q_len, kv_len) -> dict[str, MXArray]:
         name, layout = key.split(":")
         if layout == "user":
             out[key] = given[name]
-        elif static.sequence_major and layout == "square":
+        elif static.kernel_path and layout == "square" and static.arch == BLACKWELL:
+            # the producer writes the MXArray and the sm100 kernels' blocked bytes in one pass
+            out[key], out[f"{name}:sm100"] = attention_sm100.square_operand(
+                given[name], lengths[name], static.config.scale_rounding, static.impl
+            )
+        elif static.kernel_path and layout == "square":
             # the CUDA square quantize kernel: bit-identical to quantize_operand (tests/test_quantize_kernels_gpu.py)
-            path = static.impl if static.kernel_path else static.bwd_sm100
-            out[key] = square_sequence_major(given[name], lengths[name], static.config.scale_rounding, path)
+            out[key] = square_sequence_major(given[name], lengths[name], static.config.scale_rounding, static.impl)
         else:
             out[key] = quantize_operand(raw[name](), layout, static.config.scale_rounding)
     return out
@@ -271,12 +291,20 @@ def kernel_operand(quants, key: str, lengths) -> MXArray:
 
 
 def fwd_kernel(static: AttentionStatic, quants, q_len, kv_len, broadcast_q: bool = False):
-    """Forward on the Hopper kernel: the producer pass on the sequence-major square MXArrays, then the kernel.
+    """Forward on the kernel of static.arch: on Hopper the producer pass on the sequence-major square MXArrays,
+    then the kernel; on Blackwell the kernel on the same MXArrays (ops/attention_sm100.py).
 
     broadcast_q: the query residuals hold one batch row for all of k's (ops/broadcast_attention.py); the
     kernel reads it at batch 0 (q_len (B,) must be given)."""
     keys = operand_keys(static)
     q = kernel_operand(quants, keys["q_s"], q_len)
+    if static.arch == BLACKWELL:  # the producer's operands where it ran, else the (caller's) MXArrays
+        ops = [quants.get(f"{use[0]}:sm100") for use in ("q_s", "k_s", "v_o")]
+        q, k, v = (
+            op if op is not None and not keys[use].endswith(":user") else kernel_operand(quants, keys[use], n)
+            for op, use, n in zip(ops, ("q_s", "k_s", "v_o"), (q_len, kv_len, kv_len), strict=True)
+        )
+        return attention_sm100.dense_forward(static, q, k, v, q_len, kv_len, broadcast_q)
     ops = prepare_sequence_major(
         q,
         kernel_operand(quants, keys["k_s"], kv_len),

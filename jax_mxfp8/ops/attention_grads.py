@@ -39,7 +39,7 @@ from jax_mxfp8.formats.elements import BLOCK_SIZE
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import check_float32_range
 from jax_mxfp8.ops.attention import dot_product_attention, prepare_call
-from jax_mxfp8.ops.attention_bwd_sm100 import mx_variant, sm100_mx_backward
+from jax_mxfp8.ops.attention_bwd_sm100 import mx_variant, sm100_backward_variant, sm100_mx_backward
 from jax_mxfp8.ops.attention_core import mx_attention_fwd
 from jax_mxfp8.ops.varlen_attention import varlen_attention
 from jax_mxfp8.primitives.quantize import quantize_rowcol
@@ -142,8 +142,8 @@ _fwd_jit = jax.jit(mx_attention_fwd, static_argnums=(0,))
 
 def _sm100_mx_route(query, key, value, grad_scale_rounding: str, kwargs: dict):
     """(out, vjp) on the sm100 backward's MX dK / dV variant, whose epilogue writes the MXGradients (no bfloat16
-    dK round trip, no quantize pass), or None where the call does not take it: it needs the sm100 backward
-    (compute capability 10.x, ops/attention_bwd_sm100.py), bfloat16 inputs (the kernel quantizes bfloat16(dK),
+    dK round trip, no quantize pass), or None where the call does not take it: it needs the sm100 forward and
+    backward (compute capability 10.x, ops/attention_bwd_sm100.py), bfloat16 inputs (the kernel quantizes bfloat16(dK),
     which is then exactly the gradient this function quantizes on every other route), grad_scale_rounding
     "up" and a registered variant (p_scale "const", dq_accum "fp32", not deterministic)."""
     if grad_scale_rounding != "up":
@@ -151,9 +151,10 @@ def _sm100_mx_route(query, key, value, grad_scale_rounding: str, kwargs: dict):
     call_kw = {name: x for name, x in kwargs.items() if name != "return_residual"}
     call = prepare_call(query, key, value, **call_kw)
     static = call.static
-    if static is None or not static.bwd_sm100 or static.out_dtype != jnp.bfloat16 or any(static.is_mx):
+    if static is None or static.out_dtype != jnp.bfloat16 or any(static.is_mx):
         return None
-    if mx_variant(static, call.args[0].shape[-1]) is None:
+    h = call.args[0].shape[-1]
+    if sm100_backward_variant(static, h) is None or mx_variant(static, h) is None:
         return None
     (o, _), res = _fwd_jit(static, *call.args)
     out = o[0] if call.unbatched else o

@@ -39,7 +39,7 @@ from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.formats.quantize import check_float32_range
 from jax_mxfp8.ops import attention_bwd_kernel as kernel_bwd
 from jax_mxfp8.ops.attention import mx_attention_bwd
-from jax_mxfp8.ops.attention_bwd_sm100 import choose_sm100_backward, sm100_kernel_backward
+from jax_mxfp8.ops.attention_bwd_sm100 import sm100_backward_variant, sm100_kernel_backward
 from jax_mxfp8.ops.attention_checks import (
     check_concrete_offsets,
     check_config,
@@ -52,10 +52,12 @@ from jax_mxfp8.ops.attention_checks import (
     output_dtype,
 )
 from jax_mxfp8.ops.attention_core import (
+    BLACKWELL,
     AttentionStatic,
     choose_implementation,
     forward_from_quants,
     fwd_kernel,
+    kernel_arch,
     kernel_unsupported,
     quantize_operands,
 )
@@ -75,7 +77,7 @@ def _broadcast_mx(x: MXArray, b: int) -> MXArray:
 
 
 def _broadcast_quants(quants: dict[str, MXArray], b: int) -> dict[str, MXArray]:
-    return {key: _broadcast_mx(x, b) if key[0] == "q" else x for key, x in quants.items()}
+    return {key: _broadcast_mx(x, b) if key[0] == "q" and isinstance(x, MXArray) else x for key, x in quants.items()}
 
 
 def _fwd(static: AttentionStatic, q1, k, v, q_len, kv_len):
@@ -102,11 +104,12 @@ def _bwd(static: AttentionStatic, res, do):
     f32 = dataclasses.replace(static, out_dtype=np.dtype(np.float32))  # out_dtype only casts the cotangents
     cts = (do, jnp.zeros_like(lse))
     variant = None
-    if static.bwd_sm100:  # the sm100 backward with q of batch 1: dq summed over the batch in float32, cast once
+    sm100 = sm100_backward_variant(static, o.shape[-1], broadcast_q=True)
+    if sm100 is not None:  # the sm100 backward with q of batch 1: dq summed over the batch in float32, cast once
         res_kernel = (quants, o, lse, None, None, q_len, kv_len)
         dq, dk, dv, *_ = sm100_kernel_backward(static, res_kernel, cts, broadcast_q=True)
         return dq, dk, dv, None, None
-    if static.kernel_path:
+    if static.kernel_path and static.arch != BLACKWELL:
         variant, _ = kernel_bwd.backward_variant(static, o.shape[-1], broadcast_q=True)
     if variant is not None:  # dq comes summed (float32 in the kernel): the output dtype directly, one rounding
         res_kernel = (quants, o, lse, None, None, q_len, kv_len)
@@ -260,9 +263,7 @@ def broadcast_query_attention(
         out_dtype=out_dtype,
         group=n // n_kv,
         impl=choose_implementation(implementation, why_not, op=OP),
-        bwd_sm100=choose_sm100_backward(
-            implementation, why_not, config, head_dim=h, is_causal=bool(is_causal), broadcast_q=True
-        ),
+        arch=kernel_arch(),
     )
     if cu is not None:
         k, v, kv_len = _padded_kv(k, v, cu, max_k)

@@ -1,6 +1,7 @@
 """Public MXFP8 attention over packed jagged sequences (the layout recommender models use).
 
-On the Hopper kernel (implementation "cuda", or None on sm_90) the FP8 data stays packed: ops/varlen_kernel.py.
+On the kernel path (implementation "cuda", or None on a GPU the kernels serve) the FP8 data stays packed: on
+Hopper ops/varlen_kernel.py, on Blackwell (compute capability 10.0 / 10.3) ops/varlen_sm100.py.
 The XLA path gathers each sequence into a row of a padded (B, max_seqlen) batch (blocks restart at each
 sequence start; zeros past its end), runs the dense custom_vjp op with per-row sequence lengths, and
 gathers the rows back. It spends compute on that padding: B * ceil32(max_seqlen_q) * ceil(max_seqlen_k /
@@ -30,11 +31,16 @@ from jax_mxfp8.ops.attention_checks import (
     check_scale,
     output_dtype,
 )
-from jax_mxfp8.ops.attention_core import AttentionStatic, choose_implementation, kernel_unsupported
+from jax_mxfp8.ops.attention_core import (
+    BLACKWELL,
+    AttentionStatic,
+    choose_implementation,
+    kernel_arch,
+    kernel_unsupported,
+)
 from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.ops.varlen_kernel import VarlenStatic, packed_kernel_attention
-from jax_mxfp8.primitives import attention_bwd_sm100 as sm100_bwd
-from jax_mxfp8.primitives import library
+from jax_mxfp8.ops.varlen_sm100 import packed_sm100_attention
 from jax_mxfp8.reference.attention_tiling import round_up
 from jax_mxfp8.reference.varlen import sanitize_offsets, seq_lengths, to_packed, to_padded
 
@@ -155,19 +161,21 @@ def varlen_attention(
                 out_dtype=output_dtype(operands),
                 group=q.shape[1] // k.shape[1],
                 impl=path,
+                arch=kernel_arch(),
             ),
             max_q=max_q,
             max_k=max_k,
             total_q=q.shape[0],
             total_k=k.shape[0],
         )
+        if st.dense.arch == BLACKWELL:
+            return _packed_sm100_jit(st, q, k, v, cu_q, cu_k)
         return _packed_jit(st, q, k, v, cu_q, cu_k)
-    # on compute capability 10.x the padded dense call picks the sm100 backward itself (implementation None)
-    inner = None if implementation is None and library.gpu_arch() in sm100_bwd.ARCHS else "xla"
-    return _varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, bool(is_causal), config, inner)
+    return _varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, bool(is_causal), config, "xla")
 
 
 _packed_jit = jax.jit(packed_kernel_attention, static_argnums=(0,))
+_packed_sm100_jit = jax.jit(packed_sm100_attention, static_argnums=(0,))
 
 
 @functools.partial(jax.jit, static_argnums=(5, 6, 7, 8, 9, 10))

@@ -99,7 +99,11 @@ _faults: dict[str, Callable] = {}
 _lock = threading.Lock()
 
 
-FAMILY_MODULES = ["jax_mxfp8.primitives.sm100_self_tests", "jax_mxfp8.primitives.attention_bwd_sm100_self_test"]
+FAMILY_MODULES = [
+    "jax_mxfp8.primitives.sm100_self_tests",
+    "jax_mxfp8.primitives.attention_fwd_sm100_self_test",
+    "jax_mxfp8.primitives.attention_bwd_sm100_self_test",
+]
 """Modules that register self-test families when imported (imported before the first verdict / run)."""
 
 

@@ -11,7 +11,8 @@ and check the buffers against its parameters, so adding a variant here is the on
 One module per op family: `quantize` (quantize, dequantize), `rms_norm_quantize`, `gemm_operands` (quantize +
 align128 for the Hopper MX GEMM), `gemm` (the Hopper MX GEMM), `gemm_sm100` (the Blackwell MX GEMM),
 `blocked_operands` (its operand producer), `attention` (forward and realign), `attention_bwd` (backward),
-`attention_bwd_sm100` (the Blackwell backward and its pre-pass);
+`attention_bwd_sm100` (the Blackwell backward and its pre-pass),
+`attention_fwd_sm100` (the Blackwell attention forward), `attention_operands_sm100` (its operand producer);
 `base` holds the config interface and the shared value sets and codes.
 """
 
@@ -36,6 +37,11 @@ from jax_mxfp8.kernels.registry.attention_bwd_sm100 import (
     ATTENTION_BWD_SM100_VARIANTS,
     AttentionBwdPrepassConfig,
     AttentionBwdSm100Config,
+)
+from jax_mxfp8.kernels.registry.attention_fwd_sm100 import ATTENTION_FWD_SM100_VARIANTS, AttentionFwdSm100Config
+from jax_mxfp8.kernels.registry.attention_operands_sm100 import (
+    ATTENTION_OPERANDS_SM100_VARIANTS,
+    AttentionOperandsSm100Config,
 )
 from jax_mxfp8.kernels.registry.base import (
     ARCH_CCS,
@@ -95,7 +101,9 @@ __all__ = [
     "ATTENTION_BWD_PREPASS_VARIANTS",
     "ATTENTION_BWD_SM100_VARIANTS",
     "ATTENTION_BWD_VARIANTS",
+    "ATTENTION_FWD_SM100_VARIANTS",
     "ATTENTION_FWD_VARIANTS",
+    "ATTENTION_OPERANDS_SM100_VARIANTS",
     "ATTENTION_REALIGN_VARIANTS",
     "BLOCKED_OPERANDS_VARIANTS",
     "CONFIG_CLASSES",
@@ -136,6 +144,8 @@ __all__ = [
     "AttentionBwdPrepassConfig",
     "AttentionBwdSm100Config",
     "AttentionFwdConfig",
+    "AttentionFwdSm100Config",
+    "AttentionOperandsSm100Config",
     "AttentionRealignConfig",
     "BlockedOperandsConfig",
     "DequantizeConfig",
@@ -172,6 +182,8 @@ VARIANTS: tuple[KernelConfig, ...] = (
     + MX_GEMM_SM100_VARIANTS
     + ATTENTION_BWD_PREPASS_VARIANTS
     + ATTENTION_BWD_SM100_VARIANTS
+    + ATTENTION_FWD_SM100_VARIANTS
+    + ATTENTION_OPERANDS_SM100_VARIANTS
 )
 """Every registered variant, in table order: production (tune 0, which includes the feature variants) and the
 comparison schedules (tune > 0: at most two per kernel family, for the benchmarks)."""
@@ -200,6 +212,8 @@ CONFIG_CLASSES: tuple[type[KernelConfig], ...] = (
     MXGemmSm100Config,
     AttentionBwdPrepassConfig,
     AttentionBwdSm100Config,
+    AttentionFwdSm100Config,
+    AttentionOperandsSm100Config,
 )
 
 C = TypeVar("C", bound=KernelConfig)

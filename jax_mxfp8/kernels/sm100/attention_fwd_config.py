@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from jax_mxfp8.kernels.registry.base import P_SCALE_CODE, P_SCALES
+from jax_mxfp8.kernels.registry.base import P_SCALE_CODE, P_SCALES, KernelConfig
 from jax_mxfp8.kernels.sm100 import attention_tmem
 from jax_mxfp8.kernels.sm100.attention_geometry import HEAD_DIMS, REGISTER_FILE, SCALE_CHUNK, SMEM_LIMIT, TILE
 from jax_mxfp8.kernels.sm100.tmem_map import TmemMap
@@ -56,7 +56,7 @@ def _round_up(x: int, m: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class AttentionFwdSm100Config:
+class AttentionFwdSm100Config(KernelConfig):
     """One compiled Blackwell attention forward.
 
     Attributes:
@@ -80,7 +80,9 @@ class AttentionFwdSm100Config:
     tune: int = 0
 
     op = "attention_fwd_sm100"
+    kernels = {"sm_100f": "jax_mxfp8.kernels.sm100.attention_fwd:make_kernel"}
     key_fields = ("head_dim", "causal", "p_scale", "packed", "broadcast_q")
+    codes = {"p_scale": P_SCALE_CODE}
 
     def __post_init__(self):
         if self.head_dim not in HEAD_DIMS:
@@ -104,15 +106,6 @@ class AttentionFwdSm100Config:
         base += "_packed" if self.packed else ""
         base += "_bcastq" if self.broadcast_q else ""
         return f"{base}_t{self.tune}" if self.tune else base
-
-    @property
-    def key(self) -> dict[str, int]:
-        """The named integer parameters a handler checks (the kernel table's convention,
-        kernels/registry/base.KernelConfig.key): the key fields (p_scale by P_SCALE_CODE) and tune."""
-        out = {f: int(getattr(self, f)) for f in self.key_fields if f != "p_scale"}
-        out["p_scale"] = P_SCALE_CODE[self.p_scale]
-        out["tune"] = self.tune
-        return {f: out[f] for f in (*self.key_fields, "tune")}
 
     # ------------------------------------------------------------------------------------ the operands
     @property

@@ -93,16 +93,20 @@ class BlockedOperands(GemmOperands):
         for i in range(ROWS):
             blocks = []
             for h in range(self.nch):
-                a = self._abs_max(regs[i][h])
-                if cutlass.const_expr(self.bf16):
-                    a = ptx.max_u32(a & ptx._u32(0xFFFF), a >> 16) << 16  # the larger of the pair, as float32 bits
-                s = 1
-                while s < self.group:
-                    a = ptx.max_u32(a, ptx.shfl_bfly(a, s))
-                    s *= 2
-                blocks.append(ptx.scale_and_factor(a, self.elem, self.config.scale_rounding))
+                blocks.append(self._block_scale(self._abs_max(regs[i][h])))
             out.append(blocks)
         return out
+
+    def _block_scale(self, a):
+        """(E8M0 byte, factor) of a block from the thread's sign-cleared amax `a` (bf16: a u16x2 pair): the
+        larger of the pair, a butterfly over the block's group lanes, the contract's scale rule."""
+        if cutlass.const_expr(self.bf16):
+            a = ptx.max_u32(a & ptx._u32(0xFFFF), a >> 16) << 16  # the larger of the pair, as float32 bits
+        s = 1
+        while s < self.group:
+            a = ptx.max_u32(a, ptx.shfl_bfly(a, s))
+            s *= 2
+        return ptx.scale_and_factor(a, self.elem, self.config.scale_rounding)
 
     def _row_data(self, words, blocks, i: int, mRD, co) -> None:
         """Row row0 + i of the row data (G, R, C): 8 bytes (bf16) or 2 x 4 bytes (f32) per lane, inside C."""
