@@ -17,8 +17,8 @@ jax.vjp(attention, q, k, v)[1](ct)): the forward and the backward with the forwa
   ours_bwd_kernel   the backward call alone (primitives.attention_bwd.attention_bwd) on operands prepared once
                     (FLOPs 2.5x forward), when a backward variant exists
   ours_bwd_sm100    on compute capability 10.x (and --smoke): the Blackwell pre-pass + backward alone
-                    (primitives.attention_bwd_sm100) on operands prepared once (FLOPs 2.5x forward). There `ours`
-                    runs with implementation=None: the forward where it runs, the sm100 backward
+                    (primitives.attention_bwd_sm100) on operands prepared once (FLOPs 2.5x forward); `ours` there
+                    is the sm100 forward and backward
   cudnn_bf16        jax.nn.dot_product_attention(implementation="cudnn") (with sequence lengths when jagged)
   cudnn_fp8         jax._src.cudnn.fused_attention_stablehlo.dot_product_attention(use_fp8=True), per-tensor
                     scales 1, inputs and cotangent cast to float8_e4m3fn BEFORE timing; no sequence lengths,
@@ -94,8 +94,8 @@ def build_impls(sh, smoke: bool, dq_accums: tuple[str, ...]):
     c, h = sh["causal"], sh["h"]
     scale = 1.0 / math.sqrt(h)
     jagged = sh["lens_range"] is not None
-    sm100 = library.gpu_arch() in bwd_sm100.ARCHS  # implementation=None picks the sm100 backward there
-    ours_impl = "emulated" if smoke else (None if sm100 else "cuda")
+    sm100 = library.gpu_arch() in bwd_sm100.ARCHS
+    ours_impl = "emulated" if smoke else "cuda"
     impls = {}
 
     def cudnn_bf16(lens):
