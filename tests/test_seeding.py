@@ -1,4 +1,4 @@
-"""Test inputs depend only on the test that draws them (tests/seeding.py), so a failure reruns alone."""
+"""Test inputs depend only on the test that draws them (tests/seeding_testutil.py), so a failure reruns alone."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import sys
 import zlib
 
 import numpy as np
-from attention_testutil import fresh_rng
-from seeding import current_test_id, test_seed
+
+from tests.attention.attention_testutil import fresh_rng
+from tests.seeding_testutil import current_test_id, test_seed
 
 TESTS = pathlib.Path(__file__).parent
 
@@ -25,11 +26,11 @@ def test_fresh_rng_depends_only_on_the_test_node_and_draw_count():
 
 
 def test_seeds_are_stable_across_processes():
-    code = "import seeding; print(seeding.test_seed())"
+    code = "from tests.seeding_testutil import test_seed; print(test_seed())"
     outs = set()
     for hashseed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=hashseed, PYTEST_CURRENT_TEST="tests/t.py::test_x[a-b] (call)")
-        env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join([str(TESTS.parent), env.get("PYTHONPATH", "")])
         run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         outs.add(run.stdout)
     assert len(outs) == 1
@@ -38,7 +39,7 @@ def test_seeds_are_stable_across_processes():
 
 def test_no_test_seeds_from_hash_or_a_session_counter():
     bad = re.compile(r"default_rng\([^)]*hash\(|_normal\(hash\(|itertools\.count\(")
-    offenders = [p.name for p in TESTS.glob("*.py") if p.name != "test_seeding.py" and bad.search(p.read_text())]
+    offenders = [p.name for p in TESTS.rglob("*.py") if p.name != "test_seeding.py" and bad.search(p.read_text())]
     assert not offenders, offenders
 
 

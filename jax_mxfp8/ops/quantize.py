@@ -45,7 +45,7 @@ def quantize(
         missing, ValueError when the kernels do not cover the arguments. "emulated" runs the kernel
         call's XLA emulation through the same partitioning and batching (any machine; for tests).
 
-    The kernel and the reference give bit-identical results (tests/test_quantize_kernels_gpu.py).
+    The kernel and the reference give bit-identical results (tests/quantize/test_quantize_kernels_gpu.py).
     """
     if implementation == "xla":
         return ref_quantize(

@@ -17,7 +17,7 @@ dtype (cast to float32 exactly, as the reference does); float8_e4m3fn / float8_e
 Numerics: the kernel's (data, scale) equal jax_mxfp8.formats.quantize(y_kernel, axis=-1) bit for bit; y
 equals the reference's except where the two float32 sums of squares (different summation orders)
 differ and y lies next to a rounding boundary: there y differs in the last place (one bf16 ulp). See
-jax_mxfp8/kernels/common/rms_norm_quantize.py and tests/test_rms_norm_quantize_gpu.py.
+jax_mxfp8/kernels/common/rms_norm_quantize.py and tests/rms_norm/test_rms_norm_quantize_gpu.py.
 
 Sharding (RMS_NORM_QUANTIZE): the leading (row) axes shard freely; the normalized axis (and the scale's
 block axis) needs replication; the weight is replicated. Batching: a vmapped x folds into the rows; a

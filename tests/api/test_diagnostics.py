@@ -23,7 +23,7 @@ from jax_mxfp8 import diagnostics
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives import library
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OPS = (
     "quantize",
     "dequantize",

@@ -1,6 +1,6 @@
 """The `implementation=` switch of the public ops on a machine without the kernels (CPU CI): "xla" and
 None use the reference, "cuda" raises a clear RuntimeError, anything else a ValueError. The GPU side
-(None picking the kernel, bit-exactness) is in tests/test_rms_norm_quantize_gpu.py."""
+(None picking the kernel, bit-exactness) is in tests/rms_norm/test_rms_norm_quantize_gpu.py."""
 
 from __future__ import annotations
 

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from seeding import test_rng
 
 import jax_mxfp8 as mx
 from jax_mxfp8.flax import TransformerBlock
+from tests.seeding_testutil import test_rng
 
 CP = jax.checkpoint_policies
 POLICIES = {

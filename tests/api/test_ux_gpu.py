@@ -1,4 +1,4 @@
-"""GPU checks of the user-facing pieces (pytest -m gpu tests/test_ux_gpu.py on the H200): the loader uses the
+"""GPU checks of the user-facing pieces (pytest -m gpu tests/api/test_ux_gpu.py on the H200): the loader uses the
 pybind11 extension when it is built for this Python, `python -m jax_mxfp8` reports the kernels for the
 typical calls and warns about nothing, and the BF16 twin of jagged attention runs cuDNN's fused attention
 on the padded batch (no T_total x T_total scores)."""

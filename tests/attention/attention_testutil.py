@@ -10,14 +10,14 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from seeding import test_rng
 
 import jax_mxfp8 as mx
+from tests.seeding_testutil import test_rng
 
 
 def fresh_rng() -> np.random.Generator:
     """A new generator per call: every check draws its own inputs, which depend only on the running test
-    (its node id and how many generators it drew before; tests/seeding.py), so a failure reruns alone."""
+    (its node id and how many generators it drew before; tests/seeding_testutil.py), so a failure reruns alone."""
     return test_rng()
 
 

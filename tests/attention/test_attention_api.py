@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_emulation import mx_attention, sqnr_db
-from attention_testutil import assert_bits_equal, fresh_rng, normal_inputs
 
 import jax_mxfp8 as mx
+from tests.attention.attention_oracle import mx_attention, sqnr_db
+from tests.attention.attention_testutil import assert_bits_equal, fresh_rng, normal_inputs
 
 
 def _inputs(b=1, t=64, s=64, n=2, n_kv=1, h=64):

@@ -1,5 +1,6 @@
 """The backward kernel's dQ modes on CPU (emulated): dq_accum "fp16" with AttentionConfig.dq_fp16_scale_log2,
-and deterministic=True (kernels/sm90/attention_bwd_dq.py; the kernel's bits: tests/test_attention_bwd_dq_modes_gpu.py).
+and deterministic=True (kernels/sm90/attention_bwd_dq.py; the kernel's bits:
+tests/attention/test_attention_bwd_dq_modes_gpu.py).
 
   * config validation: ValueErrors naming dq_fp16_scale_log2 / deterministic / dq_scale_log2; the registry's
     dQ-mode variants and their constraints;
@@ -18,8 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_testutil import fresh_rng
-from test_attention_bwd_kernel_path_cpu import CASES, _bits, _call_operands, _run, _static, same_residual_grads
 
 from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.kernels import registry
@@ -28,6 +27,15 @@ from jax_mxfp8.ops import attention_bwd_kernel as kbwd
 from jax_mxfp8.ops import attention_core as attn_ops
 from jax_mxfp8.primitives import attention_bwd as abwd
 from jax_mxfp8.primitives import implementation as impl
+from tests.attention.attention_bwd_testutil import (
+    CASES,
+    attention_static,
+    call_operands,
+    f32_bits,
+    run_call,
+    same_residual_grads,
+)
+from tests.attention.attention_testutil import fresh_rng
 
 
 def _variant(h=64, causal=True, **mode):
@@ -38,7 +46,7 @@ def _variant(h=64, causal=True, **mode):
 
 @pytest.fixture(scope="module")
 def ops():
-    return _call_operands(fresh_rng(), b=1, n=2, n_kv=1, tp=128, sp=256, h=64)  # 2 KV tiles into each dQ
+    return call_operands(fresh_rng(), b=1, n=2, n_kv=1, tp=128, sp=256, h=64)  # 2 KV tiles into each dQ
 
 
 def test_config_validation():
@@ -87,7 +95,7 @@ def test_fp16_call_and_exponent(ops):
     raw = jax.eval_shape(lambda *a: abwd.ATTENTION_BWD.call(call, "emulated", *a), *small.args())
     assert raw[0].dtype == jnp.float16 and raw[0].shape == ops.q.shape
     assert raw[3].shape == (1, 2, 128 // 32) and raw[3].dtype == jnp.int32
-    dq32 = np.asarray(jax.jit(lambda o: _run(o, _variant(tune=17)))(small)[0], np.float64)  # fp32, BF16 GEMMs
+    dq32 = np.asarray(jax.jit(lambda o: run_call(o, _variant(tune=17)))(small)[0], np.float64)  # fp32, BF16 GEMMs
     dq12, dq0 = (np.asarray(jax.jit(lambda o, e=e: _run_e(o, fp16, e))(small)[0], np.float64) for e in (12, 0))
     live = dq32 != 0
     assert np.median(np.abs(dq32[live])) < 2.0**-25
@@ -98,7 +106,7 @@ def test_fp16_call_and_exponent(ops):
 def test_fp16_overflow_is_inf(ops):
     """e = 15: wherever the float32 call's |dQ| 2^15 > 2 * 65504 the float16 call's dq is Inf or NaN, and
     its finite elements are dQ to float16 accuracy."""
-    dq32 = np.asarray(jax.jit(lambda o: _run(o, _variant(tune=17)))(ops)[0], np.float64)  # fp32, BF16 GEMMs
+    dq32 = np.asarray(jax.jit(lambda o: run_call(o, _variant(tune=17)))(ops)[0], np.float64)  # fp32, BF16 GEMMs
     dq16 = np.asarray(jax.jit(lambda o: _run_e(o, _variant(dq_accum="fp16"), 15))(ops)[0], np.float64)
     big = np.abs(dq32) * 2.0**15 > 2 * 65504
     assert big.any() and not np.isfinite(dq16[big]).any()
@@ -117,7 +125,7 @@ def test_lowering_attributes(ops):
 def test_op_picks_the_dq_mode_variant():
     cfg = AttentionConfig(dq_accum="fp16", dq_fp16_scale_log2=10, deterministic=True)
     with impl.record() as decisions:
-        variant, why = kbwd.backward_variant(_static(CASES[0], "emulated", cfg), 64)
+        variant, why = kbwd.backward_variant(attention_static(CASES[0], "emulated", cfg), 64)
     assert why is None and variant.name == "attention_bwd_h64_causal_fp16_det"
     assert [(d.op, d.path) for d in decisions] == [(kbwd.OP, "emulated")]
 
@@ -130,5 +138,5 @@ def test_kernel_path_equals_reference_bit_for_bit():
     cfg = AttentionConfig(dq_accum="fp16", dq_fp16_scale_log2=10, deterministic=True)
     got, want = same_residual_grads(case, cfg)
     for name, a, w in zip("qkv", got, want, strict=True):
-        np.testing.assert_array_equal(_bits(a), _bits(w), err_msg=f"d{name}")
+        np.testing.assert_array_equal(f32_bits(a), f32_bits(w), err_msg=f"d{name}")
     assert np.abs(np.asarray(got[0], np.float32)).max() > 0

@@ -9,7 +9,7 @@ Gates (issue 17): dq_accum "fp16" (dQ * 2^e in float16) and the deterministic mo
   * deterministic: 20 runs on the same inputs bit-identical (dq, dk, dv);
   * "fp16" beyond float16's range (e = 15, large dO): Inf / NaN in dq wherever |dQ| 2^e is far above 65504,
     never a finite wrong value.
-Helpers (inputs, references, the `_into` call) from tests/test_attention_bwd_kernel_gpu.py.
+Helpers (inputs, references, the `_into` call) from tests/attention/test_attention_bwd_kernel_gpu.py.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ import time
 
 import numpy as np
 import pytest
-from attention_testutil import fresh_rng
-from test_attention_bwd_kernel_gpu import (
+
+from jax_mxfp8.config.attention import AttentionConfig
+from jax_mxfp8.metrics import sqnr_db
+from tests.attention.attention_bwd_kernel_testutil import (
     MIN_DB,
     SAME_MATH_DQ_DB,
     check_written,
@@ -29,12 +31,9 @@ from test_attention_bwd_kernel_gpu import (
     mx_operands,
     reference_bwd,
 )
+from tests.attention.attention_testutil import fresh_rng
 
-from jax_mxfp8.config.attention import AttentionConfig
-from jax_mxfp8.metrics import sqnr_db
-from jax_mxfp8.primitives import library
-
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("sm90_attention_bwd")]
 
 MODES = {
     "fp16": dict(dq_accum="fp16"),
@@ -48,15 +47,6 @@ CASES = [
     dict(b=1, t=384, s=640, n=2, n_kv=1, h=64, causal=False),
 ]
 RUNS = 20
-
-
-@pytest.fixture(autouse=True)
-def _needs_kernel():
-    ok, why = library.kernels_runnable(("sm_90a",))
-    if not ok:
-        pytest.skip(why)
-    if "jax_mxfp8_attention_bwd_into" not in library.ffi_targets():
-        pytest.skip("the library has no jax_mxfp8_attention_bwd target")
 
 
 def _case_id(c) -> str:

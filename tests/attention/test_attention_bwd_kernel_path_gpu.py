@@ -3,8 +3,8 @@
 implementation="cuda" runs the forward kernel, the pre-pass and the backward kernel (ops/attention_bwd_kernel.py);
 its gradients are compared with implementation="xla" (the reference, its own forward) under a random output
 cotangent and a random dLSE: SQNR >= 35 dB (issue 17's gate). The kernel itself against the reference on the
-same operands is tests/test_attention_bwd_kernel_gpu.py; the CPU twin of this file (the emulated call) is
-tests/test_attention_bwd_kernel_path_cpu.py.
+same operands is tests/attention/test_attention_bwd_kernel_gpu.py; the CPU twin of this file (the emulated call) is
+tests/attention/test_attention_bwd_kernel_path_cpu.py.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_testutil import fresh_rng
 
 import jax_mxfp8 as mx
 from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.ops import attention_bwd_kernel as kbwd
 from jax_mxfp8.primitives import implementation as impl
+from tests.attention.attention_testutil import fresh_rng
 
 pytestmark = pytest.mark.gpu
 

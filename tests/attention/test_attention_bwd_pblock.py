@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from attention_testutil import fresh_rng
-from test_attention_bwd_kernel_gpu import (
+
+from jax_mxfp8.config.attention import AttentionConfig
+from jax_mxfp8.kernels.registry.attention_bwd import BF16_SCHEDULE, BLOCK_P, AttentionBwdConfig
+from jax_mxfp8.metrics import sqnr_db
+from jax_mxfp8.primitives import attention_bwd as abwd
+from jax_mxfp8.primitives import library
+from tests.attention.attention_bwd_kernel_testutil import (
     check_written,
     exact_bwd,
     forward_f32,
@@ -23,13 +28,8 @@ from test_attention_bwd_kernel_gpu import (
     mx_operands,
     reference_bwd,
 )
-from test_attention_bwd_kernel_path_cpu import CASES, _need_variant, same_residual_grads
-
-from jax_mxfp8.config.attention import AttentionConfig
-from jax_mxfp8.kernels.registry.attention_bwd import BF16_SCHEDULE, BLOCK_P, AttentionBwdConfig
-from jax_mxfp8.metrics import sqnr_db
-from jax_mxfp8.primitives import attention_bwd as abwd
-from jax_mxfp8.primitives import library
+from tests.attention.attention_bwd_testutil import CASES, need_variant, same_residual_grads
+from tests.attention.attention_testutil import fresh_rng
 
 BLOCK = AttentionConfig(p_scale="block")
 
@@ -70,7 +70,7 @@ def test_block_kernel_path_equals_reference_on_same_residuals(case):
     """implementation="emulated" with p_scale="block" takes the backward kernel path (recorded), and its
     gradients on the emulated forward's residuals are >= 40 dB from the reference backward's (the call reads
     V re-encoded as every sdp_fp8 variant does: test_attention_bwd_kernel_path_cpu.py says why not bits)."""
-    _need_variant(case, BLOCK)
+    need_variant(case, BLOCK)
     got, want = same_residual_grads(case, BLOCK)
     for name, a, w in zip("qkv", got, want, strict=True):
         a, w = np.asarray(a, np.float64), np.asarray(w, np.float64)

@@ -17,8 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_emulation import exact_attention, sqnr_db
-from attention_testutil import fresh_rng
 
 from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.formats.quantize import dequantize
@@ -28,6 +26,8 @@ from jax_mxfp8.primitives.attention_bwd_sm100_emulation import bwd_prepass, emul
 from jax_mxfp8.primitives.attention_sm100_emulation import emulate_fwd_sm100, head_major
 from jax_mxfp8.reference.attention_bwd import attention_bwd
 from jax_mxfp8.reference.attention_tiling import Masking
+from tests.attention.attention_oracle import exact_attention, sqnr_db
+from tests.attention.attention_testutil import fresh_rng
 
 B, T, S, N, K, H = 2, 256, 384, 4, 2, 64
 LENS = ((200, 256), (300, 384))  # (query, key) length per batch row

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_emulation import exact_attention, sqnr_db
 
 import jax_mxfp8 as mx
+from tests.attention.attention_oracle import exact_attention, sqnr_db
 
 # (b, t, s, n, n_kv, h, causal, lengths): small, but with GQA, MQA, causal, padding and T, S not multiples of 128
 CASES = {

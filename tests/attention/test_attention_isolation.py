@@ -8,9 +8,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from attention_testutil import assert_bits_equal, assert_finite, fresh_rng, lib_fwd_bwd, normal_inputs
 
 import jax_mxfp8 as mx
+from tests.attention.attention_testutil import assert_bits_equal, assert_finite, fresh_rng, lib_fwd_bwd, normal_inputs
 
 
 def _perturb_future(rng, x, t0):

@@ -13,62 +13,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_emulation import exact_attention, sqnr_db
-from attention_testutil import fresh_rng
 
 import jax_mxfp8 as mx
 from jax_mxfp8.formats.decode import decode_elements
-from jax_mxfp8.primitives import attention_emulation as emulation
 from jax_mxfp8.primitives import attention_layout as layout
 from jax_mxfp8.primitives import attention_operands as operands
-
-
-def _mx(x_hm, scale_rounding="up"):
-    return mx.quantize(x_hm, axis=(-2, -1), block="square", scale_rounding=scale_rounding)
-
-
-def _zero_past(x, lens, axis):
-    if lens is None:
-        return x
-    pos = jnp.arange(x.shape[axis])
-    shape = [1] * x.ndim
-    shape[0], shape[axis] = x.shape[0], x.shape[axis]
-    return jnp.where((pos[None, :] < lens[:, None]).reshape(shape), x, 0)
-
-
-def emulated(q, k, v, *, causal, q_len=None, kv_len=None, scale=None, config=None):
-    """q (B, T, N, H), k, v (B, S, K, H) bfloat16 -> emulated kernel (o BTNH float32, lse (B, N, T)).
-
-    config: AttentionConfig (default AttentionConfig()); its scale_rounding (operands and block P) and
-    p_scale are used."""
-    config = config or mx.AttentionConfig()
-    h = q.shape[-1]
-    scale = h**-0.5 if scale is None else scale
-    qh = _zero_past(q.transpose(0, 2, 1, 3), q_len, 2)
-    kh = _zero_past(k.transpose(0, 2, 1, 3), kv_len, 2)
-    vh = _zero_past(v.transpose(0, 2, 1, 3), kv_len, 2)
-    mxs = (_mx(x, config.scale_rounding) for x in (qh, kh, vh))
-    ops = operands.prepare(*mxs, scale=scale, q_len=q_len, kv_len=kv_len)
-    o, lse = emulation.emulate_fwd(
-        ops, causal=causal, t=q.shape[1], p_scale=config.p_scale, p_rounding=config.scale_rounding
-    )
-    return o.transpose(0, 2, 1, 3), lse
+from tests.attention.attention_kernel_testutil import case_id, case_inputs, emulated, kernel_inputs, square_mx
+from tests.attention.attention_oracle import exact_attention, sqnr_db
+from tests.attention.attention_testutil import fresh_rng
 
 
 @jax.jit
 def _prepare_jit(a):
     """operands.prepare(a, a, a) with scale 1 and no lengths, under one jit (the CPU tests' call site)."""
     return operands.prepare(a, a, a, scale=1.0, q_len=None, kv_len=None)
-
-
-def _inputs(rng, b, t, s, n, n_kv, h, outlier_channels=False):
-    q = rng.standard_normal((b, t, n, h)).astype(np.float32)
-    k = rng.standard_normal((b, s, n_kv, h)).astype(np.float32)
-    v = rng.standard_normal((b, s, n_kv, h)).astype(np.float32)
-    if outlier_channels:  # every 32nd head-dim channel larger: blocks along H get different scales
-        for x in (q, k, v):
-            x[..., ::32] *= float(outlier_channels)
-    return tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
 
 
 CASES = [
@@ -78,17 +36,6 @@ CASES = [
     dict(b=2, t=256, s=256, n=2, n_kv=2, h=64, causal=True, lengths=True),
     dict(b=1, t=256, s=256, n=2, n_kv=1, h=128, causal=False, outlier_channels=8.0),
 ]
-
-
-def case_id(case: dict) -> str:
-    return "-".join(f"{k}{v}" for k, v in case.items())
-
-
-def case_inputs(case: dict, rng):
-    """(q, k, v, shape dict, causal, lengths) for one CASES entry (shared with the GPU tests)."""
-    shape = {k: case[k] for k in ("b", "t", "s", "n", "n_kv", "h")}
-    q, k, v = _inputs(rng, **shape, outlier_channels=case.get("outlier_channels", False))
-    return q, k, v, shape, case["causal"], case.get("lengths", False)
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -126,7 +73,7 @@ def test_prepare_is_exact_where_blocks_share_a_scale():
     rng = fresh_rng()
     x = rng.uniform(1.0, 1.75, (1, 2, 128, 128)).astype(np.float32)  # every block amax in [1, 2): one scale
     x *= np.where(rng.random(x.shape) < 0.5, -1.0, 1.0)
-    a = _mx(jnp.asarray(x))
+    a = square_mx(jnp.asarray(x))
     assert len(np.unique(np.asarray(a.scale))) == 1
     ops = _prepare_jit(a)
     for y in (ops.q, ops.k):
@@ -144,7 +91,7 @@ def test_prepare_realigns_to_the_row_maximum():
     """A block 2^3 smaller than its row's largest is re-rounded 3 binades down, from its MX elements."""
     x = np.ones((1, 1, 32, 64), np.float32)
     x[..., 32:] = (1 + np.arange(32) / 32)[None, None, :, None] / 8
-    a = _mx(jnp.asarray(x))
+    a = square_mx(jnp.asarray(x))
     ops = _prepare_jit(a)
     sc = np.asarray(a.scale).astype(int) - 127
     d = np.asarray(decode_elements(a.data))
@@ -158,7 +105,7 @@ def test_prepare_realigns_to_the_row_maximum():
 
 def test_nan_block_propagates_like_reference():
     rng = fresh_rng()
-    q, k, v = _inputs(rng, 1, 128, 128, 1, 1, 64)
+    q, k, v = kernel_inputs(rng, 1, 128, 128, 1, 1, 64)
     k = k.at[0, 5, 0, 3].set(jnp.nan)
     o_e, _ = jax.jit(lambda q, k, v: emulated(q, k, v, causal=False))(q, k, v)
     o_r = jax.jit(lambda q, k, v: mx.dot_product_attention(q, k, v, implementation="xla"))(q, k, v)

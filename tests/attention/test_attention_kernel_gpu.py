@@ -13,25 +13,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_emulation import exact_attention, sqnr_db
-from attention_testutil import fresh_rng
-from test_attention_kernel_emulation import _inputs, _mx, case_id, case_inputs, emulated
-from test_attention_kernel_pblock import _sink_inputs
 
 import jax_mxfp8 as mx
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import attention_fwd as afwd
 from jax_mxfp8.primitives import attention_operands as operands
 from jax_mxfp8.primitives import library
+from tests.attention.attention_kernel_testutil import (
+    case_id,
+    case_inputs,
+    emulated,
+    kernel_inputs,
+    sink_inputs,
+    square_mx,
+)
+from tests.attention.attention_oracle import exact_attention, sqnr_db
+from tests.attention.attention_testutil import fresh_rng
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _needs_kernel():
-    ok, why = library.kernels_runnable(afwd.ARCHS)
-    if not ok:
-        pytest.skip(why)
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("sm90_attention_fwd")]
 
 
 def _run(q, k, v, impl, **kw):
@@ -65,7 +64,7 @@ def test_outlier_channels_cost_of_realignment():
     recorded in docs/numerics.md; the bound here is that measurement's floor, not the 40 dB gate)."""
     rng = fresh_rng()
     case = dict(b=1, t=512, s=512, n=2, n_kv=1, h=128)
-    q, k, v = _inputs(rng, **case, outlier_channels=30.0)
+    q, k, v = kernel_inputs(rng, **case, outlier_channels=30.0)
     _check_against_reference(q, k, v, rng, case, False, False, dict(is_causal=False), min_db=35.0)
 
 
@@ -90,7 +89,7 @@ def test_block_p_scale_where_const_loses():
     ex2.approx) and the reference's flip different elements between 0 and 2^-9. First GPU run: const kernel
     26.8 dB from the const reference and 22.8 dB vs float64 against the reference's 26.1 (the CPU emulation
     matches the reference there: docs/numerics.md). The bounds below are that measurement's floor."""
-    q, k, v = _sink_inputs(fresh_rng(), 32768)
+    q, k, v = sink_inputs(fresh_rng(), 32768)
     o_x, _ = exact_attention(*[np.asarray(x, np.float64) for x in (q, k, v)], causal=False)
     d64 = {}
     for config in (mx.AttentionConfig(), BLOCK):
@@ -140,10 +139,10 @@ def test_scheduling_variants_are_bit_identical(h, causal):
     """The serial comparison schedule (tune 1) reorders only when work is issued, not the arithmetic; the other
     P V accumulation (tune 6) changes it by a bounded amount."""
     rng = fresh_rng()
-    q, k, v = _inputs(rng, 2, 640, 768, 4, 2, h)
+    q, k, v = kernel_inputs(rng, 2, 640, 768, 4, 2, h)
     qh, kh, vh = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
     kv_len = jnp.asarray([700, 33], jnp.int32)
-    ops = operands.prepare(_mx(qh), _mx(kh), _mx(vh), scale=h**-0.5, q_len=None, kv_len=kv_len)
+    ops = operands.prepare(square_mx(qh), square_mx(kh), square_mx(vh), scale=h**-0.5, q_len=None, kv_len=kv_len)
     variants = [
         v
         for v in registry.ATTENTION_FWD_VARIANTS
@@ -173,13 +172,13 @@ def test_scheduling_variants_are_bit_identical(h, causal):
 def test_every_output_element_written(p_scale):
     rng = fresh_rng()
     for causal in (False, True):
-        q, k, v = _inputs(rng, 2, 320, 448, 4, 2, 128)
+        q, k, v = kernel_inputs(rng, 2, 320, 448, 4, 2, 128)
         ql = jnp.asarray([200, 320], jnp.int32)
         kl = jnp.asarray([0, 300], jnp.int32)  # batch 0 has no key: O = 0, LSE = -inf everywhere
         qh, kh, vh = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
         kh = kh.at[0].set(0)
         vh = vh.at[0].set(0)
-        ops = operands.prepare(_mx(qh), _mx(kh), _mx(vh), scale=128**-0.5, q_len=ql, kv_len=kl)
+        ops = operands.prepare(square_mx(qh), square_mx(kh), square_mx(vh), scale=128**-0.5, q_len=ql, kv_len=kl)
         tp = ops.q.shape[2]
         poison = (jnp.full((2, tp, 4, 128), jnp.nan, jnp.bfloat16), jnp.full((2, 4, tp), jnp.nan, jnp.float32))
         o, lse = jax.jit(
@@ -195,7 +194,7 @@ def test_every_output_element_written(p_scale):
 @pytest.mark.parametrize("p_scale", ["const", "block"])
 def test_bit_identical_across_runs(p_scale):
     rng = fresh_rng()
-    q, k, v = _inputs(rng, 2, 1024, 1024, 4, 2, 128)
+    q, k, v = kernel_inputs(rng, 2, 1024, 1024, 4, 2, 128)
     config = mx.AttentionConfig(p_scale=p_scale)
     f = jax.jit(
         lambda q, k, v: mx.dot_product_attention(q, k, v, implementation="cuda", return_residual="lse", config=config)
@@ -209,7 +208,7 @@ def test_bit_identical_across_runs(p_scale):
 @pytest.mark.parametrize("where", ["q", "k", "v"])
 def test_nan_operand_gives_reference_nan_pattern(where, p_scale):
     rng = fresh_rng()
-    q, k, v = _inputs(rng, 1, 256, 256, 2, 2, 64)
+    q, k, v = kernel_inputs(rng, 1, 256, 256, 2, 2, 64)
     args = dict(q=q, k=k, v=v)
     args[where] = args[where].at[0, 40, 1, 7].set(jnp.nan)
     config = mx.AttentionConfig(p_scale=p_scale)
@@ -222,7 +221,7 @@ def test_nan_operand_gives_reference_nan_pattern(where, p_scale):
 
 def test_mxarray_inputs_and_varlen_use_the_kernel():
     rng = fresh_rng()
-    q, k, v = _inputs(rng, 2, 256, 256, 2, 1, 128)
+    q, k, v = kernel_inputs(rng, 2, 256, 256, 2, 1, 128)
     qm, km, vm = (mx.quantize(x, axis=(-3, -1), block="square") for x in (q, k, v))
     o_k = mx.dot_product_attention(qm, km, vm, implementation="cuda")
     o_r = mx.dot_product_attention(qm, km, vm, implementation="xla")
@@ -251,7 +250,7 @@ def test_gradients_through_kernel_forward(p_scale):
     """implementation="cuda" runs the kernel forward and, on its residuals, the backward kernel (p_scale "const"
     and "block": registry BLOCK_P)."""
     rng = fresh_rng()
-    q, k, v = _inputs(rng, 1, 256, 256, 2, 2, 128)
+    q, k, v = kernel_inputs(rng, 1, 256, 256, 2, 2, 128)
     config = mx.AttentionConfig(p_scale=p_scale)
 
     def loss(q, k, v, impl):

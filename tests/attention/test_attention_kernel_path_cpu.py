@@ -18,15 +18,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_emulation import sqnr_db
-from attention_testutil import assert_bits_equal, fresh_rng
-from test_attention_kernel_emulation import emulated
 
 import jax_mxfp8 as mx
 from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.ops import attention_core as attn_ops
 from jax_mxfp8.primitives import attention_operands as operands
+from tests.attention.attention_kernel_testutil import emulated
+from tests.attention.attention_oracle import sqnr_db
+from tests.attention.attention_testutil import assert_bits_equal, fresh_rng
 
 CASES = [
     dict(b=2, t=256, s=256, n=4, n_kv=2, h=64, causal=False, lengths=True),

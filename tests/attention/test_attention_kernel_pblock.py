@@ -18,15 +18,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_emulation import _round_e4m3, exact_attention, mx_fake_quant, sqnr_db
-from attention_testutil import fresh_rng
-from test_attention_kernel_emulation import case_id, case_inputs, emulated
 
 import jax_mxfp8 as mx
 from jax_mxfp8.formats.scales import pow2
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import attention_emulation as emulation
 from jax_mxfp8.reference.attention_quant import fake_quant_p
+from tests.attention.attention_kernel_testutil import case_id, case_inputs, emulated, sink_inputs
+from tests.attention.attention_oracle import _round_e4m3, exact_attention, mx_fake_quant, sqnr_db
+from tests.attention.attention_testutil import fresh_rng
 
 TILE = 128
 LOG2_448 = np.log2(448.0)
@@ -230,24 +230,8 @@ def test_block_floor_rule_takes_the_reference_path():
     assert e64 >= r64 - 0.05
 
 
-def _sink_inputs(rng, s: int):
-    """One query tile attending to a long sequence whose key 0 is an 'attention sink': every query's logit
-    for it is 13 nats above the others (channel 0: q = 8, k_0 = 13, both exact in E4M3 at their block
-    scales; the other keys have k = 0 there and the other channels give ~0.3 nats of noise). The other keys'
-    P~ ~ 2^-18.8 is below half the constant scale's smallest subnormal (2^-18), yet they hold ~7% of the
-    mass, and V has a nonzero mean, so dropping them moves O."""
-    t, h = 128, 64
-    q = rng.standard_normal((1, t, 1, h)).astype(np.float32) * 0.3
-    k = rng.standard_normal((1, s, 1, h)).astype(np.float32)
-    v = (rng.standard_normal((1, s, 1, h)) + 2.0).astype(np.float32)
-    q[..., 0] = 8.0
-    k[..., 0] = 0.0
-    k[:, 0, :, 0] = 13.0
-    return tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
-
-
 def test_block_tracks_reference_where_const_loses():
-    q, k, v = _sink_inputs(fresh_rng(), 32768)
+    q, k, v = sink_inputs(fresh_rng(), 32768)
     got = {}
     for p_scale in ("const", "block"):
         got[p_scale] = _compare(q, k, v, causal=False, config=mx.AttentionConfig(p_scale=p_scale))

@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_testutil import fresh_rng
 
 import jax_mxfp8 as mx
 from jax_mxfp8.primitives import attention_fwd as afwd
 from jax_mxfp8.primitives import library
+from tests.attention.attention_testutil import fresh_rng
 
 B, N = 1, 2
 # (p_scale, sequence length): one 128-key tile (XLA unrolls the scan and fuses differently: before the fix

@@ -13,11 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_testutil import fresh_rng
-from mx_testutil import data_bytes, scale_bytes
 
 import jax_mxfp8 as mx
 from jax_mxfp8.ops.attention_grads import dot_product_attention_vjp, varlen_attention_vjp
+from tests.attention.attention_testutil import fresh_rng
+from tests.quantize.mx_testutil import data_bytes, scale_bytes
 
 B, T, S, N, NK, H = 2, 64, 96, 2, 1, 64
 

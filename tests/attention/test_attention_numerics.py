@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from attention_emulation import EmuConfig, exact_attention, mx_attention, sqnr_db
-from attention_testutil import assert_finite, fresh_rng, lib_fwd_bwd, normal_inputs
 
 import jax_mxfp8 as mx
+from tests.attention.attention_oracle import EmuConfig, exact_attention, mx_attention, sqnr_db
+from tests.attention.attention_testutil import assert_finite, fresh_rng, lib_fwd_bwd, normal_inputs
 
 CONFIGS = {
     "default": {},

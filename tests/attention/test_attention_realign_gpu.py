@@ -13,16 +13,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import test_attention_kernel_gpu
-from attention_testutil import fresh_rng
 
 import jax_mxfp8 as mx
 from jax_mxfp8.formats.mxarray import MXArray
 from jax_mxfp8.primitives import attention_operands as operands
 from jax_mxfp8.primitives import attention_realign as realign_call
+from tests.attention.attention_testutil import fresh_rng
 
-pytestmark = pytest.mark.gpu
-_needs_kernel = test_attention_kernel_gpu._needs_kernel  # autouse: skip without the sm_90a kernel
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("sm90_attention_fwd")]
 
 
 def _assert_bytes_equal(got, want):

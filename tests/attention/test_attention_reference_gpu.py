@@ -11,11 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_emulation import EmuConfig, exact_attention, mx_attention, sqnr_db
-from attention_testutil import fresh_rng, lib_fwd_bwd, normal_inputs
 
 import jax_mxfp8 as mx
 from jax_mxfp8.reference.attention_quant import fake_quant_p, fake_quant_square
+from tests.attention.attention_oracle import EmuConfig, exact_attention, mx_attention, sqnr_db
+from tests.attention.attention_testutil import fresh_rng, lib_fwd_bwd, normal_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -36,7 +36,7 @@ def test_fake_quant_rounds_on_gpu():
 def test_gpu_reference_matches_emulation(cfg_kw, is_causal):
     q, k, v, do = normal_inputs(fresh_rng(), b=1, t=256, s=256, n=4, n_kv=2, h=128)
     # the reference, pinned: on an sm_90 GPU implementation=None runs the Hopper kernel for float32 inputs too
-    # (bfloat16 O: ~46-49 dB against the float64 emulation), which tests/test_attention_kernel_gpu.py checks
+    # (bfloat16 O: ~46-49 dB against the float64 emulation), which tests/attention/test_attention_kernel_gpu.py checks
     got = lib_fwd_bwd(q, k, v, do, config=mx.AttentionConfig(**cfg_kw), is_causal=is_causal, implementation="xla")
     want = mx_attention(q, k, v, do, cfg=EmuConfig(**cfg_kw), causal=is_causal)
     for label, x, r in zip(("O", "LSE", "dQ", "dK", "dV"), got, want, strict=True):

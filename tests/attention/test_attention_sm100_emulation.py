@@ -15,8 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_emulation import exact_attention, sqnr_db
-from attention_testutil import fresh_rng
 
 from jax_mxfp8.config.attention import AttentionConfig
 from jax_mxfp8.formats.quantize import dequantize
@@ -25,6 +23,8 @@ from jax_mxfp8.primitives import attention_sm100_packed as packed
 from jax_mxfp8.primitives.attention_sm100_emulation import emulate_fwd_sm100, head_major
 from jax_mxfp8.reference.attention_fwd import attention_fwd
 from jax_mxfp8.reference.attention_tiling import Masking
+from tests.attention.attention_oracle import exact_attention, sqnr_db
+from tests.attention.attention_testutil import fresh_rng
 
 # (B, T, S, N, K, H, lengths)
 CASES = {

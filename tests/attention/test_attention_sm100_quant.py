@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from attention_testutil import fresh_rng
 
 from jax_mxfp8.formats.blocked_scales import from_blocked_scales
 from jax_mxfp8.formats.elements import E4M3
@@ -25,6 +24,7 @@ from jax_mxfp8.formats.scales import scale_bits
 from jax_mxfp8.primitives import attention_sm100_operands as ops
 from jax_mxfp8.primitives import attention_sm100_quant as sq
 from jax_mxfp8.reference.attention_quant import fake_quant_p, fake_quant_square
+from tests.attention.attention_testutil import fresh_rng
 
 
 def test_scale_byte_matches_the_contract_rule():

@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_emulation import EmuConfig, mx_attention, sqnr_db
-from attention_testutil import assert_bits_equal, assert_finite, fresh_rng
 
 import jax_mxfp8 as mx
+from tests.attention.attention_oracle import EmuConfig, mx_attention, sqnr_db
+from tests.attention.attention_testutil import assert_bits_equal, assert_finite, fresh_rng
 
 AGREEMENT_DB = 55.0
 

@@ -2,7 +2,7 @@
 
 The contract (ops/broadcast_attention.py): varlen_attention on the query tiled B times, O and dK, dV bit for
 bit, dQ the float32 sum of the copies' gradients; checked against that tiling (the library's own op, on
-each implementation) and against an independent float64 formulation (tests/attention_emulation.py).
+each implementation) and against an independent float64 formulation (tests/attention/attention_oracle.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_emulation import exact_attention, mx_attention, sqnr_db
-from attention_testutil import fresh_rng
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -26,10 +24,12 @@ from jax_mxfp8.primitives import attention_bwd as abwd
 from jax_mxfp8.primitives import attention_fwd as afwd
 from jax_mxfp8.primitives import attention_operands as operands
 from jax_mxfp8.primitives import library
+from tests.attention.attention_oracle import exact_attention, mx_attention, sqnr_db
+from tests.attention.attention_testutil import fresh_rng
 
 LK = (70, 33, 128)  # key/value sequence lengths (B = 3): partial blocks, a full tile
 TQ, N, NK, H = 40, 2, 1, 64
-AGREEMENT_DB = 55.0  # vs the float64 emulation of the MX contract (as tests/test_attention_varlen.py)
+AGREEMENT_DB = 55.0  # vs the float64 emulation of the MX contract (as tests/attention/test_attention_varlen.py)
 EXACT_DB = 20.0  # vs exact float64 attention (MXFP8 error: measured 23-36 dB at N(0, 1) inputs)
 
 

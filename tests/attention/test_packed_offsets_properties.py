@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from offsets_model import sanitized, valid
 
 import jax_mxfp8 as mx
+from tests.attention.offsets_oracle import sanitized, valid
 
 T, N, K, H, TQ = 96, 2, 1, 32, 40
 PROPERTY = settings(max_examples=15, deadline=None, database=None, derandomize=True)

@@ -1,5 +1,5 @@
 """The Blackwell attention backward's configuration, resource table and performance model (pure Python: no
-DSL, no GPU; the kernels themselves are compiled and checked by tests/test_sm100_attention_bwd_static.py).
+DSL, no GPU; the kernels themselves are compiled and checked by tests/build/test_sm100_attention_bwd_static.py).
 
 The committed table docs/perf/blackwell_attention_bwd_variants.md must list every variant with resources
 that agree with its config and predictions that are the model's; the model must reproduce its two
@@ -29,7 +29,7 @@ from jax_mxfp8.kernels.sm100.attention_bwd_config import (
 from jax_mxfp8.kernels.sm100.attention_tmem import backward_map
 from jax_mxfp8.kernels.sm100.perf_model import B200, GB300
 
-TABLE = Path(__file__).resolve().parent.parent / "docs" / "perf" / "blackwell_attention_bwd_variants.md"
+TABLE = Path(__file__).resolve().parents[2] / "docs" / "perf" / "blackwell_attention_bwd_variants.md"
 
 
 def _rows() -> dict[str, list[str]]:

@@ -13,18 +13,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_emulation import sqnr_db
-from attention_testutil import fresh_rng
-from test_attention_kernel_gpu import _needs_kernel  # noqa: F401 - autouse: skip without the kernel
-from varlen_testutil import dense_kernel_on_padded, packed_inputs
 
 import jax_mxfp8 as mx
 from jax_mxfp8.ops import attention_core as dense_ops
 from jax_mxfp8.ops import varlen_kernel
 from jax_mxfp8.primitives import attention_fwd as afwd
 from jax_mxfp8.primitives import attention_packed as packed
+from tests.attention.attention_oracle import sqnr_db
+from tests.attention.attention_testutil import fresh_rng
+from tests.attention.varlen_testutil import dense_kernel_on_padded, packed_inputs
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("sm90_attention_fwd")]
 
 
 CASES = [

@@ -1,7 +1,7 @@
 """varlen_attention's packed kernel path on CPU, with the kernel call emulated (primitives.attention_fwd
 emulate_packed_fwd) and the realign step in XLA: the layout maps, the work list, per-sequence isolation,
-and agreement with the dense kernel path on the padded batch (which tests/test_attention_kernel_gpu.py
-checks against the real kernel). The real packed kernel runs in tests/test_varlen_kernel_gpu.py."""
+and agreement with the dense kernel path on the padded batch (which tests/attention/test_attention_kernel_gpu.py
+checks against the real kernel). The real packed kernel runs in tests/attention/test_varlen_kernel_gpu.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from seeding import test_rng
-from varlen_testutil import dense_kernel_on_padded, packed_inputs
 
 import jax_mxfp8
 from jax_mxfp8.metrics import sqnr_db
@@ -28,6 +26,8 @@ from jax_mxfp8.reference.varlen import (
     to_aligned,
     to_padded,
 )
+from tests.attention.varlen_testutil import dense_kernel_on_padded, packed_inputs
+from tests.seeding_testutil import test_rng
 
 CASES = [
     dict(lq=(100, 0, 300, 37), lk=(100, 0, 300, 37), n=4, n_kv=2, h=64, causal=False),

@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import checkify
-from seeding import test_rng
 
 import jax_mxfp8 as mx
 from jax_mxfp8.reference.varlen import sanitize_offsets
+from tests.seeding_testutil import test_rng
 
 T, N, H = 200, 2, 64  # the kernel path (emulated) takes bfloat16 with H 64 / 128
 MAX = 256

@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from varlen_testutil import packed_inputs
 
 import jax_mxfp8
 from jax_mxfp8.kernels import registry
@@ -23,6 +22,7 @@ from jax_mxfp8.ops import varlen_kernel
 from jax_mxfp8.primitives import attention_bwd as abwd
 from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives.attention_bwd import packed_tile_table
+from tests.attention.varlen_testutil import packed_inputs
 
 CASE = dict(lq=(100, 0, 300, 37), lk=(130, 0, 260, 37), n=4, n_kv=2, h=64, causal=True)
 

@@ -1,16 +1,16 @@
 """Bad-input cases of the attention ops: dot_product_attention, varlen_attention, broadcast_query_attention,
-the MX-gradient vjps and ring_attention: the RAISES / RESULTS tables of tests/bad_inputs_testutil.py."""
+the MX-gradient vjps and ring_attention: the RAISES / RESULTS tables of tests/bad_inputs/bad_inputs_testutil.py."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bad_inputs_testutil import CU, KV, P, Q, assert_same, grads_like, rand, shapes
 
 import jax_mxfp8 as mx
 from jax_mxfp8.ops.attention_grads import dot_product_attention_vjp, varlen_attention_vjp
 from jax_mxfp8.parallel import ring_attention
+from tests.bad_inputs.bad_inputs_testutil import CU, KV, P, Q, assert_same, grads_like, rand, shapes
 
 IMPLS = ("xla", "emulated")
 BQ = rand((2, 64, 2, 64), 1)  # (B, T, N, H)

@@ -1,5 +1,5 @@
 """Bad-input cases of the Flax layer (NNX and Linen modules, the adapters, the precision policy): the RAISES /
-RESULTS tables of tests/bad_inputs_testutil.py, and XFAIL: the cases that show an open gap (strict xfails,
+RESULTS tables of tests/bad_inputs/bad_inputs_testutil.py, and XFAIL: the cases that show an open gap (strict xfails,
 so that the fix turns them into failures to remove from XFAIL)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bad_inputs_testutil import DN, WM, X, assert_same, rand, shapes
 from flax import nnx
 
 import jax_mxfp8 as mx
 import jax_mxfp8.flax as mf
+from tests.bad_inputs.bad_inputs_testutil import DN, WM, X, assert_same, rand, shapes
 
 X3 = rand((2, 32, 64), 4)  # (B, T, D)
 KEY = jax.random.key(0)

@@ -1,14 +1,14 @@
 """Bad-input cases of quantize, dequantize, MXArray, random_hadamard, rms_norm_quantize and the option
-objects (AttentionConfig, MXDotConfig): the RAISES / RESULTS tables of tests/bad_inputs_testutil.py."""
+objects (AttentionConfig, MXDotConfig): the RAISES / RESULTS tables of tests/bad_inputs/bad_inputs_testutil.py."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bad_inputs_testutil import F32, W64, X, assert_same, grads_like, shapes
 
 import jax_mxfp8 as mx
+from tests.bad_inputs.bad_inputs_testutil import F32, W64, X, assert_same, grads_like, shapes
 
 E4 = jnp.float8_e4m3fn
 

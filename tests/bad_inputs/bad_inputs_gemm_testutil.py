@@ -1,18 +1,18 @@
 """Bad-input cases of the GEMMs: mx_dot_general, mx_dot_general_quantized, mx_dot_general_handoff and the
-FSDP helpers: the RAISES / RESULTS tables of tests/bad_inputs_testutil.py."""
+FSDP helpers: the RAISES / RESULTS tables of tests/bad_inputs/bad_inputs_testutil.py."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bad_inputs_testutil import DN, F32, WM, assert_same, grads_like, rand, shapes
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_mxfp8 as mx
 from jax_mxfp8.ops.mx_dot_quantized import WgradOperand, mx_dot_general_handoff, mx_dot_general_quantized
 from jax_mxfp8.parallel import fsdp_mx_dot, gather_quantized
+from tests.bad_inputs.bad_inputs_testutil import DN, F32, WM, assert_same, grads_like, rand, shapes
 
 IMPLS = ("xla", "emulated")
 X = rand((32, 64), 1)  # (M, K): M a multiple of 32, so the kernel path ("emulated") covers the calls

@@ -1,4 +1,4 @@
-"""Shared pieces of the bad-input probe (tests/test_bad_inputs.py): operands, the kinds of bad input every
+"""Shared pieces of the bad-input probe (tests/bad_inputs/test_bad_inputs.py): operands, the kinds of bad input every
 public name must be reached with, the list of public names, and the (name, kind) pairs that do not apply.
 
 The cases themselves live in bad_inputs_{formats,gemm,attention,flax}_testutil.py as two tables keyed by

@@ -5,16 +5,16 @@ The cases are tables keyed by (public name, kind, detail) in bad_inputs_{formats
 test_every_public_name_meets_every_kind fails when a public name (a new op included) lacks a case of some
 kind without a stated reason (bad_inputs_testutil.NOT_APPLICABLE)."""
 
-import bad_inputs_attention_testutil as attention_cases
-import bad_inputs_flax_testutil as flax_cases
-import bad_inputs_formats_testutil as formats_cases
-import bad_inputs_gemm_testutil as gemm_cases
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from bad_inputs_testutil import KINDS, NOT_APPLICABLE, covered, public_names
 
 import jax_mxfp8 as mx
+from tests.bad_inputs import bad_inputs_attention_testutil as attention_cases
+from tests.bad_inputs import bad_inputs_flax_testutil as flax_cases
+from tests.bad_inputs import bad_inputs_formats_testutil as formats_cases
+from tests.bad_inputs import bad_inputs_gemm_testutil as gemm_cases
+from tests.bad_inputs.bad_inputs_testutil import KINDS, NOT_APPLICABLE, covered, public_names
 
 MODULES = (formats_cases, gemm_cases, attention_cases, flax_cases)
 RAISES = {k: v for m in MODULES for k, v in m.RAISES.items()}
@@ -54,7 +54,7 @@ def test_every_public_name_meets_every_kind():
 
 def test_rms_norm_quantize_of_huge_finite_rows():
     """Rows of 1e20 (x * x overflows float32) normalize to +-1, not 0 (flax's nnx.RMSNorm gives 0): the reference
-    and the fused kernel scale a row whose sum of squares overflows (tests/test_rms_norm_quantize.py)."""
+    and the fused kernel scale a row whose sum of squares overflows (tests/rms_norm/test_rms_norm_quantize.py)."""
     x = jnp.full((2, 64), 1e20, jnp.float32).at[1].multiply(-1)
     y, q = mx.rms_norm_quantize(x, jnp.ones((64,), jnp.float32))
     np.testing.assert_allclose(np.asarray(y), np.sign(np.asarray(x)), rtol=1e-6)

@@ -1,8 +1,8 @@
 """Compiles a small probe kernel around jax_mxfp8/kernels/sm100/attention_quant.py for Blackwell targets and
-reports its SASS and resource usage as JSON (run by tests/test_sm100_attention_quant_sass.py with a Python
+reports its SASS and resource usage as JSON (run by tests/build/test_sm100_attention_quant_sass.py with a Python
 that has nvidia-cutlass-dsl; no GPU needed: nothing is launched).
 
-  python tests/sm100_attention_quant_probe.py --arch sm_100a --arch sm_100f --out DIR
+  python tests/build/sm100_attention_quant_probe.py --arch sm_100a --arch sm_100f --out DIR
 
 The probe: 128 threads (4 warps), thread t holds row t of a (128, 32) float32 tile, i.e. warp w holds the
 32 x 32 square block w. Per thread it quantizes its row three ways, as the attention kernels will: dS (amax
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 ROWS, COLS = 128, 32

@@ -9,7 +9,7 @@
   history ("session 9", "round A", "W2 3/6", "issue 17", "wave 2"): code and docs state what is.
 
 The files that other pending changes rewrite are checked by an xfail test that lists them
-(`pytest --runxfail tests/test_docs_paths.py` prints every offender). CPU only, reads text files.
+(`pytest --runxfail tests/build/test_docs_paths.py` prints every offender). CPU only, reads text files.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("jax_mxfp8", "csrc", "tests", "docs")
 JOURNAL = "docs/perf/journal/"  # history belongs there
 TEXT_SUFFIXES = {".py", ".md", ".cc", ".h", ".txt", ".toml", ".map", ".inc", ".cfg", ".ini", ".sh", ".bzl"}

@@ -20,7 +20,7 @@ import pytest
 
 from jax_mxfp8.primitives import library
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LIB = library.library_path()
 EXT = library.extension_path()
 

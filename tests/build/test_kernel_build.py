@@ -24,7 +24,7 @@ import pytest
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.kernels.registry.base import ARCH_PACKAGE
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LIB = ROOT / "jax_mxfp8" / "_lib" / "libjax_mxfp8_kernels.so"
 CSRC = ROOT / "csrc"
 HANDLERS = {

@@ -21,7 +21,7 @@ import pytest
 
 from jax_mxfp8.kernels.sm100.attention_bwd_config import ATTENTION_BWD_PREPASS_VARIANTS, ATTENTION_BWD_SM100_VARIANTS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "docs" / "perf" / "blackwell_attention_bwd_variants.md"
 TOOL = ROOT / "tools" / "check_sm100_attention.py"
 

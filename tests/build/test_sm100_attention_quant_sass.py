@@ -1,5 +1,5 @@
 """Static check of the Blackwell attention quantization helpers (jax_mxfp8/kernels/sm100/attention_quant.py):
-compiled into a probe kernel (tests/sm100_attention_quant_probe.py) for sm_100a, sm_100f and sm_103a without a
+compiled into a probe kernel (tests/build/sm100_attention_quant_probe.py) for sm_100a, sm_100f and sm_103a without a
 GPU, the SASS holds the instructions the design relies on and nothing spills:
 
   CREDUX.MAXABS.F32.NAN      the 32 x 32 dS block amax in one warp reduction that keeps NaN (so a NaN block's
@@ -10,7 +10,7 @@ GPU, the SASS holds the instructions the design relies on and nothing spills:
 
 Needs a Python with nvidia-cutlass-dsl (JAX_MXFP8_BUILD_PYTHON, else this interpreter); skips otherwise.
 Nothing here runs on a GPU: the helpers' values are checked against the contract by their XLA model
-(tests/test_attention_sm100_quant.py), not by executing this SASS.
+(tests/attention/test_attention_sm100_quant.py), not by executing this SASS.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PROBE = ROOT / "tests" / "sm100_attention_quant_probe.py"
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = ROOT / "tests" / "build" / "sm100_attention_quant_probe.py"
 ARCHS = ("sm_100a", "sm_100f", "sm_103a")
 
 

@@ -23,7 +23,7 @@ import pytest
 from jax_mxfp8.kernels.sm100 import perf_model
 from jax_mxfp8.kernels.sm100.mx_gemm_config import MX_GEMM_SM100_VARIANTS, SMEM_LIMIT, THREADS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "docs" / "perf" / "blackwell_gemm_variants.md"
 TOOL = ROOT / "tools" / "check_sm100.py"
 sys.path.insert(0, str(ROOT / "tools"))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LIB = ROOT / "jax_mxfp8" / "_lib" / "libjax_mxfp8_kernels.so"
 
 pytestmark = pytest.mark.skipif(

@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "examples")
 sys.path.insert(0, EXAMPLES)
 
 import stdlib_text  # noqa: E402

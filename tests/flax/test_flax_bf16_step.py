@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 DOT = re.compile(
     r"stablehlo.dot_general [^:]*: \(tensor<([^>]*)x(\w+)>, tensor<[^>]*x(\w+)>\) -> tensor<([^>]*)x(\w+)>"
 )

@@ -10,8 +10,8 @@ summation order) with the epilogue on vs off, NNX and Linen.
 
 from __future__ import annotations
 
-import os
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,34 +23,17 @@ from flax import nnx
 from jax_mxfp8.flax import linen_modules as L
 from jax_mxfp8.flax import nnx_modules as M
 from jax_mxfp8.flax.policy import LayerPrecision, PrecisionPolicy
-from jax_mxfp8.primitives import ffi_op
-from jax_mxfp8.primitives import implementation as impl
+from tests.ffi_calls_testutil import ffi_calls
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import lm_model  # noqa: E402
-
-
-def _ffi_calls(monkeypatch, fn, *args) -> list[tuple[str, tuple[int, ...]]]:
-    """(target, first operand's shape) of every FFI call made while tracing fn(*args), every kernel
-    decision forced to "emulated"."""
-    monkeypatch.setattr(impl, "_decide", lambda i, u, a: ("emulated", "") if u is None else ("xla", u))
-    calls = []
-    real = ffi_op.FfiOp.call
-
-    def record(self, static, path, *a):
-        calls.append((self.target, tuple(a[0].shape)))
-        return real(self, static, path, *a)
-
-    monkeypatch.setattr(ffi_op.FfiOp, "call", record)
-    jax.make_jaxpr(fn)(*args)
-    return calls
 
 
 @pytest.mark.parametrize("fuse", [True, False])
 def test_mlp_hands_mxarray_to_down(monkeypatch, fuse):
     d, hidden, rows = 64, 128, 2 * 32
     mlp = M.MXMLP(d, hidden, precision=LayerPrecision(quantize_epilogue=fuse), rngs=nnx.Rngs(0))
-    calls = _ffi_calls(monkeypatch, lambda x: mlp(x), jnp.ones((2, 32, d), jnp.bfloat16))
+    calls = ffi_calls(monkeypatch, lambda x: mlp(x), jnp.ones((2, 32, d), jnp.bfloat16))
     targets = [t for t, _ in calls]
     up = targets.index("jax_mxfp8_mx_gemm_mx_bias_pre" if fuse else "jax_mxfp8_mx_gemm_bias")
     down = targets.index("jax_mxfp8_mx_gemm_bias", up + 1)

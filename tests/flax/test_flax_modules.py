@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import mx_oracle
 import numpy as np
 import pytest
 from flax import linen as nn
@@ -13,6 +12,7 @@ from flax import nnx
 import jax_mxfp8
 import jax_mxfp8.flax as mf
 from jax_mxfp8.metrics import sqnr_db
+from tests.quantize import mx_oracle
 
 
 def _x(seed, shape):

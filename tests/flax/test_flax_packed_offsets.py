@@ -16,10 +16,10 @@ import pytest
 from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from offsets_model import sanitized, valid
 
 import jax_mxfp8.flax as mf
 from jax_mxfp8.flax import functional as F
+from tests.attention.offsets_oracle import sanitized, valid
 
 T, D = 192, 64
 PRECISIONS = {"mxfp8": mf.MXFP8, "bf16": mf.BF16}

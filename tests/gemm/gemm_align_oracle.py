@@ -8,7 +8,8 @@ float32 scale is built with np.ldexp (gradual underflow: 2^-127 is NumPy's subno
 from __future__ import annotations
 
 import numpy as np
-from mx_oracle import Fmt, decode, rne_codes
+
+from tests.quantize.mx_oracle import Fmt, decode, quantize, rne_codes
 
 RUN = 128
 
@@ -80,3 +81,14 @@ def mixed_input(shape, rng: np.random.Generator, spread: int = 40, specials: int
         else:
             flat[i, c : c + 32] *= np.float32(2.0**-60)
     return np.where(np.abs(x) < 2.0**-126, 0.0, x).astype(np.float32)
+
+
+def align128_col_oracle(z: np.ndarray):
+    """(codes (G, N, Mp) uint8, float32 scale (G, Mp/128, N), finite (G, N, Mp)) of the column orientation."""
+    zt = np.swapaxes(np.asarray(z, np.float32), -1, -2)  # (G, N, M): blocks along M = the last axis
+    q = quantize(zt, axis=-1)
+    codes, scale = align128_oracle(q.data, q.scale, q.fmt)
+    finite = np.zeros(codes.shape, bool)
+    finite[..., : zt.shape[-1]] = q.finite
+    finite[..., zt.shape[-1] :] = True  # padding rows: +0
+    return codes, scale, finite

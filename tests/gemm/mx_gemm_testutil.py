@@ -9,6 +9,7 @@ error_bound(ops, c64, absdot, out_dtype, acc_rel) -> per-element bound on |c - c
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
@@ -88,3 +89,14 @@ def sqnr_db(x: np.ndarray, ref: np.ndarray) -> float:
     ok = np.isfinite(ref)
     err = np.sum((x[ok] - ref[ok]) ** 2)
     return float(10 * np.log10(np.sum(ref[ok] ** 2) / max(err, 1e-300)))
+
+
+def gemm_args(ops):
+    """([a, b, sa, sb] as jax arrays, bias or None) of an `operands` dict."""
+    args = [jnp.asarray(ops[k]) for k in ("a", "b", "sa", "sb")]
+    return args, None if ops["bias"] is None else jnp.asarray(ops["bias"])
+
+
+def fp8_bits(q) -> np.ndarray:
+    """The bytes of an FP8 array (uint8 view)."""
+    return np.asarray(q).view(np.uint8)

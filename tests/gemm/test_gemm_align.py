@@ -15,12 +15,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from gemm_align_oracle import align128_oracle, dequant_aligned, dequant_mx, mixed_input, sqnr_db
-from mx_oracle import fmt_of
-from seeding import test_seed
 
 from jax_mxfp8.formats import quantize
 from jax_mxfp8.reference.gemm_align import align128, error_bound
+from tests.gemm.gemm_align_oracle import align128_oracle, dequant_aligned, dequant_mx, mixed_input, sqnr_db
+from tests.quantize.mx_oracle import fmt_of
+from tests.seeding_testutil import test_seed
 
 ELEMS = (jnp.float8_e4m3fn, jnp.float8_e5m2)
 

@@ -13,12 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gemm_align_oracle import mixed_input
-from seeding import test_seed
 
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import gemm_operands as pgo
 from jax_mxfp8.primitives import library
+from tests.gemm.gemm_align_oracle import mixed_input
+from tests.seeding_testutil import test_seed
 
 BOTH = ("row", "col")
 CASES = [(i, e, r) for i in registry.IN_DTYPES for e in registry.ELEM_DTYPES for r in registry.SCALE_ROUNDINGS]

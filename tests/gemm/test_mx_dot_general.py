@@ -6,14 +6,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import mx_oracle
 import numpy as np
 import pytest
 from flax import nnx
-from seeding import test_seed
 
 import jax_mxfp8
 from jax_mxfp8.metrics import sqnr_db
+from tests.quantize import mx_oracle
+from tests.seeding_testutil import test_seed
 
 JAX_NN_HAS_CPU_SCALED_MATMUL = tuple(int(v) for v in jax.__version__.split(".")[:2]) >= (0, 11)
 MXFP8_CONFIGS = [jax.nn.get_scaled_dot_general_config("mxfp8")] * 3

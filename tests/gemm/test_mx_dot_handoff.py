@@ -2,7 +2,7 @@
 WgradOperand, mx_dot_general_handoff; flax/functional.py's MLP). CPU, the emulated kernel path.
 
 (1) y_w of orientations ("row", "col") equals the independent oracle of the column orientation of
-gelu(the float32 GEMM result + bias) (tests/test_mx_gemm_epilogue_col.py col_oracle), on the kernel path
+gelu(the float32 GEMM result + bias) (tests/gemm/test_mx_gemm_epilogue_col.py col_oracle), on the kernel path
 and on the two-pass reference; "wgrad" is NaN undifferentiated and the "col" value under jax.vjp.
 (2) The up -> GELU -> down gradients: every gradient but dW_down equals the old path's (row-only epilogue,
 mx_dot_general re-quantizing h for its wgrad) bit for bit; dW_down equals the old path's with the down
@@ -18,13 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from seeding import test_seed
-from test_flax_epilogue import _ffi_calls
-from test_mx_gemm_epilogue_col import col_oracle
 
 from jax_mxfp8.formats import MXArray
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
 from jax_mxfp8.ops.mx_dot_quantized import WgradOperand, mx_dot_general_handoff, mx_dot_general_quantized
+from tests.ffi_calls_testutil import ffi_calls
+from tests.gemm.gemm_align_oracle import align128_col_oracle
+from tests.seeding_testutil import test_seed
 
 DN = (((2,), (0,)), ((), ()))
 B, T, D, F = 2, 64, 64, 96  # M = 128 rows (one run), hidden F = 96 (N not a tile multiple)
@@ -56,7 +56,7 @@ def test_col_orientation_equals_oracle(params, implementation):
                                                      implementation=implementation))  # fmt: skip
     _, _, w = f(x, w1)
     assert isinstance(w, WgradOperand)
-    codes, scale, finite = col_oracle(np.asarray(jax.jit(_z32)(x, w1, b1)).reshape(1, B * T, F))
+    codes, scale, finite = align128_col_oracle(np.asarray(jax.jit(_z32)(x, w1, b1)).reshape(1, B * T, F))
     assert finite.all()
     np.testing.assert_array_equal(np.asarray(w.scale), scale)
     np.testing.assert_array_equal(np.asarray(w.data).view(np.uint8), codes)
@@ -77,7 +77,7 @@ def test_col_orientation_of_a_partial_token_block(params, implementation):
     p = jax.jit(lambda a, b: mx_dot_general(a, b, dn, preferred_element_type=jnp.float32, implementation="xla"))(x, w1)
     z = np.zeros((1, 128, F), np.float32)
     z[0, :100] = np.asarray(jax.nn.gelu(p))
-    codes, scale, finite = col_oracle(z)
+    codes, scale, finite = align128_col_oracle(z)
     assert finite.all() and w.data.shape == (1, F, 128)
     np.testing.assert_array_equal(np.asarray(w.scale), scale)
     np.testing.assert_array_equal(np.asarray(w.data).view(np.uint8), codes)
@@ -94,11 +94,11 @@ def test_float32_output_col_runs_the_producer_kernel(params, monkeypatch):
         return mx_dot_general_quantized(a, b, DN, activation="gelu", bias=b1, orientations=("row", "col"),
                                         preferred_element_type=jnp.float32)  # fmt: skip
 
-    calls = _ffi_calls(monkeypatch, fn, x, w1)
+    calls = ffi_calls(monkeypatch, fn, x, w1)
     assert ("jax_mxfp8_gemm_operands", (1, B * T, F)) in calls, calls
     assert not any(t.startswith("jax_mxfp8_mx_gemm_mx") for t, _ in calls), calls  # not the epilogue kernel
     _, _, w = jax.jit(fn)(x, w1)
-    codes, scale, finite = col_oracle(np.asarray(jax.jit(_z32)(x, w1, b1)).reshape(1, B * T, F))
+    codes, scale, finite = align128_col_oracle(np.asarray(jax.jit(_z32)(x, w1, b1)).reshape(1, B * T, F))
     assert finite.all()
     np.testing.assert_array_equal(np.asarray(w.scale), scale)
     np.testing.assert_array_equal(np.asarray(w.data).view(np.uint8), codes)
@@ -152,7 +152,7 @@ def test_mlp_grads_equal_old_path_but_the_wgrad_operand(params):
 
 @pytest.mark.parametrize("new", [True, False])
 def test_mlp_backward_skips_the_activation_quantize_pass(params, monkeypatch, new):
-    calls = _ffi_calls(monkeypatch, jax.grad(_mlp_loss(new), argnums=(1, 3)), *params)
+    calls = ffi_calls(monkeypatch, jax.grad(_mlp_loss(new), argnums=(1, 3)), *params)
     # the activation's own pass is a single-orientation ("col") producer call; the up GEMM's incoming
     # gradient (also (1, M, F)) gets a "both" call on either path
     on_h = [c for c in calls if c == ("jax_mxfp8_gemm_operands", (1, B * T, F))]
@@ -211,7 +211,7 @@ def test_kernel_float32_output_col_on_the_producer_kernel(params):
     with impl.record() as decisions:
         y, _, w = jax.jit(fn)(x, w1)  # y: float32 gelu(p), the value the column orientation quantizes
     assert ("mx_dot_general_quantized", "cuda") in [(d.op, d.path) for d in decisions], decisions
-    codes, scale, finite = col_oracle(np.asarray(y).reshape(1, B * T, F))
+    codes, scale, finite = align128_col_oracle(np.asarray(y).reshape(1, B * T, F))
     assert finite.all()
     np.testing.assert_array_equal(np.asarray(w.scale), scale)
     np.testing.assert_array_equal(np.asarray(w.data).view(np.uint8), codes)

@@ -24,7 +24,7 @@ import jax_mxfp8
 from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.ops import mx_dot_general as mdg
 from jax_mxfp8.primitives import library
-from tests.seeding import test_rng
+from tests.seeding_testutil import test_rng
 
 DENSE = (((2,), (0,)), ((), ()))  # (B, T, D) x (D, F)
 
@@ -223,7 +223,7 @@ def test_gpu_kernel_path_matches_reference(kind):
     report = _compare(x, w, ct, DENSE, "cuda")
     print(kind, {k: tuple(round(v, 1) for v in vals) for k, vals in report.items()})
     # the kernel and its emulation sum the same products, but Hopper's FP8 wgmma accumulates each 128-K
-    # partial with fewer than float32's bits (tests/test_mx_gemm_kernel.py bounds it): 69-87 dB against the
+    # partial with fewer than float32's bits (tests/gemm/test_mx_gemm_kernel.py bounds it): 69-87 dB against the
     # reference on the H200 (run 9), where a wrong operand, scale or orientation costs tens of dB
     kern, emul = _vjp_fn(DENSE, "cuda")(x, w, ct), _vjp_fn(DENSE, "emulated")(x, w, ct)
     for name, k, e in zip(("fwd", "dgrad", "wgrad"), kern, emul):

@@ -13,12 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from seeding import test_seed
 
 import jax_mxfp8 as mx
 from jax_mxfp8.ops.mx_dot_quantized import ARCHS, mx_dot_general_quantized
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives import library
+from tests.seeding_testutil import test_seed
 
 DN = (((2,), (0,)), ((), ()))
 

@@ -1,7 +1,7 @@
 """The MX GEMM's quantize epilogue (primitives/mx_gemm_epilogue.py, kernels/sm90/mx_gemm_epilogue.py).
 
 The contract: (q, s) = quantize(z) along N (E4M3, scale_rounding "up") of the float32 reference output
-z = acc (+ bias) (-> gelu), before any bfloat16 rounding. Checked against tests/mx_oracle.py (the
+z = acc (+ bias) (-> gelu), before any bfloat16 rounding. Checked against tests/quantize/mx_oracle.py (the
 independent NumPy quantizer), never against the library's own quantize.
 CPU: the emulation's bits equal the oracle's quantize of the emulated float32 GEMM (+ bias) (and of
 jax.nn.gelu of it), NaN-scale rows and Inf blocks give scale 0xFF and NaN data, pre = bf16(y), vmap,
@@ -16,31 +16,22 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import ml_dtypes
-import mx_oracle
 import numpy as np
 import pytest
-from mx_gemm_testutil import operands
-from seeding import test_seed
 
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives import mx_gemm as mg
 from jax_mxfp8.primitives import mx_gemm_epilogue as me
+from tests.gemm.mx_gemm_testutil import fp8_bits, gemm_args, operands
+from tests.quantize import mx_oracle
+from tests.seeding_testutil import test_rng
 
 E4 = "float8_e4m3fn"
 
 
-def _rng() -> np.random.Generator:
-    return np.random.default_rng(test_seed())
-
-
-def _args(ops):
-    args = [jnp.asarray(ops[k]) for k in ("a", "b", "sa", "sb")]
-    return args, None if ops["bias"] is None else jnp.asarray(ops["bias"])
-
-
 def _quantized(ops, path, activation="", store_pre=False, tune=0):
-    args, bias = _args(ops)
+    args, bias = gemm_args(ops)
     f = jax.jit(
         lambda *a: me.mx_gemm_quantized(*a, bias, activation=activation, store_pre=store_pre, path=path, tune=tune)
     )
@@ -48,18 +39,14 @@ def _quantized(ops, path, activation="", store_pre=False, tune=0):
 
 
 def _plain(ops, path, out_dtype="float32"):
-    args, bias = _args(ops)
+    args, bias = gemm_args(ops)
     return np.asarray(jax.jit(lambda *a: mg.mx_gemm(*a, bias, out_dtype=out_dtype, path=path))(*args))
-
-
-def _bits(q) -> np.ndarray:
-    return np.asarray(q).view(np.uint8)
 
 
 def _check_exact(q, s, z, label):
     want = mx_oracle.quantize(np.asarray(z, np.float32), axis=-1)
     np.testing.assert_array_equal(s, want.scale, err_msg=f"{label}: scales")
-    got = _bits(q)
+    got = fp8_bits(q)
     np.testing.assert_array_equal(got[want.finite], want.data[want.finite], err_msg=f"{label}: data")
     assert ((got[~want.finite] & 0x7F) == 0x7F).all(), f"{label}: a NaN block's data is not NaN"
 
@@ -78,7 +65,7 @@ CPU_CASES = [(2, 32, 224, 384, True)]
 
 @pytest.mark.parametrize("g, m, n, k, bias", CPU_CASES)
 def test_emulation_bits_equal_oracle(g, m, n, k, bias):
-    ops = _with_bad_blocks(operands(_rng(), g, m, n, k, bias=bias))
+    ops = _with_bad_blocks(operands(test_rng(), g, m, n, k, bias=bias))
     y = _plain(ops, "emulated")
     assert not np.isfinite(y[0, 3]).any() and not np.isfinite(y[0, 5, 40])
     q, s = _quantized(ops, "emulated")
@@ -92,13 +79,13 @@ def test_emulation_bits_equal_oracle(g, m, n, k, bias):
 
 
 def test_emulation_vmap():
-    ops = operands(_rng(), 2, 32, 64, 128, bias=True)
-    args, bias = _args(ops)
+    ops = operands(test_rng(), 2, 32, 64, 128, bias=True)
+    args, bias = gemm_args(ops)
     one = lambda a, b, sa, sb: me.mx_gemm_quantized(a, b, sa, sb, bias, activation="gelu", path="emulated")  # noqa: E731
     full = one(*args)
     per = jax.vmap(lambda a, b, sa, sb: [x[0] for x in one(a[None], b[None], sa[None], sb[None])])(*args)
     for x, y in zip(per, full, strict=True):
-        np.testing.assert_array_equal(_bits(x), _bits(y))
+        np.testing.assert_array_equal(fp8_bits(x), fp8_bits(y))
 
 
 @pytest.mark.parametrize(
@@ -118,13 +105,6 @@ def test_bad_arguments_raise(n, a_dtype, kwargs, fragment):
 
 
 # ----------------------------------------------------------------------------------------------- GPU
-@pytest.fixture
-def _needs_kernel():
-    ok, why = library.kernels_runnable(mg.ARCHS)
-    if not ok:
-        pytest.skip(why)
-
-
 GPU_CASES = [
     (1, 256, 384, 512, False),
     (2, 272, 608, 1152, True),  # M, N not tile multiples (608 = 3 x 192 + 32), batch, a cluster pair past M
@@ -133,9 +113,10 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("sm90_mx_gemm")
 @pytest.mark.parametrize("g, m, n, k, bias", GPU_CASES)
-def test_kernel_bits_equal_quantized_kernel_output(g, m, n, k, bias, _needs_kernel):
-    ops = _with_bad_blocks(operands(_rng(), g, m, n, k, bias=bias))
+def test_kernel_bits_equal_quantized_kernel_output(g, m, n, k, bias):
+    ops = _with_bad_blocks(operands(test_rng(), g, m, n, k, bias=bias))
     y = _plain(ops, "cuda")  # the plain kernel's float32 (+ bias): the same accumulator bits
     q, s = _quantized(ops, "cuda")
     _check_exact(q, s, y, "kernel")
@@ -143,9 +124,10 @@ def test_kernel_bits_equal_quantized_kernel_output(g, m, n, k, bias, _needs_kern
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("sm90_mx_gemm")
 @pytest.mark.parametrize("bias", [False, True])
-def test_kernel_gelu_and_pre(bias, _needs_kernel):
-    ops = _with_bad_blocks(operands(_rng(), 2, 272, 608, 640, bias=bias))
+def test_kernel_gelu_and_pre(bias):
+    ops = _with_bad_blocks(operands(test_rng(), 2, 272, 608, 640, bias=bias))
     for op in ("sa", "sb"):  # magnitudes around GELU's knee (|y| ~ 0.1 - 10) where the tanh matters
         ops[op] = np.where(np.isfinite(ops[op]) & (ops[op] < 2.0**50), ops[op] * 2.0**-9, ops[op]).astype(np.float32)
     y = _plain(ops, "cuda")
@@ -153,7 +135,7 @@ def test_kernel_gelu_and_pre(bias, _needs_kernel):
     q, s, pre = _quantized(ops, "cuda", "gelu", True)
     np.testing.assert_array_equal(pre.view(np.uint16), pre_bf16.view(np.uint16), err_msg="pre")
     q2, s2 = _quantized(ops, "cuda", "gelu", False)
-    np.testing.assert_array_equal(_bits(q2), _bits(q))
+    np.testing.assert_array_equal(fp8_bits(q2), fp8_bits(q))
     np.testing.assert_array_equal(s2, s)
     z = np.asarray(jax.jit(jax.nn.gelu)(jnp.asarray(y)))
     want = mx_oracle.quantize(z, axis=-1)
@@ -162,7 +144,7 @@ def test_kernel_gelu_and_pre(bias, _needs_kernel):
     assert same_scale.mean() > 0.99, f"only {same_scale.mean():.4f} of the scales agree"
     # where the scales agree the elements are within one FP8 step (codes differ by at most 1 in magnitude)
     blk = np.repeat(same_scale & (s != 0xFF), 32, axis=-1)
-    got, ref = _bits(q)[blk].astype(np.int32), want.data[blk].astype(np.int32)
+    got, ref = fp8_bits(q)[blk].astype(np.int32), want.data[blk].astype(np.int32)
     mag = lambda c: np.where(c >= 0x80, -(c & 0x7F), c)  # noqa: E731 (monotone code order)
     diff = np.abs(mag(got) - mag(ref))
     print(f"gelu: {np.mean(diff == 0):.5f} of the elements equal, max code difference {diff.max()}")
@@ -170,14 +152,15 @@ def test_kernel_gelu_and_pre(bias, _needs_kernel):
 
 
 @pytest.mark.gpu
-def test_kernel_tuning_paired_stores_bits(_needs_kernel):
+@pytest.mark.usefixtures("sm90_mx_gemm")
+def test_kernel_tuning_paired_stores_bits():
     """Tuning 1 (the first version's 16-bit stores) and production (paired 4-byte stores) write the same
     bits, edge tiles included."""
     t1 = registry.find(registry.MXGemmEpilogueConfig, tune=1)
     if not library.has_kernel(t1.name):
         pytest.skip(f"{t1.name} is not in the library (tools/build_library.py --with-tunes builds it)")
-    ops = _with_bad_blocks(operands(_rng(), 2, 272, 608, 640))
+    ops = _with_bad_blocks(operands(test_rng(), 2, 272, 608, 640))
     want = _quantized(ops, "cuda")
     got = _quantized(ops, "cuda", tune=1)
-    np.testing.assert_array_equal(_bits(got[0]), _bits(want[0]))
+    np.testing.assert_array_equal(fp8_bits(got[0]), fp8_bits(want[0]))
     np.testing.assert_array_equal(got[1], want[1])

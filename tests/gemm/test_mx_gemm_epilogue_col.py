@@ -3,8 +3,8 @@ kernels/sm90/mx_epilogue_col.py).
 
 The contract: (qc, sc) = align128(quantize(z, axis=-2), axis=-2), gemm_operands' "col" form of the float32
 reference output z = acc (+ bias) (-> gelu): E4M3 (G, N, Mp) (transposed, rows M..Mp +0) and float32 run
-scales (G, Mp/128, N). Checked against the independent NumPy oracles (tests/mx_oracle.py quantize of z^T,
-tests/gemm_align_oracle.py align128_oracle), never against the library's own quantize / align128.
+scales (G, Mp/128, N). Checked against the independent NumPy oracles (tests/quantize/mx_oracle.py quantize of z^T,
+tests/gemm/gemm_align_oracle.py align128_oracle), never against the library's own quantize / align128.
 CPU: the emulation's bits, NaN / Inf blocks (scale NaN for the run), M not a multiple of 128, vmap,
 ValueErrors. GPU (@pytest.mark.gpu): the kernel's bits equal the oracle of the plain MX GEMM kernel's
 float32 output (+ bias), NaN-poisoned output buffers (every element written, padding included), edge
@@ -14,21 +14,21 @@ variant's bit for bit; with GELU within one FP8 step of the oracle of jax.nn.gel
 
 from __future__ import annotations
 
-import gemm_align_oracle
 import jax
 import jax.numpy as jnp
-import mx_oracle
 import numpy as np
 import pytest
-from mx_gemm_testutil import operands
-from test_mx_gemm_epilogue import _args, _bits, _needs_kernel, _rng  # noqa: F401 (_needs_kernel: a fixture)
 
 from jax_mxfp8.primitives import mx_gemm as mg
 from jax_mxfp8.primitives import mx_gemm_epilogue as me
+from tests.gemm.gemm_align_oracle import align128_col_oracle, dequant_aligned
+from tests.gemm.mx_gemm_testutil import fp8_bits, gemm_args, operands
+from tests.quantize import mx_oracle
+from tests.seeding_testutil import test_rng
 
 
 def _quantized(ops, path, activation="", store_col=True, out=None):
-    args, bias = _args(ops)
+    args, bias = gemm_args(ops)
 
     def f(*a):
         return me.mx_gemm_quantized(
@@ -39,26 +39,15 @@ def _quantized(ops, path, activation="", store_col=True, out=None):
 
 
 def _plain(ops, path):
-    args, bias = _args(ops)
+    args, bias = gemm_args(ops)
     return np.asarray(jax.jit(lambda *a: mg.mx_gemm(*a, bias, out_dtype="float32", path=path))(*args))
 
 
-def col_oracle(z: np.ndarray):
-    """(codes (G, N, Mp) uint8, float32 scale (G, Mp/128, N), finite (G, N, Mp)) of the column orientation."""
-    zt = np.swapaxes(np.asarray(z, np.float32), -1, -2)  # (G, N, M): blocks along M = the last axis
-    q = mx_oracle.quantize(zt, axis=-1)
-    codes, scale = gemm_align_oracle.align128_oracle(q.data, q.scale, q.fmt)
-    finite = np.zeros(codes.shape, bool)
-    finite[..., : zt.shape[-1]] = q.finite
-    finite[..., zt.shape[-1] :] = True  # padding rows: +0
-    return codes, scale, finite
-
-
 def _check_col(qc, sc, z, label):
-    codes, scale, finite = col_oracle(z)
+    codes, scale, finite = align128_col_oracle(z)
     assert qc.shape == codes.shape and sc.shape == scale.shape, f"{label}: shapes {qc.shape} {sc.shape}"
     np.testing.assert_array_equal(sc, scale, err_msg=f"{label}: run scales")
-    got = _bits(qc)
+    got = fp8_bits(qc)
     np.testing.assert_array_equal(got[finite], codes[finite], err_msg=f"{label}: data")
     assert ((got[~finite] & 0x7F) == 0x7F).all(), f"{label}: a NaN block's data is not NaN"
 
@@ -75,22 +64,22 @@ def _with_bad_blocks(ops):
 # ----------------------------------------------------------------------------------------------- CPU
 def test_emulation_col_bits_equal_oracle():
     """M = 160: a partial 128-run (rows 160..255 padding); bias; NaN / Inf blocks; the gelu variant."""
-    ops = _with_bad_blocks(operands(_rng(), 2, 160, 96, 256, bias=True))
+    ops = _with_bad_blocks(operands(test_rng(), 2, 160, 96, 256, bias=True))
     y = _plain(ops, "emulated")
     q, s, pre, qc, sc = _quantized(ops, "emulated")
     _check_col(qc, sc, y, "emulated")
     assert np.isnan(sc[0, 0]).all() and np.isfinite(sc[1]).all()
     row = _quantized(ops, "emulated", store_col=False)
     for got, want in zip((q, s, pre), row, strict=True):
-        np.testing.assert_array_equal(_bits(got), _bits(want))
+        np.testing.assert_array_equal(fp8_bits(got), fp8_bits(want))
     *_, qc, sc = _quantized(ops, "emulated", "gelu")
     _check_col(qc, sc, np.asarray(jax.jit(jax.nn.gelu)(jnp.asarray(y))), "emulated gelu")
 
 
 @pytest.mark.slow  # ~30 s on the loaded 2-core machine (vmap of a five-output declaration, two compiles)
 def test_emulation_col_vmap():
-    ops = operands(_rng(), 2, 32, 64, 128, bias=True)
-    args, bias = _args(ops)
+    ops = operands(test_rng(), 2, 32, 64, 128, bias=True)
+    args, bias = gemm_args(ops)
 
     def one(a, b, sa, sb):
         return me.mx_gemm_quantized(
@@ -100,7 +89,7 @@ def test_emulation_col_vmap():
     full = one(*args)
     per = jax.vmap(lambda a, b, sa, sb: [x[0] for x in one(a[None], b[None], sa[None], sb[None])])(*args)
     for x, y in zip(per, full, strict=True):
-        np.testing.assert_array_equal(_bits(x), _bits(y))
+        np.testing.assert_array_equal(fp8_bits(x), fp8_bits(y))
 
 
 @pytest.mark.parametrize(
@@ -143,32 +132,32 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.usefixtures("_needs_kernel")
+@pytest.mark.usefixtures("sm90_mx_gemm")
 @pytest.mark.parametrize("g, m, n, k, bias", GPU_CASES)
 def test_kernel_col_bits_equal_oracle(g, m, n, k, bias):
-    ops = _with_bad_blocks(operands(_rng(), g, m, n, k, bias=bias))
+    ops = _with_bad_blocks(operands(test_rng(), g, m, n, k, bias=bias))
     y = _plain(ops, "cuda")  # the plain kernel's float32 (+ bias): the same accumulator bits
     q, s, pre, qc, sc = _quantized(ops, "cuda", out=_poisoned(ops))
     _check_col(qc, sc, y, "kernel")
     assert np.isnan(sc[0, 0]).all()
     row = _quantized(ops, "cuda", store_col=False)  # the row-only variant: same q, s, pre
     for name, got, want in zip(("q", "s", "pre"), (q, s, pre), row, strict=True):
-        np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=name)
+        np.testing.assert_array_equal(fp8_bits(got), fp8_bits(want), err_msg=name)
 
 
 @pytest.mark.gpu
-@pytest.mark.usefixtures("_needs_kernel")
+@pytest.mark.usefixtures("sm90_mx_gemm")
 @pytest.mark.parametrize("bias", [False, True])
 def test_kernel_col_gelu(bias):
-    ops = _with_bad_blocks(operands(_rng(), 2, 288, 608, 640, bias=bias))
+    ops = _with_bad_blocks(operands(test_rng(), 2, 288, 608, 640, bias=bias))
     for op in ("sa", "sb"):  # magnitudes around GELU's knee (|y| ~ 0.1 - 10) where the tanh matters
         ops[op] = np.where(np.isfinite(ops[op]) & (ops[op] < 2.0**50), ops[op] * 2.0**-9, ops[op]).astype(np.float32)
     y = _plain(ops, "cuda")
     q, s, pre, qc, sc = _quantized(ops, "cuda", "gelu", out=_poisoned(ops))
     row = _quantized(ops, "cuda", "gelu", store_col=False)
     for name, got, want in zip(("q", "s", "pre"), (q, s, pre), row, strict=True):
-        np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=name)
-    codes, scale, finite = col_oracle(np.asarray(jax.jit(jax.nn.gelu)(jnp.asarray(y))))
+        np.testing.assert_array_equal(fp8_bits(got), fp8_bits(want), err_msg=name)
+    codes, scale, finite = align128_col_oracle(np.asarray(jax.jit(jax.nn.gelu)(jnp.asarray(y))))
     np.testing.assert_array_equal(np.isnan(sc), np.isnan(scale), err_msg="NaN runs")
     same = (sc == scale) | (np.isnan(sc) & np.isnan(scale))  # (batch 0's run 0 is NaN: row 3's NaN scale)
     assert same.mean() > 0.99, f"only {same.mean():.4f} of the run scales agree"
@@ -176,11 +165,11 @@ def test_kernel_col_gelu(bias):
     # the dequantized values agree to within a quarter of their magnitude plus two subnormal steps
     ok = np.repeat(np.swapaxes(same & np.isfinite(sc), -1, -2), 128, axis=-1) & finite
     fmt = mx_oracle.fmt_of(jnp.float8_e4m3fn)
-    got = gemm_align_oracle.dequant_aligned(_bits(qc), np.where(np.isfinite(sc), sc, 0), fmt)[ok]
-    ref = gemm_align_oracle.dequant_aligned(codes, np.where(np.isfinite(scale), scale, 0), fmt)[ok]
+    got = dequant_aligned(fp8_bits(qc), np.where(np.isfinite(sc), sc, 0), fmt)[ok]
+    ref = dequant_aligned(codes, np.where(np.isfinite(scale), scale, 0), fmt)[ok]
     run = np.repeat(np.swapaxes(np.where(np.isfinite(sc), sc, 0), -1, -2), 128, axis=-1)[ok]
     err = np.abs(got - ref) - (0.25 * np.maximum(np.abs(got), np.abs(ref)) + run * 2.0**-8)
-    equal = np.mean(_bits(qc)[ok] == codes[ok])
+    equal = np.mean(fp8_bits(qc)[ok] == codes[ok])
     print(f"gelu col: {equal:.5f} of the elements equal, worst excess {err.max():.3g}")
     assert (err <= 0).all() and equal > 0.99
 
@@ -189,10 +178,10 @@ def test_kernel_col_gelu(bias):
 def test_emulation_col_sharded_equals_unsharded(m):
     """M sharded over 4 devices (N over 2): with M a multiple of 128 the 128-row runs stay whole per shard
     (no gather of a along M, bit-identical); M = 160 (a partial run) is replicated along M (gathered)."""
-    from sharding_util import collectives, mesh, put
+    from tests.parallel.sharding_testutil import collectives, mesh, put
 
-    ops = operands(_rng(), 1, m, 384, 256, bias=True)
-    args, bias = _args(ops)
+    ops = operands(test_rng(), 1, m, 384, 256, bias=True)
+    args, bias = gemm_args(ops)
 
     def f(a, b, sa, sb):
         return me.mx_gemm_quantized(
@@ -205,6 +194,6 @@ def test_emulation_col_sharded_equals_unsharded(m):
     sharded += [put(args[2], grid, None, None, "data"), put(args[3], grid, None, None, "model")]
     got = jax.jit(f)(*sharded)
     for w, g in zip(want, got, strict=True):
-        np.testing.assert_array_equal(_bits(w), _bits(g))
+        np.testing.assert_array_equal(fp8_bits(w), fp8_bits(g))
     gathers = [s for op, s in collectives(f, *sharded) if op == "all-gather"]
     assert (gathers == []) == (m % 128 == 0), gathers

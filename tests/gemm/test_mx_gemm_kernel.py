@@ -16,12 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from mx_gemm_testutil import K_TILE, error_bound, formula64, operands, sqnr_db
-from seeding import test_seed
 
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives import mx_gemm as mg
+from tests.gemm.mx_gemm_testutil import K_TILE, error_bound, formula64, operands, sqnr_db
+from tests.seeding_testutil import test_seed
 
 E4, E5 = "float8_e4m3fn", "float8_e5m2"
 
@@ -198,16 +198,10 @@ GPU_CASES = [
 ]
 
 
-@pytest.fixture
-def _needs_kernel():
-    ok, why = library.kernels_runnable(mg.ARCHS)
-    if not ok:
-        pytest.skip(why)
-
-
 @pytest.mark.gpu
+@pytest.mark.usefixtures("sm90_mx_gemm")
 @pytest.mark.parametrize("case", GPU_CASES, ids=_case_id)
-def test_kernel_matches_float64(case, _needs_kernel):
+def test_kernel_matches_float64(case):
     g, m, n, k, a_dt, b_dt, out, bias = case
     ops = operands(_rng(), g, m, n, k, a_dt, b_dt, bias)
     _check(_run(ops, out, "cuda"), ops, out, WGMMA_REL, f"kernel {_case_id(case)}")
@@ -221,15 +215,17 @@ def _skip_unless_built(tune: int) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("sm90_mx_gemm")
 @pytest.mark.parametrize("tune", [v.tune for v in registry.MX_GEMM_TUNINGS])
-def test_kernel_tunings_match_float64(tune, _needs_kernel):
+def test_kernel_tunings_match_float64(tune):
     _skip_unless_built(tune)
     ops = operands(_rng(), 2, 272, 592, 1152)  # 3 M tiles: a cluster pair's second CTA is past M
     _check(_run(ops, "bfloat16", "cuda", tune=tune), ops, "bfloat16", WGMMA_REL, f"kernel tune {tune}")
 
 
 @pytest.mark.gpu
-def test_kernel_tunings_bitwise_equal(_needs_kernel):
+@pytest.mark.usefixtures("sm90_mx_gemm")
+def test_kernel_tunings_bitwise_equal():
     """Every comparison schedule (tile shape, cluster, rolled K loop) changes only when and where the same
     per-element operations run (the same 4 wgmmas per 128-K tile on a fresh accumulator, the same FFMA
     promotion in K order), never the numerics: all return the production variant's bits."""
@@ -245,8 +241,9 @@ def test_kernel_tunings_bitwise_equal(_needs_kernel):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("sm90_mx_gemm")
 @pytest.mark.parametrize("bias", [False, True])
-def test_kernel_writes_every_element(bias, _needs_kernel):
+def test_kernel_writes_every_element(bias):
     """A NaN-filled output buffer comes back NaN-free: every (g, m, n) is written, edge tiles included."""
     ops = operands(_rng(), 2, 144, 272, 384, bias=bias)
     args = [jnp.asarray(ops[k]) for k in ("a", "b", "sa", "sb")]
@@ -259,7 +256,8 @@ def test_kernel_writes_every_element(bias, _needs_kernel):
 
 
 @pytest.mark.gpu
-def test_kernel_nan_scales_propagate(_needs_kernel):
+@pytest.mark.usefixtures("sm90_mx_gemm")
+def test_kernel_nan_scales_propagate():
     ops = operands(_rng(), 2, 144, 160, 384, nan_rows=((1, 2, 7),), nan_cols=((0, 0, 150),))
     ops["a"][1, 7, 256:] = 0  # 0 * NaN is NaN in the kernel too
     c = _run(ops, "bfloat16", "cuda")
@@ -271,7 +269,8 @@ def test_kernel_nan_scales_propagate(_needs_kernel):
 
 
 @pytest.mark.gpu
-def test_kernel_deterministic(_needs_kernel):
+@pytest.mark.usefixtures("sm90_mx_gemm")
+def test_kernel_deterministic():
     ops = operands(_rng(), 2, 1024, 1040, 2048, bias=True)
     args = [jnp.asarray(ops[k]) for k in ("a", "b", "sa", "sb", "bias")]
     f = jax.jit(lambda *x: mg.mx_gemm(*x, out_dtype="float32", path="cuda"))
@@ -281,7 +280,8 @@ def test_kernel_deterministic(_needs_kernel):
 
 
 @pytest.mark.gpu
-def test_kernel_exact_on_small_integers(_needs_kernel):
+@pytest.mark.usefixtures("sm90_mx_gemm")
+def test_kernel_exact_on_small_integers():
     """Integer data in [-4, 4] and scales in {1, 2, 4}: every partial (|.| <= 2048) and the float32 sum are
     exact, so the kernel must return the float64 formula's bits: checks every row, column and K tile
     lands on its own scale (edge tiles, batch, K padding, bias)."""

@@ -4,7 +4,7 @@ Mainloop: bit for bit against an independent float64 NumPy model of MX GEMM (eac
 float64, exact; times 2^(sa - 127) 2^(sb - 127); rounded once to float32; float32 sum over blocks in
 ascending order), on wide-magnitude E4M3 operands, edge shapes (M, N, K not multiples of 128), a batch,
 NaN elements and NaN scales. Epilogue: the kernel's quantize formula bit for bit against
-jax_mxfp8.quantize and against the NumPy oracle (tests/mx_oracle.py) on boundary and mixed blocks, NaN and
+jax_mxfp8.quantize and against the NumPy oracle (tests/quantize/mx_oracle.py) on boundary and mixed blocks, NaN and
 Inf blocks in both orientations; every variant's outputs (shapes, blocked scales, the transposed column
 orientation, bias, GELU, pre). Nothing here runs the kernel: no Blackwell GPU exists on these machines.
 """
@@ -14,16 +14,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import ml_dtypes
-import mx_oracle
 import numpy as np
 import pytest
-from mx_testutil import boundary_blocks, mixed_blocks
-from seeding import test_rng
 
 import jax_mxfp8
 from jax_mxfp8.formats import from_blocked_scales, to_blocked_scales
 from jax_mxfp8.kernels.sm100.mx_gemm_config import MX_GEMM_SM100_VARIANTS, MXGemmSm100Config
 from jax_mxfp8.primitives import mx_gemm_sm100_emulation as emu
+from tests.quantize import mx_oracle
+from tests.quantize.mx_testutil import boundary_blocks, mixed_blocks
+from tests.seeding_testutil import test_rng
 
 E4M3 = ml_dtypes.float8_e4m3fn
 

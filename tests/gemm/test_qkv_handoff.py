@@ -3,7 +3,7 @@ producer pass reads the normalized activation (issue 15 item 3; why the QKV GEMM
 attention quantized Q, K, V: docs/architecture.md "Hand-offs between layers").
 
 CPU: every kernel decision forced to "emulated", tracing a TransformerBlock's attention half records the
-FFI calls in order (tests/test_flax_epilogue.py's recorder): between the fused RMSNorm + quantize and the
+FFI calls in order (tests/flax/test_flax_epilogue.py's recorder): between the fused RMSNorm + quantize and the
 QKV GEMM the only pass is the QKV weight's own; called without the MXArray there is one on the
 activation (the check can fail).
 """
@@ -18,7 +18,7 @@ from flax import nnx
 
 import jax_mxfp8
 from jax_mxfp8.flax import nnx_modules as M
-from tests.test_flax_epilogue import _ffi_calls
+from tests.ffi_calls_testutil import ffi_calls
 
 
 @pytest.mark.parametrize("hand_off", [True, False])
@@ -30,7 +30,7 @@ def test_rms_norm_quantize_feeds_the_qkv_gemm_without_a_quantize_pass(monkeypatc
         h, h_q = block.norm1(x)
         return block.attn(h, x_quantized=h_q if hand_off else None)
 
-    calls = _ffi_calls(monkeypatch, attention_half, jnp.ones((2, 32, d), jnp.bfloat16))
+    calls = ffi_calls(monkeypatch, attention_half, jnp.ones((2, 32, d), jnp.bfloat16))
     targets = [t for t, _ in calls]
     norm = targets.index("jax_mxfp8_rms_norm_quantize")
     qkv = targets.index("jax_mxfp8_mx_gemm", norm + 1)

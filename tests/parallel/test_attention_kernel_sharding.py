@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_testutil import fresh_rng
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -22,6 +21,7 @@ import jax_mxfp8 as mx
 from jax_mxfp8.primitives import attention_emulation as emulation
 from jax_mxfp8.primitives import attention_fwd as afwd
 from jax_mxfp8.primitives import attention_operands as operands
+from tests.attention.attention_testutil import fresh_rng
 
 
 def _ops(rng, b=4, n=4, n_kv=2, t=256, s=256, h=64, kv_len=None):

@@ -13,11 +13,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from sharding_util import bytes_of, collectives, mesh, put
 
 import jax_mxfp8 as mx
 from jax_mxfp8.flax import MXLinear, use_quantized_gather
 from jax_mxfp8.parallel import fsdp_mx_dot
+from tests.parallel.sharding_testutil import bytes_of, collectives, mesh, put
 
 D_IN, D_OUT = 512, 256
 DN = (((1,), (0,)), ((), ()))

@@ -17,9 +17,9 @@ import numpy as np
 import jax_mxfp8
 from jax_mxfp8.primitives.gemm_operands import gemm_operands
 from jax_mxfp8.primitives.mx_gemm import mx_gemm
-from tests import mx_oracle
-from tests.seeding import test_rng
-from tests.sharding_util import COLLECTIVE, mesh, put
+from tests.parallel.sharding_testutil import COLLECTIVE, mesh, put
+from tests.quantize import mx_oracle
+from tests.seeding_testutil import test_rng
 
 U = 2.0**-24  # float32 unit roundoff
 DN = (((2,), (0,)), ((), ()))  # x (B, T, D) @ w (D, F)

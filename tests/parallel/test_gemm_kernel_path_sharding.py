@@ -11,8 +11,8 @@ import pytest
 
 import jax_mxfp8
 from jax_mxfp8.primitives.gemm_operands import gemm_operands
-from tests.seeding import test_rng
-from tests.sharding_util import collectives, mesh, put
+from tests.parallel.sharding_testutil import collectives, mesh, put
+from tests.seeding_testutil import test_rng
 
 
 @pytest.mark.parametrize("shape", [(1, 1024, 256), (2, 1024, 384)], ids=["r1024_c256", "g2_r1024_c384"])
@@ -36,7 +36,7 @@ def test_producer_shards_rows_and_columns_in_whole_runs(shape):
 def test_row_sharded_activations_take_no_gather_in_the_forward():
     """Data parallelism: x (B, T, D) sharded over B, the weight replicated: the forward's producer pass and
     GEMM run per shard (the weight gradient's contraction over B*T shards K and psums the float32
-    partials instead of gathering: tests/test_gemm_k_sharding.py)."""
+    partials instead of gathering: tests/parallel/test_gemm_k_sharding.py)."""
     m = mesh((8,), ("data",))
     rng = test_rng()
     x = jnp.asarray(rng.standard_normal((8, 128, 256)), jnp.bfloat16)

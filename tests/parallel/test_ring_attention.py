@@ -16,15 +16,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_emulation import exact_attention
-from attention_testutil import lib_fwd_bwd
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from sharding_util import COLLECTIVE, mesh, put
 
 import jax_mxfp8 as mx
 from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.parallel import ring_attention
+from tests.attention.attention_oracle import exact_attention
+from tests.attention.attention_testutil import lib_fwd_bwd
+from tests.parallel.sharding_testutil import COLLECTIVE, mesh, put
 
 NAMES = ("o", "lse", "dq", "dk", "dv")
 

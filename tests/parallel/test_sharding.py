@@ -13,13 +13,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from sharding_util import bytes_of, collectives, mesh, put
 
 import jax_mxfp8
 from jax_mxfp8.parallel import gather_quantized
+from tests.parallel.sharding_testutil import bytes_of, collectives, mesh, put
 
 DN = (((1,), (0,)), ((), ()))
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "examples")
 
 
 def _normal(seed, shape):

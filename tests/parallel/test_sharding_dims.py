@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from sharding_util import collectives, mesh, put
 
 import jax_mxfp8 as mx
+from tests.parallel.sharding_testutil import collectives, mesh, put
 
 DN = (((2,), (0,)), ((), ()))
 SHAPE_X, SHAPE_W = (4, 256, 128), (128, 96)  # 64 sequence rows per device: whole 32-row blocks

@@ -10,10 +10,10 @@ import functools
 import jax
 import jax.numpy as jnp
 import ml_dtypes
-import mx_oracle as orc
 import numpy as np
 
 import jax_mxfp8 as mx
+from tests.quantize import mx_oracle as orc
 
 F32_TINY = np.float32(2.0**-126)  # smallest normal float32; the contract lets inputs below it flush to zero
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from seeding import test_rng
 
 from jax_mxfp8.formats import from_blocked_scales, quantize, to_blocked_scales
 from jax_mxfp8.formats.blocked_scales import blocked_shape
+from tests.seeding_testutil import test_rng
 
 
 def blocked_oracle(scale: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ The rule (docs/numerics.md "Float32 range"; DESIGN.md section 4 "Dequantize" plu
   array) raises a ValueError naming x; traced input (under jit) keeps the contract's answer, a NaN block.
 
 Every implementation is checked: the XLA reference and the kernel call's XLA emulation on the CPU, the CUDA
-kernels on the GPU (`-m gpu`), each against the independent float64 NumPy oracle (tests/mx_oracle.py) and,
+kernels on the GPU (`-m gpu`), each against the independent float64 NumPy oracle (tests/quantize/mx_oracle.py) and,
 on the GPU, bit for bit against the reference on the same device.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import mx_oracle as orc
 import numpy as np
 import pytest
 
@@ -27,6 +26,7 @@ from jax_mxfp8.formats import fake_quantize
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives import quantize as pq
+from tests.quantize import mx_oracle as orc
 
 F32_MAX = float(np.finfo(np.float32).max)
 BF16_MAX = float(jnp.finfo(jnp.bfloat16).max)

@@ -5,12 +5,12 @@ import re
 
 import jax
 import jax.numpy as jnp
-import mx_oracle as orc
 import numpy as np
 import pytest
-from mx_testutil import data_bytes, lib_dequantize, log_uniform_blocks, scale_bytes
 
 import jax_mxfp8 as mx
+from tests.quantize import mx_oracle as orc
+from tests.quantize.mx_testutil import data_bytes, lib_dequantize, log_uniform_blocks, scale_bytes
 
 
 def _x(shape, axes, seed=0):

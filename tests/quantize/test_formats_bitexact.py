@@ -8,10 +8,12 @@ import zlib
 
 import jax.numpy as jnp
 import ml_dtypes
-import mx_oracle as orc
 import numpy as np
 import pytest
-from mx_testutil import (
+
+import jax_mxfp8 as mx
+from tests.quantize import mx_oracle as orc
+from tests.quantize.mx_testutil import (
     ELEM_DTYPES,
     INPUT_DTYPES,
     boundary_blocks,
@@ -22,8 +24,6 @@ from mx_testutil import (
     mixed_blocks,
     scale_bytes,
 )
-
-import jax_mxfp8 as mx
 
 # name -> (shape, library `axis` argument, block)
 LAYOUTS = {

@@ -2,10 +2,11 @@
 the subnormal "up" quotient near fmt.max * 2**-127, and float32-subnormal inputs (which may be flushed)."""
 
 import jax.numpy as jnp
-import mx_oracle as orc
 import numpy as np
 import pytest
-from mx_testutil import ELEM_DTYPES, data_bytes, lib_dequantize, lib_quantize, scale_bytes
+
+from tests.quantize import mx_oracle as orc
+from tests.quantize.mx_testutil import ELEM_DTYPES, data_bytes, lib_dequantize, lib_quantize, scale_bytes
 
 F32_MAX = float(np.finfo(np.float32).max)
 

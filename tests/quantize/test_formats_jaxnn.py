@@ -10,12 +10,20 @@ quotients below 2**-126 are flushed by XLA CPU before the FP8 cast; they round t
 import jax
 import jax.numpy as jnp
 import ml_dtypes
-import mx_oracle as orc
 import numpy as np
 import pytest
 from jax._src.cudnn.scaled_matmul_stablehlo import BlockScaleConfig
 from jax._src.cudnn.scaled_matmul_stablehlo import quantize as jaxnn_quantize
-from mx_testutil import ELEM_DTYPES, boundary_blocks, data_bytes, lib_quantize, log_uniform_blocks, scale_bytes
+
+from tests.quantize import mx_oracle as orc
+from tests.quantize.mx_testutil import (
+    ELEM_DTYPES,
+    boundary_blocks,
+    data_bytes,
+    lib_quantize,
+    log_uniform_blocks,
+    scale_bytes,
+)
 
 
 def _config(elem):

@@ -3,12 +3,19 @@ per-element error bound, re-quantization (idempotence), and stochastic rounding 
 
 import jax
 import jax.numpy as jnp
-import mx_oracle as orc
 import numpy as np
 import pytest
-from mx_testutil import ELEM_DTYPES, data_bytes, lib_dequantize, lib_quantize, log_uniform_blocks, scale_bytes
 
 import jax_mxfp8 as mx
+from tests.quantize import mx_oracle as orc
+from tests.quantize.mx_testutil import (
+    ELEM_DTYPES,
+    data_bytes,
+    lib_dequantize,
+    lib_quantize,
+    log_uniform_blocks,
+    scale_bytes,
+)
 
 AXES = (1,)
 

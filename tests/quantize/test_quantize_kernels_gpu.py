@@ -1,6 +1,6 @@
 """GPU tests of the CuTe DSL quantize / dequantize kernels against the XLA reference (bit for bit).
 
-Run on the H200 with `pytest -m gpu tests/test_quantize_kernels_gpu.py`; skipped without the built
+Run on the H200 with `pytest -m gpu tests/quantize/test_quantize_kernels_gpu.py`; skipped without the built
 library or a GPU of compute capability 9.x / 10.x. Every check draws fresh random inputs over many
 magnitudes (plus zero, NaN, Inf and threshold blocks), poisons the memory the outputs will land in, and
 compares every byte with jax_mxfp8.formats on the same device.
@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from seeding import test_seed
 
 from jax_mxfp8.formats import E4M3, E5M2
 from jax_mxfp8.formats import dequantize as ref_dequantize
@@ -22,6 +21,7 @@ from jax_mxfp8.formats import quantize as ref_quantize
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives import quantize as pq
+from tests.seeding_testutil import test_seed
 
 pytestmark = pytest.mark.gpu
 

@@ -6,7 +6,7 @@ Two independent references:
     jax.nn.scaled_dot_general), bit for bit for scale_rounding="up" on float32 input, on the blocks where it is
     defined on this backend: finite blocks with amax >= max * 2^-126 (below that it divides by the subnormal
     2^-127, which XLA:CPU flushes; all-zero blocks come back NaN, NaN blocks with scale 0; docs/numerics.md);
-  * the NumPy model of the contract (tests/mx_oracle.py: frexp scale rules, round-to-nearest-even on the
+  * the NumPy model of the contract (tests/quantize/mx_oracle.py: frexp scale rules, round-to-nearest-even on the
     FP8 grid), bit for bit for both scale roundings and every block: zero blocks scale 0 and zero data,
     non-finite blocks scale 0xFF and NaN data, float32's max saturating.
 Inputs: float32 (and bfloat16 / float16 against the model), blocks drawn over the whole float32 exponent range
@@ -21,15 +21,15 @@ import functools
 import jax
 import jax.numpy as jnp
 import ml_dtypes
-import mx_oracle as orc
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax._src.cudnn.scaled_matmul_stablehlo import BlockScaleConfig
 from jax._src.cudnn.scaled_matmul_stablehlo import quantize as jaxnn_quantize
-from mx_testutil import flush_subnormals
 
 import jax_mxfp8 as mx
+from tests.quantize import mx_oracle as orc
+from tests.quantize.mx_testutil import flush_subnormals
 
 PROPERTY = settings(max_examples=60, deadline=None, database=None, derandomize=True)
 ELEMS = {"e4m3": (jnp.float8_e4m3fn, orc.E4M3), "e5m2": (jnp.float8_e5m2, orc.E5M2)}

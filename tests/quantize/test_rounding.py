@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from seeding import test_rng
 
 from jax_mxfp8.formats import element_format
 from jax_mxfp8.formats.quantize import dequantize, dequantize_products, quantize, quantize_dequantize
 from jax_mxfp8.formats.rounding import round_to_elements
+from tests.seeding_testutil import test_rng
 
 DTYPES = [jnp.float8_e4m3fn, jnp.float8_e5m2]
 

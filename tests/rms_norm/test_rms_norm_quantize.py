@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import mx_oracle
 import numpy as np
 import pytest
 
 import jax_mxfp8
 from jax_mxfp8.metrics import sqnr_db
+from tests.quantize import mx_oracle
 
 
 def _inputs(seed, shape, dtype):

@@ -1,7 +1,7 @@
 """GPU tests of the fused RMSNorm + MX quantize kernel and of the `implementation=` wiring of the public
 ops (jax_mxfp8.quantize / dequantize / rms_norm_quantize).
 
-Run on the H200 with `pytest -m gpu tests/test_rms_norm_quantize_gpu.py`; skipped without the built
+Run on the H200 with `pytest -m gpu tests/rms_norm/test_rms_norm_quantize_gpu.py`; skipped without the built
 library or a GPU of compute capability 9.x / 10.x.
 
 What is checked (kernel numerics: jax_mxfp8/kernels/common/rms_norm_quantize.py):
@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from seeding import test_seed
 
 import jax_mxfp8
 from jax_mxfp8.formats import quantize as ref_quantize
@@ -29,6 +28,7 @@ from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import library
 from jax_mxfp8.primitives import rms_norm_quantize as prq
 from jax_mxfp8.reference.rms_norm import rms_norm_quantize_fwd
+from tests.seeding_testutil import test_seed
 
 pytestmark = pytest.mark.gpu
 
