@@ -1,4 +1,4 @@
-"""Rematerialization (issue 16 item 8): every jax.checkpoint policy gives the loss and gradients of no remat.
+"""Rematerialization: every jax.checkpoint policy gives the loss and gradients of no remat.
 
 The bug: jax.checkpoint inserts reduce_precision(x, finfo(x.dtype)) on every floating residual it saves,
 which on float8_e4m3fn turns the finite top binade (256..448) into NaN; MX ops whose custom_vjp kept an

@@ -1,8 +1,8 @@
 """Independent float64 NumPy models of attention, for the attention tests and benchmarks.
 
 * `exact_attention`: unquantized softmax attention and its analytic gradients (the SQNR yardstick).
-* `mx_attention`: an emulation of the MXFP8 numerics contract (DESIGN.md section 4, decisions in
-  docs/numerics.md) written from the contract, not from the library: its own E8M0/E4M3 quantizer
+* `mx_attention`: an emulation of the MXFP8 numerics contract (docs/numerics.md "The contract"
+  and "Attention") written from the contract, not from the library: its own E8M0/E4M3 quantizer
   (np.frexp exponents, np.round half-even on an explicit grid spacing), a Python loop over (batch, head)
   and KV tiles, float64 GEMMs. It imports neither jax nor jax_mxfp8.
 

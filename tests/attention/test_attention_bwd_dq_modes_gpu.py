@@ -1,6 +1,6 @@
 """The Hopper attention backward kernel's dQ modes (kernels/sm90/attention_bwd_dq.py) through its FFI target.
 
-Gates (issue 17): dq_accum "fp16" (dQ * 2^e in float16) and the deterministic mode ("fp32", "fp16"):
+Gates: dq_accum "fp16" (dQ * 2^e in float16) and the deterministic mode ("fp32", "fp16"):
   * dq SQNR >= 35 dB against the XLA reference with the same AttentionConfig (dq_accum, dq_fp16_scale_log2);
     dk, dv bit-identical to tune 0's (the dQ mode changes only how dQ is added);
   * deterministic "fp32": dq within float32 reordering of tune 0's (>= 110 dB: the same partials in another

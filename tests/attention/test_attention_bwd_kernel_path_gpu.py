@@ -2,9 +2,9 @@
 
 implementation="cuda" runs the forward kernel, the pre-pass and the backward kernel (ops/attention_bwd_kernel.py);
 its gradients are compared with implementation="xla" (the reference, its own forward) under a random output
-cotangent and a random dLSE: SQNR >= 35 dB (issue 17's gate). The kernel itself against the reference on the
-same operands is tests/attention/test_attention_bwd_kernel_gpu.py; the CPU twin of this file (the emulated call) is
-tests/attention/test_attention_bwd_kernel_path_cpu.py.
+cotangent and a random dLSE: SQNR >= 35 dB (the kernel-vs-reference gate). The kernel itself against the
+reference on the same operands is tests/attention/test_attention_bwd_kernel_gpu.py; the CPU twin of this file
+(the emulated call) is tests/attention/test_attention_bwd_kernel_path_cpu.py.
 """
 
 from __future__ import annotations

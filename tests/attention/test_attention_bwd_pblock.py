@@ -3,7 +3,7 @@ quantize_p_blocks): dV = Pq^T dO with P quantized per 32 queries of each key (dV
 scale per block from its own amax (rule "up"), as reference/attention_bwd.py's fake_quant_p(p, -2, "block").
 
 CPU: the lookup, and the kernel path (emulated) against the reference backward on the same residuals.
-GPU (marked): the kernel against the reference with the same config (the issue's gates: >= 35 dB, float64
+GPU (marked): the kernel against the reference with the same config (the gates: >= 35 dB, float64
 SQNR within 0.5 dB of the reference's); and on an attention sink, where every other key's P (~2^-20) is below what the
 constant scale keeps, dv of those keys equals the block reference's (nonzero) and not the constant one's (0):
 the blocks are not the constant scale under another name.

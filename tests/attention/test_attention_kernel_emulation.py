@@ -2,7 +2,7 @@
 
 jax_mxfp8.primitives.attention_fwd.prepare (the producer pass the kernel consumes) and emulate_fwd (the
 kernel's arithmetic: re-encoded operands, exp2 with max offset 8, per-tile V exponents) against
-  * the XLA reference with the same config: O and LSE SQNR >= 40 dB (the issue's gate for the kernel);
+  * the XLA reference with the same config: O and LSE SQNR >= 40 dB (the gate for the kernel);
   * unquantized float64 attention: within 0.5 dB of the reference's own SQNR.
 The GPU tests (test_attention_kernel_gpu.py) then hold the kernel to this emulation.
 """

@@ -159,7 +159,7 @@ def test_kernel_path_forward_and_gradients(case, p_scale):
 
 
 def test_float32_inputs_take_the_kernel_path_quantized_from_float32():
-    """float32 q/k/v run the kernel (once, they silently ran the reference): quantized from float32 itself (not
+    """float32 q/k/v run the kernel (not silently the reference): quantized from float32 itself (not
     from a bfloat16 copy), O returned as float32 holding the kernel's bfloat16 values."""
     case = CASES[2]
     rng = fresh_rng()

@@ -1,11 +1,11 @@
-"""Large but finite logits (issue 16 item 1): |S| from ~1e7 to ~1e30 on every attention implementation.
+"""Large but finite logits: |S| from ~1e7 to ~1e30 on every attention implementation.
 
 At such logits softmax is one-hot at each row's largest logit, so the answer is known exactly: O is the
 V row of that key, LSE is the largest logit, dV is the sum of the (quantized) output cotangents of the rows
-that pick each key. Before the fix the running max and the exponent saw differently rounded S (XLA
-contracted the scale multiply into exp's subtraction as an FMA; the kernel used an FFMA): the reference
-answered NaN rows (P~ > 1, an unsaturated cast of 256 P~ to E4M3) and, past ~1e9, rows of zeros with LSE
--inf; the emulation and the kernel (which saturate P) rows of zeros or rows scaled down.
+that pick each key. What it catches: a running max and an exponent that see differently rounded S (XLA
+contracting the scale multiply into exp's subtraction as an FMA; the kernel's FFMA) give the reference NaN
+rows (P~ > 1, an unsaturated cast of 256 P~ to E4M3) and, past ~1e9, rows of zeros with LSE -inf; the
+emulation and the kernel (which saturate P) rows of zeros or rows scaled down.
 
 The oracle is float64 NumPy on the dequantized square-block operands Q^, K^, V^ (what every implementation
 starts from); the kernel path (emulated, cuda) re-encodes them to one exponent per sub-tile first
@@ -31,7 +31,7 @@ B, N = 1, 2
 # (p_scale, sequence length): one 128-key tile (XLA unrolls the scan and fuses differently: before the fix
 # each implementation failed there) and two (the running max moves between tiles)
 CASES = [("const", 128), ("const", 256), ("block", 128)]
-H_KERNEL, H_REFERENCE = 64, 32  # the issue's probe had H = 32 (the kernel covers 64 and 128)
+H_KERNEL, H_REFERENCE = 64, 32  # the reference at H = 32 (the kernel covers 64 and 128)
 SCALES = (3e3, 1e5, 1e10, 1e15)  # logits ~ SCALE^2 (tau = H^-1/2): 1e7 .. 1e30
 CONFIGS = {"const": mx.AttentionConfig(), "block": mx.AttentionConfig(p_scale="block")}
 
@@ -48,7 +48,7 @@ def _dequant(x):
     """Square-block Q^ / K^ / V^ / dO^ over (sequence, head_dim) of a (B, L, N, H) array, float64.
 
     The oracle's quantization is the reference's by choice (implementation="xla"): the kernels do not cover
-    blocks over axes (-3, -1), and implementation=None would warn about that on the GPU (seen in run 10)."""
+    blocks over axes (-3, -1), and implementation=None would warn about that on the GPU."""
     q = mx.quantize(x, axis=(-3, -1), block="square", implementation="xla")
     return np.asarray(mx.dequantize(q, jnp.float32, implementation="xla"), np.float64)
 
@@ -91,7 +91,7 @@ def _check(impl: str, p_scale: str, t: int, with_grad: bool):
     fwd, grad = _fns(impl, p_scale)
     kernel_path = impl != "xla"
     for scale in SCALES:
-        # the kernel path takes bfloat16 (its output dtype); the reference also float32, as the issue's probe
+        # the kernel path takes bfloat16 (its output dtype); the reference also float32
         dtype, h = (jnp.bfloat16, H_KERNEL) if kernel_path else (jnp.float32, H_REFERENCE)
         q, k, v, do = _inputs(fresh_rng(), scale, dtype, t, h)
         decisive, o_x, lse_x, dv_x, touched = _one_hot_oracle(q, k, v, do)

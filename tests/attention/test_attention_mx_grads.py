@@ -1,4 +1,4 @@
-"""dK, dV as MXArrays for the QKV projection's backward GEMMs (ops/attention_grads.py, issue 17).
+"""dK, dV as MXArrays for the QKV projection's backward GEMMs (ops/attention_grads.py).
 
 Exact contract: the MXGradient's row / col MXArrays equal quantize(dK) along features / tokens of the
 ordinary path's dK, dV (input dtype), bit for bit; and feeding them to mx_dot_general gives the projection

@@ -1,4 +1,4 @@
-"""broadcast_query_attention: one query sequence against B key/value sequences (issue 17).
+"""broadcast_query_attention: one query sequence against B key/value sequences.
 
 The contract (ops/broadcast_attention.py): varlen_attention on the query tiled B times, O and dK, dV bit for
 bit, dQ the float32 sum of the copies' gradients; checked against that tiling (the library's own op, on

@@ -1,8 +1,8 @@
-"""varlen_attention with traced cu_seqlens (issue 16 item 3): rows outside [0, T_total) never act as keys
+"""varlen_attention with traced cu_seqlens: rows outside [0, T_total) never act as keys
 or queries, whatever the offsets say; the checked mode (check_offsets=True under checkify) reports them.
 
-Before: under jit the offsets were not checked, and a last offset beyond T_total gathered the last packed
-row again and again (phantom keys), changing the real rows' outputs.
+What it catches: unchecked offsets under jit, where a last offset beyond T_total gathers the last packed row
+again and again (phantom keys) and changes the real rows' outputs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Independent float64 NumPy model of align128 (GEMM_INTERFACE.md) and the error study's helpers.
+"""Independent float64 NumPy model of align128 (docs/numerics.md "Formats, quantize and GEMM") and the error
+study's helpers.
 
 Never imports jax_mxfp8: block exponents are maxed with explicit loops over the 128-runs, elements are
 scaled with np.ldexp in float64 and rounded by mx_oracle's table search (ties to the even code), and the

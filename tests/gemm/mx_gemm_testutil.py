@@ -1,4 +1,4 @@
-"""Random aligned MX GEMM operands (GEMM_INTERFACE.md) and the float64 evaluation of the kernel's formula.
+"""Random aligned MX GEMM operands (docs/interfaces.md "MX GEMM") and the float64 evaluation of the kernel's formula.
 
 operands(rng, g, m, n, k, a_dtype, b_dtype, bias, nan_rows, nan_cols) -> dict of numpy arrays
     a (G, M, Kp), b (G, N, Kp) FP8 (K >= k zero padding, as the aligned producer writes), sa (G, Kt, M),

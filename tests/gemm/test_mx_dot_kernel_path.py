@@ -5,7 +5,7 @@ MX GEMM) with every FFI call emulated in XLA, so the kernel path's numerics (ali
 per 128 K, per-128 promotion) are checked here against the contract's reference and the unquantized product. GPU (marked
 gpu): the same with the kernels.
 
-The error study (issue W2 2/6): the kernel numerics differ from the contract's only where aligning 4
+The error study: the kernel numerics differ from the contract's only where aligning 4
 blocks to one exponent pushes an element of a smaller block into E4M3 subnormals. On N(0,1), log-normal
 rows and outlier channels, the kernel path's SQNR against the reference must be >= 40 dB for all three
 GEMMs, and its SQNR against the unquantized product within 0.5 dB of the reference's.
@@ -224,7 +224,7 @@ def test_gpu_kernel_path_matches_reference(kind):
     print(kind, {k: tuple(round(v, 1) for v in vals) for k, vals in report.items()})
     # the kernel and its emulation sum the same products, but Hopper's FP8 wgmma accumulates each 128-K
     # partial with fewer than float32's bits (tests/gemm/test_mx_gemm_kernel.py bounds it): 69-87 dB against the
-    # reference on the H200 (run 9), where a wrong operand, scale or orientation costs tens of dB
+    # reference on the H200, where a wrong operand, scale or orientation costs tens of dB
     kern, emul = _vjp_fn(DENSE, "cuda")(x, w, ct), _vjp_fn(DENSE, "emulated")(x, w, ct)
     for name, k, e in zip(("fwd", "dgrad", "wgrad"), kern, emul):
         assert _sqnr_db(k, e) >= 60, name

@@ -29,7 +29,7 @@ WGMMA_REL = 2.0**-7
 """Accumulation error allowed per 128-K partial, relative to its absolute sum. Hopper's FP8 wgmma adds
 products aligned to the largest exponent with ~14 bits kept (DeepSeek-V3): up to ~2^-13 of the largest
 addend lost per product, 32 products + the accumulator per k32 step, four steps per partial. Measured on
-these inputs (log-uniform magnitudes over 2^24): up to 1.1e-3 = 2^-9.8 (H200 run 1). A wrong scale or
+these inputs (log-uniform magnitudes over 2^24): up to 1.1e-3 = 2^-9.8 (on the H200). A wrong scale or
 fragment index gives errors of order 1; test_kernel_exact_on_small_integers checks the indexing exactly."""
 
 

@@ -1,5 +1,5 @@
 """RMSNorm -> QKV: the fused RMSNorm + quantize hands the QKV GEMM its MXArray, so no separate quantize or
-producer pass reads the normalized activation (issue 15 item 3; why the QKV GEMM does not in turn hand
+producer pass reads the normalized activation (why the QKV GEMM does not in turn hand
 attention quantized Q, K, V: docs/architecture.md "Hand-offs between layers").
 
 CPU: every kernel decision forced to "emulated", tracing a TransformerBlock's attention half records the

@@ -1,4 +1,4 @@
-"""FSDP backward gathers MXFP8, not float32 (issue 16 item 11), on 8 CPU devices.
+"""FSDP backward gathers MXFP8, not float32, on 8 CPU devices.
 
 The forward already all-gathered the weight as MXFP8 (quantized along the GEMM's contracting axis K); the
 backward re-quantized the sharded float32 weight for the dgrad GEMM and so all-gathered it in float32.

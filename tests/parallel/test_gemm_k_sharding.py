@@ -1,4 +1,4 @@
-"""The MX GEMM kernel path with a sharded contracted dimension K (issue 15; 8 CPU devices,
+"""The MX GEMM kernel path with a sharded contracted dimension K (8 CPU devices,
 implementation="emulated": the same custom_partitioning plumbing as the kernels).
 
 K sharded in whole 128-K tiles: each device runs the float32 GEMM over its slice and the partials are

@@ -1,10 +1,10 @@
-"""mx_dot_general keeps sharded free dimensions apart (issue 16 item 9), on 8 CPU devices.
+"""mx_dot_general keeps sharded free dimensions apart, on 8 CPU devices.
 
 Activations (B, T, D) sharded over batch AND sequence, P("data", "model", None) on a 2x4 mesh, with a
 replicated weight: lax.dot_general needs no collective in the forward and only the weight-gradient
-all-reduce in the backward; the MX GEMM used to flatten (B, T) into its rows, which forced an all-gather
-(reference/gemm_dims.py). The same program must also run on meshes with Explicit axes (jax.make_mesh's
-default), where that flattening reshape was refused.
+all-reduce in the backward; flattening (B, T) into the MX GEMM's rows would force an all-gather
+(reference/gemm_dims.py keeps them apart). The same program must also run on meshes with Explicit axes
+(jax.make_mesh's default), which refuse that flattening reshape.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Independent NumPy reference of MXFP8 quantize / dequantize, written from DESIGN.md section 4.
+"""Independent NumPy reference of MXFP8 quantize / dequantize, written from docs/numerics.md "The contract".
 
 This module never imports jax_mxfp8 (nor jax): it is the oracle the library is tested against, so it uses
 techniques unlike a jnp port of the library:
@@ -147,7 +147,8 @@ def scale_from_amax(amax, fmt: Fmt, scale_rounding: str) -> np.ndarray:
 
 
 def scale_up_bitrule(amax, fmt: Fmt) -> np.ndarray:
-    """The "up" rule exactly as DESIGN.md states it (JAX's bit test), for self-checking the frexp version."""
+    """The "up" rule exactly as docs/numerics.md "Quantize" states it (the bit test), for self-checking the frexp
+    version."""
     with np.errstate(under="ignore"):
         v = np.asarray(amax, dtype=np.float32) / np.float32(fmt.max)
     bits = v.view(np.uint32)
@@ -239,7 +240,7 @@ def quantize(x, *, axis=-1, block: str = "row", dtype=ml_dtypes.float8_e4m3fn, s
 def dequantize(data_codes, scale, axes: tuple[int, ...], fmt: Fmt, dtype=np.float32) -> np.ndarray:
     """element * 2**(b - 127) rounded once from the exact float64 product to float32, then to `dtype`;
     NaN where b == 0xFF. A finite element whose product exceeds the dtype's range (448 * 2**127, or
-    256 * 2**120 = 2**128) saturates to +-min(dtype max, float32 max) (DESIGN.md section 4, dequantize)."""
+    256 * 2**120 = 2**128) saturates to +-min(dtype max, float32 max) (docs/numerics.md "Dequantize")."""
     vals = decode(data_codes, fmt)
     b = expand(np.asarray(scale, dtype=np.uint8), axes).astype(np.int64)
     with np.errstate(invalid="ignore"):

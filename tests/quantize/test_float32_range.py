@@ -1,10 +1,10 @@
-"""Issue 16 item 5: finite values near float32's (and bfloat16's) maximum, and float64 beyond float32's range.
+"""Finite values near float32's (and bfloat16's) maximum, and float64 beyond float32's range.
 
-The rule (docs/numerics.md "Float32 range"; DESIGN.md section 4 "Dequantize" plus this saturation):
+The rule (docs/numerics.md "Float32 range" and "Dequantize"):
 - dequantize saturates a finite element whose product element * 2**(b - 127) exceeds the output dtype's
   range to +-min(dtype max, float32 max) (float32 3.4028235e38, bfloat16 3.3895314e38, float16 65504).
   Under scale_rounding="up" a block of amax near float32's maximum gets scale 2**120 and an element that
-  rounds up to 256 (E4M3) / 32768 (E5M2), i.e. 2**128: it used to come back as +-Inf. Inf elements (E5M2)
+  rounds up to 256 (E4M3) / 32768 (E5M2), i.e. 2**128: saturated, not +-Inf. Inf elements (E5M2)
   and NaN blocks (scale 0xFF) pass through unchanged.
 - quantize of concrete input holding finite values beyond float32's range (float64: x64 mode or a NumPy
   array) raises a ValueError naming x; traced input (under jit) keeps the contract's answer, a NaN block.
@@ -97,7 +97,7 @@ def _saturated(g, codes, scale, elem, layout, bound):
 @pytest.mark.parametrize("implementation", IMPLS)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("elem", list(ELEMS))
-@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16"])  # float16: the kernels since session 10
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16"])  # float16: the attention backward's dO for dV
 def test_dequantize_saturates_finite_values(implementation, layout, elem, out_dtype):
     """Every FP8 code under every scale byte in SCALES: finite elements whose product overflows the output
     dtype come back as +-its max (they were +-Inf), Inf elements stay Inf, scale 0xFF stays NaN."""
@@ -271,7 +271,7 @@ def test_other_entry_points_reject_concrete_float64_beyond_float32():
 
 
 def test_kernel_variants_cover_every_output_dtype():
-    """The saturation bound is compiled per out_dtype: every dequantize variant has one of the three (float16
-    since session 10: the attention backward's dO for dV)."""
+    """The saturation bound is compiled per out_dtype: every dequantize variant has one of the three (float16:
+    the attention backward's dO for dV)."""
     outs = {v.out_dtype for v in registry.DEQUANTIZE_VARIANTS}
     assert outs == {"float32", "bfloat16", "float16"}

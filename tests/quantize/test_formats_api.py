@@ -162,8 +162,8 @@ def test_vmap_over_stochastic_keys_and_in_axes_none():
 @pytest.mark.parametrize("in_dtype", [jnp.float32, jnp.bfloat16])
 def test_fake_quantize_gradient_is_straight_through(in_dtype):
     """d/dx sum(w * fake_quantize(x)) == w exactly, whatever the block scale (the cotangent never passes through
-    an FP8 cast). Before the fix, autodiff through the FP8 cast rounded w to the E4M3 grid at the scale, flushed
-    it to 0 for small x and overflowed it to NaN for large x."""
+    an FP8 cast). Autodiff through the FP8 cast would round w to the E4M3 grid at the scale, flush it to 0 for
+    small x and overflow it to NaN for large x."""
     rng = np.random.default_rng(5)
     magnitude = np.logspace(-30, 30, 32)[:, None]  # one per row: row blocks see scales from 2**-108 to 2**91
     x = jnp.asarray(rng.standard_normal((32, 64)) * magnitude, jnp.float32).astype(in_dtype)

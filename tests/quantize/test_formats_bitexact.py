@@ -1,4 +1,5 @@
-"""Bit-exact agreement of jax_mxfp8.quantize / dequantize with the independent NumPy oracle (DESIGN.md s.4).
+"""Bit-exact agreement of jax_mxfp8.quantize / dequantize with the independent NumPy oracle (docs/numerics.md
+"Quantize", "Dequantize").
 
 Inputs avoid float32-subnormal magnitudes (< 2**-126), which the contract allows to be flushed to zero;
 test_formats_edge_cases.py covers them with a looser comparison.
@@ -183,7 +184,7 @@ def test_dequantize_square_and_row_axis0_layouts():
 
 @pytest.mark.parametrize("fmt", orc.FORMATS, ids=lambda f: f.name)
 def test_oracle_up_rule_equals_jax_bit_rule(fmt):
-    """The frexp-based "up" rule equals DESIGN.md's literal bit rule on every kind of float32 amax."""
+    """The frexp-based "up" rule equals docs/numerics.md "Quantize"'s literal bit rule on every kind of float32 amax."""
     rng = np.random.default_rng(1)
     bits = rng.integers(0, 0x7F800000, size=200_000, dtype=np.uint32)  # all finite non-negative float32
     special = np.array([0.0, 2.0**-149, 2.0**-127, 2.0**-126, 3.4028235e38], dtype=np.float32)

@@ -1,5 +1,5 @@
-"""Edge cases of MX quantization (DESIGN.md s.4): saturation, scale boundaries, zeros, NaN / Inf, outliers,
-the subnormal "up" quotient near fmt.max * 2**-127, and float32-subnormal inputs (which may be flushed)."""
+"""Edge cases of MX quantization (docs/numerics.md "Quantize"): saturation, scale boundaries, zeros, NaN / Inf,
+outliers, the subnormal "up" quotient near fmt.max * 2**-127, and float32-subnormal inputs (which may be flushed)."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -63,7 +63,7 @@ def _probe(name: str) -> int:
     return 1 if "[idx 1]" in name else 0
 
 
-# (case, element, scale rounding) -> (element value, scale byte), worked out by hand from DESIGN.md s.4.
+# (case, element, scale rounding) -> (element value, scale byte), worked out by hand from docs/numerics.md "Quantize".
 # up: b = ceil(log2 fp32(amax / max)) + 127 in [0, 254]; floor: b = floor(log2 amax) - emax + 127 in [0, 254].
 HAND = {
     ("448", "e4m3", "up"): (448.0, 127),  # v = 1 exactly
@@ -193,8 +193,8 @@ def test_nonfinite_square_tile():
 
 @pytest.mark.parametrize("elem", ["e4m3", "e5m2"])
 def test_float32_subnormal_inputs_loose(elem):
-    """Inputs below 2**-126 may be flushed to zero (DESIGN.md s.4). Per block the scale must be the oracle's
-    for x or for flush(x); each element must be the oracle's rounding of x or of flush(x) under that scale."""
+    """Inputs below 2**-126 may be flushed to zero (docs/numerics.md "Quantize"). Per block the scale must be the
+    oracle's for x or for flush(x); each element must be the oracle's rounding of x or of flush(x) under that scale."""
     fmt = orc.fmt_of(ELEM_DTYPES[elem])
     rng = np.random.default_rng(4)
     sub = np.exp2(rng.uniform(-149, -126, size=(6, 32))) * rng.choice([-1, 1], size=(6, 32))

@@ -1,8 +1,8 @@
 """Cross-check against jax.nn's own MXFP8 quantizer (the one behind jax.nn.scaled_dot_general).
 
-DESIGN.md s.4 says scale_rounding="up" is bit-identical to it. jax.nn computes x / e8m0_to_dtype(scale) and maps
-scale byte 0 to the float32 constant 2**-127, a subnormal that XLA CPU flushes to zero, so on CPU jax.nn is only
-well defined for blocks with scale byte >= 1: float32 inputs, no zero blocks and block amax >= max * 2**-126
+docs/numerics.md "Quantize" says scale_rounding="up" is bit-identical to it. jax.nn computes x / e8m0_to_dtype(scale)
+and maps scale byte 0 to the float32 constant 2**-127, a subnormal that XLA CPU flushes to zero, so on CPU jax.nn is
+only well defined for blocks with scale byte >= 1: float32 inputs, no zero blocks and block amax >= max * 2**-126
 (then amax / max >= 2**-126 and the "up" byte is at least 1). Inputs are generated inside that domain. Element
 quotients below 2**-126 are flushed by XLA CPU before the FP8 cast; they round to (signed) zero either way.
 """

@@ -1,5 +1,6 @@
-"""Properties of MX quantization that follow from DESIGN.md s.4 without a full reference: scale bounds, the
-per-element error bound, re-quantization (idempotence), and stochastic rounding (neighbours, unbiasedness)."""
+"""Properties of MX quantization that follow from docs/numerics.md "Quantize" without a full reference: scale
+bounds, the per-element error bound, re-quantization (idempotence), and stochastic rounding
+(neighbours, unbiasedness)."""
 
 import jax
 import jax.numpy as jnp

@@ -32,7 +32,7 @@ def _edge_values(dtype) -> np.ndarray:
     rand = (rng.uniform(-1, 1, 200_000) * fmt.max * 2.0 ** rng.integers(-30, 1, 200_000)).astype(np.float32)
     v = np.concatenate([base, *near, tiny, -tiny, rand]).astype(np.float32)
     v = v[np.abs(v) <= fmt.max]
-    return v[(v == 0) | (np.abs(v) >= 2.0**-126)]  # float32 subnormals may be flushed (DESIGN.md 4)
+    return v[(v == 0) | (np.abs(v) >= 2.0**-126)]  # float32 subnormals may be flushed (docs/numerics.md "Quantize")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
