@@ -1,6 +1,6 @@
-"""Shared helpers of the attention tests: input generators and jitted library calls.
+"""Shared helpers of the attention tests: input generators, jitted library calls and bit-level checks.
 
-Nothing here computes an expected value (see attention_emulation.py for the float64 models).
+Nothing here computes an expected value (attention_oracle.py holds the float64 models).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mxfp8 as mx
+from tests.quantize.mx_testutil import data_bytes, scale_bytes
 from tests.seeding_testutil import test_rng
 
 
@@ -85,3 +86,18 @@ def assert_bits_equal(a, b):
     a, b = np.asarray(a), np.asarray(b)
     assert_finite(a, b)
     np.testing.assert_array_equal(a, b)
+
+
+def _same_mx(a: mx.MXArray, b: mx.MXArray) -> None:
+    assert a.shape == b.shape and a.axes == b.axes and a.block == b.block
+    np.testing.assert_array_equal(data_bytes(a), data_bytes(b))
+    np.testing.assert_array_equal(scale_bytes(a), scale_bytes(b))
+
+
+def check_mx_gradient(grad_mx, grad, tokens: int) -> None:
+    """grad_mx: an MXGradient of dK or dV; grad: the ordinary path's (..., K, H) gradient in the input dtype.
+    Its row / col MXArrays must equal quantize(grad) along features / tokens (the XLA reference) bit for bit."""
+    g = jnp.asarray(grad).reshape(tokens, -1)
+    assert grad_mx.shape == g.shape
+    _same_mx(grad_mx.row, mx.quantize(g, axis=-1, implementation="xla"))
+    _same_mx(grad_mx.col, mx.quantize(g, axis=-2, implementation="xla"))

@@ -16,51 +16,9 @@ import pytest
 
 import jax_mxfp8 as mx
 from jax_mxfp8.ops.attention_grads import dot_product_attention_vjp, varlen_attention_vjp
-from tests.attention.attention_testutil import fresh_rng
-from tests.quantize.mx_testutil import data_bytes, scale_bytes
+from tests.attention.attention_testutil import check_mx_gradient, fresh_rng
 
-B, T, S, N, NK, H = 2, 64, 96, 2, 1, 64
-
-
-def _same_mx(a: mx.MXArray, b: mx.MXArray) -> None:
-    assert a.shape == b.shape and a.axes == b.axes and a.block == b.block
-    np.testing.assert_array_equal(data_bytes(a), data_bytes(b))
-    np.testing.assert_array_equal(scale_bytes(a), scale_bytes(b))
-
-
-def _check_grads(dk_mx, dk, tokens: int) -> None:
-    """dk_mx: MXGradient; dk: the ordinary path's (..., K, H) gradient in the input dtype."""
-    g = jnp.asarray(dk).reshape(tokens, NK * H)
-    assert dk_mx.shape == (tokens, NK * H)
-    _same_mx(dk_mx.row, mx.quantize(g, axis=-1, implementation="xla"))
-    _same_mx(dk_mx.col, mx.quantize(g, axis=-2, implementation="xla"))
-
-
-@functools.cache
-def _dense(impl: str):
-    def run(q, k, v, do):
-        out, vjp = dot_product_attention_vjp(q, k, v, is_causal=True, implementation=impl)
-        o_ref, vjp_ref = jax.vjp(lambda *a: mx.dot_product_attention(*a, is_causal=True, implementation=impl), q, k, v)
-        return out, vjp(do), o_ref, vjp_ref(do)
-
-    return jax.jit(run)
-
-
-def _dense_inputs(dtype):
-    rng = fresh_rng()
-    shapes = [(B, T, N, H), (B, S, NK, H), (B, S, NK, H), (B, T, N, H)]
-    return [jnp.asarray(rng.standard_normal(s), dtype) for s in shapes]
-
-
-@pytest.mark.parametrize("impl,dtype", [("xla", jnp.bfloat16), ("emulated", jnp.float32)])
-def test_dense_mx_grads_equal_quantized_grads(impl, dtype):
-    q, k, v, do = _dense_inputs(dtype)
-    out, (dq, dk_mx, dv_mx), o_ref, (dq_ref, dk, dv) = _dense(impl)(q, k, v, do)
-    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(o_ref, np.float32))
-    np.testing.assert_array_equal(np.asarray(dq, np.float32), np.asarray(dq_ref, np.float32))
-    assert dq.dtype == dtype and dk_mx.row.dtype == jnp.float8_e4m3fn
-    _check_grads(dk_mx, dk, B * S)
-    _check_grads(dv_mx, dv, B * S)
+T, S, N, NK, H = 64, 96, 2, 1, 64
 
 
 def test_qkv_projection_backward_uses_them():
@@ -103,8 +61,8 @@ def test_varlen_mx_grads_and_bad_inputs():
     _, dk_mx, dv_mx = vjp(do)
     _, vjp_ref = jax.vjp(lambda *a: mx.varlen_attention(*a, cu_q, cu_k, **kw), q, k, v)
     _, dk, dv = vjp_ref(do)
-    _check_grads(dk_mx, dk, sum(lk))
-    _check_grads(dv_mx, dv, sum(lk))
+    check_mx_gradient(dk_mx, dk, sum(lk))
+    check_mx_gradient(dv_mx, dv, sum(lk))
     with pytest.raises(ValueError, match="multiple of 32"):
         k1, v1 = (jnp.concatenate([x, x[:1]]) for x in (k, v))  # 97 packed rows
         varlen_attention_vjp(q, k1, v1, cu_q, cu_k, **kw)[1](do)
@@ -114,13 +72,3 @@ def test_varlen_mx_grads_and_bad_inputs():
         dot_product_attention_vjp(q, mx.quantize(k, axis=-1), v)
     with pytest.raises(ValueError, match="scale_rounding"):
         dot_product_attention_vjp(q, k, v, grad_scale_rounding="down")
-
-
-@pytest.mark.gpu
-def test_cuda_mx_grads_equal_quantized_grads():
-    """On the kernels: the backward kernel's dK, dV and QUANTIZE_ROWCOL's bits = the reference quantize of them."""
-    q, k, v, do = _dense_inputs(jnp.bfloat16)
-    out, (dq, dk_mx, dv_mx), o_ref, (dq_ref, dk, dv) = _dense("cuda")(q, k, v, do)
-    np.testing.assert_array_equal(np.asarray(dq, np.float32), np.asarray(dq_ref, np.float32))
-    _check_grads(dk_mx, dk, B * S)
-    _check_grads(dv_mx, dv, B * S)

@@ -8,7 +8,6 @@ each implementation) and against an independent float64 formulation (tests/atten
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -26,71 +25,16 @@ from jax_mxfp8.primitives import attention_operands as operands
 from jax_mxfp8.primitives import library
 from tests.attention.attention_oracle import exact_attention, mx_attention, sqnr_db
 from tests.attention.attention_testutil import fresh_rng
+from tests.attention.broadcast_testutil import LK, NK, TQ, H, N, broadcast_fwd_bwd, broadcast_inputs
 
-LK = (70, 33, 128)  # key/value sequence lengths (B = 3): partial blocks, a full tile
-TQ, N, NK, H = 40, 2, 1, 64
 AGREEMENT_DB = 55.0  # vs the float64 emulation of the MX contract (as tests/attention/test_attention_varlen.py)
 EXACT_DB = 20.0  # vs exact float64 attention (MXFP8 error: measured 23-36 dB at N(0, 1) inputs)
 
 
-def _inputs(rng, dtype=jnp.float32):
-    tk = sum(LK) + 3  # 3 rows in no sequence
-    q = jnp.asarray(rng.standard_normal((TQ, N, H)), dtype)
-    k = jnp.asarray(rng.standard_normal((tk, NK, H)), dtype)
-    v = jnp.asarray(rng.standard_normal((tk, NK, H)), dtype)
-    do = jnp.asarray(rng.standard_normal((len(LK), TQ, N, H)), dtype)
-    cu_k = jnp.asarray(np.concatenate([[0], np.cumsum(LK)]), jnp.int32)
-    return q, k, v, do, cu_k
-
-
-@functools.cache
-def _broadcast(impl: str, causal: bool):
-    def run(q, k, v, do, cu_k):
-        f = lambda q, k, v: broadcast_query_attention(
-            q, k, v, cu_k, max_seqlen_k=max(LK), is_causal=causal, implementation=impl
-        )
-        o, vjp = jax.vjp(f, q, k, v)
-        return (o, *vjp(do))
-
-    return jax.jit(run)
-
-
-@functools.cache
-def _tiled(impl: str, causal: bool):
-    """The contract's definition: varlen_attention on the query tiled once per key/value sequence."""
-
-    def run(q, k, v, do, cu_k):
-        b = cu_k.shape[0] - 1
-        cu_q = jnp.arange(b + 1, dtype=jnp.int32) * TQ
-        f = lambda qt, k, v: mx.varlen_attention(
-            qt, k, v, cu_q, cu_k, max_seqlen_q=TQ, max_seqlen_k=max(LK), is_causal=causal, implementation=impl
-        )
-        o, vjp = jax.vjp(f, jnp.tile(q, (b, 1, 1)), k, v)
-        dqt, dk, dv = vjp(do.reshape(b * TQ, N, H))
-        return o.reshape(b, TQ, N, H), dqt.reshape(b, TQ, N, H), dk, dv
-
-    return jax.jit(run)
-
-
-@pytest.mark.parametrize("impl,causal", [("xla", False), pytest.param("emulated", True, marks=pytest.mark.slow)])
-def test_equals_tiled_query(impl, causal):
-    q, k, v, do, cu_k = _inputs(fresh_rng())
-    o, dq, dk, dv = _broadcast(impl, causal)(q, k, v, do, cu_k)
-    o_t, dq_t, dk_t, dv_t = _tiled(impl, causal)(q, k, v, do, cu_k)
-    assert o.shape == (len(LK), TQ, N, H) and dq.shape == q.shape
-    np.testing.assert_array_equal(np.asarray(o), np.asarray(o_t))
-    np.testing.assert_array_equal(np.asarray(dk), np.asarray(dk_t))
-    np.testing.assert_array_equal(np.asarray(dv), np.asarray(dv_t))
-    # dq: the float32 sum of the copies' float32 gradients (order of 3 addends: within a few ulps)
-    want = np.asarray(dq_t, np.float64).sum(0)
-    np.testing.assert_allclose(np.asarray(dq, np.float64), want, rtol=0, atol=4e-6 * np.abs(want).max())
-    assert np.all(np.isfinite(np.asarray(o))) and np.all(np.isfinite(np.asarray(dq)))
-
-
 def test_float64_and_padded_form():
     """The packed and the padded key/value forms agree bit for bit, and both track float64 attention."""
-    q, k, v, do, cu_k = _inputs(fresh_rng())
-    o, dq, dk, dv = _broadcast("xla", False)(q, k, v, do, cu_k)
+    q, k, v, do, cu_k = broadcast_inputs(fresh_rng())
+    o, dq, dk, dv = broadcast_fwd_bwd("xla", False)(q, k, v, do, cu_k)
     b, s = len(LK), 128
     kp = np.zeros((b, s, NK, H), np.float32)
     vp = np.zeros_like(kp)
@@ -129,7 +73,7 @@ def test_float64_and_padded_form():
     ],
 )
 def test_bad_inputs(kwargs, match):
-    q, k, v, _, cu_k = _inputs(fresh_rng())
+    q, k, v, _, cu_k = broadcast_inputs(fresh_rng())
     if kwargs.pop("query_rank", 3) == 4:
         q = q[None]
     if kwargs.pop("heads", None):
@@ -138,27 +82,6 @@ def test_bad_inputs(kwargs, match):
     args = dict(max_seqlen_k=max(LK), implementation="xla") | kwargs
     with pytest.raises(ValueError, match=match):
         broadcast_query_attention(q, k, v, cu_k, **args)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("causal", [False, True])
-def test_cuda_equals_tiled_query(causal):
-    """On the kernels (the broadcast_q forward and backward variants) against the tiled query through
-    dot_product_attention: the forward's bits; the gradients within 40 dB, because the tiled query's
-    backward (production, sdp_fp8) runs S^T and dP^T on FP8 wgmma while the broadcast_q variants keep the
-    BF16 schedule (the bits of the two on the same BF16 math are compared at the call level:
-    test_broadcast_q_bwd_kernel_reads_batch_zero). float32 inputs, so that the tiled call's per-copy dq is
-    float32 too and its sum is the contract's dq (up to the order of the kernel's float32 atomics)."""
-    names = {name for name, _ in library.kernel_names()}
-    tag = "_causal" if causal else ""
-    assert {f"attention_fwd_h{H}{tag}_bcastq", f"attention_bwd_h{H}{tag}_bcastq"} <= names
-    q, k, v, do, cu_k = _inputs(fresh_rng(), jnp.float32)
-    o, dq, dk, dv = _broadcast("cuda", causal)(q, k, v, do, cu_k)
-    o_t, dq_t, dk_t, dv_t = _tiled("cuda", causal)(q, k, v, do, cu_k)
-    np.testing.assert_array_equal(np.asarray(o), np.asarray(o_t))
-    assert sqnr_db(np.asarray(dk_t, np.float64), np.asarray(dk, np.float64)) > 40.0
-    assert sqnr_db(np.asarray(dv_t, np.float64), np.asarray(dv, np.float64)) > 40.0
-    assert sqnr_db(dq, np.asarray(dq_t, np.float64).sum(0)) > 40.0
 
 
 def _kernel_call_pair(path: str, causal: bool, p_scale: str):

@@ -37,15 +37,6 @@ SCALES += [241, 242, 245, 246, 247, 248, 249, 250, 251, 252, 253, 254, 255, 180,
 LAYOUTS = {"row": ((-1,), "row"), "col": ((-2,), "row"), "square": ((-2, -1), "square")}
 
 
-def _cuda_ok() -> None:
-    ok, why = library.kernels_runnable()
-    if not ok:
-        pytest.skip(why)
-
-
-IMPLS = ["xla", "emulated", pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
 def _every_code_array(elem: str, layout: str) -> tuple[np.ndarray, np.ndarray]:
     """(codes (1024, 256) uint8, scale bytes) for `layout`: every FP8 code (NaN and, for E5M2, +-Inf too)
     under every byte of SCALES."""
@@ -94,36 +85,6 @@ def _saturated(g, codes, scale, elem, layout, bound):
     return int(big.sum())
 
 
-@pytest.mark.parametrize("implementation", IMPLS)
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("elem", list(ELEMS))
-@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16"])  # float16: the attention backward's dO for dV
-def test_dequantize_saturates_finite_values(implementation, layout, elem, out_dtype):
-    """Every FP8 code under every scale byte in SCALES: finite elements whose product overflows the output
-    dtype come back as +-its max (they were +-Inf), Inf elements stay Inf, scale 0xFF stays NaN."""
-    if implementation == "cuda":
-        _cuda_ok()
-    codes, scale = _every_code_array(elem, layout)
-    a = _mx(codes, scale, elem, layout)
-    dt = jnp.dtype(out_dtype)
-    got = np.asarray(jax.jit(lambda v: mx.dequantize(v, dt, implementation=implementation))(a))
-    assert got.dtype == dt
-    g = _assert_oracle(got, codes, scale, elem, layout, dt)
-    n = _saturated(g, codes, scale, elem, layout, float(min(jnp.finfo(dt).max, F32_MAX)))
-    assert n > 500, n  # the case is really exercised (scale bytes 241..254 x the large codes)
-    finite_elem = np.isfinite(orc.decode(codes, orc.fmt_of(ELEMS[elem])))
-    not_nan_block = orc.expand(scale, tuple(x % 2 for x in LAYOUTS[layout][0])) != 255
-    assert np.isfinite(g[finite_elem & not_nan_block]).all()
-    if elem == "e5m2":  # Inf elements of E5M2 are not finite values: they stay Inf
-        inf_elem = np.isinf(orc.decode(codes, orc.fmt_of(ELEMS[elem]))) & not_nan_block
-        assert inf_elem.any() and np.isinf(g[inf_elem]).all()
-    if implementation == "cuda":  # the kernel is bit-identical to the reference on the same device
-        want = np.asarray(jax.jit(lambda v: mx.dequantize(v, dt, implementation="xla"))(a))
-        nan_g, nan_w = np.isnan(got.astype(np.float32)), np.isnan(want.astype(np.float32))
-        assert (nan_g == nan_w).all()
-        np.testing.assert_array_equal(np.where(nan_g, 0, got).view(np.uint8), np.where(nan_w, 0, want).view(np.uint8))
-
-
 def test_dequantize_to_float16_and_float64_saturate():
     """The reference's other output dtypes: float16 saturates at 65504, float64 at float32's max (the
     product is formed in float32)."""
@@ -151,33 +112,82 @@ def _near_max_input(in_dtype) -> np.ndarray:
     return np.asarray(jnp.asarray(np.clip(x, -top, top).astype(np.float32)).astype(in_dtype))
 
 
-@pytest.mark.parametrize("implementation", IMPLS)
-@pytest.mark.parametrize("in_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("elem", list(ELEMS))
-@pytest.mark.parametrize("scale_rounding", ["up", "floor"])
-def test_round_trip_near_the_maximum_stays_finite(implementation, in_dtype, elem, scale_rounding):
-    """dequantize(quantize(x)) of finite x near float32's / bfloat16's maximum is finite and equals the
-    oracle's round trip, to float32 and back to the input dtype (row, column and square blocks)."""
-    if implementation == "cuda":
-        _cuda_ok()
-    dt = jnp.dtype(in_dtype)
-    x = _near_max_input(dt)
-    for axis, block in ((-1, "row"), (-2, "row"), ((-2, -1), "square")):
-        kw = dict(axis=axis, block=block, dtype=ELEMS[elem], scale_rounding=scale_rounding)
-        q = jax.jit(lambda v, kw=kw: mx.quantize(v, implementation=implementation, **kw))(x)
-        ref = orc.quantize(x, axis=axis, block=block, dtype=ELEMS[elem], scale_rounding=scale_rounding)
-        np.testing.assert_array_equal(np.asarray(q.scale), ref.scale)
-        np.testing.assert_array_equal(np.asarray(q.data).view(np.uint8), ref.data)
-        for out in (jnp.dtype(jnp.float32), dt):
-            d = np.asarray(jax.jit(lambda a, out=out: mx.dequantize(a, out, implementation=implementation))(q))
-            assert np.isfinite(d.astype(np.float32)).all(), (axis, out)
-            want = orc.dequantize(ref.data, ref.scale, ref.axes, ref.fmt, out)
-            np.testing.assert_array_equal(d.astype(np.float32), want.astype(np.float32), err_msg=f"{axis} {out}")
-        # the block maxima keep their sign and come back within the element format's rounding
-        d32 = np.asarray(mx.dequantize(q, jnp.float32, implementation=implementation))
-        big = np.abs(x.astype(np.float32)) >= np.float32(0.5 * F32_MAX if in_dtype == "float32" else 0.5 * BF16_MAX)
-        rel = np.abs(d32[big] / x.astype(np.float32)[big] - 1)
-        assert np.all(np.sign(d32[big]) == np.sign(x.astype(np.float32)[big])) and rel.max() <= 2.0**-2
+class Float32RangeCases:
+    """Saturation and round trips near the maximum, per implementation (subclasses set IMPLEMENTATION)."""
+
+    IMPLEMENTATION = "xla"
+
+    @pytest.mark.parametrize("layout", list(LAYOUTS))
+    @pytest.mark.parametrize("elem", list(ELEMS))
+    # float16: the attention backward's dO for dV
+    @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16"])
+    def test_dequantize_saturates_finite_values(self, layout, elem, out_dtype):
+        """Every FP8 code under every scale byte in SCALES: finite elements whose product overflows the output
+        dtype come back as +-its max (they were +-Inf), Inf elements stay Inf, scale 0xFF stays NaN."""
+        codes, scale = _every_code_array(elem, layout)
+        a = _mx(codes, scale, elem, layout)
+        dt = jnp.dtype(out_dtype)
+        got = np.asarray(jax.jit(lambda v: mx.dequantize(v, dt, implementation=self.IMPLEMENTATION))(a))
+        assert got.dtype == dt
+        g = _assert_oracle(got, codes, scale, elem, layout, dt)
+        n = _saturated(g, codes, scale, elem, layout, float(min(jnp.finfo(dt).max, F32_MAX)))
+        assert n > 500, n  # the case is really exercised (scale bytes 241..254 x the large codes)
+        finite_elem = np.isfinite(orc.decode(codes, orc.fmt_of(ELEMS[elem])))
+        not_nan_block = orc.expand(scale, tuple(x % 2 for x in LAYOUTS[layout][0])) != 255
+        assert np.isfinite(g[finite_elem & not_nan_block]).all()
+        if elem == "e5m2":  # Inf elements of E5M2 are not finite values: they stay Inf
+            inf_elem = np.isinf(orc.decode(codes, orc.fmt_of(ELEMS[elem]))) & not_nan_block
+            assert inf_elem.any() and np.isinf(g[inf_elem]).all()
+        if self.IMPLEMENTATION == "cuda":  # the kernel is bit-identical to the reference on the same device
+            want = np.asarray(jax.jit(lambda v: mx.dequantize(v, dt, implementation="xla"))(a))
+            nan_g, nan_w = np.isnan(got.astype(np.float32)), np.isnan(want.astype(np.float32))
+            assert (nan_g == nan_w).all()
+            unnan = lambda x, nan: np.where(nan, 0, x).view(np.uint8)  # noqa: E731
+            np.testing.assert_array_equal(unnan(got, nan_g), unnan(want, nan_w))
+
+    @pytest.mark.parametrize("in_dtype", ["float32", "bfloat16"])
+    @pytest.mark.parametrize("elem", list(ELEMS))
+    @pytest.mark.parametrize("scale_rounding", ["up", "floor"])
+    def test_round_trip_near_the_maximum_stays_finite(self, in_dtype, elem, scale_rounding):
+        """dequantize(quantize(x)) of finite x near float32's / bfloat16's maximum is finite and equals the
+        oracle's round trip, to float32 and back to the input dtype (row, column and square blocks)."""
+        dt = jnp.dtype(in_dtype)
+        x = _near_max_input(dt)
+        for axis, block in ((-1, "row"), (-2, "row"), ((-2, -1), "square")):
+            kw = dict(axis=axis, block=block, dtype=ELEMS[elem], scale_rounding=scale_rounding)
+            q = jax.jit(lambda v, kw=kw: mx.quantize(v, implementation=self.IMPLEMENTATION, **kw))(x)
+            ref = orc.quantize(x, axis=axis, block=block, dtype=ELEMS[elem], scale_rounding=scale_rounding)
+            np.testing.assert_array_equal(np.asarray(q.scale), ref.scale)
+            np.testing.assert_array_equal(np.asarray(q.data).view(np.uint8), ref.data)
+            for out in (jnp.dtype(jnp.float32), dt):
+                d = np.asarray(jax.jit(lambda a, out=out: mx.dequantize(a, out, implementation=self.IMPLEMENTATION))(q))
+                assert np.isfinite(d.astype(np.float32)).all(), (axis, out)
+                want = orc.dequantize(ref.data, ref.scale, ref.axes, ref.fmt, out)
+                np.testing.assert_array_equal(d.astype(np.float32), want.astype(np.float32), err_msg=f"{axis} {out}")
+            # the block maxima keep their sign and come back within the element format's rounding
+            d32 = np.asarray(mx.dequantize(q, jnp.float32, implementation=self.IMPLEMENTATION))
+            big = np.abs(x.astype(np.float32)) >= np.float32(0.5 * F32_MAX if in_dtype == "float32" else 0.5 * BF16_MAX)
+            rel = np.abs(d32[big] / x.astype(np.float32)[big] - 1)
+            assert np.all(np.sign(d32[big]) == np.sign(x.astype(np.float32)[big])) and rel.max() <= 2.0**-2
+
+
+class TestXla(Float32RangeCases):
+    IMPLEMENTATION = "xla"
+
+
+class TestEmulated(Float32RangeCases):
+    IMPLEMENTATION = "emulated"
+
+
+@pytest.mark.gpu
+class TestCuda(Float32RangeCases):
+    IMPLEMENTATION = "cuda"
+
+    @pytest.fixture(autouse=True)
+    def _kernels(self):
+        ok, why = library.kernels_runnable()
+        if not ok:
+            pytest.skip(why)
 
 
 def test_fake_quantize_at_the_dtype_maximum_is_finite():
