@@ -162,6 +162,7 @@ class AttentionImplementationCases:
     """The cases; subclasses set IMPLEMENTATION (and the gates of a kernel path against the reference)."""
 
     IMPLEMENTATION: str = "xla"
+    CASES = CASES
     O_VS_REFERENCE_DB = 40.0  # the contract's kernel-vs-reference gate on O
     GRADS_VS_REFERENCE_DB = 30.0  # gradients: each path quantizes its own forward's O for dO . O and dS
     BROADCAST_CAUSAL = (False, True)
@@ -177,7 +178,7 @@ class AttentionImplementationCases:
     def test_forward_and_gradients_against_float64_and_reference(self, name, p_scale):
         """O, dQ, dK, dV against float64 attention (output cotangent only) and, on a kernel path, against the
         reference with random output and LSE cotangents; query rows past the lengths exactly 0."""
-        case = CASES[name]
+        case = self.CASES[name]
         q, k, v, do, dlse, q_len, kv_len = _inputs(case, seed=sum(map(ord, name + p_scale)))
         run, decisions = _fwd_bwd(self.IMPLEMENTATION, case[6], p_scale)
         got = run(q, k, v, do, jnp.zeros_like(dlse), q_len, kv_len)
@@ -330,6 +331,12 @@ class TestEmulated(AttentionImplementationCases):
 @pytest.mark.usefixtures("sm90_attention_fwd")
 class TestCuda(AttentionImplementationCases):
     IMPLEMENTATION = "cuda"
+    # the same kinds of case at sizes of several 128-row tiles (T, S not all multiples of 128)
+    CASES = {
+        "gqa": (2, 384, 416, 4, 2, 128, False, True, jnp.bfloat16),
+        "mqa-causal-f32": (1, 256, 256, 2, 1, 64, True, False, jnp.float32),
+        "mha-causal-lengths": (2, 384, 256, 4, 4, 128, True, True, jnp.bfloat16),
+    }
     GRADS_VS_REFERENCE_DB = 35.0  # the backward kernel's gate (FP8 S^T, dP^T in production)
     BROADCAST_GRADS_EXACT = False
 

@@ -68,3 +68,22 @@ def test_gradients_and_no_quadratic_mask():
         assert np.all(np.asarray(g)[int(cu[-1]) :] == 0)  # padding rows get no gradient
     text = jax.jit(jax.grad(loss)).lower(q, k, v).as_text()
     assert f"{T_TOTAL}x{T_TOTAL}" not in text  # the padded batch's (5, N, 64, 64) scores, not T_total^2
+
+
+@pytest.mark.gpu
+def test_bf16_jagged_attention_runs_cudnn():
+    """On the GPU: cuDNN's fused attention on the padded batch, forward and backward (no T_total x T_total
+    scores)."""
+    cu = jnp.array([0, 300, 1000, 1024], jnp.int32)
+    q = jax.random.normal(jax.random.key(0), (1024, 8, 128), jnp.bfloat16)
+    kv = jax.random.normal(jax.random.key(1), (1024, 2, 128), jnp.bfloat16)
+    prec = PrecisionPolicy.bf16().for_layer("attn")
+
+    def loss(q, k, v):
+        return jnp.sum(F.jagged_attention(q, k, v, cu, 704, prec, is_causal=True).astype(jnp.float32) ** 2)
+
+    text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv).as_text()
+    assert "__cudnn$fmha" in text  # cuDNN's fused attention, forward and backward
+    assert "1024x1024" not in text
+    val, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, kv, kv)
+    assert jnp.isfinite(val) and all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
