@@ -200,11 +200,18 @@ def test_do_float16_holds_do_exactly():
     mag = 2.0 ** rng.integers(-30, 10, size=(b, t // 32, n, 1))  # per 32-row block
     x = rng.standard_normal((b, t, n, h)) * np.repeat(mag, 32, axis=1)
     x[1, 64:96, 3, :32] = np.nan  # one NaN block (batch 1, KV head 1, row block 2)
-    mx_do = attn_ops.square_sequence_major(jnp.asarray(x, jnp.float32), None, "up", "emulated")
-    _, dos = aligned_rows(mx_do, t, "emulated")
-    do_bf16 = jnp.swapaxes(dequantize(mx_do, jnp.float32), 1, 2).astype(jnp.bfloat16)  # dO^ (B, N, T, H)
-    shift = do_shift(dos, n // n_kv)
-    got = do_float16(do_bf16, dos, shift)
+
+    @jax.jit  # the library's side as one program (eager dispatch compiles many small ones)
+    def run(x):
+        mx_do = attn_ops.square_sequence_major(x, None, "up", "emulated")
+        _, dos = aligned_rows(mx_do, t, "emulated")
+        do_bf16 = jnp.swapaxes(dequantize(mx_do, jnp.float32), 1, 2).astype(jnp.bfloat16)  # dO^ (B, N, T, H)
+        shift = do_shift(dos, n // n_kv)
+        # the kernel path's operand: the float16 dequantize call (emulated) on the lowered scale bytes
+        call = attention_bwd_prepass._operand(mx_do, None, t, "emulated", (dos, shift))
+        return mx_do, do_bf16, shift, do_float16(do_bf16, dos, shift), call
+
+    mx_do, do_bf16, shift, got, call = run(jnp.asarray(x, jnp.float32))
     assert got.dtype == jnp.float16 and shift.shape == (b, n_kv)
     sh = np.repeat(np.asarray(shift), n // n_kv, axis=1)[:, :, None, None]  # (B, N, 1, 1)
     back = np.asarray(got, np.float64) * 2.0**sh
@@ -223,9 +230,8 @@ def test_do_float16_holds_do_exactly():
     assert np.all(np.abs(back[far] - want[far]) <= 2.0 ** (np.broadcast_to(sh, want.shape)[far] - 25))
     top = np.nanmax(np.abs(np.asarray(got, np.float64)).reshape(b, n_kv, -1), axis=-1)
     assert np.all(top <= 57344.0) and np.all(top > 2.0**14), top
-    # the kernel path's operand: the float16 dequantize call (emulated) on the lowered scale bytes
-    # (do_float16_scales: shifted, NaN rows 0xFF, clamped at 0 for the blocks far below) gives the same bits
-    call = attention_bwd_prepass._operand(mx_do, None, t, "emulated", (dos, shift))
+    # the kernel path's operand (do_float16_scales: shifted, NaN rows 0xFF, clamped at 0 for the blocks far
+    # below) gives the same bits
     assert call.dtype == jnp.float16
     np.testing.assert_array_equal(np.isnan(np.asarray(call)), np.isnan(np.asarray(got)))
     unnan = lambda x: f32_bits(jnp.where(jnp.isnan(x), 0, x))  # noqa: E731

@@ -152,14 +152,13 @@ def test_float32_inputs_take_the_kernel_path_quantized_from_float32():
     )  # fmt: skip
     assert why is None
 
-    def run(impl, *qkv):
-        return mx.dot_product_attention(
-            *qkv, is_causal=case["causal"], query_seq_lengths=q_len, key_value_seq_lengths=kv_len, implementation=impl
-        )
+    def run(impl, *qkv):  # one program per call (eager dispatch compiles many small ones)
+        kw = dict(is_causal=case["causal"], query_seq_lengths=q_len, key_value_seq_lengths=kv_len, implementation=impl)
+        return jax.jit(lambda q, k, v: mx.dot_product_attention(q, k, v, **kw))(*qkv)
 
     o_c = run("emulated", q, k, v)
     assert o_c.dtype == jnp.float32
-    o_e, _ = emulated(q, k, v, causal=case["causal"], q_len=q_len, kv_len=kv_len, config=AttentionConfig())
+    o_e, _ = jax.jit(lambda q, k, v: emulated(q, k, v, causal=case["causal"], q_len=q_len, kv_len=kv_len))(q, k, v)
     rows = np.arange(case["t"])[None, :, None, None] < np.asarray(q_len)[:, None, None, None]
     o_c = np.asarray(o_c)
     np.testing.assert_array_equal(o_c, np.asarray(o_c.astype(jnp.bfloat16).astype(jnp.float32)))  # bf16 values

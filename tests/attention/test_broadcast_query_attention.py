@@ -93,7 +93,8 @@ def _kernel_call_pair(path: str, causal: bool, p_scale: str):
     sq = lambda x: mx.quantize(x, axis=(-2, -1), block="square", implementation="xla")
     ql, kl = jnp.full((b,), 90, jnp.int32), jnp.asarray([s, 70, 0], jnp.int32)  # one empty KV sequence
     k, v = (jnp.where(jnp.arange(s)[None, None, :, None] < kl[:, None, None, None], x, 0) for x in (k, v))
-    ops = operands.prepare(sq(q), sq(k), sq(v), scale=H**-0.5, q_len=ql, kv_len=kl)
+    # one program (eager dispatch compiles many small ones)
+    ops = jax.jit(lambda q, k, v: operands.prepare(sq(q), sq(k), sq(v), scale=H**-0.5, q_len=ql, kv_len=kl))(q, k, v)
     tiled = dataclasses.replace(ops, q=jnp.broadcast_to(ops.q, (b,) + ops.q.shape[1:]), qs=jnp.tile(ops.qs, (b, 1, 1)))
     tp = ops.q.shape[2]
     kw = dict(causal=causal, t=tp, p_scale=p_scale, path=path)
@@ -140,17 +141,21 @@ def _bwd_call_pair(path: str, causal: bool, kv_lens=None, poison: bool = False):
     k, v = (jnp.asarray(rng.standard_normal((b, s, NK, H)), jnp.bfloat16) for _ in range(2))
     do, o = (jnp.asarray(rng.standard_normal((b, t, N, H)), jnp.bfloat16) for _ in range(2))
     ql = jnp.full((b,), 90, jnp.int32)
-    sq = lambda x, lens: square_sequence_major(x, lens, "up", path)
-    qm, km, vm, dom = sq(q, ql[:1]), sq(k, kl), sq(v, kl), sq(do, ql)
-    # the forward's LSE of these operands (any finite values would do for the bits comparison)
-    kk = jnp.repeat(mx.dequantize(km, jnp.float32), N // NK, axis=2)
-    logits = jnp.einsum("tnh,bsnh->bnts", mx.dequantize(qm, jnp.float32)[0], kk) * H**-0.5
-    keep = jnp.arange(s)[None, None, None, :] < kl[:, None, None, None]
-    if causal:
-        keep = keep & (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None])
-    lse = jax.nn.logsumexp(jnp.where(keep, logits, -jnp.inf), axis=-1)
-    args = (km, vm, dom, do, o, lse, None)
-    ops = abwd.bwd_operands(qm, *args, q_len=ql, kv_len=kl, broadcast_q=True)
+
+    @jax.jit  # one program (eager dispatch compiles many small ones)
+    def prepare(q, k, v, do, o):
+        sq = lambda x, lens: square_sequence_major(x, lens, "up", path)  # noqa: E731
+        qm, km, vm, dom = sq(q, ql[:1]), sq(k, kl), sq(v, kl), sq(do, ql)
+        # the forward's LSE of these operands (any finite values would do for the bits comparison)
+        kk = jnp.repeat(mx.dequantize(km, jnp.float32), N // NK, axis=2)
+        logits = jnp.einsum("tnh,bsnh->bnts", mx.dequantize(qm, jnp.float32)[0], kk) * H**-0.5
+        keep = jnp.arange(s)[None, None, None, :] < kl[:, None, None, None]
+        if causal:
+            keep = keep & (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None])
+        lse = jax.nn.logsumexp(jnp.where(keep, logits, -jnp.inf), axis=-1)
+        return abwd.bwd_operands(qm, km, vm, dom, do, o, lse, None, q_len=ql, kv_len=kl, broadcast_q=True)
+
+    ops = prepare(q, k, v, do, o)
     tiled = dataclasses.replace(ops, q=jnp.broadcast_to(ops.q, (b,) + ops.q.shape[1:]))
     var_b, _ = abwd.kernel_variant(head_dim=H, causal=causal, broadcast_q=True)
     # the tiled query on the same BF16-wgmma math (tune 17: production's schedule without sdp_fp8's FP8 S^T, dP^T)
@@ -250,14 +255,9 @@ def test_broadcast_q_call_shards_over_batch_and_vmaps():
     rng = fresh_rng()
     sq = lambda shape: mx.quantize(jnp.asarray(rng.standard_normal(shape), jnp.bfloat16), axis=(-2, -1), block="square")
     b, t, s = 4, 64, 128
-    ops = operands.prepare(
-        sq((1, 4, t, H)),
-        sq((b, 2, s, H)),
-        sq((b, 2, s, H)),
-        scale=H**-0.5,
-        q_len=jnp.full((b,), 100),
-        kv_len=jnp.asarray([128, 100, 37, 0]),
-    )
+    ql, kl = jnp.full((b,), 100), jnp.asarray([128, 100, 37, 0])
+    prepare = jax.jit(lambda q, k, v: operands.prepare(q, k, v, scale=H**-0.5, q_len=ql, kv_len=kl))
+    ops = prepare(sq((1, 4, t, H)), sq((b, 2, s, H)), sq((b, 2, s, H)))
     call = lambda ops: afwd.attention_fwd(ops, causal=True, t=t, path="emulated", broadcast_q=True)
     want = jax.jit(call)(ops)
     mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)

@@ -58,8 +58,9 @@ def test_attention_gqa_params_and_jagged_equals_dense_for_one_sequence():
     assert attn.qkv.kernel[...].shape == (64, (4 + 2 * 2) * 32)
     assert attn.out.kernel[...].shape == (4 * 32, 64)
     x = _x(4, (1, 96, 64))
-    dense = attn(x, is_causal=True)
-    jagged = attn(x[0], cu_seqlens=jnp.array([0, 96], jnp.int32), max_seqlen=96)
+    cu = jnp.array([0, 96], jnp.int32)
+    dense = nnx.jit(lambda m, x: m(x, is_causal=True))(attn, x)  # one program each (eager: many small ones)
+    jagged = nnx.jit(lambda m, x: m(x, cu_seqlens=cu, max_seqlen=96))(attn, x[0])
     np.testing.assert_array_equal(dense[0], jagged)
     with pytest.raises(ValueError, match="num_kv_heads"):
         mf.MXAttention(64, num_heads=4, num_kv_heads=3, rngs=nnx.Rngs(0))
@@ -118,6 +119,7 @@ def test_stochastic_rounding_policy_draws_fresh_keys():
     layer = mf.MXLinear(64, 32, precision=mf.LayerPrecision(grad_rounding="stochastic"), rngs=nnx.Rngs(0, quant=1))
     x = _x(7, (16, 64))
 
+    @nnx.jit  # one program (eager: many small ones); the rounding stream's state still advances per call
     def grad_kernel(layer):
         return nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(layer).kernel[...]
 
