@@ -100,3 +100,16 @@ def gemm_args(ops):
 def fp8_bits(q) -> np.ndarray:
     """The bytes of an FP8 array (uint8 view)."""
     return np.asarray(q).view(np.uint8)
+
+
+def study_operand(kind: str, shape, rng: np.random.Generator) -> np.ndarray:
+    """float32 operands of the GEMM error studies: "normal" N(0,1); "lognormal" rows with log-normal
+    magnitudes (sigma 2); "outlier" N(0,1) with one 32-channel block of the last axis scaled by 1000 and
+    another by 1/1000."""
+    x = rng.standard_normal(shape)
+    if kind == "lognormal":
+        x = x * np.exp(2.0 * rng.standard_normal(shape[:-1] + (1,)))
+    elif kind == "outlier":
+        x[..., 32:64] *= 1000.0
+        x[..., 96:128] /= 1000.0
+    return x.astype(np.float32)

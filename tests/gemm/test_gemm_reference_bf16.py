@@ -28,6 +28,7 @@ from jax_mxfp8.config.gemm import MXDotConfig
 from jax_mxfp8.formats import MXArray
 from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.reference import gemm
+from tests.gemm.mx_gemm_testutil import study_operand
 
 U = 2.0**-24
 ELEMS = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
@@ -36,16 +37,8 @@ SHAPES = [((1, 128, 512), (1, 96, 512)), ((2, 40, 256), (2, 72, 256))]
 
 
 def _data(kind: str, shape, seed: int) -> np.ndarray:
-    """float32 test operands: "normal" N(0,1); "lognormal" rows with log-normal magnitudes (sigma 2);
-    "outlier" N(0,1) with one 32-channel block of the last axis scaled by 1000 and another by 1/1000."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shape)
-    if kind == "lognormal":
-        x = x * np.exp(2.0 * rng.standard_normal(shape[:-1] + (1,)))
-    elif kind == "outlier":
-        x[..., 32:64] *= 1000.0
-        x[..., 96:128] /= 1000.0
-    return x.astype(np.float32)
+    """float32 test operands of `kind` (mx_gemm_testutil.study_operand) from a fixed seed."""
+    return study_operand(kind, shape, np.random.default_rng(seed))
 
 
 def _config(elem: str) -> MXDotConfig:

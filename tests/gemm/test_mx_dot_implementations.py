@@ -32,6 +32,7 @@ from jax_mxfp8.ops.mx_dot_quantized import ARCHS, WgradOperand, mx_dot_general_q
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives import library
 from tests.gemm.gemm_align_oracle import align128_col_oracle
+from tests.gemm.mx_gemm_testutil import study_operand
 from tests.seeding_testutil import test_rng, test_seed
 
 DENSE = (((2,), (0,)), ((), ()))  # (B, T, D) x (D, F)
@@ -46,17 +47,6 @@ LAYOUTS = {
 # data (N(0,1): ~30 dB; log-normal rows and outlier channels lower): a floor that a wrong operand, scale or
 # orientation misses by tens of dB
 UNQUANTIZED_FLOOR_DB = 15.0
-
-
-def _data(kind: str, shape, rng) -> np.ndarray:
-    """float32 operands: N(0,1); rows with log-normal magnitudes; or outlier channels (x1000, /1000)."""
-    x = rng.standard_normal(shape)
-    if kind == "lognormal":
-        x = x * np.exp(2.0 * rng.standard_normal(shape[:-1] + (1,)))
-    elif kind == "outlier":
-        x[..., 32:64] *= 1000.0
-        x[..., 96:128] /= 1000.0
-    return x.astype(np.float32)
 
 
 @functools.cache
@@ -84,16 +74,6 @@ def _same(a, b, what):
 
 # mx_dot_general_quantized: the op against the same composition from mx_dot_general on the same path
 QDN = (((2,), (0,)), ((), ()))
-
-
-@pytest.fixture(scope="module")
-def quantized_data():
-    k = jax.random.split(jax.random.key(test_seed()), 4)
-    x = jax.random.normal(k[0], (2, 48, 128), jnp.bfloat16)
-    w = jax.random.normal(k[1], (128, 96), jnp.float32) * 0.2
-    b = jax.random.normal(k[2], (96,), jnp.float32)
-    ct = jax.random.normal(k[3], (2, 48, 96), jnp.bfloat16)
-    return x, w, b, ct
 
 
 def _composed(x, w, b, activation, implementation):
@@ -141,8 +121,8 @@ class MxDotImplementationCases:
     def test_forward_and_gradients_against_unquantized_and_reference(self, kind):
         rng = test_rng()
         (b, t, d), (f, _) = self.STUDY_SHAPES
-        x = _data(kind, (b, t, d), rng)
-        w = np.ascontiguousarray(_data(kind, (f, d), rng).T)  # (D, F); outliers along D (contracted)
+        x = study_operand(kind, (b, t, d), rng)
+        w = np.ascontiguousarray(study_operand(kind, (f, d), rng).T)  # (D, F); outliers along D (contracted)
         ct = rng.standard_normal((b, t, f)).astype(np.float32)
         _, report = self._compare(x, w, ct, DENSE)
         print(self.IMPLEMENTATION, kind, {k: tuple(round(v, 1) for v in vals) for k, vals in report.items()})
@@ -152,15 +132,15 @@ class MxDotImplementationCases:
         """Every dot_general layout reduces to the kernel's (G, X, K) operands and back."""
         x_shape, w_shape, dn = LAYOUTS[layout]
         rng = test_rng()
-        x, w = _data("normal", x_shape, rng), _data("normal", w_shape, rng)
+        x, w = study_operand("normal", x_shape, rng), study_operand("normal", w_shape, rng)
         y_shape = jax.eval_shape(lambda a, b: jax.lax.dot_general(a, b, dn), x, w).shape
         ct = rng.standard_normal(y_shape).astype(np.float32)
         self._compare(x, w, ct, dn)
 
     def test_bfloat16_and_weight_grad_bf16(self):
         rng = test_rng()
-        x = jnp.asarray(_data("normal", (128, 256), rng), jnp.bfloat16)
-        w = jnp.asarray(_data("normal", (256, 96), rng), jnp.bfloat16)
+        x = jnp.asarray(study_operand("normal", (128, 256), rng), jnp.bfloat16)
+        w = jnp.asarray(study_operand("normal", (256, 96), rng), jnp.bfloat16)
         ct = jnp.asarray(rng.standard_normal((128, 96)), jnp.bfloat16)
         dn = (((1,), (0,)), ((), ()))
         self._compare(x, w, ct, dn, min_db=35.0)  # bf16 outputs: ~45 dB of rounding on both sides
@@ -174,7 +154,7 @@ class MxDotImplementationCases:
 
     def test_nan_propagates_to_its_row_and_column(self):
         rng = test_rng()
-        x, w = _data("normal", (64, 128), rng), _data("normal", (128, 64), rng)
+        x, w = study_operand("normal", (64, 128), rng), study_operand("normal", (128, 64), rng)
         x[3, 17] = np.nan
         w[40, 5] = np.nan
         dot = jax.jit(lambda a, b: mx_dot_general(a, b, (((1,), (0,)), ((), ())), implementation=self.IMPLEMENTATION))
@@ -186,8 +166,8 @@ class MxDotImplementationCases:
 
     def test_bias_is_added_before_the_one_rounding_and_gets_its_gradient(self):
         rng = test_rng()
-        x = jnp.asarray(_data("normal", (2, 32, 128), rng), jnp.bfloat16)
-        w = jnp.asarray(_data("normal", (128, 64), rng))
+        x = jnp.asarray(study_operand("normal", (2, 32, 128), rng), jnp.bfloat16)
+        w = jnp.asarray(study_operand("normal", (128, 64), rng))
         b = jnp.asarray(rng.standard_normal(64), jnp.float32)
         ct = jnp.asarray(rng.standard_normal((2, 32, 64)), jnp.bfloat16)
 
@@ -210,14 +190,14 @@ class MxDotImplementationCases:
             mx_dot_general(x, w, DENSE, bias=jnp.ones((63,)), implementation=self.IMPLEMENTATION)
 
     @pytest.mark.parametrize("activation", ["gelu", None])
-    def test_quantized_matches_composition(self, quantized_data, activation):
+    def test_quantized_matches_composition(self, quantized_gemm_data, activation):
         """mx_dot_general_quantized: y, y_q and the loss bit for bit those of the composition on the same path
         (the quantize-epilogue GEMM on the kernel path); so are the gradients without an activation. With GELU
         the backward GEMMs see XLA's GELU derivative in bfloat16, which XLA may keep in excess precision
         inside the composition's fusions (not across the custom_vjp boundary): the gradients then differ where
         a cotangent element rounds to the other FP8 neighbour, at most a few FP8 steps of one cotangent
         element per output (2^-3 relative), far below a wrong derivative (order 1)."""
-        x, w, b, ct = quantized_data
+        x, w, b, ct = quantized_gemm_data
 
         def op(x, w, b):
             kw = dict(preferred_element_type=jnp.bfloat16, implementation=self.IMPLEMENTATION)
@@ -271,8 +251,8 @@ class TestEmulated(MxDotImplementationCases):
     IMPLEMENTATION = "emulated"
 
     @pytest.mark.parametrize("activation", ["gelu", pytest.param(None, marks=pytest.mark.slow)])
-    def test_quantized_matches_composition(self, quantized_data, activation):
-        super().test_quantized_matches_composition(quantized_data, activation)
+    def test_quantized_matches_composition(self, quantized_gemm_data, activation):
+        super().test_quantized_matches_composition(quantized_gemm_data, activation)
 
 
 @pytest.mark.gpu
@@ -294,8 +274,8 @@ class TestCuda(MxDotImplementationCases):
         costs tens of dB."""
         rng = test_rng()
         (b, t, d), (f, _) = self.STUDY_SHAPES
-        x = _data(kind, (b, t, d), rng)
-        w = np.ascontiguousarray(_data(kind, (f, d), rng).T)
+        x = study_operand(kind, (b, t, d), rng)
+        w = np.ascontiguousarray(study_operand(kind, (f, d), rng).T)
         ct = rng.standard_normal((b, t, f)).astype(np.float32)
         kern, report = self._compare(x, w, ct, DENSE)
         print(kind, {k: tuple(round(v, 1) for v in vals) for k, vals in report.items()})
@@ -304,13 +284,13 @@ class TestCuda(MxDotImplementationCases):
             assert sqnr_db(e, k) >= 60, name
 
     @pytest.mark.parametrize("activation", [None, "gelu"])
-    def test_quantized_matches_composition(self, quantized_data, activation):
+    def test_quantized_matches_composition(self, quantized_gemm_data, activation):
         """The epilogue kernel's y_q is quantize(act(p)) of the plain kernel's float32 p (bits for activation
         None; GELU: hardware tanh, within one FP8 step), y, loss and gradients as the composition."""
         ok, why = library.kernels_runnable(ARCHS)
         if not ok:
             pytest.skip(why)
-        x, w, b, ct = (jnp.tile(a, (1, 8, 1)) if a.ndim == 3 else a for a in quantized_data)  # M = 2 x 384
+        x, w, b, ct = (jnp.tile(a, (1, 8, 1)) if a.ndim == 3 else a for a in quantized_gemm_data)  # M = 2 x 384
 
         def op(x, w, b):
             return mx_dot_general_quantized(

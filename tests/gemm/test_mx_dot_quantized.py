@@ -9,31 +9,19 @@ and ValueErrors.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import pytest
 
 from jax_mxfp8.ops.mx_dot_quantized import mx_dot_general_quantized
 from jax_mxfp8.primitives import implementation as impl
-from tests.seeding_testutil import test_seed
 
 DN = (((2,), (0,)), ((), ()))
 
 
-@pytest.fixture(scope="module")
-def data():
-    k = jax.random.split(jax.random.key(test_seed()), 4)
-    x = jax.random.normal(k[0], (2, 48, 128), jnp.bfloat16)
-    w = jax.random.normal(k[1], (128, 96), jnp.float32) * 0.2
-    b = jax.random.normal(k[2], (96,), jnp.float32)
-    ct = jax.random.normal(k[3], (2, 48, 96), jnp.bfloat16)
-    return x, w, b, ct
-
-
-def test_fallback_reason_and_cuda_raises(data):
+def test_fallback_reason_and_cuda_raises(quantized_gemm_data):
     """A call the epilogue does not cover (float32 output) takes the two-pass path with implementation=None,
     with the reason recorded; "emulated" raises ValueError with it."""
-    x, w, b, _ = data
+    x, w, b, _ = quantized_gemm_data
     with impl.record() as decisions:
         y, q = mx_dot_general_quantized(x, w, DN, preferred_element_type=jnp.float32)
     mine = [d for d in decisions if d.op == "mx_dot_general_quantized"]
