@@ -21,14 +21,12 @@ Smoke (CPU): python benchmarks/profile_lm_step.py --smoke --out $OUT/p.json  (ti
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
-import tempfile
 
 import harness
 import jax
 import numpy as np
-from gpu_trace import category, gpu_kernel_times
+from gpu_trace import profile_calls
 from harness import timeit
 
 sys.path.insert(0, str(harness.ROOT / "examples"))
@@ -64,29 +62,7 @@ def run_config(policy: str, dtype: str, args: argparse.Namespace) -> dict:
         step_ms=step_s * 1e3,
         tokens_per_s=largs.batch * largs.seq_len / step_s,
     )
-    with tempfile.TemporaryDirectory() as d:
-        try:
-            with jax.profiler.trace(d):
-                for _ in range(args.trace_steps):
-                    loss = train_step(model, opt, tokens)
-                jax.block_until_ready(loss)
-            kernels, lines = gpu_kernel_times(d)
-        except Exception as e:  # a profiler that cannot start (no CUPTI) still leaves the timings
-            kernels, lines = {}, [f"trace failed: {type(e).__name__}: {e}"]
-    per_step = {k: (ns / args.trace_steps / 1e6, n // args.trace_steps) for k, (ns, n) in kernels.items()}
-    cats: dict[str, float] = collections.defaultdict(float)
-    launches: dict[str, int] = collections.defaultdict(int)
-    for k, (ms, n) in per_step.items():
-        cats[category(k)] += ms
-        launches[category(k)] += n
-    top = sorted(per_step.items(), key=lambda kv: -kv[1][0])[:25]
-    out.update(
-        gpu_ms=sum(ms for ms, _ in per_step.values()),
-        categories_ms=dict(sorted(cats.items(), key=lambda kv: -kv[1])),
-        launches=dict(launches),
-        top_kernels=[dict(name=k[:160], ms=ms, count=n, category=category(k)) for k, (ms, n) in top],
-        trace_lines=sorted(set(lines))[:40],
-    )
+    out.update(profile_calls(train_step, (model, opt, tokens), args.trace_steps))
     return out
 
 

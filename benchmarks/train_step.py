@@ -13,10 +13,14 @@ Step: jax.jit of value_and_grad of sum(block(x) * ct) (random bf16 cotangent ct,
 parameters, then SGD (p - lr * g); every variant gets the same x and ct. Timing (benchmarks/harness.py):
 enqueue --calls steps, block once, divide; median of --batches batches (the step is a pure function of
 (params, x, ct); its outputs are discarded, so every call does the same work).
+--trace-steps N also traces N steps of each variant with jax.profiler and records the GPU kernel time per step
+by category and the longest kernels (gpu_trace.profile_calls: our kernels by module, cuBLAS, cuDNN, XLA
+fusions), where the step's time goes.
 --hlo also records, per variant, the dot_general operand dtypes of the lowered step and the cuDNN
 attention / GEMM custom calls of the compiled one.
 
-Usage: python benchmarks/train_step.py [--out FILE.json] [--smoke] [--hlo] [--only mxfp8,bf16_policy,stock]
+Usage: python benchmarks/train_step.py [--out FILE.json] [--smoke] [--hlo] [--trace-steps N]
+       [--only mxfp8,bf16_policy,stock]
   --smoke  d 128, 4 heads, T 64, B 2, 2 calls x 2 batches: proves the script on CPU (numbers mean nothing)
 """
 
@@ -34,6 +38,7 @@ import harness
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from gpu_trace import profile_calls
 from harness import timeit
 
 import jax_mxfp8.flax as mf
@@ -113,6 +118,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--hlo", action="store_true", help="record dot dtypes and custom calls of each step")
     ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(VARIANTS)}")
+    ap.add_argument("--trace-steps", type=int, default=0, help="profile this many steps per variant (0: none)")
     args = harness.parse(ap, argv)
     harness.counts(args, calls={"full": 30, "smoke": 2}, batches={"full": 3, "smoke": 2})
     cfg = SMOKE if args.smoke else FULL
@@ -150,11 +156,17 @@ def main(argv=None) -> int:
             res.update(step_ms=round(s * 1e3, 3), tokens_per_s=round(tokens / s, 1))
             if args.hlo:
                 res["hlo"] = hlo_summary(lowered, compiled)
+            if args.trace_steps:
+                res["profile"] = profile_calls(compiled, (params, x, ct), args.trace_steps)
             del step, params, lowered, compiled
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             res["error"] = repr(e)[:800]
-        print(f"  {variant:12s} {json.dumps({k: v for k, v in res.items() if k != 'hlo'})}", flush=True)
+        summary = {k: v for k, v in res.items() if k not in ("hlo", "profile")}
+        print(f"  {variant:12s} {json.dumps(summary)}", flush=True)
+        if "profile" in res:
+            cats = ", ".join(f"{c} {ms:.3f}" for c, ms in res["profile"]["categories_ms"].items())
+            print(f"  {'':12s} GPU ms per step {res['profile']['gpu_ms']:.3f}: {cats}", flush=True)
         meta["elapsed_s"] = round(budget.elapsed(), 1)
         harness.write_json(out_path, meta, results=results)
     stock_ms = results.get("stock", {}).get("step_ms")

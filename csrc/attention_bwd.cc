@@ -42,11 +42,11 @@ ffi::Error Dims(const ffi::AnyBuffer& b, const char* what, size_t rank, int64_t*
 ffi::Error Want(bool ok, const std::string& msg) { return jmx::Want(ok, kOp, msg); }
 
 // A (heads, length * H) view of a (B, heads, length, H) buffer: the kernel's 2-D operand layout.
-ffi::Error HeadRows(void* data, int64_t heads, int64_t length, int64_t h, const char* what, Tensor2D* out) {
+ffi::Error HeadRows(void* data, int64_t heads, int64_t length, int64_t h, const char* what, TensorView* out) {
   JMX_RETURN_IF_ERROR(Want(heads <= INT32_MAX && length * h <= INT32_MAX,
                            std::string(what) + " is too large for 32-bit indexing"));
   JMX_RETURN_IF_ERROR(Want(reinterpret_cast<uintptr_t>(data) % 16 == 0, std::string(what) + " is not 16-byte aligned"));
-  *out = Tensor2D{data, static_cast<int32_t>(heads), static_cast<int32_t>(length * h)};
+  *out = TensorView{data, static_cast<int32_t>(heads), static_cast<int32_t>(length * h)};
   return ffi::Error::Success();
 }
 
@@ -60,7 +60,7 @@ struct Fp8Operands {
 
 // Checks the FP8 copies against their bfloat16 counterparts' shapes (qd: q's, kd: k's, b the batch) and
 // writes them and their factors to t[0..7].
-ffi::Error Fp8Tensors(const Fp8Operands& f, const int64_t* qd, const int64_t* kd, int64_t b, Tensor2D* t) {
+ffi::Error Fp8Tensors(const Fp8Operands& f, const int64_t* qd, const int64_t* kd, int64_t b, TensorView* t) {
   static const char* kData[4] = {"q8", "k8", "v8", "do8"};
   static const char* kFactor[4] = {"qs", "ks", "vs", "dos"};
   for (int i = 0; i < 4; ++i) {
@@ -188,7 +188,7 @@ ffi::Error AttentionBwdRun(cudaStream_t stream, int32_t device, ffi::AnyBuffer q
   if (b == 0 || n == 0 || tp == 0 || sp == 0) return ffi::Error::Success();
   JMX_RETURN_IF_ERROR(Want(b * nk <= 65535, "grid too large (B*K must be <= 65535)"));
 
-  Tensor2D t[11];
+  TensorView t[11];
   JMX_RETURN_IF_ERROR(HeadRows(q.untyped_data(), q_rows * n, tp, h, "q", &t[0]));
   JMX_RETURN_IF_ERROR(HeadRows(k.untyped_data(), b * nk, sp, h, "k", &t[1]));
   JMX_RETURN_IF_ERROR(HeadRows(v.untyped_data(), b * nk, sp, h, "v", &t[2]));
@@ -202,13 +202,13 @@ ffi::Error AttentionBwdRun(cudaStream_t stream, int32_t device, ffi::AnyBuffer q
   if (!fp16 && !ordered) {
     const float scalars[1] = {scale};
     if (packed) {  // the kernel's launch_packed: q, k, do, lse, delta, seqs, work, dq, dk, dv, the FP8 operands
-      Tensor2D f[18] = {t[0], t[1], t[3], t[4], t[5], t[6], {}, t[7], t[8], t[9]};
+      TensorView f[18] = {t[0], t[1], t[3], t[4], t[5], t[6], {}, t[7], t[8], t[9]};
       JMX_RETURN_IF_ERROR(As2D(*work, "work", &f[6]));
       JMX_RETURN_IF_ERROR(Fp8Tensors(*fp8, qd, kd, b, &f[10]));
       return Launch(entry, device, f, 18, stream, scalars, 1);
     }
     if (sdp_fp8) {  // the kernel's launch_fp8: q, k, do, lse, delta, lens, dq, dk, dv, the FP8 operands
-      Tensor2D f[17] = {t[0], t[1], t[3], t[4], t[5], t[6], t[7], t[8], t[9]};
+      TensorView f[17] = {t[0], t[1], t[3], t[4], t[5], t[6], t[7], t[8], t[9]};
       JMX_RETURN_IF_ERROR(Fp8Tensors(*fp8, qd, kd, b, &f[9]));
       return Launch(entry, device, f, 17, stream, scalars, 1);
     }

@@ -42,7 +42,7 @@ struct FwdShape {
 ffi::Error CheckOperands(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& vt,
                          const ffi::AnyBuffer& qs, const ffi::AnyBuffer& ks, const ffi::AnyBuffer& vs,
                          const ffi::AnyBuffer& vi, ffi::Result<ffi::AnyBuffer>& o,
-                         ffi::Result<ffi::AnyBuffer>& lse, FwdShape* shape, Tensor2D* t, bool broadcast_q = false) {
+                         ffi::Result<ffi::AnyBuffer>& lse, FwdShape* shape, TensorView* t, bool broadcast_q = false) {
   int64_t qd[4], kd[4], vd[4];
   JMX_RETURN_IF_ERROR(Dims(q, "q", 4, qd));
   JMX_RETURN_IF_ERROR(Dims(k, "k", 4, kd));
@@ -100,9 +100,9 @@ ffi::Error FindVariant(int32_t device, std::string_view kernel, int64_t packed, 
 }
 
 // The launch's tensor list: the seven operands, then the int32 tables, then o and lse.
-ffi::Error LaunchFwd(cudaStream_t stream, int32_t device, const KernelEntry* entry, const Tensor2D* ops,
-                     const Tensor2D* tables, int n_tables) {
-  Tensor2D t[11];
+ffi::Error LaunchFwd(cudaStream_t stream, int32_t device, const KernelEntry* entry, const TensorView* ops,
+                     const TensorView* tables, int n_tables) {
+  TensorView t[11];
   for (int i = 0; i < 7; ++i) t[i] = ops[i];
   for (int i = 0; i < n_tables; ++i) t[7 + i] = tables[i];
   t[7 + n_tables] = ops[7];
@@ -115,7 +115,7 @@ ffi::Error AttentionFwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
                             ffi::AnyBuffer lens, ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
                             std::string_view kernel) {
   FwdShape shape;
-  Tensor2D t[9];
+  TensorView t[9];
   const KernelEntry* entry = nullptr;
   JMX_RETURN_IF_ERROR(FindKernel(device, kOp, kernel, &entry));
   const bool broadcast_q = Param(entry, "broadcast_q") == 1;
@@ -123,7 +123,7 @@ ffi::Error AttentionFwdImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   JMX_RETURN_IF_ERROR(FindVariant(device, kernel, 0, shape, &entry));
   JMX_RETURN_IF_ERROR(Want(lens.element_type() == ffi::DataType::S32, "lens must be s32"));
   if (shape.b == 0 || shape.n == 0 || shape.tp == 0) return ffi::Error::Success();
-  Tensor2D lens2d;
+  TensorView lens2d;
   JMX_RETURN_IF_ERROR(As2D(lens, "lens", &lens2d));
   JMX_RETURN_IF_ERROR(Want(lens2d.rows == 2 && lens2d.cols == shape.b, "lens must be (2, B)"));
   return LaunchFwd(stream, device, entry, t, &lens2d, 1);
@@ -137,14 +137,14 @@ ffi::Error AttentionFwdPackedImpl(cudaStream_t stream, int32_t device, ffi::AnyB
                                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
                                   std::string_view kernel) {
   FwdShape shape;
-  Tensor2D t[9];
+  TensorView t[9];
   JMX_RETURN_IF_ERROR(CheckOperands(q, k, vt, qs, ks, vs, vi, o, lse, &shape, t));
   const KernelEntry* entry = nullptr;
   JMX_RETURN_IF_ERROR(FindVariant(device, kernel, 1, shape, &entry));
   JMX_RETURN_IF_ERROR(Want(shape.b == 1, "packed operands have one batch row"));
   JMX_RETURN_IF_ERROR(Want(seqs.element_type() == ffi::DataType::S32 && work.element_type() == ffi::DataType::S32,
                            "seqs and work must be s32"));
-  Tensor2D tables[2];
+  TensorView tables[2];
   JMX_RETURN_IF_ERROR(As2D(seqs, "seqs", &tables[0]));
   JMX_RETURN_IF_ERROR(As2D(work, "work", &tables[1]));
   JMX_RETURN_IF_ERROR(Want(tables[0].rows == 4 && tables[0].cols > 0, "seqs must be (4, S) with S >= 1"));

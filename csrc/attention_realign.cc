@@ -30,7 +30,7 @@ ffi::Error AttentionRealignImpl(cudaStream_t stream, int32_t device, ffi::AnyBuf
                                out->element_type() == ffi::DataType::F8E4M3FN,
                            "data and out must be f8e4m3fn"));
   JMX_RETURN_IF_ERROR(Want(shift.element_type() == ffi::DataType::S8, "shift must be s8"));
-  Tensor2D t[3];
+  TensorView t[3];
   JMX_RETURN_IF_ERROR(As2D(data, "data", &t[0]));
   JMX_RETURN_IF_ERROR(As2D(shift, "shift", &t[1]));
   JMX_RETURN_IF_ERROR(As2D(out, "out", &t[2]));

@@ -57,37 +57,75 @@ cudaError_t LoadModule(ModuleSlot& slot, int device, DslInitFn init, DslInitFn l
   return ret;
 }
 
-ffi::Error DeviceMajor(int device, int* major) {
-  static std::mutex mu;
-  static int cache[kMaxDevices] = {};
+namespace {
+// A per-device integer attribute; `read` returns it (never 0 for a real device: 0 marks "not read yet").
+template <typename Read>
+ffi::Error Cached(int device, int cache[kMaxDevices], std::mutex& mu, Read read, int* value) {
   if (device < 0 || device >= kMaxDevices) {
     return ffi::Error::InvalidArgument("jax_mxfp8: device ordinal " + std::to_string(device) + " out of range");
   }
   std::lock_guard<std::mutex> lock(mu);
   if (cache[device] == 0) {
-    int value = 0;
-    cudaError_t err = cudaDeviceGetAttribute(&value, cudaDevAttrComputeCapabilityMajor, device);
+    int v = 0;
+    cudaError_t err = read(&v);
     if (err != cudaSuccess) return ffi::Error::Internal(CudaMessage("jax_mxfp8: cudaDeviceGetAttribute", err));
-    cache[device] = value;
+    cache[device] = v;
   }
-  *major = cache[device];
+  *value = cache[device];
   return ffi::Error::Success();
 }
 
+std::string CCName(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
+
+// "sm_90a (cc 9.0)" for a row.
+std::string ArchCCs(const KernelEntry& e) {
+  std::string out = std::string(e.arch) + " (cc ";
+  for (int i = 0; i < kMaxCcs && e.ccs[i] != 0; ++i) out += (i ? ", " : "") + CCName(e.ccs[i]);
+  return out + ")";
+}
+}  // namespace
+
+ffi::Error DeviceCC(int device, int* cc) {
+  static std::mutex mu;
+  static int cache[kMaxDevices] = {};
+  return Cached(device, cache, mu, [device](int* v) {
+    int major = 0, minor = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    *v = 10 * major + minor;
+    return err;
+  }, cc);
+}
+
+ffi::Error DeviceSMs(int device, int* sms) {
+  static std::mutex mu;
+  static int cache[kMaxDevices] = {};
+  return Cached(device, cache, mu, [device](int* v) {
+    return cudaDeviceGetAttribute(v, cudaDevAttrMultiProcessorCount, device);
+  }, sms);
+}
+
+bool ServesCC(const KernelEntry& entry, int cc) {
+  for (int i = 0; i < kMaxCcs && entry.ccs[i] != 0; ++i) {
+    if (entry.ccs[i] == cc) return true;
+  }
+  return false;
+}
+
 ffi::Error FindKernel(int device, std::string_view op, std::string_view name, const KernelEntry** entry) {
-  int major = 0;
-  if (auto err = DeviceMajor(device, &major); err.failure()) return err;
+  int cc = 0;
+  if (auto err = DeviceCC(device, &cc); err.failure()) return err;
   const KernelEntry* other_arch = nullptr;
   for (int i = 0; i < kKernelTableSize; ++i) {
     const KernelEntry& e = kKernelTable[i];
     if (name != e.name) continue;
     if (op != e.op) {  // a name is one variant, hence one op, on every arch
       std::ostringstream os;
-      os << "jax_mxfp8: kernel '" << name << "' is a " << e.op << " kernel, not " << op
-         << " (compute capability " << major << ".x)";
+      os << "jax_mxfp8: kernel '" << name << "' is a " << e.op << " kernel, not " << op << " (compute capability "
+         << CCName(cc) << ")";
       return ffi::Error::InvalidArgument(os.str());
     }
-    if (e.arch_major == major) {
+    if (ServesCC(e, cc)) {
       *entry = &e;
       return ffi::Error::Success();
     }
@@ -95,13 +133,14 @@ ffi::Error FindKernel(int device, std::string_view op, std::string_view name, co
   }
   std::ostringstream os;
   if (other_arch != nullptr) {
-    os << "jax_mxfp8: " << op << " kernel '" << name << "' is not compiled for compute capability " << major
-       << ".x (built for " << other_arch->arch_major << ".x; the library covers sm_90a and sm_100a, use "
-       << "implementation='xla')";
+    os << "jax_mxfp8: " << op << " kernel '" << name << "' is not compiled for compute capability " << CCName(cc)
+       << " (built for " << ArchCCs(*other_arch) << "; the library covers sm_90a: cc 9.0 and sm_100f: cc 10.0, 10.3";
+    if (cc / 10 == 12) os << "; consumer Blackwell (sm_120) has no tcgen05 block-scaled MMA and is not supported";
+    os << "), use implementation='xla'";
     return ffi::Error(ffi::ErrorCode::kUnimplemented, os.str());
   }
-  os << "jax_mxfp8: no " << op << " kernel named '" << name << "' in this library (compute capability " << major
-     << ".x); the attribute `kernel` takes a jax_mxfp8.kernels.registry variant name";
+  os << "jax_mxfp8: no " << op << " kernel named '" << name << "' in this library (compute capability "
+     << CCName(cc) << "); the attribute `kernel` takes a jax_mxfp8.kernels.registry variant name";
   return ffi::Error::InvalidArgument(os.str());
 }
 
@@ -112,8 +151,8 @@ int64_t Param(const KernelEntry* entry, std::string_view name) {
   return kNoParam;
 }
 
-ffi::Error Launch(const KernelEntry* entry, int device, const Tensor2D* tensors, int n, cudaStream_t stream,
-                  const float* scalars, int n_scalars) {
+ffi::Error Launch(const KernelEntry* entry, int device, const TensorView* tensors, int n, cudaStream_t stream,
+                  const float* scalars, int n_scalars, const int32_t* ints, int n_ints) {
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess || current != device) {
     cudaError_t err = cudaSetDevice(device);
@@ -123,7 +162,7 @@ ffi::Error Launch(const KernelEntry* entry, int device, const Tensor2D* tensors,
     return ffi::Error::Internal(CudaMessage((std::string("jax_mxfp8: loading kernel ") + entry->name).c_str(), load_err));
   }
   (void)TakeDslError();
-  cudaError_t err = entry->launch(tensors, n, scalars, n_scalars, stream);
+  cudaError_t err = entry->launch(tensors, n, scalars, n_scalars, ints, n_ints, stream);
   if (err == cudaSuccess) err = TakeDslError();
   if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess) {
@@ -187,7 +226,7 @@ std::string DTypeName(ffi::DataType dtype) {
 }
 
 namespace {
-ffi::Error View2D(void* data, ffi::AnyBuffer::Dimensions dims, const char* what, Tensor2D* out) {
+ffi::Error View2D(void* data, ffi::AnyBuffer::Dimensions dims, const char* what, TensorView* out) {
   if (dims.size() < 2) {
     return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " must have rank >= 2, got rank " +
                                        std::to_string(dims.size()));
@@ -202,20 +241,50 @@ ffi::Error View2D(void* data, ffi::AnyBuffer::Dimensions dims, const char* what,
   if (reinterpret_cast<uintptr_t>(data) % 16 != 0) {
     return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " is not 16-byte aligned");
   }
-  *out = Tensor2D{data, static_cast<int32_t>(rows), static_cast<int32_t>(cols)};
+  *out = TensorView{data, static_cast<int32_t>(rows), static_cast<int32_t>(cols)};
   return ffi::Error::Success();
 }
 }  // namespace
 
-ffi::Error As2D(const ffi::AnyBuffer& buffer, const char* what, Tensor2D* out) {
+ffi::Error As2D(const ffi::AnyBuffer& buffer, const char* what, TensorView* out) {
   return View2D(buffer.untyped_data(), buffer.dimensions(), what, out);
 }
 
-ffi::Error As2D(ffi::Result<ffi::AnyBuffer>& buffer, const char* what, Tensor2D* out) {
+ffi::Error As2D(ffi::Result<ffi::AnyBuffer>& buffer, const char* what, TensorView* out) {
   return View2D(buffer->untyped_data(), buffer->dimensions(), what, out);
 }
 
-ffi::Error Expect(const Tensor2D& t, ffi::DataType got, ffi::DataType want, int64_t rows, int64_t cols,
+namespace {
+ffi::Error View3D(void* data, ffi::AnyBuffer::Dimensions dims, const char* what, TensorView* out) {
+  if (dims.size() < 3) {
+    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " must have rank >= 3, got rank " +
+                                       std::to_string(dims.size()));
+  }
+  int64_t rows = 1;
+  for (size_t i = 1; i + 1 < dims.size(); ++i) rows *= dims[i];
+  const int64_t batch = dims[0], cols = dims[dims.size() - 1];
+  if (batch > INT32_MAX || rows > INT32_MAX || cols > INT32_MAX || batch * rows > INT32_MAX) {
+    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " is too large for the kernels (" +
+                                       std::to_string(batch) + " x " + std::to_string(rows) + " x " +
+                                       std::to_string(cols) + ")");
+  }
+  if (reinterpret_cast<uintptr_t>(data) % 16 != 0) {
+    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " is not 16-byte aligned");
+  }
+  *out = TensorView{data, static_cast<int32_t>(rows), static_cast<int32_t>(cols), static_cast<int32_t>(batch)};
+  return ffi::Error::Success();
+}
+}  // namespace
+
+ffi::Error As3D(const ffi::AnyBuffer& buffer, const char* what, TensorView* out) {
+  return View3D(buffer.untyped_data(), buffer.dimensions(), what, out);
+}
+
+ffi::Error As3D(ffi::Result<ffi::AnyBuffer>& buffer, const char* what, TensorView* out) {
+  return View3D(buffer->untyped_data(), buffer->dimensions(), what, out);
+}
+
+ffi::Error Expect(const TensorView& t, ffi::DataType got, ffi::DataType want, int64_t rows, int64_t cols,
                   const char* what) {
   if (got != want) {
     return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " has dtype " + DTypeName(got) +

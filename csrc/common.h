@@ -25,11 +25,13 @@ enum ModeCode : int { kRowCol = 0, kRow = 1, kCol = 2, kSquare = 3 };
 
 constexpr int kMaxDevices = 64;
 
-// A 2-D row-major view handed to a launch adapter.
-struct Tensor2D {
+// A row-major view handed to a launch adapter: (rows, cols), or (batch, rows, cols) for kernels whose tensors
+// are 3-D (the adapter fills the kernel's tensor struct from the dimensions its signature left dynamic).
+struct TensorView {
   void* data;
   int32_t rows;
   int32_t cols;
+  int32_t batch = 1;
 };
 
 // One loaded cudaLibrary per exported variant, loaded onto each device the first time it is needed.
@@ -41,9 +43,10 @@ struct ModuleSlot {
   cudaLibrary_t library = nullptr;
 };
 
-// Tensors in the kernel's argument order; float scalar arguments (e.g. eps) in `scalars`.
-using LaunchFn = cudaError_t (*)(const Tensor2D* tensors, int n, const float* scalars, int n_scalars,
-                                 cudaStream_t stream);
+// Tensors in the kernel's argument order; float scalar arguments (e.g. eps) in `scalars`, int32 ones (e.g. the
+// device's SM count) in `ints`, each in the order the kernel's host function takes them.
+using LaunchFn = cudaError_t (*)(const TensorView* tensors, int n, const float* scalars, int n_scalars,
+                                 const int32_t* ints, int n_ints, cudaStream_t stream);
 using LoadFn = cudaError_t (*)(int device);
 using DslInitFn = void (*)(void**);
 
@@ -54,11 +57,15 @@ struct KernelParam {
   int64_t value;
 };
 
+// Compute capabilities as 10 * major + minor (90 = 9.0, 103 = 10.3); a row lists at most kMaxCcs of them.
+constexpr int kMaxCcs = 4;
+
 // One (variant, arch) row of the generated table. `name` is the registry variant name (config.name), the
 // same for every arch; handlers receive it as the FFI attribute `kernel`.
 struct KernelEntry {
   const char* name;
-  int arch_major;  // 9 (sm_90a) or 10 (sm_100a)
+  const char* arch;     // the cubin's target: "sm_90a" or "sm_100f" (registry ARCH_CCS)
+  int ccs[kMaxCcs];     // the compute capabilities whose devices load it (90; 100, 103), 0 ends the list
   const char* op;  // registry op family: "quantize", "dequantize", "rms_norm_quantize", "attention_fwd", ...
   const KernelParam* params;
   int n_params;
@@ -77,12 +84,19 @@ cudaError_t TakeDslError();
 // Loads `slot` onto `device` once (thread-safe). The DSL's init/load entry points fill slot.library.
 cudaError_t LoadModule(ModuleSlot& slot, int device, DslInitFn init, DslInitFn load_to_device);
 
-// Compute-capability major of `device` (cached).
-ffi::Error DeviceMajor(int device, int* major);
+// Compute capability of `device` as 10 * major + minor (cached).
+ffi::Error DeviceCC(int device, int* cc);
 
-// The table row of variant `name` built for this device's architecture, which must be a kernel of `op`;
-// otherwise an error naming the variant, the op and the compute capability (unknown name, another op's
-// variant, or not compiled for this arch). Pure table lookup: the module is loaded by Launch.
+// Streaming multiprocessors of `device` (cached): the persistent kernels' grid bound, passed at launch.
+ffi::Error DeviceSMs(int device, int* sms);
+
+// Whether `entry`'s cubin loads on a device of compute capability `cc` (10 * major + minor).
+bool ServesCC(const KernelEntry& entry, int cc);
+
+// The table row of variant `name` whose cubin loads on this device's compute capability (sm_90a: 9.0;
+// sm_100f: 10.0 and 10.3), which must be a kernel of `op`; otherwise an error naming the variant, the op
+// and the compute capability (unknown name, another op's variant, or not compiled for this cc; consumer
+// Blackwell, cc 12.x, is named as unsupported). Pure table lookup: the module is loaded by Launch.
 ffi::Error FindKernel(int device, std::string_view op, std::string_view name, const KernelEntry** entry);
 
 // The value of `entry`'s named parameter `name`, or kNoParam when the variant has none (never equal to a
@@ -91,8 +105,9 @@ constexpr int64_t kNoParam = -1;
 int64_t Param(const KernelEntry* entry, std::string_view name);
 
 // Loads `entry`'s module onto `device` (first use), then launches it on `stream` and checks the launch.
-ffi::Error Launch(const KernelEntry* entry, int device, const Tensor2D* tensors, int n, cudaStream_t stream,
-                  const float* scalars = nullptr, int n_scalars = 0);
+ffi::Error Launch(const KernelEntry* entry, int device, const TensorView* tensors, int n, cudaStream_t stream,
+                  const float* scalars = nullptr, int n_scalars = 0, const int32_t* ints = nullptr,
+                  int n_ints = 0);
 
 std::string DTypeName(ffi::DataType dtype);
 
@@ -108,11 +123,17 @@ ffi::Error Dims(const ffi::AnyBuffer& buffer, std::string_view op, const char* w
 
 // A buffer viewed as 2-D row-major (leading axes flattened into rows). Fails for rank < 2, sizes over
 // int32, or data pointers that are not 16-byte aligned.
-ffi::Error As2D(const ffi::AnyBuffer& buffer, const char* what, Tensor2D* out);
-ffi::Error As2D(ffi::Result<ffi::AnyBuffer>& buffer, const char* what, Tensor2D* out);
+ffi::Error As2D(const ffi::AnyBuffer& buffer, const char* what, TensorView* out);
+ffi::Error As2D(ffi::Result<ffi::AnyBuffer>& buffer, const char* what, TensorView* out);
+
+// A buffer of rank >= 3 viewed as 3-D row-major (batch, rows, cols): batch = its first axis, cols = its last,
+// rows = the axes between flattened (e.g. a blocked scale buffer (G, Rt, Kt, 512) -> (G, Rt * Kt, 512)).
+// Same checks as As2D.
+ffi::Error As3D(const ffi::AnyBuffer& buffer, const char* what, TensorView* out);
+ffi::Error As3D(ffi::Result<ffi::AnyBuffer>& buffer, const char* what, TensorView* out);
 
 // Checks a buffer's dtype and 2-D shape.
-ffi::Error Expect(const Tensor2D& t, ffi::DataType got, ffi::DataType want, int64_t rows, int64_t cols,
+ffi::Error Expect(const TensorView& t, ffi::DataType got, ffi::DataType want, int64_t rows, int64_t cols,
                   const char* what);
 
 // The FFI targets (XLA_FFI_DEFINE_HANDLER_SYMBOL names) the library defines, in registration order: each

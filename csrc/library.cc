@@ -11,19 +11,33 @@ extern "C" int jax_mxfp8_kernel_count() { return jmx::kKernelTableSize; }
 extern "C" const char* jax_mxfp8_kernel_name(int i) {
   return (i >= 0 && i < jmx::kKernelTableSize) ? jmx::kKernelTable[i].name : nullptr;
 }
-// The compute-capability major row i is built for (9 = sm_90a, 10 = sm_100a), or -1 out of range.
+// The compute-capability major row i is built for (9 = sm_90a, 10 = sm_100f), or -1 out of range.
 extern "C" int jax_mxfp8_kernel_arch(int i) {
-  return (i >= 0 && i < jmx::kKernelTableSize) ? jmx::kKernelTable[i].arch_major : -1;
+  return (i >= 0 && i < jmx::kKernelTableSize) ? jmx::kKernelTable[i].ccs[0] / 10 : -1;
+}
+// The cubin target of row i ("sm_90a", "sm_100f"), or NULL out of range.
+extern "C" const char* jax_mxfp8_kernel_target(int i) {
+  return (i >= 0 && i < jmx::kKernelTableSize) ? jmx::kKernelTable[i].arch : nullptr;
+}
+// The compute capabilities (10 * major + minor) whose devices load row i's cubin: ccs[0..n) with n returned
+// (at most max_n written), or -1 out of range. sm_90a: 90; sm_100f: 100, 103.
+extern "C" int jax_mxfp8_kernel_ccs(int i, int* ccs, int max_n) {
+  if (i < 0 || i >= jmx::kKernelTableSize) return -1;
+  int n = 0;
+  for (; n < jmx::kMaxCcs && jmx::kKernelTable[i].ccs[n] != 0; ++n) {
+    if (n < max_n) ccs[n] = jmx::kKernelTable[i].ccs[n];
+  }
+  return n;
 }
 
-// Loads every variant built for `device`'s architecture (call before CUDA-graph capture: a module load
-// inside a captured launch would not be recorded). Returns a cudaError_t code (0 on success); a device
-// of another architecture loads nothing and returns 0.
+// Loads every variant whose cubin loads on `device`'s compute capability (call before CUDA-graph capture: a
+// module load inside a captured launch would not be recorded). Returns a cudaError_t code (0 on success); a
+// device no row serves loads nothing and returns 0.
 extern "C" int jax_mxfp8_preload(int device) {
-  int major = 0;
-  if (jmx::DeviceMajor(device, &major).failure()) return static_cast<int>(cudaErrorInvalidDevice);
+  int cc = 0;
+  if (jmx::DeviceCC(device, &cc).failure()) return static_cast<int>(cudaErrorInvalidDevice);
   for (int i = 0; i < jmx::kKernelTableSize; ++i) {
-    if (jmx::kKernelTable[i].arch_major != major) continue;
+    if (!jmx::ServesCC(jmx::kKernelTable[i], cc)) continue;
     cudaError_t err = jmx::kKernelTable[i].load(device);
     if (err != cudaSuccess) return static_cast<int>(err);
   }

@@ -48,7 +48,7 @@ std::string Shape3(int64_t a, int64_t b, int64_t c) {
 // *n_tensors and the sizes gmn = (G, M, N).
 ffi::Error CheckOperands(const KernelEntry* entry, bool bias_target, const char* target,
                          const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sa,
-                         const ffi::AnyBuffer& sb, const ffi::AnyBuffer* bias, Tensor2D* t, int* n_tensors,
+                         const ffi::AnyBuffer& sb, const ffi::AnyBuffer* bias, TensorView* t, int* n_tensors,
                          int64_t* gmn) {
   const bool has_bias = Param(entry, "has_bias") == 1;
   JMX_RETURN_IF_ERROR(Want(has_bias == bias_target, "kernel '" + std::string(entry->name) +
@@ -90,7 +90,7 @@ ffi::Error CheckOperands(const KernelEntry* entry, bool bias_target, const char*
   if (bias != nullptr) {
     void* data = bias->untyped_data();
     JMX_RETURN_IF_ERROR(Want(reinterpret_cast<uintptr_t>(data) % 16 == 0, "bias must be 16-byte aligned"));
-    t[i++] = Tensor2D{data, 1, static_cast<int32_t>(n)};
+    t[i++] = TensorView{data, 1, static_cast<int32_t>(n)};
   }
   *n_tensors = i;
   return ffi::Error::Success();
@@ -98,7 +98,7 @@ ffi::Error CheckOperands(const KernelEntry* entry, bool bias_target, const char*
 
 // One result buffer of shape (G, M, cols) and dtype `want`, appended to t when the call is not empty.
 ffi::Error CheckResult(ffi::Result<ffi::AnyBuffer>& r, const char* what, ffi::DataType want, const int64_t* gmn,
-                       int64_t cols, Tensor2D* t, int* n_tensors) {
+                       int64_t cols, TensorView* t, int* n_tensors) {
   int64_t d[3];
   JMX_RETURN_IF_ERROR(jmx::Dims(*r, kOp, what, 3, d));
   JMX_RETURN_IF_ERROR(Want(d[0] == gmn[0] && d[1] == gmn[1] && d[2] == cols,
@@ -119,7 +119,7 @@ ffi::Error Run(cudaStream_t stream, int32_t device, std::string_view kernel, con
   const KernelEntry* entry = nullptr;
   JMX_RETURN_IF_ERROR(FindKernel(device, kOp, kernel, &entry));
   JMX_RETURN_IF_ERROR(ExpectDType(entry, "out_dtype", c->element_type(), "c"));
-  Tensor2D t[6];
+  TensorView t[6];
   int n = 0;
   int64_t gmn[3];
   JMX_RETURN_IF_ERROR(CheckOperands(entry, bias != nullptr, "jax_mxfp8_mx_gemm", a, b, sa, sb, bias, t, &n, gmn));
@@ -148,7 +148,7 @@ ffi::Error RunMx(cudaStream_t stream, int32_t device, std::string_view kernel, c
                            "kernel '" + std::string(entry->name) +
                                (store_col ? "' writes the column orientation (use jax_mxfp8_mx_gemm_mx[_bias]_pre_col)"
                                           : "' writes no column orientation (use a target without _col)")));
-  Tensor2D t[10];
+  TensorView t[10];
   int n = 0;
   int64_t gmn[3];
   JMX_RETURN_IF_ERROR(CheckOperands(entry, bias != nullptr, "jax_mxfp8_mx_gemm_mx", a, b, sa, sb, bias, t, &n, gmn));

@@ -21,7 +21,7 @@
 namespace jmx {
 namespace {
 
-ffi::Error CheckBlockable(const Tensor2D& t, const char* what) {
+ffi::Error CheckBlockable(const TensorView& t, const char* what) {
   if (t.rows % 32 != 0 || t.cols % 32 != 0) {
     return ffi::Error::InvalidArgument(std::string("jax_mxfp8: ") + what + " is " + std::to_string(t.rows) + " x " +
                                        std::to_string(t.cols) +
@@ -53,7 +53,7 @@ ffi::Error QuantizeRowColImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffe
                                        ModeName(mode) +
                                        "; jax_mxfp8_quantize_rowcol runs rowcol variants (use jax_mxfp8_quantize)");
   }
-  Tensor2D t[5];
+  TensorView t[5];
   JMX_RETURN_IF_ERROR(ExpectDType(entry, "in_dtype", x.element_type(), "x"));
   JMX_RETURN_IF_ERROR(As2D(x, "x", &t[0]));
   JMX_RETURN_IF_ERROR(CheckBlockable(t[0], "x"));
@@ -83,7 +83,7 @@ ffi::Error QuantizeImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, f
                                        "; jax_mxfp8_quantize runs row, col or square variants (rowcol ones: "
                                        "jax_mxfp8_quantize_rowcol)");
   }
-  Tensor2D t[3];
+  TensorView t[3];
   JMX_RETURN_IF_ERROR(ExpectDType(entry, "in_dtype", x.element_type(), "x"));
   JMX_RETURN_IF_ERROR(As2D(x, "x", &t[0]));
   JMX_RETURN_IF_ERROR(CheckBlockable(t[0], "x"));
@@ -104,7 +104,7 @@ ffi::Error DequantizeImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer da
   const KernelEntry* entry = nullptr;
   JMX_RETURN_IF_ERROR(FindKernel(device, "dequantize", kernel, &entry));
   const int64_t block = Param(entry, "block");  // decides the scale shape (the registry has no rowcol here)
-  Tensor2D t[3];
+  TensorView t[3];
   JMX_RETURN_IF_ERROR(ExpectDType(entry, "elem_dtype", data.element_type(), "data"));
   JMX_RETURN_IF_ERROR(ExpectDType(entry, "out_dtype", out->element_type(), "output"));
   JMX_RETURN_IF_ERROR(As2D(data, "data", &t[0]));

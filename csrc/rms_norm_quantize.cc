@@ -9,6 +9,12 @@
 // shape (D,). y: x's shape and dtype. data: x's shape, f8e4m3fn / f8e5m2 (selects the element format).
 // scale: (M, D / 32) u8 (leading axes flattened). Every failure is returned as an ffi::Error; the
 // handler only enqueues work on XLA's stream (CUDA-graph compatible).
+//
+//   jax_mxfp8_rms_norm_quantize_blocked  (x, weight) -> (y, data, scale): the blocked-scale variants
+//     (RMSNormQuantizeBlockedConfig, Blackwell sm_100f, e.g. "rms_norm_quantize_blocked_bf16_e4m3_up"): x of
+//     rank >= 2 viewed as (G, R, D) (G the leading axes but the last, R the last but one); scale (G,
+//     ceil(R/128), ceil(D/128), 512) u8 in the 128x4 blocked layout. The handler zero-fills scale
+//     (cudaMemsetAsync: the layout's padding bytes) and launches the kernel on a (R, G) grid.
 #include <string>
 #include <string_view>
 
@@ -17,12 +23,18 @@
 namespace jmx {
 namespace {
 
-ffi::Error RmsNormQuantizeImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer weight,
-                               ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> data,
-                               ffi::Result<ffi::AnyBuffer> scale, float eps, std::string_view kernel) {
+ffi::Error Run(cudaStream_t stream, int32_t device, bool blocked, ffi::AnyBuffer x, ffi::AnyBuffer weight,
+               ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> data, ffi::Result<ffi::AnyBuffer> scale,
+               float eps, std::string_view kernel) {
   const KernelEntry* entry = nullptr;
   JMX_RETURN_IF_ERROR(FindKernel(device, "rms_norm_quantize", kernel, &entry));
-  Tensor2D t[5];
+  const bool variant_blocked = Param(entry, "blocked_scales") == 1;
+  if (variant_blocked != blocked) {
+    return ffi::Error::InvalidArgument(std::string("jax_mxfp8: rms_norm_quantize kernel '") + entry->name +
+                                       (variant_blocked ? "' writes blocked scales (use jax_mxfp8_rms_norm_quantize_blocked)"
+                                                        : "' writes natural scales (use jax_mxfp8_rms_norm_quantize)"));
+  }
+  TensorView t[5];
   JMX_RETURN_IF_ERROR(ExpectDType(entry, "in_dtype", x.element_type(), "x"));
   JMX_RETURN_IF_ERROR(As2D(x, "x", &t[0]));
   const int64_t m = t[0].rows, d = t[0].cols;
@@ -42,14 +54,41 @@ ffi::Error RmsNormQuantizeImpl(cudaStream_t stream, int32_t device, ffi::AnyBuff
   if (reinterpret_cast<uintptr_t>(weight.untyped_data()) % 16 != 0) {
     return ffi::Error::InvalidArgument("jax_mxfp8: weight is not 16-byte aligned");
   }
-  t[1] = Tensor2D{weight.untyped_data(), 1, static_cast<int32_t>(d)};
+  t[1] = TensorView{weight.untyped_data(), 1, static_cast<int32_t>(d)};
   JMX_RETURN_IF_ERROR(As2D(y, "y", &t[2]));
   JMX_RETURN_IF_ERROR(Expect(t[2], y->element_type(), x.element_type(), m, d, "y"));
   JMX_RETURN_IF_ERROR(ExpectDType(entry, "elem_dtype", data->element_type(), "data"));
   JMX_RETURN_IF_ERROR(As2D(data, "data", &t[3]));
   JMX_RETURN_IF_ERROR(Expect(t[3], data->element_type(), data->element_type(), m, d, "data"));
-  JMX_RETURN_IF_ERROR(As2D(scale, "scale", &t[4]));
-  JMX_RETURN_IF_ERROR(Expect(t[4], scale->element_type(), ffi::DataType::U8, m, d / 32, "scale"));
+  if (blocked) {
+    // x (..., R, D) as (G, R, D); scale (G, ceil(R/128), ceil(D/128), 512), viewed as (G, tiles * 512)
+    auto xd = x.dimensions();
+    const int64_t r = xd[xd.size() - 2], g = r > 0 ? m / r : 0;
+    const int64_t tiles = (r + 127) / 128 * ((d + 127) / 128);
+    auto sd = scale->dimensions();
+    const bool shape_ok = sd.size() == xd.size() + 1 && sd[sd.size() - 3] == (r + 127) / 128 &&
+                          sd[sd.size() - 2] == (d + 127) / 128 && sd[sd.size() - 1] == 512;
+    bool lead_ok = shape_ok;
+    for (size_t i = 0; lead_ok && i + 2 < xd.size(); ++i) lead_ok = sd[i] == xd[i];
+    if (!lead_ok || scale->element_type() != ffi::DataType::U8) {
+      return ffi::Error::InvalidArgument("jax_mxfp8: scale must be u8 of x's leading axes + (" +
+                                         std::to_string((r + 127) / 128) + ", " + std::to_string((d + 127) / 128) +
+                                         ", 512) (the blocked layout)");
+    }
+    if (g > 65535 || tiles * 512 > INT32_MAX) {
+      return ffi::Error::InvalidArgument("jax_mxfp8: rms_norm_quantize (blocked): x has too many rows for the kernel");
+    }
+    t[4] = TensorView{scale->untyped_data(), static_cast<int32_t>(g), static_cast<int32_t>(tiles * 512)};
+    if (m == 0 || d == 0) return ffi::Error::Success();
+    if (cudaError_t err = cudaMemsetAsync(scale->untyped_data(), 0, static_cast<size_t>(g * tiles * 512), stream);
+        err != cudaSuccess) {
+      return ffi::Error::Internal(std::string("jax_mxfp8: rms_norm_quantize: cudaMemsetAsync: ") +
+                                  cudaGetErrorString(err));
+    }
+  } else {
+    JMX_RETURN_IF_ERROR(As2D(scale, "scale", &t[4]));
+    JMX_RETURN_IF_ERROR(Expect(t[4], scale->element_type(), ffi::DataType::U8, m, d / 32, "scale"));
+  }
   if (m == 0 || d == 0) return ffi::Error::Success();
   if (entry->max_cols > 0 && d > entry->max_cols) {
     return ffi::Error::InvalidArgument("jax_mxfp8: rms_norm_quantize kernel " + std::string(entry->name) +
@@ -58,6 +97,18 @@ ffi::Error RmsNormQuantizeImpl(cudaStream_t stream, int32_t device, ffi::AnyBuff
   }
   const float scalars[1] = {eps};
   return Launch(entry, device, t, 5, stream, scalars, 1);
+}
+
+ffi::Error RmsNormQuantizeImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer weight,
+                               ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> data,
+                               ffi::Result<ffi::AnyBuffer> scale, float eps, std::string_view kernel) {
+  return Run(stream, device, false, x, weight, y, data, scale, eps, kernel);
+}
+
+ffi::Error RmsNormQuantizeBlockedImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer weight,
+                                      ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> data,
+                                      ffi::Result<ffi::AnyBuffer> scale, float eps, std::string_view kernel) {
+  return Run(stream, device, true, x, weight, y, data, scale, eps, kernel);
 }
 
 }  // namespace
@@ -73,5 +124,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_rms_norm_quantize, jmx::RmsNormQuantizeI
                                   .Attr<std::string_view>("kernel")),
                               {ffi::Traits::kCmdBufferCompatible});
 JMX_REGISTER_FFI_TARGET(jax_mxfp8_rms_norm_quantize);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_mxfp8_rms_norm_quantize_blocked, jmx::RmsNormQuantizeBlockedImpl,
+                              (jmx::BindBuffers<2, 3>()
+                                  .Attr<float>("eps")
+                                  .Attr<std::string_view>("kernel")),
+                              {ffi::Traits::kCmdBufferCompatible});
+JMX_REGISTER_FFI_TARGET(jax_mxfp8_rms_norm_quantize_blocked);
 
 #pragma GCC visibility pop

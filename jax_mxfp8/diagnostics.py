@@ -1,7 +1,10 @@
 """What runs here: versions, the kernel library, the GPU, and the implementation each public op takes.
 
 `python -m jax_mxfp8` runs `main()`: it prints the report section by section as each is built
-(`report_lines()`), so whatever can be known is printed before anything fails. The per-op lines come from
+(`report_lines()`), so whatever can be known is printed before anything fails. `python -m jax_mxfp8
+--self-test` prints the versions, library and device sections, then runs the first-use self-test of every
+kernel family that has not run on hardware here (primitives/self_test.py: the Blackwell kernels) and prints
+their report, a text to paste into an issue; it exits 1 when a family failed. The per-op lines come from
 tracing a typical call of each public op with implementation=None under `jax.eval_shape` (nothing is
 computed or compiled) and reading the decision `jax_mxfp8.primitives.implementation.resolve` made for
 it, so they state what the op itself does on this machine, not a re-derivation of its rules. When no JAX
@@ -15,7 +18,9 @@ why, the ops are not traced, and `main()` returns 1.
   op_decisions() -> list[OpDecision]    a typical call per public op and the path it takes, and why
   report_lines() -> Iterator[str]       all of the above as lines, built one section at a time
   report() -> str                       the same, as one text
-  main() -> int                         prints report_lines() as they come; 0, or 1 without a backend
+  self_test_lines() -> Iterator[str]    the self-test report (runs every family's self-test now)
+  main(argv) -> int                     prints report_lines() (or, --self-test, the self-test report) as they
+                                        come; 0, or 1 without a backend / with a failed self-test
 """
 
 from __future__ import annotations
@@ -34,12 +39,11 @@ import jax.numpy as jnp
 
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import implementation as impl
-from jax_mxfp8.primitives import library
+from jax_mxfp8.primitives import library, self_test
 
 DISTRIBUTIONS = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_dtypes")
 """Distributions whose versions the report lists (plus every installed jax CUDA plugin)."""
 
-_ARCH_OF_MAJOR = {m: a for a, m in registry.ARCH_MAJOR.items()}
 _FORWARD_ONLY = ("rms_norm_quantize",)
 """Ops whose kernel computes the forward pass only (their gradients run the XLA reference)."""
 _BACKWARD_KERNEL = ("dot_product_attention", "dot_product_attention_vjp", "varlen_attention")
@@ -88,9 +92,21 @@ def versions() -> dict[str, str]:
     return out
 
 
+def arch_lines() -> list[str]:
+    """Which cubin serves which compute capability (registry.ARCH_CCS), and the unsupported ones."""
+    lines = []
+    for arch, ccs in registry.ARCH_CCS.items():
+        served = ", ".join(registry.cc_name(cc) for cc in ccs)
+        family = " (the family target: one cubin for every one of them)" if len(ccs) > 1 else ""
+        lines.append(f"{arch} cubins serve compute capability {served}{family}")
+    for major, why in registry.UNSUPPORTED_CCS.items():
+        lines.append(f"compute capability {major}.x: {why}")
+    return lines
+
+
 def library_status() -> LibraryStatus:
     lib = library.load_library()
-    counts = collections.Counter(_ARCH_OF_MAJOR.get(major, f"major {major}") for _, major in library.kernel_names())
+    counts = collections.Counter(arch for archs in library.kernel_targets().values() for arch in archs)
     return LibraryStatus(
         path=str(library.library_path()),
         loaded=lib is not None,
@@ -133,10 +149,20 @@ def device_lines() -> list[str]:
     dev = devices[0]
     lines = [f"default backend: {jax.default_backend()} ({len(devices)} device{'s' * (len(devices) != 1)})"]
     cc = getattr(dev, "compute_capability", None)
-    if dev.platform == "gpu" and cc is not None:
-        major = library.gpu_major()
-        arch = _ARCH_OF_MAJOR.get(major)
-        built = f"kernels built for it: {arch}" if arch else f"no kernels for compute capability {major}.x"
+    forced = library.forced_cc()
+    if forced is not None:
+        arch = registry.arch_for_cc(forced)
+        served = f"served by the {arch} cubins, emulated" if arch else "no kernels for it"
+        lines.append(f"forced: compute capability {registry.cc_name(forced)} (library.forced_gpu: {served})")
+    elif dev.platform == "gpu" and cc is not None:
+        gpu_cc = library.gpu_cc()
+        arch = registry.arch_for_cc(gpu_cc) if gpu_cc else None
+        if arch:
+            built = f"served by the {arch} cubins"
+        elif gpu_cc and gpu_cc[0] in registry.UNSUPPORTED_CCS:
+            built = "not supported: every op runs its XLA reference"
+        else:
+            built = "no kernels for this compute capability: every op runs its XLA reference"
         lines.append(f"device 0: {dev.device_kind}, compute capability {cc} ({built})")
     else:
         lines.append(f"device 0: {dev.device_kind} (no NVIDIA GPU: every op runs its XLA reference)")
@@ -275,6 +301,7 @@ def report_lines() -> Iterator[str]:
     yield from (f"  {name:<18} {version}" for name, version in versions().items())
     st = library_status()
     yield from ["", "kernel library", f"  path               {st.path}"]
+    yield from (f"  {'archs' if i == 0 else '':<18} {line}" for i, line in enumerate(arch_lines()))
     if st.loaded:
         per_arch = ", ".join(f"{n} for {arch}" for arch, n in st.kernels_per_arch) or "none"
         yield f"  status             loaded: {len(st.targets)} FFI targets, kernels: {per_arch}"
@@ -294,6 +321,9 @@ def report_lines() -> Iterator[str]:
     for d in op_decisions():
         yield f"  {d.op:<25} -> {d.path:<5} {d.call}"
         yield f"  {'':<25}    why: {d.reason}"
+    yield from ["", "first-use self-tests (python -m jax_mxfp8 --self-test runs them now)"]
+    for name in self_test.families():
+        yield f"  {name:<26} {self_test.status(name)}"
 
 
 def report() -> str:
@@ -301,11 +331,37 @@ def report() -> str:
     return "\n".join(report_lines())
 
 
-def main() -> int:
-    """Prints the report line by line as it is built; 1 when no JAX backend starts, else 0."""
+def self_test_lines() -> Iterator[str]:
+    """Versions, library, devices, then every family's self-test, run now (python -m jax_mxfp8 --self-test)."""
+    lines = report_lines()
+    for line in lines:  # everything up to the ops section (which traces every op: not needed here)
+        if line.startswith("ops:"):
+            break
+        yield line
+    reports = self_test.run_all()
+    yield from ("", *self_test.report_text(reports).splitlines())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prints the report (or, with --self-test, the self-test report) line by line as it is built; 1 when no
+    JAX backend starts or a self-test failed, else 0."""
+    args = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__)
+        return 0
+    unknown = [a for a in args if a != "--self-test"]
+    if unknown:
+        print(f"jax_mxfp8: unknown arguments {unknown}; usage: python -m jax_mxfp8 [--self-test]", file=sys.stderr)
+        return 2
+    why = backend_error()
+    if "--self-test" in args:
+        failed = False
+        for line in self_test_lines():
+            print(line, flush=True)
+            failed |= "-> this family is disabled" in line
+        return 1 if failed or why is not None else 0
     for line in report_lines():
         print(line, flush=True)
-    why = backend_error()
     if why is not None:
         print(f"\njax_mxfp8: no JAX backend, so no op was traced: {why}", file=sys.stderr, flush=True)
         return 1

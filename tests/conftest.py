@@ -1,5 +1,5 @@
 """Shared pytest setup: 8 host (CPU) devices for the sharding tests; GPU-marked tests skip cleanly on
-machines without a CUDA device."""
+machines without a CUDA device, Blackwell-marked ones on anything but compute capability 10.x."""
 
 from __future__ import annotations
 
@@ -37,7 +37,23 @@ def _has_cuda_gpu() -> bool:
         return False
 
 
+@functools.cache
+def _compute_capability_major() -> int | None:
+    try:
+        import jax
+
+        dev = jax.devices()[0]
+        return int(str(dev.compute_capability).split(".")[0]) if dev.platform == "gpu" else None
+    except (RuntimeError, AttributeError, ValueError):
+        return None
+
+
 def pytest_collection_modifyitems(config, items):
+    if _has_cuda_gpu() and _compute_capability_major() != 10:
+        skip = pytest.mark.skip(reason="needs a Blackwell GPU of compute capability 10.x (pytest -m blackwell)")
+        for item in items:
+            if "blackwell" in item.keywords:
+                item.add_marker(skip)
     if _has_cuda_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (pytest -m gpu on the GPU machine)")

@@ -6,14 +6,15 @@ By default the production variants (registry.PRODUCTION_VARIANTS: what the libra
 registry.ARCHS and each such variant compiled for it (`config.archs`), the kernel object that
 the config names for that arch (`config.make_kernel(arch)`): `cute.compile(..., options="--gpu-arch <arch>")`, then
 `export_to_c` writes <out>/<arch>/<symbol>.h and .o (the .o embeds the cubin; the cubin and PTX are also
-kept under <out>/<arch>/dump/<variant>/). Each arch runs in its own process because the DSL reads
+kept under <out>/<arch>/dump/<variant>/, with the traced facts the static checks read: facts.json,
+tools/sm100_static.py's write_facts). Each arch runs in its own process because the DSL reads
 CUTE_DSL_ARCH at import. Finally it writes the two files the C++ build needs: <out>/kernels_table.inc,
 the self-contained table that csrc/kernels_table.cc includes (the exported headers inlined, plus one
 launch adapter per (variant, arch) with a uniform signature, generated from the headers' tensor
 structs, and one row per (variant, arch) generated from the config alone: name, arch major, op and the
 named integer parameters `config.key`), and <out>/libjmx_kernels.a with every kernel object.
 
-Usage: python tools/build_kernels.py [--out build/kernels] [--arch sm_90a --arch sm_100a] [--jobs 2] [--with-tunes]
+Usage: python tools/build_kernels.py [--out build/kernels] [--arch sm_90a --arch sm_100f] [--jobs 2] [--with-tunes]
 Needs: nvidia-cutlass-dsl[cu13]==4.8.1 (and jax, for the numerics constants in jax_mxfp8.formats).
 """
 
@@ -44,6 +45,7 @@ def compile_arch(arch: str, out: Path, names: list[str] | None, with_tunes: bool
 
     Each config names the kernel class that builds it on `arch` (registry `KernelConfig.kernels`)."""
     import cutlass.cute as cute
+    from sm100_static import write_facts  # (tools/, this script's folder)
 
     adir = out / arch
     adir.mkdir(parents=True, exist_ok=True)
@@ -75,73 +77,122 @@ def compile_arch(arch: str, out: Path, names: list[str] | None, with_tunes: bool
             options=f"--gpu-arch {arch} --keep-cubin --keep-ptx --dump-dir {dump}",
         )
         compiled.export_to_c(str(adir), sym, function_prefix=sym)
-        meta[sym] = {"config": config.name, "tensors": list(kern.tensor_names()), "seconds": time.time() - t0}
+        meta[sym] = {
+            "config": config.name,
+            "tensors": list(kern.tensor_names()),
+            "args": _arg_specs(kern.fake_args()),
+            "seconds": time.time() - t0,
+        }
+        write_facts(kern, dump)  # what the static checks need beyond the cubin (tools/check_sm100.py --reuse)
         print(f"[{arch}] {config.name}: {meta[sym]['seconds']:.2f} s", flush=True)
     (adir / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def _arg_specs(fake_args) -> list[dict]:
+    """The host function's arguments as the adapter fills them: per tensor its rank, which dims and strides the
+    kernel left dynamic (the exported struct holds those, in dimension order) and the static dims' values;
+    "float" / "int32" for scalars; the stream last."""
+    import cutlass
+
+    specs = []
+    for a in fake_args:
+        if hasattr(a, "dynamic_shapes_mask"):
+            shape = [None if m else int(d) for d, m in zip(a.shape, a.dynamic_shapes_mask)]
+            specs.append({"kind": "tensor", "shape": shape, "stride_mask": list(a.dynamic_strides_mask)})
+        elif isinstance(a, cutlass.Float32):
+            specs.append({"kind": "float"})
+        elif isinstance(a, cutlass.Int32):
+            specs.append({"kind": "int32"})
+    return specs
 
 
 _STRUCT_RE = re.compile(r"typedef struct \{(.*?)\}\s*(\w+)_Tensor_(\w+)_t;", re.S)
 _WRAPPER_RE = re.compile(r"static inline int32_t cute_dsl_(\w+)_wrapper\(([^)]*)\)")
 
 
-def _adapter(sym: str, header: str) -> str:
-    """C++ launch adapter for one exported variant: fills the DSL's tensor structs from jmx::Tensor2D."""
-    structs = []
-    for body, prefix, argname in _STRUCT_RE.findall(header):
-        if prefix != sym:
-            continue
-        shapes = re.search(r"dynamic_shapes\[(\d+)\]", body)
-        strides = re.search(r"dynamic_strides\[(\d+)\]", body)
-        if not shapes or shapes.group(1) != "2" or not strides or strides.group(1) != "1":
-            raise SystemExit(f"{sym}: tensor {argname} has an unexpected struct layout:\n{body}")
-        structs.append(argname)
+def _tensor_fill(sym: str, argname: str, i: int, spec: dict, body: str) -> tuple[str, str]:
+    """(the struct initialization of tensor argument i from jmx::TensorView t[i], the checks of its static
+    dims): a rank-2 tensor is t[i]'s (rows, cols), a rank-3 one its (batch, rows, cols); the struct holds the
+    dims and the row-major strides the kernel left dynamic."""
+    shape = spec["shape"]
+    dims = {2: [f"t[{i}].rows", f"t[{i}].cols"], 3: [f"t[{i}].batch", f"t[{i}].rows", f"t[{i}].cols"]}.get(len(shape))
+    if dims is None:
+        raise SystemExit(f"{sym}: tensor {argname} has rank {len(shape)}; the adapters take rank 2 or 3")
+    n_shape, n_stride = sum(d is None for d in shape), sum(spec["stride_mask"])
+    want = re.search(r"dynamic_shapes\[(\d+)\]", body), re.search(r"dynamic_strides\[(\d+)\]", body)
+    got = tuple(int(m.group(1)) if m else 0 for m in want)
+    if got != (n_shape, n_stride):
+        raise SystemExit(f"{sym}: tensor {argname}: struct {got} != the fake tensor's {(n_shape, n_stride)}")
+    strides = [" * ".join(f"int64_t({d})" for d in dims[k + 1 :]) or "1" for k in range(len(dims))]
+    shapes = [d for d, s in zip(dims, shape) if s is None]
+    dyn_strides = [st for st, m in zip(strides, spec["stride_mask"]) if m]
+    fields = [f"t[{i}].data"]
+    fields += ["{" + ", ".join(shapes) + "}"] if shapes else []
+    fields += ["{" + ", ".join(dyn_strides) + "}"] if dyn_strides else []
+    fill = f"  {sym}_Tensor_{argname}_t a{i} = {{{', '.join(fields)}}};"
+    checks = [f"{d} != {s}" for d, s in zip(dims, shape) if s is not None]
+    if len(shape) == 2:
+        checks.append(f"t[{i}].batch != 1")
+    check = f"  if ({' || '.join(checks)}) return cudaErrorInvalidValue;" if checks else ""
+    return fill, check
+
+
+def _adapter(sym: str, header: str, specs: list[dict]) -> str:
+    """C++ launch adapter for one exported variant: fills the DSL's tensor structs from jmx::TensorView and
+    passes the float and int32 scalars in the order the host function takes them."""
+    bodies = {argname: body for body, prefix, argname in _STRUCT_RE.findall(header) if prefix == sym}
     m = _WRAPPER_RE.search(header)
     params = [p.strip() for p in m.group(2).split(",")]
     order = [re.search(r"_Tensor_(\w+)_t \*", p).group(1) for p in params if "_Tensor_" in p]
-    floats = [p.split()[-1] for p in params if p.startswith("float ")]
-    known = len(order) + len(floats) + 2  # + module, stream
-    if len(params) != known or not params[-1].startswith("cudaStream_t"):
-        raise SystemExit(f"{sym}: unexpected wrapper parameters {params}")
-    if sorted(order) != sorted(structs):
-        raise SystemExit(f"{sym}: wrapper arguments {order} do not match structs {structs}")
-    fills = "\n".join(
-        f"  {sym}_Tensor_{a}_t a{i} = {{t[{i}].data, {{t[{i}].rows, t[{i}].cols}}, {{t[{i}].cols}}}};"
-        for i, a in enumerate(order)
-    )
-    # the wrapper's arguments in its own order: tensors, then float scalars (taken from f[] in order)
-    args, ti, fi = [], 0, 0
+    scalars = [p.split()[0] for p in params[1:-1] if "_Tensor_" not in p]
+    tensor_specs = [sp for sp in specs if sp["kind"] == "tensor"]
+    scalar_specs = [{"float": "float", "int32": "int32_t"}[sp["kind"]] for sp in specs if sp["kind"] != "tensor"]
+    if not params[-1].startswith("cudaStream_t") or scalars != scalar_specs:
+        raise SystemExit(f"{sym}: unexpected wrapper parameters {params} (scalars {scalar_specs})")
+    if sorted(order) != sorted(bodies) or len(order) != len(tensor_specs):
+        raise SystemExit(f"{sym}: wrapper arguments {order} do not match structs {sorted(bodies)} / {tensor_specs}")
+    fills, checks = zip(*(_tensor_fill(sym, a, i, tensor_specs[i], bodies[a]) for i, a in enumerate(order)))
+    n_floats, n_ints = scalars.count("float"), scalars.count("int32_t")
+    # the wrapper's arguments in its own order: tensors, then scalars (floats from f[], int32s from ints[])
+    args, ti, fi, ii = [], 0, 0, 0
     for p in params[1:-1]:
         if "_Tensor_" in p:
             args.append(f"&a{ti}")
             ti += 1
-        else:
+        elif p.startswith("float"):
             args.append(f"f[{fi}]")
             fi += 1
-    args = ", ".join(args)
+        else:
+            args.append(f"ints[{ii}]")
+            ii += 1
+    body = "\n".join(c for c in (*checks, *fills) if c)
     return f"""
 // ---- {sym}
 static jmx::ModuleSlot g_slot_{sym};
 static cudaError_t load_{sym}(int device) {{
   return jmx::LoadModule(g_slot_{sym}, device, &_mlir_{sym}_cuda_init, &_mlir_{sym}_cuda_load_to_device);
 }}
-static cudaError_t launch_{sym}(const jmx::Tensor2D* t, int n, const float* f, int nf, cudaStream_t stream) {{
-  if (n != {len(order)} || nf != {len(floats)}) return cudaErrorInvalidValue;
+static cudaError_t launch_{sym}(const jmx::TensorView* t, int n, const float* f, int nf, const int32_t* ints,
+                                int ni, cudaStream_t stream) {{
+  if (n != {len(order)} || nf != {n_floats} || ni != {n_ints}) return cudaErrorInvalidValue;
   (void)f;
-{fills}
+  (void)ints;
+{body}
   {sym}_Kernel_Module_t module{{g_slot_{sym}.library}};
-  return static_cast<cudaError_t>(cute_dsl_{sym}_wrapper(&module, {args}, stream));
+  return static_cast<cudaError_t>(cute_dsl_{sym}_wrapper(&module, {", ".join(args)}, stream));
 }}
 """
 
 
 def _table_row(config: registry.KernelConfig, arch: str, sym: str) -> tuple[str, str]:
     """One kernel table row (csrc/common.h, KernelEntry), from the config alone: its named parameters
-    (`config.key` as {name, value} pairs, a separate array) and the row (name, arch major, op, params,
-    max_cols, launch and load adapters)."""
+    (`config.key` as {name, value} pairs, a separate array) and the row (name, arch, the compute capabilities
+    that load the cubin (registry.ARCH_CCS), op, params, max_cols, launch and load adapters)."""
     params = ", ".join(f'{{"{k}", {v}}}' for k, v in config.key.items())
     decl = f"static const jmx::KernelParam kParams_{sym}[] = {{{params}}};"
+    ccs = ", ".join(str(10 * major + minor) for major, minor in registry.ARCH_CCS[arch])
     row = (
-        f'    {{"{config.name}", {registry.ARCH_MAJOR[arch]}, "{config.op}", kParams_{sym}, {len(config.key)}, '
+        f'    {{"{config.name}", "{arch}", {{{ccs}}}, "{config.op}", kParams_{sym}, {len(config.key)}, '
         f"{config.max_cols}, &launch_{sym}, &load_{sym}}},"
     )
     return decl, row
@@ -155,12 +206,12 @@ def write_table(out: Path, archs: list[str], with_tunes: bool) -> Path:
         meta = json.loads((out / arch / "meta.json").read_text())
         for config in registry.variants(with_tunes):
             sym = symbol(config, arch)
-            if sym not in meta:
+            if sym not in meta or arch not in config.archs:  # (an earlier build's entry for an arch dropped since)
                 continue
             header = (out / arch / f"{sym}.h").read_text()
             # inline the exported header so that the table is one self-contained file (Bazel, CMake)
             includes.append(f"// ---- from {arch}/{sym}.h\n" + header.replace("#pragma once", ""))
-            adapters.append(_adapter(sym, header))
+            adapters.append(_adapter(sym, header, meta[sym]["args"]))
             syms.append((arch, sym))
             decl, row = _table_row(config, arch, sym)
             params.append(decl)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Builds jax_mxfp8/_lib/libjax_mxfp8_kernels.so: the AOT CuTe DSL kernels + the XLA FFI handlers.
 
-Steps: (1) tools/build_kernels.py compiles the production registry variants for sm_90a and sm_100a (no GPU;
+Steps: (1) tools/build_kernels.py compiles the production registry variants for sm_90a and sm_100f (no GPU;
 with --with-tunes the comparison schedules too, for the benchmarks; a wheel ships production only);
 (2) g++ compiles csrc/*.cc against the XLA FFI headers of the OLDEST supported jaxlib (0.10.2, FFI API
 0.3: handlers built against it register on jaxlib 0.10.2 and newer) and CUDA headers from the

@@ -7,7 +7,7 @@ The wheel holds the Python package, jax_mxfp8/_lib/libjax_mxfp8_kernels.so (the 
 XLA FFI handlers, no Python ABI inside) and, when tools/build_library.py built it, the small pybind11
 extension jax_mxfp8/_lib/_jax_mxfp8_ext.cpython-3XX-*.so for this interpreter's Python version. Installing
 the wheel (`pip install dist/jax_mxfp8-*.whl`) needs no CUTLASS DSL, no CUDA toolkit and no build venv:
-the library links cudart statically and the kernels are compiled ahead of time for sm_90a and sm_100a.
+the library links cudart statically and the kernels are compiled ahead of time for sm_90a and sm_100f.
 
 Tags: `py3-none-linux_x86_64` without the extension (the library serves every Python >= 3.11); with it,
 `cp3X-cp3X-linux_x86_64` for the Python version it was built for (one wheel per version:

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Compiles every Blackwell MX GEMM variant (kernels/sm100/mx_gemm_config.py) for sm_100f and checks the
-cubins statically -- no GPU needed, and none of these kernels has run on one.
+"""Compiles every Blackwell MX GEMM variant (kernels/registry/gemm_sm100.py) for sm_100f and checks the
+cubins statically -- no GPU needed, and none of these kernels has run on one. With --reuse it checks the
+cubins a library build already compiled (tools/build_kernels.py dumps each variant's cubin, PTX and
+facts.json under <out>/sm_100f/dump/<variant>/) and compiles only the variants missing there.
 
 Per variant:
   arch      the cubin was built with -arch sm_100f (the family target: one cubin for cc 10.0 and 10.3)
@@ -17,99 +19,40 @@ Per variant:
             integer REDUX/CREDUX.MAX; GELU variants use MUFU.TANH
 and the per-variant table (registers, shared memory, TMEM, epilogue instructions, predicted TFLOP/s on B200
 and GB300 from kernels/sm100/perf_model.py) is written (--write-table) or compared (--check-table).
+With --all, every other registry variant built for sm_100f (the quantize family, the RMSNorm and the GEMM
+operand producers: compiled by the library build, found in DIR) is checked too: built with -arch sm_100f, no
+local memory (LOCAL 0, STACK 0, no STL / LDL), at most 255 registers.
 
 Usage:
-  python tools/check_sm100.py --dump DIR [--only NAME ...] [--reuse] [--write-table F | --check-table F]
-Compiling needs nvidia-cutlass-dsl 4.8.1 in this Python (or --python PY); cuobjdump comes from PATH or the
-nvidia-cuda-cuobjdump wheel. --reuse skips variants whose DIR/<name>/meta.json exists.
+  python tools/check_sm100.py --dump DIR [--only NAME ...] [--reuse] [--all] [--write-table F | --check-table F]
+Compiling needs nvidia-cutlass-dsl 4.8.1 in this Python (or --python PY); the compile worker, the cubin
+readers, the common checks (arch, no local memory), --reuse, --all and the command line are
+tools/sm100_static.py's, shared with the attention checkers. --reuse skips variants whose
+DIR/<name>/facts.json exists (e.g. DIR = build/kernels/sm_100f/dump after tools/build_library.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_sass import find_cuobjdump  # noqa: E402
+from sm100_static import INSTRUCTION, Compiled, Family, main  # noqa: E402
 
-from jax_mxfp8.kernels.sm100 import perf_model  # noqa: E402 (pure Python, no DSL)
-from jax_mxfp8.kernels.sm100.mx_gemm_config import (  # noqa: E402
-    ARCH,
+from jax_mxfp8.kernels.registry.gemm_sm100 import (  # noqa: E402
     K_TILE,
     MMA_K,
     MX_GEMM_SM100_VARIANTS,
     SMEM_LIMIT,
     THREADS,
 )
+from jax_mxfp8.kernels.sm100 import perf_model  # noqa: E402 (pure Python, no DSL)
 
 TABLE_SHAPE = (1, 8192, 8192, 8192)
 """(G, M, N, K) of the table's predictions."""
 REGISTER_FILE = 65536
-_UTCQMMA = re.compile(
-    r"UTCQMMA(\.2CTA)?\s+gdesc\[\w+\],\s*gdesc\[\w+\],\s*tmem\[\w+\],\s*tmem\[\w+\],\s*idesc\[\w+\],\s*tmem\[\w+\]"
-)
-_UTCCP = re.compile(r"UTCCP\.T\.S(\.2CTA)?\.4x32dp128bit\s+tmem\[\w+(?:\+0x([0-9a-f]+))?\]")
-_RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
-_ALLOC = re.compile(r"tcgen05\.alloc\.cta_group::(\d)\.sync\.aligned\.shared::cta\.b32\s+\[%r\d+\],\s*(%r\d+|\d+);")
-
-
-def variants(only: list[str] | None):
-    chosen = [v for v in MX_GEMM_SM100_VARIANTS if not only or v.name in only]
-    missing = set(only or ()) - {v.name for v in chosen}
-    if missing:
-        raise SystemExit(f"unknown variants: {sorted(missing)}")
-    return chosen
-
-
-# ------------------------------------------------------------------------------------------------ compile
-def compile_worker(dump: Path, names: list[str], reuse: bool) -> None:
-    """Runs in a process with CUTE_DSL_ARCH=sm_100f: compiles each variant, keeps cubin and PTX."""
-    import cutlass.cute as cute
-
-    from jax_mxfp8.kernels.sm100.mx_gemm import make_kernel
-
-    for config in variants(names):
-        out = dump / config.name
-        if reuse and (out / "meta.json").exists():
-            continue
-        out.mkdir(parents=True, exist_ok=True)
-        for old in out.glob("*"):
-            old.unlink()
-        kernel = make_kernel(config)
-        t0 = time.time()
-        cute.compile(
-            kernel.entry(), *kernel.fake_args(), options=f"--gpu-arch {ARCH} --keep-cubin --keep-ptx --dump-dir {out}"
-        )
-        meta = {
-            "smem_struct_bytes": int(kernel.smem_struct_bytes),
-            "tmem_layout_columns": kernel.tmem_layout_columns,
-            "seconds": round(time.time() - t0, 2),
-        }
-        (out / "meta.json").write_text(json.dumps(meta))
-        print(f"[{ARCH}] {config.name}: {meta['seconds']:.2f} s", flush=True)
-
-
-def compile_all(dump: Path, names: list[str], reuse: bool, python: str) -> None:
-    cmd = [python, __file__, "--worker", "--dump", str(dump)] + [a for n in names for a in ("--only", n)]
-    cmd += ["--reuse"] if reuse else []
-    subprocess.run(cmd, check=True, env={**os.environ, "CUTE_DSL_ARCH": ARCH})
-
-
-# ------------------------------------------------------------------------------------------------- checks
-def _one(folder: Path, pattern: str) -> Path:
-    found = sorted(folder.glob(pattern))
-    if len(found) != 1:
-        raise SystemExit(f"{folder}: expected one {pattern}, found {[p.name for p in found]}")
-    return found[0]
 
 
 def epilogue_instructions(sass: list[str]) -> int:
@@ -117,53 +60,34 @@ def epilogue_instructions(sass: list[str]) -> int:
     epilogue warp's straight-line work for one tile (the 32-column chunks are unrolled)."""
     first = next(i for i, line in enumerate(sass) if "LDTM" in line)
     last = max(i for i, line in enumerate(sass) if i > first and re.search(r"\bSTG\.", line))
-    return sum(1 for line in sass[first : last + 1] if re.match(r"\s*/\*[0-9a-f]{4,}\*/", line))
+    return sum(1 for line in sass[first : last + 1] if INSTRUCTION.match(line))
 
 
-def check_variant(config, dump: Path, cuobjdump: str) -> tuple[dict, list[str]]:
+def check_variant(config, c: Compiled) -> tuple[dict, list[str]]:
     """(the table row's measured values, problems) of one compiled variant."""
-    folder = dump / config.name
-    cubin, ptx_text = _one(folder, "*.cubin"), _one(folder, "*.ptx").read_text()
-    meta = json.loads((folder / "meta.json").read_text())
-    run = lambda *args: subprocess.run([cuobjdump, *args, str(cubin)], capture_output=True, text=True, check=True)  # noqa: E731
-    sass = run("-sass").stdout.splitlines()
-    text = "\n".join(sass)
-    reg, stack, static_smem, local = map(int, _RES.search(run("-res-usage").stdout).groups())
-    problems = []
-    if f"-arch {ARCH}" not in run("-elf").stdout:
-        problems.append(f"cubin not built for {ARCH}")
-    mmas = _UTCQMMA.findall(text)
+    text, reg, static_smem = c.sass, c.registers, c.static_smem
+    problems = c.common_problems()
+    mmas = c.mma_sites()
     two = config.cta_group == 2
-    if len(mmas) != K_TILE // MMA_K or any(bool(s) != two for s in mmas):
+    if mmas != [(two, "gdesc")] * (K_TILE // MMA_K):
         problems.append(f"UTCQMMA with TMEM scale operands: {len(mmas)} found ({mmas}), want {K_TILE // MMA_K}")
     tmem = config.tmem_map()
-    copies = _UTCCP.findall(text)
-    offsets = sorted(int(off or "0", 16) for _, off in copies)
+    copies = c.scale_copies()
     want = sorted([tmem.region("sfa").start, tmem.region("sfb").start])
-    if len(copies) != 2 or any(bool(s) != two for s, _ in copies) or offsets != want:
+    if len(copies) != 2 or any(s != two for s, _ in copies) or sorted(col for _, col in copies) != want:
         problems.append(f"UTCCP scale copies {copies}: want 2 at TMEM columns {want}")
-    if local or stack:
-        problems.append(f"LOCAL {local}, STACK {stack}: registers spill")
     if reg > 255 or reg * THREADS > REGISTER_FILE:
         problems.append(f"{reg} registers x {THREADS} threads")
-    smem = meta["smem_struct_bytes"]
+    smem = c.facts["smem_struct_bytes"]
     if smem != config.smem_bytes:
         problems.append(f"storage struct {smem} B != config.smem_bytes {config.smem_bytes}")
     if smem + static_smem > SMEM_LIMIT:
         problems.append(f"shared memory {smem} + {static_smem} static > {SMEM_LIMIT}")
-    alloc = _ALLOC.search(ptx_text)
-    cols = None
-    if alloc:
-        value = alloc.group(2)
-        if value.startswith("%"):
-            mov = re.search(rf"mov\.(?:b|u)32\s+{re.escape(value)},\s*(\d+);", ptx_text)
-            value = mov.group(1) if mov else None
-        cols = int(value) if value else None
-    if cols is None or cols != tmem.alloc_columns or cols > 512 or int(alloc.group(1)) != config.cta_group:
-        group = alloc and alloc.group(1)
+    cols, group = c.tmem_alloc()
+    if cols is None or cols != tmem.alloc_columns or cols > 512 or group != config.cta_group:
         problems.append(f"tcgen05.alloc of {cols} columns (cta_group {group}); map: {tmem.alloc_columns}")
     problems += tmem.problems()
-    layout_cols = meta["tmem_layout_columns"]
+    layout_cols = c.facts["tmem_layout_columns"]
     declared = {"acc": tmem.region("acc0").cols, "sfa": tmem.region("sfa").cols, "sfb": tmem.region("sfb").cols}
     if layout_cols != declared:
         problems.append(f"the DSL's TMEM layouts span {layout_cols} columns; the map declares {declared}")
@@ -174,7 +98,7 @@ def check_variant(config, dump: Path, cuobjdump: str) -> tuple[dict, list[str]]:
             problems.append("column_amax 'redux': no integer warp reduction (REDUX/CREDUX.MAX) in the SASS")
     if (config.activation == "gelu") != ("MUFU.TANH" in text):
         problems.append("MUFU.TANH present iff activation == 'gelu'")
-    row = {"reg": reg, "smem": smem + static_smem, "tmem": cols, "epi": epilogue_instructions(sass)}
+    row = {"reg": reg, "smem": smem + static_smem, "tmem": cols, "epi": epilogue_instructions(c.sass_lines)}
     return row, problems
 
 
@@ -196,7 +120,7 @@ def _pred(config, shape, gpu, epi, l2=perf_model.L2_BYTES_PER_CLK_PER_SM) -> str
     return f"{p.tflops:.0f} ({p.bound})"
 
 
-def table(rows: dict) -> str:
+def table(rows: dict, companion_rows: dict | None = None) -> str:
     """The generated Markdown: the per-variant table, a shape sweep, the L2 sensitivity."""
     gpus = (perf_model.B200, perf_model.GB300)
     by_name = {c.name: c for c in MX_GEMM_SM100_VARIANTS}
@@ -258,39 +182,14 @@ def table(rows: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dump", required=True, help="folder for the cubins and PTX (DIR/<variant>/)")
-    ap.add_argument("--only", action="append", help="check only these variants")
-    ap.add_argument("--reuse", action="store_true", help="do not recompile variants already in --dump")
-    ap.add_argument("--python", default=sys.executable, help="the Python with nvidia-cutlass-dsl (compiling)")
-    ap.add_argument("--write-table", help="write the table to this file")
-    ap.add_argument("--check-table", help="compare the table with this file (exit 1 when it differs)")
-    ap.add_argument("--cuobjdump")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    dump = Path(args.dump).resolve()
-    names = args.only or []
-    if args.worker:
-        compile_worker(dump, names, args.reuse)
-        return 0
-    compile_all(dump, names, args.reuse, args.python)
-    cuobjdump = find_cuobjdump(args.cuobjdump)
-    rows, failed = {}, 0
-    for config in variants(names):
-        rows[config.name], problems = check_variant(config, dump, cuobjdump)
-        status = "ok" if not problems else "FAILED: " + "; ".join(problems)
-        failed += bool(problems)
-        print(f"{config.name}: {rows[config.name]} {status}")
-    text = table(rows)
-    if args.write_table:
-        Path(args.write_table).write_text(text)
-    if args.check_table and Path(args.check_table).read_text() != text:
-        print(f"the table differs from {args.check_table}:\n{text}")
-        failed += 1
-    print(f"{len(rows)} variants checked, {failed} with problems")
-    return 1 if failed else 0
+FAMILY = Family(
+    tool=Path(__file__).resolve(),
+    variants=MX_GEMM_SM100_VARIANTS,
+    module=lambda config: "jax_mxfp8.kernels.sm100.mx_gemm",
+    check=check_variant,
+    table=table,
+)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(FAMILY, doc=__doc__))

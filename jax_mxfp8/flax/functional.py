@@ -12,10 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_mxfp8.flax.checks import check_bool
 from jax_mxfp8.flax.policy import LayerPrecision
 from jax_mxfp8.formats import MXArray
 from jax_mxfp8.ops.attention import dot_product_attention
-from jax_mxfp8.ops.attention_checks import check_concrete_offsets, check_cu_seqlens, check_max_seqlen
+from jax_mxfp8.ops.attention_checks import (
+    check_bias_or_mask,
+    check_concrete_offsets,
+    check_cu_seqlens,
+    check_max_seqlen,
+)
 from jax_mxfp8.ops.checks import check_rank
 from jax_mxfp8.ops.mx_dot_general import mx_dot_general
 from jax_mxfp8.ops.mx_dot_quantized import MXHandoff, mx_dot_general_handoff, mx_dot_general_quantized
@@ -232,43 +238,86 @@ def attention(
     *,
     is_causal: bool,
     mask: jax.Array | None = None,
-    bias: jax.Array | None = None,
     config=None,
 ) -> jax.Array:
-    """Dense attention, q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H) in q's dtype."""
+    """Dense attention, q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H) in q's dtype.
+
+    mask: boolean, broadcastable to (B, N, T, S), True = attend. Both precisions check is_causal and mask
+    by the same rule (the op's: ValueError naming them) and give 0 on a query row with no valid key.
+    """
     if precision.attention == "mxfp8":
-        return dot_product_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal, config=config)
-    return bf16_attention(q, k, v, bias=bias, mask=mask, is_causal=is_causal).astype(q.dtype)
+        return dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, config=config)
+    is_causal = check_bool(is_causal, "is_causal")
+    b, t, n, _ = q.shape
+    mask = check_bias_or_mask(mask, "mask", (b, n, t, k.shape[1]), is_mask=True)
+    return bf16_attention(q, k, v, mask=mask, is_causal=is_causal).astype(q.dtype)
 
 
 def bf16_attention(
-    q, k, v, *, bias=None, mask=None, is_causal: bool, query_seq_lengths=None, key_value_seq_lengths=None
+    q, k, v, *, mask=None, is_causal: bool, query_seq_lengths=None, key_value_seq_lengths=None
 ) -> jax.Array:
-    """jax.nn.dot_product_attention on bf16 q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H) bf16.
+    """jax.nn.dot_product_attention on bf16 q (B, T, N, H), k/v (B, S, K, H) -> (B, T, N, H) bf16, with 0
+    on every query row that has no valid key (as the MXFP8 ops give), and that row's gradient 0.
+
+    mask: None or boolean 4-D (B|1, N|1, T, S); lengths: None or (B,) int. A query row has a valid key
+    when some key s is allowed by the mask, by causality (s <= t) and by key_value_seq_lengths (s < its
+    length), and the row itself lies within query_seq_lengths. jax.nn's XLA path gives a keyless row the
+    mean of V (a uniform softmax over equal large-negative logits); cuDNN's answer there is its own. Those
+    rows are set to 0 after the call; under a mask they also attend every key they may for the call (a
+    mask-only keyless row then reaches no backend: its values, and the backward of the zero cotangent it
+    gets, stay finite). Rows with a valid key see the same mask and the same call, so their values and
+    the gradients are jax.nn's, bit for bit.
 
     On a GPU backend it asks for cuDNN's fused (flash) attention, the BF16 baseline MXFP8 attention is
     measured against; implementation=None would be XLA's einsum/softmax path, which materialises the
     float32 (B, N, T, S) logits and runs its backward GEMMs with float32 operands. Arguments cuDNN does
-    not cover (jax.nn checks them while tracing: head dim, dtype, bias/mask patterns) fall back to XLA.
+    not cover (jax.nn checks them while tracing: head dim, dtype, mask patterns) fall back to XLA.
     """
     q, k, v = (a.astype(jnp.bfloat16) for a in (q, k, v))
+    has_key = _rows_with_a_key(mask, is_causal, query_seq_lengths, key_value_seq_lengths, q.shape[1], k.shape[1])
+    if has_key is not None and mask is not None:
+        mask = mask | ~has_key[..., None]  # (B|1, N|1, T, S): a keyless row attends every key it may
     call = functools.partial(
         jax.nn.dot_product_attention,
         q,
         k,
         v,
-        bias=bias,
         mask=mask,
         is_causal=is_causal,
         query_seq_lengths=query_seq_lengths,
         key_value_seq_lengths=key_value_seq_lengths,
     )
+    out = None
     if jax.default_backend() == "gpu":
         try:
-            return call(implementation="cudnn")
+            out = call(implementation="cudnn")
         except (NotImplementedError, ValueError, RuntimeError):
             pass
-    return call()
+    out = call() if out is None else out
+    if has_key is None:
+        return out
+    return jnp.where(jnp.swapaxes(has_key, 1, 2)[..., None], out, jnp.zeros((), out.dtype))
+
+
+def _rows_with_a_key(mask, is_causal: bool, q_lengths, kv_lengths, t: int, s: int) -> jax.Array | None:
+    """(B|1, N|1, T) bool: whether query row t has a valid key (bf16_attention's rule), or None when every
+    row has one (no mask, no lengths and S > 0; causal row t always has key 0)."""
+    if mask is None and q_lengths is None and kv_lengths is None and s > 0:
+        return None
+    if mask is None:
+        rows = jnp.full((1, 1, t), s > 0)
+        if kv_lengths is not None:
+            rows = rows & (jnp.asarray(kv_lengths) > 0)[:, None, None]
+    else:
+        keys = mask
+        if is_causal:
+            keys = keys & jnp.tril(jnp.ones((t, s), bool))
+        if kv_lengths is not None:
+            keys = keys & (jnp.arange(s) < jnp.asarray(kv_lengths)[:, None, None, None])
+        rows = jnp.any(keys, axis=-1)
+    if q_lengths is not None:
+        rows = rows & (jnp.arange(t) < jnp.asarray(q_lengths)[:, None, None])
+    return rows
 
 
 def packed_offsets(cu_seqlens, max_seqlen, total: int) -> tuple[jax.Array, int]:
@@ -320,6 +369,8 @@ def jagged_attention(
             is_causal=is_causal,
             config=config,
         )
+    if q.shape[0] == 0:  # no rows: nothing to gather into a padded batch (the empty result, as varlen's)
+        return jnp.zeros(q.shape, q.dtype)
     cu = cu_seqlens
     lengths = seq_lengths(cu, max_seqlen)
     padded_len = round_up(max_seqlen, 32)

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from jax_mxfp8.flax import functional as F
-from jax_mxfp8.flax.checks import check_attention_config, check_bool
+from jax_mxfp8.flax.checks import check_attention_config, check_bool, check_input
 from jax_mxfp8.flax.policy import MXFP8, LayerPrecision, PrecisionPolicy, check_layer_precision, check_policy
 from jax_mxfp8.formats import MXArray
-from jax_mxfp8.ops.checks import check_eps, check_features, check_rank
+from jax_mxfp8.ops.checks import check_eps, check_features
 
 
 class MXDense(nn.Module):
@@ -40,7 +40,7 @@ class MXDense(nn.Module):
         (the GEMM's quantize epilogue hands the next MX GEMM its operand when precision.fuses_quantize)."""
         if activation not in (None, "gelu"):
             raise ValueError(f"activation={activation!r} is not one of (None, 'gelu')")
-        check_rank(x, 1, "x")
+        check_input(x, type(self).__name__)
         kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype)
         bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
         stochastic = self.precision.gemm == "mxfp8" and self.precision.grad_rounding == "stochastic"
@@ -73,6 +73,7 @@ class MXRMSNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> tuple[jax.Array, MXArray | None]:
+        check_input(x, type(self).__name__)  # before the scale's shape reads x.shape[-1]
         scale = self.param("scale", nn.initializers.ones_init(), (x.shape[-1],), self.param_dtype)
         return F.norm(x, scale, self.precision, self.eps)
 
@@ -103,6 +104,7 @@ class MXAttention(nn.Module):
     def __call__(
         self, x: jax.Array, *, x_quantized: MXArray | None = None, is_causal: bool = True, mask: jax.Array | None = None
     ) -> jax.Array:
+        check_input(x, type(self).__name__, rank=3)
         n = self.num_heads
         k = self.num_kv_heads or n
         h = self.head_dim or x.shape[-1] // n
@@ -143,6 +145,7 @@ class TransformerBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, *, is_causal: bool = True, mask: jax.Array | None = None) -> jax.Array:
+        check_input(x, type(self).__name__, rank=3)
         attn_p = self.policy.for_layer(f"{self.layer_name}.attn")
         mlp_p = self.policy.for_layer(f"{self.layer_name}.mlp")
         d = x.shape[-1]

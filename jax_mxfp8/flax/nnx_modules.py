@@ -9,10 +9,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_mxfp8.flax import functional as F
-from jax_mxfp8.flax.checks import check_attention_config, check_bool
+from jax_mxfp8.flax.checks import check_attention_config, check_bool, check_input
 from jax_mxfp8.flax.policy import MXFP8, LayerPrecision, PrecisionPolicy, check_layer_precision, check_policy
 from jax_mxfp8.formats import MXArray
-from jax_mxfp8.ops.checks import check_eps, check_features, check_rank
+from jax_mxfp8.ops.checks import check_eps, check_features
 
 DEFAULT_POLICY = PrecisionPolicy()
 default_kernel_init = nnx.initializers.lecun_normal()
@@ -61,7 +61,7 @@ class MXLinear(nnx.Module):
         self.quant_rngs = rngs.fork() if precision.grad_rounding == "stochastic" and precision.gemm == "mxfp8" else None
 
     def _inputs(self, x: jax.Array):
-        check_rank(x, 1, "x")
+        check_input(x, type(self).__name__)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x has {x.shape[-1]} features on its last axis; this layer takes {self.in_features}")
         rng = None
@@ -100,14 +100,27 @@ def use_quantized_gather(
 
     `sharding_for(path, layer)` returns the sharding the gathered kernel should have (e.g. replicated over
     the FSDP axis, still split over a tensor-parallel axis), or None to leave that layer alone.
-    Returns the number of layers changed.
+    Returns the number of layers changed. ValueError naming sharding_for when it is not callable or returns
+    anything but a jax.sharding.Sharding or None (then no layer is changed).
     """
-    changed = 0
+    if not callable(sharding_for):
+        raise ValueError(
+            f"sharding_for={sharding_for!r} must be a callable (path, layer) -> jax.sharding.Sharding | None"
+        )
+    chosen = []
     for path, layer in nnx.iter_graph(model):
         if isinstance(layer, MXLinear):
-            layer.gather_sharding = sharding_for(".".join(str(p) for p in path), layer)
-            changed += layer.gather_sharding is not None
-    return changed
+            name = ".".join(str(p) for p in path)
+            sharding = sharding_for(name, layer)
+            if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
+                raise ValueError(
+                    f"sharding_for({name!r}, layer) returned {sharding!r}; it must return a "
+                    "jax.sharding.Sharding or None"
+                )
+            chosen.append((layer, sharding))
+    for layer, sharding in chosen:
+        layer.gather_sharding = sharding
+    return sum(sharding is not None for _, sharding in chosen)
 
 
 class MXRMSNorm(nnx.Module):
@@ -135,6 +148,7 @@ class MXRMSNorm(nnx.Module):
         self.scale = nnx.Param(jnp.ones((features,), param_dtype))
 
     def __call__(self, x: jax.Array) -> tuple[jax.Array, MXArray | None]:
+        check_input(x, type(self).__name__)
         return F.norm(x, self.scale[...], self.precision, self.eps)
 
 
@@ -208,9 +222,10 @@ class MXAttention(nnx.Module):
         cu_seqlens: jax.Array | None = None,
         max_seqlen: int | None = None,
     ) -> jax.Array:
+        check_input(x, type(self).__name__, rank=3 if cu_seqlens is None else 2)
         if cu_seqlens is not None:
-            if x.ndim != 2 or max_seqlen is None:
-                raise ValueError("jagged input takes x of shape (T_total, D) with cu_seqlens and max_seqlen")
+            if max_seqlen is None:
+                raise ValueError(f"{type(self).__name__}: cu_seqlens (packed x (T_total, D)) needs max_seqlen")
             if mask is not None:
                 raise ValueError("mask is not supported with cu_seqlens (sequences already isolate each other)")
             # one offsets rule for every precision (checked, or sanitized when traced), RoPE positions included
@@ -224,13 +239,12 @@ class MXAttention(nnx.Module):
                 q, k, v, cu_seqlens, max_seqlen, self.precision, is_causal=is_causal, config=self.attention_config
             )
         else:
-            if x.ndim != 3:
-                raise ValueError(f"x must be (B, T, D) for dense attention; got shape {x.shape}")
             if self.use_rope:
                 pos = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
                 q, k = F.rope(q, pos), F.rope(k, pos)
             o = F.attention(q, k, v, self.precision, is_causal=is_causal, mask=mask, config=self.attention_config)
-        return self.out(o.reshape(*o.shape[:-2], -1))
+        # (..., N, H) -> (..., N * H), spelled out: -1 cannot be inferred when there are no rows
+        return self.out(o.reshape(*o.shape[:-2], self.num_heads * self.head_dim))
 
 
 class MXMLP(nnx.Module):
@@ -252,6 +266,7 @@ class MXMLP(nnx.Module):
         self.down = MXLinear(hidden, features, **common)
 
     def __call__(self, x: jax.Array, *, x_quantized: MXArray | None = None) -> jax.Array:
+        check_input(x, type(self).__name__)
         # with precision.fuses_quantize the up GEMM's epilogue quantizes gelu(h) for the down GEMM
         h, h_q = self.up.gelu(x, x_quantized=x_quantized)
         return self.down(h, x_quantized=h_q)
@@ -297,6 +312,9 @@ class TransformerBlock(nnx.Module):
         self.mlp = MXMLP(features, mlp_ratio * features, precision=mlp_p, **common)
 
     def __call__(self, x: jax.Array, **attention_kwargs) -> jax.Array:
+        """x (B, T, D), or packed (T_total, D) with cu_seqlens= and max_seqlen=; attention_kwargs go to
+        MXAttention (is_causal, mask, cu_seqlens, max_seqlen). Returns x's shape and dtype."""
+        check_input(x, type(self).__name__, rank=3 if attention_kwargs.get("cu_seqlens") is None else 2)
         h, h_q = self.norm1(x)
         x = x + self.attn(h, x_quantized=h_q, **attention_kwargs)
         h, h_q = self.norm2(x)

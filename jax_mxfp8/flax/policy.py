@@ -32,6 +32,11 @@ class LayerPrecision:
     Every field is checked at construction (ValueError naming it): the strings must be one of their
     options, the two flags a bool or a NumPy bool (stored as a Python bool; "no" or 0 are refused, not
     read as truthy or falsy).
+
+    Known difference of gemm="bf16" (and of hadamard): the RMSNorm before such a layer is the reference
+    rms_norm and its backward is autodiff, as in stock Flax, so rows whose RMS lies between ~1e13 and
+    ~1.8e19 lose part of their gradient (rsqrt's derivative r^3 is subnormal or 0 there); the MXFP8
+    policy's fused rms_norm_quantize backward does not (docs/numerics.md, "Edge inputs").
     """
 
     gemm: str = "mxfp8"

@@ -13,7 +13,7 @@ import numpy as np
 from jax_mxfp8.formats.blocks import merge_blocks, split_blocks, split_shape
 from jax_mxfp8.formats.decode import decode_mx
 from jax_mxfp8.formats.elements import BLOCK_SIZE, SCALE_BIAS, SCALE_NAN, element_format
-from jax_mxfp8.formats.mxarray import BLOCK_KINDS, MXArray, check_consistent
+from jax_mxfp8.formats.mxarray import BLOCK_KINDS, MXArray, check_consistent, check_scale_layout
 from jax_mxfp8.formats.rounding import round_to_elements
 from jax_mxfp8.formats.scales import check_scale_rounding, decode_scale, mul_pow2, saturate, scale_bits
 from jax_mxfp8.formats.stochastic import stochastic_round
@@ -167,6 +167,7 @@ def quantize(
     scale_rounding: str = "up",
     rounding: str = "nearest",
     rng: jax.Array | None = None,
+    scale_layout: str = "natural",
 ) -> MXArray:
     """Quantizes `x` to MXFP8: FP8 elements with one E8M0 scale per block.
 
@@ -179,10 +180,13 @@ def quantize(
       scale_rounding: "up" (default; bit-identical to jax.nn's mxfp8 quantize) or "floor" (OCP v1.0).
       rounding: "nearest" (round-to-nearest-even, default) or "stochastic" (needs `rng`).
       rng: a PRNG key, required for rounding="stochastic".
+      scale_layout: "natural" (default) or "blocked" (row blocks along the last axis of a rank >= 2 x only:
+        the scales in the 128x4 layout of Blackwell's block-scaled MMA, MXArray.scale_layout).
 
     Returns:
-      MXArray with data of x's shape and uint8 scales with each blocked axis divided by 32. Blocks of
-      zeros get scale 0 and zero data; blocks holding NaN or Inf get scale 0xFF (NaN) and NaN data.
+      MXArray with data of x's shape and uint8 scales with each blocked axis divided by 32 (or, blocked,
+      (..., ceil(R / 128), ceil(K / 128), 512)). Blocks of zeros get scale 0 and zero data; blocks holding
+      NaN or Inf get scale 0xFF (NaN) and NaN data.
 
     Not differentiable: the gradient with respect to `x` is zero. FP8 leaves cannot carry an exact
     cotangent (autodiff through the FP8 cast would round, flush or overflow it to NaN depending on the
@@ -204,7 +208,11 @@ def quantize(
         y = stochastic_round(y, fmt, rng)
     data = merge_blocks(jnp.where(finite, y, jnp.nan).astype(fmt.dtype), x.shape, x)
     scale = merge_blocks(b.astype(jnp.uint8), [d for i, d in enumerate(split) if i not in inner], x)
-    return MXArray(data=data, scale=scale, axes=tuple(a - x.ndim for a in axes), block=block)
+    out = MXArray(data=data, scale=scale, axes=tuple(a - x.ndim for a in axes), block=block)
+    if scale_layout == "natural":
+        return out
+    check_scale_layout(scale_layout, out.axes, block, data)
+    return out.blocked()
 
 
 def quantize_dequantize(
@@ -243,9 +251,10 @@ def dequantize(a: MXArray, dtype=jnp.float32) -> jax.Array:
     A finite element whose product exceeds the output dtype's range (2**128 is reachable: under
     scale_rounding="up" the element of a block with amax near float32's maximum rounds up to 256 at scale
     2**120) saturates to +-the dtype's largest finite value (float32 3.4028235e38, bfloat16 3.3895314e38,
-    float16 65504): finite MX values stay finite. Inf elements (E5M2) stay Inf.
+    float16 65504): finite MX values stay finite. Inf elements (E5M2) stay Inf. Either scale_layout.
     """
     _check_mx(a)
+    a = a.natural()
     return decode_mx(a.data, a.scale, a.positive_axes(), dtype, saturated=True)
 
 
@@ -258,6 +267,7 @@ def dequantize_products(a: MXArray, dtype=jnp.float32) -> jax.Array:
     saturation, and the bfloat16-operand path stays bit-identical to the float32 one.
     """
     _check_mx(a)
+    a = a.natural()
     return decode_mx(a.data, a.scale, a.positive_axes(), dtype, saturated=False)
 
 

@@ -88,10 +88,10 @@ def check_qkv_operand(x, name: str) -> tuple[jax.Array | MXArray, bool]:
     """A dense query / key / value: (x as a 4-D array or MXArray, whether a batch axis was added to a 3-D x).
 
     Arrays must be float32 / bfloat16 / float16; MXArrays blocked within (sequence, head_dim): axes (-3, -1)
-    square, (-1,) or (-3,) row.
+    square, (-1,) or (-3,) row (either scale layout: a blocked one is re-laid to the natural layout).
     """
     if isinstance(x, MXArray):
-        check_consistent(x, name)
+        x = check_consistent(x, name).natural()
         if x.ndim not in (3, 4):
             raise ValueError(f"{name} must have rank 4 (BTNH) or 3 (TNH); got shape {x.shape}")
         if not set(x.axes) <= {-3, -1}:
@@ -167,7 +167,7 @@ def check_packed_operand(x, name: str) -> jax.Array | MXArray:
     """A packed (T_total, heads, head_dim) operand: an array, or an MXArray blocked along head_dim only (row
     blocks, axis -1), since blocks along the packed sequence axis would cross sequences."""
     if isinstance(x, MXArray):
-        check_consistent(x, name)
+        x = check_consistent(x, name).natural()  # a blocked scale layout is re-laid to the natural one
         if x.ndim != 3:
             raise ValueError(f"{name} must have rank 3 (T_total, heads, head_dim); got shape {x.shape}")
         if x.block != "row" or x.axes != (-1,):

@@ -18,6 +18,8 @@ from jax_mxfp8.formats.quantize import check_float32_range
 from jax_mxfp8.ops import mx_dot_kernel
 from jax_mxfp8.ops.cotangents import remat_safe, zero_cotangent
 from jax_mxfp8.ops.mx_dot_blackwell import cudnn_dot_general, cudnn_unsupported
+from jax_mxfp8.ops.mx_dot_sm100 import SM100
+from jax_mxfp8.ops.mx_dot_sm100 import kernel_unsupported as sm100_unsupported
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.ops.scope import named_op
 from jax_mxfp8.primitives import implementation as impl
@@ -28,27 +30,39 @@ from jax_mxfp8.reference.gemm import OperandLayout, operand_layouts
 IMPLEMENTATIONS = impl.IMPLEMENTATIONS
 
 
-def choose_path(implementation: str | None, kernel_why_not: str | None, cudnn_why_not: str | None) -> str:
-    """The path one call takes: "xla", "emulated", "cuda" (the Hopper MX GEMM kernel) or "cudnn".
+def choose_path(
+    implementation: str | None,
+    kernel_why_not: str | None,
+    cudnn_why_not: str | None,
+    sm100_why_not: str | None = None,
+) -> tuple[str, mx_dot_kernel.Backend | None]:
+    """(path, backend) of one call: path "xla", "emulated", "cuda" (an MX GEMM kernel path) or "cudnn";
+    backend SM90 / SM100 (ops/mx_dot_kernel.py, ops/mx_dot_sm100.py) on the kernel paths, else None.
 
-    On a compute-capability 10.x GPU (Blackwell), None and "cuda" take jax.nn.scaled_dot_general (cuDNN's
-    block-scaled GEMM, ops/mx_dot_blackwell.py) when it covers the call; None falls back to the XLA
-    reference otherwise, "cuda" raises ValueError with the reason. Elsewhere the one policy of
-    jax_mxfp8.primitives.implementation applies to the Hopper kernel (`kernel_why_not` = why it does not
-    cover the call).
+    The device's arch picks the kernel path (library.gpu_arch; library.forced_gpu in tests): on a compute
+    capability 10.0 / 10.3 GPU (sm_100f) the Blackwell MX GEMM (SM100, `sm100_why_not` = why it does not
+    cover the call), whose kernel families run their first-use self-test before the first call; with
+    implementation=None a call it does not take (or whose kernels are disabled) goes to
+    jax.nn.scaled_dot_general (cuDNN's block-scaled GEMM, ops/mx_dot_blackwell.py) when that covers it
+    (`cudnn_why_not`), else to the XLA reference; "cuda" raises instead. Everywhere else the one policy of
+    jax_mxfp8.primitives.implementation applies to the Hopper kernel (`kernel_why_not`): sm_90a runs it,
+    other GPUs (consumer Blackwell, cc 12.x, among them) and CPUs the reference.
     """
     impl.check(implementation)
-    if implementation in (None, "cuda") and library.gpu_major() == 10:
-        if cudnn_why_not is None:
-            impl.note("mx_dot_general", implementation, "cudnn", "Blackwell: jax.nn.scaled_dot_general (cuDNN)")
-            return "cudnn"
-        if implementation == "cuda":
-            raise ValueError(
-                f"implementation='cuda' on a Blackwell GPU runs jax.nn.scaled_dot_general: {cudnn_why_not}"
-            )
-        impl.note("mx_dot_general", implementation, "xla", f"Blackwell: cuDNN does not cover the call: {cudnn_why_not}")
-        return "xla"
-    return impl.resolve(implementation, kernel_why_not, mx_dot_kernel.ARCHS, op="mx_dot_general")
+    if implementation != "xla" and library.gpu_arch() in SM100.archs:
+        if implementation is None:
+            why = impl.kernel_blocker(sm100_why_not, SM100.archs, SM100.families)
+            if why is not None and cudnn_why_not is None:
+                reason = f"Blackwell: jax.nn.scaled_dot_general (cuDNN); our sm100 kernel path does not run: {why}"
+                impl.note("mx_dot_general", implementation, "cudnn", reason)
+                if "disabled" in why:
+                    impl.warn_once("mx_dot_general", "self-test", f"jax_mxfp8.mx_dot_general: {reason}. Fix: "
+                                   f"{impl.FIX_SELF_TEST}.")  # fmt: skip
+                return "cudnn", None
+        path = impl.resolve(implementation, sm100_why_not, SM100.archs, op="mx_dot_general", family=SM100.families)
+        return path, (SM100 if path != "xla" else None)
+    path = impl.resolve(implementation, kernel_why_not, mx_dot_kernel.ARCHS, op="mx_dot_general")
+    return path, (mx_dot_kernel.SM90 if path != "xla" else None)
 
 
 def _check_prequantized(name: str, q: MXArray | None, layout: OperandLayout, shape) -> None:
@@ -212,8 +226,9 @@ def mx_dot_general(
         the forward GEMM uses them instead of quantizing again, while the gradient still flows to the
         high-precision lhs / rhs.
       implementation: None (default: the fastest path that covers the call), "xla" (the XLA reference),
-        "emulated" (the kernel path with its FFI calls emulated in XLA, any machine) or "cuda" (the Hopper
-        MX GEMM kernel, ops/mx_dot_kernel.py; on Blackwell jax.nn.scaled_dot_general). See choose_path.
+        "emulated" (the kernel path with its FFI calls emulated in XLA, any machine) or "cuda" (the MX GEMM
+        kernel path of this GPU: Hopper's ops/mx_dot_kernel.py, Blackwell's ops/mx_dot_sm100.py; with None
+        a call the Blackwell kernels do not take runs jax.nn.scaled_dot_general). See choose_path.
       bias: optional float array of the rhs free dims' shape (e.g. (F,) for x (..., D) @ w (D, F)), added
         in float32 to the float32 product before the one rounding to the output dtype (the kernel adds it
         in its epilogue); it gets a gradient (the cotangent summed over the other output axes).
@@ -239,7 +254,7 @@ def mx_dot_general(
         # operands' shapes (docs/numerics.md "Zero-size inputs")
         return jnp.zeros(out_shape, out_dtype)
     dn = ((lhs_l.contract, rhs_l.contract), (lhs_l.batch, rhs_l.batch))
-    path = _path(implementation, lhs_l, rhs_l, config, lhs_quantized, rhs_quantized)
+    path, backend = _path(implementation, lhs_l, rhs_l, config, lhs_quantized, rhs_quantized)
     if path == "cudnn":
         if bias is None:
             return cudnn_dot_general(lhs, rhs, dn, out_dtype)
@@ -247,16 +262,20 @@ def mx_dot_general(
     kernel = None
     if path in ("cuda", "emulated"):
         views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
-        kernel = mx_dot_kernel.KernelDot(*views, np.dtype(lhs.dtype), np.dtype(rhs.dtype), config, path)
+        kernel = mx_dot_kernel.KernelDot(*views, np.dtype(lhs.dtype), np.dtype(rhs.dtype), config, path, backend)
+    else:  # the reference reads natural scales
+        lhs_quantized = None if lhs_quantized is None else lhs_quantized.natural()
+        rhs_quantized = None if rhs_quantized is None else rhs_quantized.natural()
     return _mx_dot(lhs, rhs, lhs_quantized, rhs_quantized, rng, dn, out_dtype, config, kernel, bias)
 
 
-def _path(implementation, lhs_l, rhs_l, config, lhs_q, rhs_q) -> str:
+def _path(implementation, lhs_l, rhs_l, config, lhs_q, rhs_q) -> tuple[str, mx_dot_kernel.Backend | None]:
     if implementation == "xla":
-        return "xla"
+        return "xla", None
     g, m, k = (int(np.prod(lhs_l.dims(a), dtype=np.int64)) for a in (lhs_l.batch, lhs_l.free, lhs_l.contract))
     n = int(np.prod(rhs_l.dims(rhs_l.free), dtype=np.int64))
     views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
     kernel_why_not = mx_dot_kernel.kernel_unsupported(*views, config, lhs_q=lhs_q, rhs_q=rhs_q)
+    sm100_why_not = sm100_unsupported(*views, config, lhs_q, rhs_q)
     cudnn_why_not = cudnn_unsupported(config, sizes=(g, m, n, k), prequantized=lhs_q is not None or rhs_q is not None)
-    return choose_path(implementation, kernel_why_not, cudnn_why_not)
+    return choose_path(implementation, kernel_why_not, cudnn_why_not, sm100_why_not)

@@ -1,4 +1,8 @@
-"""The kernel path of `mx_dot_general`: the forward, dgrad and wgrad GEMMs on the Hopper MX GEMM kernel.
+"""The kernel path of `mx_dot_general`: the forward, dgrad and wgrad GEMMs on an MX GEMM kernel.
+
+The dataflow below is arch-neutral; a Backend holds what differs per arch: the operand producer, the GEMM
+and its quantize epilogue, the operand formats, what the kernels cover. SM90 (here) runs the Hopper MX GEMM
+on aligned operands; SM100 (ops/mx_dot_sm100.py) the Blackwell one on blocked-scale operands.
 
 Every operand is viewed by a FREE reshape as a 3-D matrix, (G, X, K) ("k last", e.g. activations
 (B, T, D) contracting D) or (G, K, X) ("k first", e.g. a Flax kernel (D, F) contracting D); only layouts
@@ -16,7 +20,7 @@ operands, c = a @ b^T per batch):
 
 so every result is written in its operand's natural layout (no transpose after the kernel).
 
-Numerics: the contract's (reference/gemm.py) except that a 128-K run of 4 blocks shares one exponent
+Numerics (SM90): the contract's (reference/gemm.py) except that a 128-K run of 4 blocks shares one exponent
 (exact unless an element of a smaller block lands in E4M3 subnormals, reference/gemm_align.py) and the
 summation order is the kernel's (FP32, promoted every 128 K). `path="emulated"` runs the same dataflow
 with every FFI call replaced by its XLA emulation (any machine; the tests' view of the kernel numerics).
@@ -25,6 +29,7 @@ with every FFI call replaced by its XLA emulation (any machine; the tests' view 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +45,7 @@ from jax_mxfp8.reference.gemm import OperandLayout, matmul_3d
 from jax_mxfp8.reference.gemm_align import align128, padded
 
 KERNEL_OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float32))
-ARCHS = registry.MX_GEMM_VARIANTS[0].archs  # the MX GEMM kernel's (sm_90a); Blackwell: ops/mx_dot_blackwell.py
+ARCHS = registry.MX_GEMM_VARIANTS[0].archs  # the Hopper MX GEMM kernel's (sm_90a); Blackwell: ops/mx_dot_sm100.py
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +97,44 @@ class MatrixView:
         return "row" if contract_last else "col"
 
 
-def _kernel_input(x: jax.Array) -> jax.Array:
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """What the kernel path runs on one arch (module docstring). Hashable (a KernelDot field).
+
+    Attributes:
+      name: "sm90" or "sm100".
+      archs: the GEMM kernel's registry archs.
+      families: the kernel families the path launches that have a first-use self-test (primitives/self_test.py).
+      scale_layout: the layout of the MX output's scales (MXArray.scale_layout).
+      operands: (view, x, along, dtype, config, path) -> {along: (data, scale)}: one producer pass over an
+        operand, blocked along its contracting axis ("k") and/or its free axis ("x"), contracted axis last.
+      prequantized: (view, MXArray) -> (data, scale): a caller's MXArray as the GEMM's operand.
+      gemm: (a, b, out_dtype, path, bias) -> c (G, M, N) = a @ b^T per batch (+ bias) in out_dtype.
+      gemm_quantized: (a, b, bias, activation, store_col, path) -> (q, s, pre[, qc, sc]): the forward GEMM
+        with the quantize epilogue, in the kernel's layouts.
+      unsupported: (lhs_view, rhs_view, config, lhs_q, rhs_q) -> why the path does not cover a call, or None.
+      unsupported_quantized: (lhs_view, rhs_view, config, out_dtype, activation, has_bias) -> the same for
+        the quantize epilogue (after `unsupported`).
+      row_scale: (s, out_shape) -> the quantized output's MXArray scale (its data has out_shape).
+      wgrad_avals: (g, n, m, dtype) -> ((data shape, dtype), (scale shape, dtype)) of the column orientation
+        (WgradOperand) of an (G, M, N) output: the next GEMM's wgrad operand.
+    """
+
+    name: str
+    archs: tuple[str, ...]
+    families: tuple[str, ...]
+    scale_layout: str
+    operands: Callable
+    prequantized: Callable
+    gemm: Callable
+    gemm_quantized: Callable
+    unsupported: Callable
+    unsupported_quantized: Callable
+    row_scale: Callable
+    wgrad_avals: Callable
+
+
+def kernel_input(x: jax.Array) -> jax.Array:
     # the reference quantizes from float32 (reference/gemm.py quantized_3d): bfloat16 and float32 go to the
     # kernel as they are (bfloat16 -> float32 is exact), anything else is cast to float32 first, as there
     return x if x.dtype in (jnp.bfloat16, jnp.float32) else x.astype(jnp.float32)
@@ -107,10 +149,9 @@ def kernel_unsupported(
     rhs_q: MXArray | None,
 ) -> str | None:
     """Why the MX GEMM kernel path does not cover a call (None when it does)."""
-    if config.hadamard_seed is not None:
-        return "hadamard_seed (the random Hadamard transform) runs in the XLA reference only"
-    if config.grad_rounding != "nearest":
-        return f"grad_rounding={config.grad_rounding!r} (stochastic rounding) runs in the XLA reference only"
+    why = config_unsupported(config)
+    if why:
+        return why
     g, m, k = lhs_view.sizes
     _, n, _ = rhs_view.sizes
     for name, view in (("lhs", lhs_view), ("rhs", rhs_view)):
@@ -130,6 +171,23 @@ def kernel_unsupported(
         why = mx_gemm_unsupported(a_shape, b_shape, a_dt, b_dt, jnp.float32, False)
         if why:
             return f"the {name} GEMM: {why}"
+    return prequantized_unsupported(lhs_view, rhs_view, lhs_q, rhs_q)
+
+
+def config_unsupported(config: MXDotConfig) -> str | None:
+    """What of an MXDotConfig no kernel path covers (the Hadamard transform, stochastic rounding), or None."""
+    if config.hadamard_seed is not None:
+        return "hadamard_seed (the random Hadamard transform) runs in the XLA reference only"
+    if config.grad_rounding != "nearest":
+        return f"grad_rounding={config.grad_rounding!r} (stochastic rounding) runs in the XLA reference only"
+    return None
+
+
+def prequantized_unsupported(
+    lhs_view: MatrixView, rhs_view: MatrixView, lhs_q: MXArray | None, rhs_q: MXArray | None
+) -> str | None:
+    """Why a kernel path cannot take the caller's MXArray operands (None when it can): only with their single
+    contracting axis last (their data is then the GEMM's K-major operand as it is)."""
     for name, q, view in (("lhs_quantized", lhs_q, lhs_view), ("rhs_quantized", rhs_q, rhs_view)):
         if q is not None and not (view.natural and view.k_last and len(view.layout.contract) == 1):
             return f"{name}: a pre-quantized operand takes the kernel path only with its contracting axis last"
@@ -153,15 +211,25 @@ def kernel_unsupported_quantized(
     return f"the forward GEMM's epilogue: {why}" if why else None
 
 
-def _operands(view: MatrixView, x: jax.Array, along: tuple[str, ...], dtype, config: MXDotConfig, path: str):
-    """{along: (data, scale)} for the GEMMs that contract `view` along "k" and/or "x", one producer pass."""
+def operands(
+    view: MatrixView,
+    x: jax.Array,
+    along: tuple[str, ...],
+    dtype,
+    config: MXDotConfig,
+    path: str,
+    layout: str = "aligned",
+) -> dict[str, tuple[jax.Array, jax.Array]]:
+    """{along: (data, scale)} for the GEMMs that contract `view` along "k" and/or "x", one producer pass
+    (primitives/gemm_operands.py in `layout`: "aligned" for the Hopper GEMM, "blocked" for the Blackwell one)."""
     orient = {a: view.orientation(a) for a in along}
     out = gemm_operands(
-        _kernel_input(view.to_3d(x)),
+        kernel_input(view.to_3d(x)),
         dtype=dtype,
         scale_rounding=config.scale_rounding,
         orientations=tuple(orient.values()),
         path=path,
+        layout=layout,
     )
     return {a: out[o] for a, o in orient.items()}
 
@@ -181,9 +249,42 @@ def _gemm(a, b, out_dtype, path: str, bias: jax.Array | None = None) -> jax.Arra
     return c.astype(out_dtype)
 
 
+def _gemm_quantized(a, b, bias, activation: str, store_col: bool, path: str):
+    return mx_gemm_quantized(
+        a[0], b[0], a[1], b[1], bias, activation=activation, store_pre=True, store_col=store_col, path=path
+    )
+
+
+def _row_scale(s, out_shape):
+    return s.reshape(out_shape[:-1] + (out_shape[-1] // 32,))
+
+
+def _wgrad_avals(g: int, n: int, m: int, dtype):
+    mp = padded(m)
+    return ((g, n, mp), np.dtype(dtype)), ((g, mp // 128, n), np.dtype(jnp.float32))
+
+
+SM90 = Backend(
+    name="sm90",
+    archs=ARCHS,
+    families=(),
+    scale_layout="natural",
+    operands=operands,
+    prequantized=_prequantized,
+    gemm=_gemm,
+    gemm_quantized=_gemm_quantized,
+    unsupported=lambda lhs, rhs, config, lhs_q, rhs_q: kernel_unsupported(lhs, rhs, config, lhs_q=lhs_q, rhs_q=rhs_q),
+    unsupported_quantized=kernel_unsupported_quantized,
+    row_scale=_row_scale,
+    wgrad_avals=_wgrad_avals,
+)
+"""The Hopper MX GEMM (sm_90a) on aligned operands (primitives/gemm_operands.py, primitives/mx_gemm.py)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelDot:
-    """The static description of one kernel-path mx_dot_general: operand views and dtypes, config, path."""
+    """The static description of one kernel-path mx_dot_general: operand views and dtypes, config, path and
+    the arch's backend (SM90 or ops/mx_dot_sm100.py's SM100)."""
 
     lhs: MatrixView
     rhs: MatrixView
@@ -191,6 +292,7 @@ class KernelDot:
     rhs_dtype: np.dtype
     config: MXDotConfig
     path: str
+    backend: Backend = SM90
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -201,20 +303,20 @@ class KernelDot:
         """(a_k, b_k): the forward GEMM's aligned operands; residuals (or None): what backward needs.
         lhs_x: the caller's aligned lhs blocked along "x" (data, scale) (ops/mx_dot_quantized.py: the
         previous GEMM's epilogue wrote it), used as the wgrad residual instead of quantizing lhs."""
-        cfg = self.config
+        cfg, be = self.config, self.backend
         need_bwd = ("x",) if residuals else ()
         lhs_bwd = () if lhs_x is not None else need_bwd
         if lhs_q is not None:
-            a_k = _prequantized(self.lhs, lhs_q)
-            a = _operands(self.lhs, lhs, lhs_bwd, cfg.dtype, cfg, self.path) if lhs_bwd else {}
+            a_k = be.prequantized(self.lhs, lhs_q)
+            a = be.operands(self.lhs, lhs, lhs_bwd, cfg.dtype, cfg, self.path) if lhs_bwd else {}
         else:
-            a = _operands(self.lhs, lhs, ("k",) + lhs_bwd, cfg.dtype, cfg, self.path)
+            a = be.operands(self.lhs, lhs, ("k",) + lhs_bwd, cfg.dtype, cfg, self.path)
             a_k = a["k"]
         if rhs_q is not None:
-            b_k = _prequantized(self.rhs, rhs_q)
-            b = _operands(self.rhs, rhs, need_bwd, cfg.dtype, cfg, self.path) if need_bwd else {}
+            b_k = be.prequantized(self.rhs, rhs_q)
+            b = be.operands(self.rhs, rhs, need_bwd, cfg.dtype, cfg, self.path) if need_bwd else {}
         else:
-            b = _operands(self.rhs, rhs, ("k",) + need_bwd, cfg.dtype, cfg, self.path)
+            b = be.operands(self.rhs, rhs, ("k",) + need_bwd, cfg.dtype, cfg, self.path)
             b_k = b["k"]
         if not residuals:
             return a_k, b_k, None
@@ -226,25 +328,22 @@ class KernelDot:
         """y (+ bias) in `out_dtype` (lax.dot_general's output layout) and, when `residuals`, what backward
         needs (lhs_x: _forward_operands)."""
         a_k, b_k, res = self._forward_operands(lhs, rhs, lhs_q, rhs_q, residuals, lhs_x)
-        return _gemm(a_k, b_k, out_dtype, self.path, bias).reshape(self.out_shape), res
+        return self.backend.gemm(a_k, b_k, out_dtype, self.path, bias).reshape(self.out_shape), res
 
     def forward_quantized(
         self, lhs, rhs, lhs_q, rhs_q, activation: str, *, residuals: bool, bias=None, store_col: bool = False
     ):
-        """The forward GEMM with the quantize epilogue (primitives/mx_gemm_epilogue.py): (q, s, pre) in the
-        output layout (q (..., N) E4M3 and s (..., N/32) uint8 = quantize(activation(acc + bias)) along the
-        last axis, pre (..., N) bf16 = acc + bias) [+ (qc (G, N, Mp), sc (G, Mp/128, N)) with store_col: the
-        column orientation, aligned and transposed as _operands' "x" of a next GEMM's lhs] and, when
-        `residuals`, what backward needs. The rhs has one free dim (N: kernel_unsupported_quantized)."""
+        """The forward GEMM with the quantize epilogue (primitives/mx_gemm_epilogue.py, or the sm100 GEMM's):
+        (q, s, pre) in the output layout (q (..., N) E4M3 and s its scales, quantize(activation(acc + bias))
+        along the last axis, in the backend's scale_layout (backend.row_scale); pre (..., N) bf16 = acc +
+        bias) [+ (qc, sc) with store_col: the column orientation in the backend's "x" operand form of a next
+        GEMM's lhs, backend.wgrad_avals] and, when `residuals`, what backward needs. The rhs has one free
+        dim (N: kernel_unsupported_quantized)."""
         a_k, b_k, res = self._forward_operands(lhs, rhs, lhs_q, rhs_q, residuals)
         bias = None if bias is None else bias.astype(jnp.float32).reshape(-1)
-        q, s, pre, *col = mx_gemm_quantized(
-            a_k[0], b_k[0], a_k[1], b_k[1], bias, activation=activation, store_pre=True, store_col=store_col,
-            path=self.path,
-        )  # fmt: skip
+        q, s, pre, *col = self.backend.gemm_quantized(a_k, b_k, bias, activation, store_col, self.path)
         shape = self.out_shape
-        scale_shape = shape[:-1] + (shape[-1] // 32,)
-        return (q.reshape(shape), s.reshape(scale_shape), pre.reshape(shape), *col), res
+        return (q.reshape(shape), self.backend.row_scale(s, shape), pre.reshape(shape), *col), res
 
     def backward(self, res, g: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(d_lhs, d_rhs) in the operands' shapes and dtypes from forward's residuals and the cotangent g."""
@@ -252,21 +351,20 @@ class KernelDot:
         lhs_x, rhs_x = res
         gg, m, _ = self.lhs.sizes
         n = self.rhs.sizes[1]
-        g3 = _kernel_input(g.reshape(gg, m, n))
+        g3 = kernel_input(g.reshape(gg, m, n))
         cfg = self.config
-        along = ("row", "col") if cfg.weight_grad == "mxfp8" else ("row",)
-        g_ops = gemm_operands(
-            g3, dtype=cfg.grad_dtype, scale_rounding=cfg.scale_rounding, orientations=along, path=self.path
-        )
+        along = ("k", "x") if cfg.weight_grad == "mxfp8" else ("k",)  # G along N (dgrad) and along M (wgrad)
+        g_view = MatrixView.of(OperandLayout(batch=(0,), free=(1,), contract=(2,), shape=(gg, m, n)))
+        g_ops = self.backend.operands(g_view, g3, along, cfg.grad_dtype, cfg, self.path)
         # dgrad: contract N. k last: (G, M, K) = G_row @ w_x^T; k first: (G, K, M) = w_x @ G_row^T
-        pair = (g_ops["row"], rhs_x) if self.lhs.k_last else (rhs_x, g_ops["row"])
-        d_lhs = self.lhs.from_3d(_gemm(*pair, lhs_dtype, self.path))
+        pair = (g_ops["k"], rhs_x) if self.lhs.k_last else (rhs_x, g_ops["k"])
+        d_lhs = self.lhs.from_3d(self.backend.gemm(*pair, lhs_dtype, self.path))
         if cfg.weight_grad == "bf16":
             lhs3 = self.lhs.layout.to_3d(lhs_x)  # (G, M, K) bf16
             d_rhs3 = matmul_3d(jnp.swapaxes(g3, 1, 2).astype(jnp.bfloat16), jnp.swapaxes(lhs3, 1, 2))
             d_rhs = self.rhs.layout.from_3d(d_rhs3).astype(rhs_dtype)
         else:
             # wgrad: contract M. k last: (G, N, K) = G_col @ x_x^T; k first: (G, K, N) = x_x @ G_col^T
-            pair = (g_ops["col"], lhs_x) if self.rhs.k_last else (lhs_x, g_ops["col"])
-            d_rhs = self.rhs.from_3d(_gemm(*pair, rhs_dtype, self.path))
+            pair = (g_ops["x"], lhs_x) if self.rhs.k_last else (lhs_x, g_ops["x"])
+            d_rhs = self.rhs.from_3d(self.backend.gemm(*pair, rhs_dtype, self.path))
         return d_lhs, d_rhs

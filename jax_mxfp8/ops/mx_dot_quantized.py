@@ -45,6 +45,7 @@ from jax_mxfp8.kernels import registry
 from jax_mxfp8.ops import mx_dot_kernel
 from jax_mxfp8.ops.cotangents import remat_safe
 from jax_mxfp8.ops.mx_dot_general import check_dot_arguments, mx_dot_general
+from jax_mxfp8.ops.mx_dot_sm100 import SM100
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
 from jax_mxfp8.ops.quantize import quantize
 from jax_mxfp8.ops.scope import named_op
@@ -63,11 +64,16 @@ ORIENTATIONS = (("row",), ("row", "col"), ("row", "wgrad"))
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class WgradOperand:
-    """The column orientation of a GEMM output y (..., M, N) as the next GEMM's aligned wgrad operand.
+    """The column orientation of a GEMM output y (..., M, N) as the next GEMM's wgrad operand, in the form the
+    kernel path of this GPU reads (its backend's wgrad_avals).
 
-    data  (G, N, Mp) float8_e4m3fn   align128(quantize(y, axis=-2)) transposed: K-major along M (the
-                                     tokens), Mp = M rounded up to 128 (padding +0)
-    scale (G, Mp/128, N) float32     one power-of-two scale per 128 rows and column (NaN for a NaN block)
+    Hopper (SM90, aligned):
+      data  (G, N, Mp) float8_e4m3fn   align128(quantize(y, axis=-2)) transposed: K-major along M (the
+                                       tokens), Mp = M rounded up to 128 (padding +0)
+      scale (G, Mp/128, N) float32     one power-of-two scale per 128 rows and column (NaN for a NaN block)
+    Blackwell (SM100, blocked):
+      data  (G, N, M) float8_e4m3fn    quantize(y, axis=-2) transposed: K-major along M
+      scale (G, ceil(N/128), ceil(M/128), 512) uint8   its E8M0 scales in the 128x4 blocked layout
     G = the dot's batch dims, M = the lhs free dims, N = the rhs free dim (a free reshape of y's layout).
     A non-differentiable carrier (its cotangent is zero), like MXArray."""
 
@@ -96,9 +102,9 @@ def _kernel_dot(lhs, rhs, lhs_q, rhs_q, kernel, activation, col, bias):
     outs = _kernel_fwd(lhs, rhs, lhs_q, rhs_q, kernel, activation, col == "col", bias, residuals=False)[0]
     if col == "wgrad":
         g, m, _ = kernel.lhs.sizes
-        n, mp = kernel.rhs.sizes[1], -(-m // 128) * 128
-        nan8 = jnp.full((g, n, mp), jnp.nan, jnp.float8_e4m3fn)
-        outs = (*outs, nan8, jnp.full((g, mp // 128, n), jnp.nan, jnp.float32))
+        (data, data_dt), (scale, scale_dt) = kernel.backend.wgrad_avals(g, kernel.rhs.sizes[1], m, jnp.float8_e4m3fn)
+        fill = 0xFF if scale_dt == np.uint8 else jnp.nan  # a NaN scale (E8M0 0xFF): no silent value
+        outs = (*outs, jnp.full(data, jnp.nan, data_dt), jnp.full(scale, fill, scale_dt))
     return outs
 
 
@@ -197,14 +203,14 @@ def mx_dot_general_quantized(
         y = mx_dot_general(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, bias=bias,
                            implementation=implementation, **common)  # fmt: skip
         return _empty_results(y, mx_dot_kernel.MatrixView.of(lhs_l).sizes, config, col)
-    path, why = _path(implementation, lhs, rhs, lhs_l, rhs_l, config, out_dtype, activation, bias, common)
+    path, why, backend = _path(implementation, lhs, rhs, lhs_l, rhs_l, config, out_dtype, activation, bias, common)
     if path in ("cuda", "emulated"):
         views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
-        kernel = mx_dot_kernel.KernelDot(*views, np.dtype(lhs.dtype), np.dtype(rhs.dtype), config, path)
+        kernel = mx_dot_kernel.KernelDot(*views, np.dtype(lhs.dtype), np.dtype(rhs.dtype), config, path, backend)
         bias = None if bias is None else jnp.asarray(bias)
         y, q, s, *w = _kernel_dot(lhs, rhs, lhs_quantized, rhs_quantized, kernel, activation, col, bias)
-        out = (y.astype(out_dtype), MXArray(data=q, scale=s, axes=(-1,), block="row"))
-        return out + ((WgradOperand(*w),) if col else ())
+        y_q = MXArray(data=q, scale=s, axes=(-1,), block="row", scale_layout=backend.scale_layout)
+        return (y.astype(out_dtype), y_q) + ((WgradOperand(*w),) if col else ())
     # the two-pass path (the reference when implementation="xla")
     inner = "xla" if implementation == "xla" else None
     p = mx_dot_general(
@@ -229,44 +235,55 @@ def mx_dot_general_quantized(
     # padded rows are the +0 that the (G, N, Mp) column form holds past M anyway (a no-op when M % 32 == 0).
     z3 = jnp.pad(z3, ((0, 0), (0, -m % BLOCK_SIZE), (0, 0)))
     # the producer kernel where it covers z3 (a float32 activation, the case that lands here on a GPU), else
-    # the reference; both give the same bits
-    why = gemm_operands_unsupported(z3.shape, z3.dtype, config.dtype, config.scale_rounding, ("col",))
-    archs = registry.GemmOperandsConfig.archs  # the producer kernel's (sm_90a and sm_100a)
-    col_path = impl.resolve(inner, why, archs, op="mx_dot_general_quantized")
+    # the reference; both give the same bits. The form is the one the next GEMM's kernel path reads: aligned
+    # (Hopper) or blocked (Blackwell: backend SM100)
+    layout = "blocked" if backend is SM100 else "aligned"
+    why = gemm_operands_unsupported(z3.shape, z3.dtype, config.dtype, config.scale_rounding, ("col",), layout)
+    producer = registry.BlockedOperandsConfig if backend is SM100 else registry.GemmOperandsConfig
+    family = (producer.op,) if backend is SM100 else ()
+    col_path = impl.resolve(inner, why, producer.archs, op="mx_dot_general_quantized", family=family)
     w = gemm_operands(
-        z3, dtype=config.dtype, scale_rounding=config.scale_rounding, orientations=("col",), path=col_path
-    )
+        z3, dtype=config.dtype, scale_rounding=config.scale_rounding, orientations=("col",), path=col_path,
+        layout=layout,
+    )  # fmt: skip
     return out + (WgradOperand(*w["col"]),)
 
 
 def _empty_results(y: jax.Array, lhs_sizes: tuple[int, int, int], config: MXDotConfig, col: str) -> tuple:
     """mx_dot_general_quantized's results for an empty output y (..., N) (mx_dot_general's, with its
-    checks and zero gradients): y_q and y_w of the shapes the module docstring gives, holding no element."""
+    checks and zero gradients): y_q and y_w of the shapes the module docstring gives (y_w in the form this
+    device's kernel path reads, WgradOperand), holding no element."""
     n = y.shape[-1]
     scale = jnp.zeros(y.shape[:-1] + (n // BLOCK_SIZE,), jnp.uint8)
     y_q = MXArray(jnp.zeros(y.shape, config.dtype), scale, (-1,), "row")
     if not col:
         return y, y_q
     g, m, _ = lhs_sizes
-    mp = -(-m // 128) * 128
-    return y, y_q, WgradOperand(jnp.zeros((g, n, mp), config.dtype), jnp.zeros((g, mp // 128, n), jnp.float32))
+    (data, data_dt), (scale, scale_dt) = _backend().wgrad_avals(g, n, m, config.dtype)
+    return y, y_q, WgradOperand(jnp.zeros(data, data_dt), jnp.zeros(scale, scale_dt))
 
 
-def _path(implementation, lhs, rhs, lhs_l, rhs_l, config, out_dtype, activation, bias, common) -> tuple[str, str]:
+def _backend() -> mx_dot_kernel.Backend:
+    """The kernel path's backend of this machine's GPU: SM100 on cc 10.0 / 10.3, else SM90."""
+    return SM100 if library.gpu_arch() in SM100.archs else mx_dot_kernel.SM90
+
+
+def _path(implementation, lhs, rhs, lhs_l, rhs_l, config, out_dtype, activation, bias, common):
     """(the path: "cuda", "emulated" or "two-pass"; the reason the epilogue kernel does not cover the call
-    or "")."""
+    or ""; the kernel path's backend, SM90 or SM100 by the device's arch, or None)."""
     if implementation == "xla":
-        return "two-pass", "implementation='xla'"
+        return "two-pass", "implementation='xla'", None
+    backend = _backend()
     views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
-    why = mx_dot_kernel.kernel_unsupported(*views, config, lhs_q=common["lhs_quantized"], rhs_q=common["rhs_quantized"])
+    why = backend.unsupported(*views, config, common["lhs_quantized"], common["rhs_quantized"])
     if why is None:
-        why = mx_dot_kernel.kernel_unsupported_quantized(*views, config, out_dtype, activation, bias is not None)
-    if why is None and implementation is None and library.gpu_major() == 10:
-        why = "Blackwell: the epilogue kernel is Hopper's (sm_90a); the GEMM runs in cuDNN"
+        why = backend.unsupported_quantized(*views, config, out_dtype, activation, bias is not None)
     # no fallback warning: without the epilogue kernel the two-pass path runs mx_dot_general and quantize with
     # implementation=None (their kernels on a GPU; each warns for itself if it falls back), not the reference
-    path = impl.resolve(implementation, why, ARCHS, op="mx_dot_general_quantized", warn=False)
-    return (path if path in ("cuda", "emulated") else "two-pass"), why or ""
+    path = impl.resolve(
+        implementation, why, backend.archs, op="mx_dot_general_quantized", warn=False, family=backend.families
+    )
+    return (path if path in ("cuda", "emulated") else "two-pass"), why or "", backend
 
 
 # ------------------------------------------------------------------------------ the next GEMM's side
@@ -298,20 +315,22 @@ _handoff_dot.defvjp(
 )
 
 
-def handoff_unsupported(lhs, rhs, dimension_numbers, config: MXDotConfig, lhs_quantized, lhs_wgrad) -> str | None:
-    """Why mx_dot_general_handoff cannot run the kernel path with lhs_wgrad as its wgrad residual (None: it
-    can): mx_dot_general's kernel reasons, or lhs_wgrad not the (G, K, Mp) / (G, Mp/128, K) column
-    orientation of lhs (G batch, M free, K contracting) in config.dtype."""
+def handoff_unsupported(
+    lhs, rhs, dimension_numbers, config: MXDotConfig, lhs_quantized, lhs_wgrad, backend=mx_dot_kernel.SM90
+) -> str | None:
+    """Why mx_dot_general_handoff cannot run the kernel path of `backend` with lhs_wgrad as its wgrad residual
+    (None: it can): the kernel path's reasons, or lhs_wgrad not the column orientation of lhs (G batch, M
+    free, K contracting) in config.dtype in the backend's form (backend.wgrad_avals: SM90 (G, K, Mp) /
+    (G, Mp/128, K) float32, SM100 (G, K, M) / (G, ceil(K/128), ceil(M/128), 512) uint8)."""
     lhs_l, rhs_l = operand_layouts(lhs.shape, rhs.shape, dimension_numbers)
     views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
-    why = mx_dot_kernel.kernel_unsupported(*views, config, lhs_q=lhs_quantized, rhs_q=None)
+    why = backend.unsupported(*views, config, lhs_quantized, None)
     if why:
         return why
     if not views[0].k_last or config.weight_grad != "mxfp8":
         return "the wgrad operand is the column orientation of a k-last lhs with weight_grad='mxfp8'"
     g, m, k = views[0].sizes
-    mp = -(-m // 128) * 128
-    want = ((g, k, mp), np.dtype(config.dtype)), ((g, mp // 128, k), np.dtype(jnp.float32))
+    want = backend.wgrad_avals(g, k, m, config.dtype)
     got = ((tuple(lhs_wgrad.data.shape), np.dtype(lhs_wgrad.data.dtype)),
            (tuple(lhs_wgrad.scale.shape), np.dtype(lhs_wgrad.scale.dtype)))  # fmt: skip
     if got != want:
@@ -365,15 +384,14 @@ def mx_dot_general_handoff(
         # mx_dot_general's path (an empty operand: its empty result or ValueError, on every implementation)
         return mx_dot_general(lhs, rhs, dimension_numbers, lhs_quantized=lhs_quantized, implementation=implementation,
                               **common)  # fmt: skip
-    why = handoff_unsupported(lhs, rhs, dimension_numbers, config, lhs_quantized, lhs_wgrad)
+    backend = _backend()
+    why = handoff_unsupported(lhs, rhs, dimension_numbers, config, lhs_quantized, lhs_wgrad, backend)
     if why is None and rhs_q is not None:
         why = "rhs is an MXArray: the handoff kernel path quantizes rhs itself"
-    if why is None and implementation is None and library.gpu_major() == 10:
-        why = "Blackwell: the MX GEMM kernel path is Hopper's; the GEMM runs in cuDNN"
-    path = impl.resolve(implementation, why, ARCHS, op="mx_dot_general_handoff")
+    path = impl.resolve(implementation, why, backend.archs, op="mx_dot_general_handoff", family=backend.families)
     if path not in ("cuda", "emulated"):
         return mx_dot_general(lhs, rhs, dimension_numbers, lhs_quantized=lhs_quantized, **common)
     views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
-    kernel = mx_dot_kernel.KernelDot(*views, np.dtype(lhs.dtype), np.dtype(rhs.dtype), config, path)
+    kernel = mx_dot_kernel.KernelDot(*views, np.dtype(lhs.dtype), np.dtype(rhs.dtype), config, path, backend)
     w = jax.lax.stop_gradient((lhs_wgrad.data, lhs_wgrad.scale))
     return _handoff_dot(lhs, rhs, lhs_quantized, w[0], w[1], kernel, out_dtype, bias)

@@ -27,6 +27,7 @@ def quantize(
     scale_rounding: str = "up",
     rounding: str = "nearest",
     rng: jax.Array | None = None,
+    scale_layout: str = "natural",
     implementation: str | None = None,
 ) -> MXArray:
     """Quantizes `x` to MXFP8: FP8 elements with one E8M0 scale per block.
@@ -44,13 +45,17 @@ def quantize(
         reference. "cuda" always uses the kernel: RuntimeError when the library or a suitable GPU is
         missing, ValueError when the kernels do not cover the arguments. "emulated" runs the kernel
         call's XLA emulation through the same partitioning and batching (any machine; for tests).
+      scale_layout: "natural" (default) or "blocked": row blocks along the last axis of a rank >= 2 x with
+        the scales in the 128x4 layout of Blackwell's block-scaled MMA (MXArray.scale_layout), the operand
+        form of the sm100 MX GEMM (the Blackwell producer kernel on sm_100f, the reference elsewhere).
 
     The kernel and the reference give bit-identical results (tests/quantize/test_quantize_kernels_gpu.py).
     """
     if implementation == "xla":
         return ref_quantize(
-            x, axis=axis, block=block, dtype=dtype, scale_rounding=scale_rounding, rounding=rounding, rng=rng
-        )
+            x, axis=axis, block=block, dtype=dtype, scale_rounding=scale_rounding, rounding=rounding, rng=rng,
+            scale_layout=scale_layout,
+        )  # fmt: skip
     return quantize_primitive.quantize(
         x,
         axis=axis,
@@ -60,6 +65,7 @@ def quantize(
         rounding=rounding,
         rng=rng,
         implementation=implementation,
+        scale_layout=scale_layout,
     )
 
 

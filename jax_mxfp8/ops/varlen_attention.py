@@ -39,6 +39,7 @@ from jax_mxfp8.reference.varlen import sanitize_offsets, seq_lengths, to_packed,
 
 def _padded(x, cu, lengths, padded_len: int):
     if isinstance(x, MXArray):
+        x = x.natural()
         return MXArray(
             data=to_padded(x.data, cu, lengths, padded_len),
             scale=to_padded(x.scale, cu, lengths, padded_len),

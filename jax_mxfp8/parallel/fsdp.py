@@ -12,6 +12,13 @@ quantized along the dgrad GEMM's contracting axis N (dX = Q(G along N) @ Q(W alo
 inside every shard of an FSDP split along K, so each device quantizes its shard and only bytes move; the
 result is the operand the dgrad would have quantized from the gathered float32 weight, bit for bit. The
 weight gradient needs no gathered weight (dW = Q(G along M)^T Q(X along M)).
+
+On a Blackwell GPU (compute capability 10.0 / 10.3; library.forced_gpu in tests) `fsdp_mx_dot` runs the
+three GEMMs on the sm100 kernel path (ops/mx_dot_sm100.py) where it covers the call: each device quantizes its
+shard with the blocked-scale producer straight into the GEMM operand's form (contracting axis last, E8M0
+scales in the 128x4 blocked layout: `gather_blocked`), and those bytes are all-gathered, so nothing is
+re-laid after the gather. Elsewhere (Hopper included) the GEMMs run the XLA reference on the gathered
+MXArrays.
 """
 
 from __future__ import annotations
@@ -23,12 +30,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jax_mxfp8.config.gemm import MXDotConfig
 from jax_mxfp8.formats import BLOCK_SIZE, MXArray, quantize
 from jax_mxfp8.formats.quantize import check_blockable, check_float32_range
+from jax_mxfp8.ops import mx_dot_kernel
 from jax_mxfp8.ops.mx_dot_general import check_dot_arguments
+from jax_mxfp8.ops.mx_dot_sm100 import SM100
 from jax_mxfp8.ops.no_second_order import guard_bwd, guard_fwd
+from jax_mxfp8.primitives import implementation as impl
+from jax_mxfp8.primitives import library
+from jax_mxfp8.primitives.gemm_operands import gemm_operands
 from jax_mxfp8.reference import gemm_dims
 from jax_mxfp8.reference.gemm import operand_layouts
 
@@ -87,11 +101,35 @@ def unpack_bytes(packed: jax.Array, dtype) -> jax.Array:
     return lax.bitcast_convert_type(as_u8.reshape(*packed.shape[:-1], packed.shape[-1] * 4), dtype)
 
 
+def gather_blocked(
+    w: jax.Array, sharding: NamedSharding, *, axis: int, config: MXDotConfig, path: str
+) -> tuple[jax.Array, jax.Array]:
+    """Blackwell: the (FSDP-sharded) weight w (D_in, D_out) quantized shard by shard along `axis` by the
+    blocked-scale producer (primitives/gemm_operands.py, layout "blocked") as the sm100 GEMM's operand, then
+    all-gathered to `sharding` (w's target sharding, mapped onto the operand's axes):
+      axis 0 (the forward contracts D_in): data (1, D_out, D_in), scale (1, ceil(D_out/128), ceil(D_in/128), 512)
+      axis 1 (the dgrad contracts D_out):  data (1, D_in, D_out), scale (1, ceil(D_in/128), ceil(D_out/128), 512)
+    Each shard's tiles are the global ones when a shard holds whole 128-tiles of the contracting axis (the
+    producer's sharding rule; else the producer runs replicated): only FP8 bytes and scale bytes move."""
+    orient = "col" if axis == 0 else "row"
+    w3 = mx_dot_kernel.kernel_input(w.reshape(1, *w.shape))
+    data, scale = gemm_operands(
+        w3, dtype=config.dtype, scale_rounding=config.scale_rounding, orientations=(orient,), path=path,
+        layout="blocked",
+    )[orient]  # fmt: skip
+    spec = tuple(sharding.spec) + (None,) * (2 - len(sharding.spec))
+    order = (spec[1], spec[0]) if axis == 0 else spec
+    packed = lax.with_sharding_constraint(pack_bytes(data), NamedSharding(sharding.mesh, P(None, *order)))
+    scale = lax.with_sharding_constraint(scale, NamedSharding(sharding.mesh, P(None, *order, None)))
+    return unpack_bytes(packed, data.dtype), scale
+
+
 @dataclasses.dataclass(frozen=True)
 class _FsdpStatic:
     sharding: jax.sharding.Sharding
     config: MXDotConfig
     out_dtype: np.dtype
+    kernel: mx_dot_kernel.KernelDot | None = None  # the sm100 kernel path (Blackwell), or None: the reference
 
 
 def fsdp_supported(w_shape: tuple[int, ...], config: MXDotConfig) -> bool:
@@ -130,8 +168,25 @@ def fsdp_mx_dot(
     x, w, out_dtype = args.lhs, args.rhs, args.out_dtype
     if x.size == 0 or w.size == 0:  # docs/numerics.md "Zero-size inputs"
         return jnp.zeros(x.shape[:-1] + w.shape[1:], out_dtype)
-    st = _FsdpStatic(sharding, config, out_dtype)
+    kernel = _sm100_kernel(x, w, sharding, config, x_quantized)
+    st = _FsdpStatic(sharding, config, out_dtype, kernel)
+    if kernel is None and x_quantized is not None:
+        x_quantized = x_quantized.natural()  # the reference reads natural scales
     return _fsdp_dot(st, x, w, x_quantized)
+
+
+def _sm100_kernel(x, w, sharding, config: MXDotConfig, x_q) -> mx_dot_kernel.KernelDot | None:
+    """The sm100 kernel path's KernelDot when the device is a Blackwell GPU the sm100 kernels serve and they
+    cover the call (implementation=None's policy, with the families' self-tests), else None."""
+    if library.gpu_arch() not in SM100.archs or not isinstance(sharding, NamedSharding):
+        return None
+    lhs_l, rhs_l = _layouts(x, w)
+    views = mx_dot_kernel.MatrixView.of(lhs_l), mx_dot_kernel.MatrixView.of(rhs_l)
+    why = SM100.unsupported(*views, config, x_q, None)
+    path = impl.resolve(None, why, SM100.archs, op="fsdp_mx_dot", warn=False, family=SM100.families)
+    if path == "xla":
+        return None
+    return mx_dot_kernel.KernelDot(*views, np.dtype(x.dtype), np.dtype(w.dtype), config, path, SM100)
 
 
 def _layouts(x, w):
@@ -148,12 +203,24 @@ def _fsdp_dot(st: _FsdpStatic, x, w, x_q):
 
 
 def _fsdp_fwd(st: _FsdpStatic, x, w, x_q):
+    if st.kernel is not None:  # Blackwell: x's forward operand and wgrad residual, the gathered blocked weight
+        k, be = st.kernel, st.kernel.backend
+        a = be.operands(k.lhs, x, ("x",) if x_q is not None else ("k", "x"), st.config.dtype, st.config, k.path)
+        a_k = be.prequantized(k.lhs, x_q) if x_q is not None else a["k"]
+        w_k = gather_blocked(w, st.sharding, axis=0, config=st.config, path=k.path)
+        out = be.gemm(a_k, w_k, st.out_dtype, k.path).reshape(k.out_shape)
+        return out, (a["x"], w)  # w stays sharded; the backward gathers MXFP8 again
     lhs_l, rhs_l = _layouts(x, w)
     out = gemm_dims.forward(x, w, lhs_l, rhs_l, st.config, lhs_q=x_q, rhs_q=_gather(st, w, 0))
     return out.astype(st.out_dtype), (x, w)  # w stays sharded; the backward gathers MXFP8 again
 
 
 def _fsdp_bwd(st: _FsdpStatic, res, g):
+    if st.kernel is not None:  # the dgrad's weight operand (blocked along D_out) gathered again
+        x_x, w = res
+        w_n = gather_blocked(w, st.sharding, axis=1, config=st.config, path=st.kernel.path)
+        dx, dw = st.kernel.backward((x_x, w_n), g)
+        return dx, dw, None
     x, w = res
     lhs_l, rhs_l = _layouts(x, w)
     dx, dw = gemm_dims.backward(x, w, g, lhs_l, rhs_l, st.config, None, rhs_dgrad_q=_gather(st, w, 1))

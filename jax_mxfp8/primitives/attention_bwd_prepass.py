@@ -27,7 +27,7 @@ from jax_mxfp8.primitives.attention_operands import (
     do_shift,
     head_major_scale,
 )
-from jax_mxfp8.primitives.attention_packed import key_tile_work, sequence_table
+from jax_mxfp8.primitives.attention_packed import sequence_table, tile_work
 from jax_mxfp8.primitives.attention_realign import realign
 from jax_mxfp8.primitives.quantize import DEQUANTIZE
 from jax_mxfp8.reference.attention_bwd import bwd_delta
@@ -230,4 +230,4 @@ def packed_tile_table(
     """The packed variants' PackedTables for S sequences laid out from rows q_start / kv_start (multiples of
     128) in an aligned packed layout of kv_rows key rows: the forward's seqs table and a work list of every
     key tile (the kernel runs key tile n as item n; a tile in no sequence gets its dk, dv rows 0)."""
-    return PackedTables(sequence_table(q_len, kv_len, q_start, kv_start), key_tile_work(kv_len, kv_start, kv_rows))
+    return PackedTables(sequence_table(q_len, kv_len, q_start, kv_start), tile_work(kv_len, kv_start, kv_rows))

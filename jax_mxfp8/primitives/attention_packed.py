@@ -2,14 +2,17 @@
 
   sequence_table(q_len, kv_len, q_start, kv_start) -> seqs (4, S)   the packed kernels' sequence encoding
   packed_tables(q_len, kv_len, q_start, kv_start, *, causal, q_rows) -> (seqs (4, S), work (2, W))
-  key_tile_work(kv_len, kv_start, kv_rows) -> work (2, kv_rows / 128)   the backward's work list
+  query_work(q_len, kv_len, q_start, *, causal, q_rows, item_rows) -> work (2, q_rows / 128)   the forward's
+                                        items (query tiles, or Blackwell's 256-row pairs), longest first
+  tile_work(lengths, starts, rows) -> work (2, rows / 128)   item n = 128-row tile n (the backward's key tiles)
   emulate_packed_fwd(ops, *, causal, p_scale, p_rounding) -> (o (1, N, Tp, H), lse (1, N, Tp))
   sequence_windows(x, first_tile, n_tiles, axis) -> each sequence's tiles as a batch row (the emulations')
 
 Every sequence starts on a 128-row tile of the aligned packed layout (ops/varlen_kernel.py). The packed
-kernel variants read one encoding (kernels/sm90/tile_scheduler.py packed_item): the per-sequence table seqs
+kernel variants read one encoding (kernels/common/packed_sequences.py packed_item): the per-sequence table seqs
 and a work list of (sequence, tile inside it) items; the forward runs one CTA per query-tile item, longest
-first, the backward one per key tile of the layout, in key-tile order.
+first, the backward one per key tile of the layout, in key-tile order. The Blackwell kernels read the same
+tables (primitives/attention_sm100_packed.py adds two rows to seqs for their compact data).
 """
 
 from __future__ import annotations
@@ -32,14 +35,38 @@ def sequence_table(q_len: jax.Array, kv_len: jax.Array, q_start: jax.Array, kv_s
     return jnp.stack([q_start // TILE_M, kv_start // TILE_N, q_len, kv_len]).astype(jnp.int32)
 
 
-def key_tile_work(kv_len: jax.Array, kv_start: jax.Array, kv_rows: int) -> jax.Array:
-    """The backward's work list (2, kv_rows / 128) int32: item n is key tile n of the aligned packed layout,
-    (its sequence, key tile inside the sequence), or (-1, 0) for a tile holding no key of any sequence."""
-    tiles = jnp.arange(kv_rows // TILE_N, dtype=jnp.int32)
-    seq = aligned_owner(kv_start, tiles * TILE_N)
-    first = (kv_start[seq] // TILE_N).astype(jnp.int32)
-    live = (tiles >= first) & (tiles * TILE_N < kv_start[seq] + kv_len[seq])
+def tile_work(lengths: jax.Array, starts: jax.Array, rows: int) -> jax.Array:
+    """Work list (2, rows / 128) int32 over the 128-row tiles of an aligned packed layout of `rows` rows: item
+    n is tile n, (its sequence, tile inside the sequence), or (-1, 0) for a tile holding no row of any
+    sequence. The backward's list over the key tiles (lengths, starts: the KV lengths and first rows)."""
+    tiles = jnp.arange(rows // TILE_N, dtype=jnp.int32)
+    seq = aligned_owner(starts, tiles * TILE_N)
+    first = (starts[seq] // TILE_N).astype(jnp.int32)
+    live = (tiles >= first) & (tiles * TILE_N < starts[seq] + lengths[seq])
     return jnp.stack([jnp.where(live, seq, -1), jnp.where(live, tiles - first, 0)]).astype(jnp.int32)
+
+
+def query_work(
+    q_len: jax.Array, kv_len: jax.Array, q_start: jax.Array, *, causal: bool, q_rows: int, item_rows: int = TILE_M
+) -> jax.Array:
+    """The forward's work list (2, q_rows / 128) int32 for sequences laid out from rows q_start (multiples of
+    128) in q_rows query rows: one item (sequence, i) per item_rows-row block i of a sequence (item_rows = 128:
+    its query tiles; 256: the Blackwell kernel's tile pairs) holding a row of it, the most KV tiles first (a
+    CTA's work; the GPU starts CTAs in grid order, so the long ones do not trail), then (-1, 0) items that do
+    nothing. A causal item visits the KV tiles up to its last row."""
+    per = item_rows // TILE_M
+    tiles = jnp.arange(q_rows // TILE_M, dtype=jnp.int32)
+    b = jnp.clip(jnp.searchsorted(q_start // TILE_M, tiles, side="right").astype(jnp.int32) - 1, 0, q_len.shape[0] - 1)
+    m = tiles - q_start[b] // TILE_M  # the item's first query tile inside its sequence
+    live = (m >= 0) & (m % per == 0) & (m * TILE_M < q_len[b])
+    item = m // per
+    n_kv = -(-kv_len[b] // TILE_N)
+    if causal:
+        last_row = jnp.minimum((item + 1) * item_rows, q_len[b]) - 1
+        n_kv = jnp.minimum(n_kv, last_row // TILE_N + 1)
+    cost = jnp.where(live, n_kv, -1)
+    order = jnp.argsort(-cost, stable=True)
+    return jnp.stack([jnp.where(live, b, -1)[order], jnp.where(live, item, 0)[order]]).astype(jnp.int32)
 
 
 def packed_tables(
@@ -49,24 +76,12 @@ def packed_tables(
     in operands of q_rows query rows.
 
     Returns seqs (4, S) = (first query tile, first KV tile, query length, KV length) and work (2, q_rows/128):
-    one item (sequence, query tile) per query tile holding rows of a sequence, the longest first (a CTA's
-    work is its number of KV tiles; the GPU starts CTAs in grid order, so the long ones do not trail), then
-    (-1, 0) items that do nothing.
+    one item (sequence, query tile) per query tile holding rows of a sequence, the longest first
+    (query_work), then (-1, 0) items that do nothing.
     """
     q_len, kv_len = q_len.astype(jnp.int32), kv_len.astype(jnp.int32)
     seqs = sequence_table(q_len, kv_len, q_start, kv_start)
-    tiles = jnp.arange(q_rows // TILE_M, dtype=jnp.int32)
-    b = jnp.clip(jnp.searchsorted(q_start // TILE_M, tiles, side="right").astype(jnp.int32) - 1, 0, q_len.shape[0] - 1)
-    m = tiles - q_start[b] // TILE_M
-    live = (m >= 0) & (m * TILE_M < q_len[b])
-    n_kv = -(-kv_len[b] // TILE_N)
-    if causal:
-        last_row = jnp.minimum((m + 1) * TILE_M, q_len[b]) - 1
-        n_kv = jnp.minimum(n_kv, last_row // TILE_N + 1)
-    cost = jnp.where(live, n_kv, -1)
-    order = jnp.argsort(-cost, stable=True)
-    work = jnp.stack([jnp.where(live, b, -1)[order], jnp.where(live, m, 0)[order]]).astype(jnp.int32)
-    return seqs, work
+    return seqs, query_work(q_len, kv_len, q_start, causal=causal, q_rows=q_rows)
 
 
 def sequence_windows(x: jax.Array, first_tile: jax.Array, n_tiles: jax.Array, axis: int) -> jax.Array:

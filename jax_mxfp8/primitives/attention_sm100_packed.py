@@ -1,7 +1,7 @@
 """Packed jagged sequences on the Blackwell attention kernels (layer 5): split addressing, in XLA.
 
   chunk_starts(lens)                            (S + 1,) int32: each sequence's first 128-row scale chunk
-  packed_tables(cu_q, cu_k, chunk_q, chunk_k, *, causal, max_len_q)   the forward kernel's seqs / work tables
+  packed_tables(cu_q, cu_k, *, causal, n_chunks_q, n_chunks_k) -> PackedSequenceTables   the kernels' tables
   pack_operand(x, cu, chunk0, *, max_len, n_chunks, orientations)   the producer: compact E4M3 data, square
                                                 blocks restarting at every sequence start, padded scales
   emulate_packed_fwd_sm100(...), emulate_packed_bwd_sm100(...)      the kernels' arithmetic on them
@@ -22,11 +22,13 @@ dense emulation on its own window (zeros after its length) and put the rows back
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jax_mxfp8.primitives.attention_bwd_sm100_emulation import emulate_bwd_sm100
+from jax_mxfp8.primitives.attention_packed import query_work, sequence_table, tile_work
 from jax_mxfp8.primitives.attention_sm100_emulation import emulate_fwd_sm100
 from jax_mxfp8.primitives.attention_sm100_operands import (
     ORIENTATIONS,
@@ -53,30 +55,35 @@ ITEM_ROWS = 2 * TILE
 """Query rows of one work item of the forward kernel (two 128-row Q tiles)."""
 
 
-def packed_tables(
-    cu_q: jax.Array, cu_k: jax.Array, chunk_q: jax.Array, chunk_k: jax.Array, *, causal: bool, max_len_q: int
-) -> tuple[jax.Array, jax.Array]:
-    """The packed forward kernel's int32 tables (kernels/sm100/attention_fwd.py) for S sequences.
+class PackedSequenceTables(NamedTuple):
+    """The packed-sequence encoding of the Blackwell attention kernels (int32; docs/interfaces.md "sm100
+    attention"). Rows 0-3 of seqs and the work lists are the Hopper kernels' (primitives/attention_packed.py):
+    a sequence's first 128-row tile of the aligned packed layout is its first scale chunk here, because both
+    give every sequence ceil(L / 128) tiles in packed order; rows 4-5 locate its compact data."""
 
-    seqs (6, S): first query row cu_q[s], first key row cu_k[s], query length, key length, first Q scale chunk
-    chunk_q[s], first K / V scale chunk chunk_k[s]. work (2, S * ceil(max_len_q / 256)): one (sequence, pair)
-    item per 256-row query pair holding a row of its sequence, the most KV tiles first (a causal pair visits
-    the tiles up to its last row, as kernels/sm100/attention_schedule.kv_tile_count), then (-1, 0) padding
-    that the kernel skips. max_len_q (static) >= every query length."""
+    seqs: jax.Array  # (6, S) first Q chunk, first K / V chunk, query length, key length, first query row, first key row
+    work: jax.Array  # (2, n_chunks_q) forward: (sequence, 256-row query pair), the most KV tiles first; (-1, 0)
+    query_tiles: jax.Array  # (2, n_chunks_q) pre-pass: item n = query chunk n, (sequence, tile in it) or (-1, 0)
+    key_tiles: jax.Array  # (2, n_chunks_k) backward: item n = key chunk n, (sequence, tile in it) or (-1, 0)
+
+
+def packed_tables(cu_q: jax.Array, cu_k: jax.Array, *, causal: bool, n_chunks_q: int, n_chunks_k: int):
+    """The one host function of the Blackwell kernels' packed tables (forward, pre-pass and backward) for S
+    sequences with query / key offsets cu_q, cu_k (S + 1,) int32 (cu[0] = 0, ascending) and n_chunks_q /
+    n_chunks_k (static) >= chunk_starts(lengths)[S]: the scale operands' chunk counts. Returns
+    PackedSequenceTables; the kernels decode an item with kernels/common/packed_sequences.packed_item."""
     q_len = (cu_q[1:] - cu_q[:-1]).astype(jnp.int32)
     kv_len = (cu_k[1:] - cu_k[:-1]).astype(jnp.int32)
-    seqs = jnp.stack([cu_q[:-1], cu_k[:-1], q_len, kv_len, chunk_q[:-1], chunk_k[:-1]]).astype(jnp.int32)
-    n_seq, pairs = q_len.shape[0], max(-(-max_len_q // ITEM_ROWS), 1)
-    seq = jnp.repeat(jnp.arange(n_seq, dtype=jnp.int32), pairs)
-    pair = jnp.tile(jnp.arange(pairs, dtype=jnp.int32), n_seq)
-    live = pair * ITEM_ROWS < q_len[seq]
-    n_kv = -(-kv_len[seq] // TILE)
-    if causal:
-        last = jnp.minimum((pair + 1) * ITEM_ROWS, q_len[seq]) - 1
-        n_kv = jnp.minimum(n_kv, last // TILE + 1)
-    order = jnp.argsort(-jnp.where(live, n_kv, -1), stable=True)
-    work = jnp.stack([jnp.where(live, seq, -1)[order], jnp.where(live, pair, 0)[order]]).astype(jnp.int32)
-    return seqs, work
+    q_start, kv_start = chunk_starts(q_len)[:-1] * TILE, chunk_starts(kv_len)[:-1] * TILE
+    rows = jnp.stack([cu_q[:-1], cu_k[:-1]]).astype(jnp.int32)
+    seqs = jnp.concatenate([sequence_table(q_len, kv_len, q_start, kv_start), rows])
+    q_rows = n_chunks_q * TILE
+    return PackedSequenceTables(
+        seqs=seqs,
+        work=query_work(q_len, kv_len, q_start, causal=causal, q_rows=q_rows, item_rows=ITEM_ROWS),
+        query_tiles=tile_work(q_len, q_start, q_rows),
+        key_tiles=tile_work(kv_len, kv_start, n_chunks_k * TILE),
+    )
 
 
 def _window_rows(cu: jax.Array, width: int, total: int) -> tuple[jax.Array, jax.Array]:

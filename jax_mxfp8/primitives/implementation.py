@@ -10,6 +10,12 @@
   "cuda"      the kernel, or RuntimeError when it cannot run here and ValueError naming why it does not
               cover the arguments.
 
+On a compute-capability 10.x GPU a kernel family that registered a first-use self-test
+(primitives/self_test.py: the Blackwell kernels, never run on hardware by this project) runs it before its
+first call; a family whose self-test fails, errs or times out runs the reference for the rest of the process
+(`resolve(..., family=...)`). Under library.forced_gpu(cc) the policy decides as on that GPU and runs the
+kernels it picks emulated (path "emulated"): the dispatch tests of Hopper and Blackwell on any machine.
+
 `resolve` turns the argument into the path one call takes: "xla", "emulated" or "cuda". With
 implementation=None on a machine whose default backend is a GPU (`library.gpu_present`), a call that falls
 back to the XLA reference warns once (KernelFallbackWarning, once per op and cause) naming the cause and
@@ -29,7 +35,7 @@ import dataclasses
 import warnings
 
 from jax_mxfp8.kernels import registry
-from jax_mxfp8.primitives import library
+from jax_mxfp8.primitives import library, self_test
 
 IMPLEMENTATIONS = (None, "xla", "emulated", "cuda")
 PATHS = ("xla", "emulated", "cuda")
@@ -55,6 +61,10 @@ class Decision:
     reason: str
 
 
+FIX_SELF_TEST = (
+    "run python -m jax_mxfp8 --self-test and paste its report into an issue; JAX_MXFP8_SELF_TEST=0 skips the "
+    "self-tests"
+)
 FIX_LIBRARY = (
     "install the wheel with the kernels (python tools/build_wheel.py, then pip install dist/jax_mxfp8-*.whl) "
     "or build them in place (python tools/build_library.py)"
@@ -95,12 +105,21 @@ def note(op: str, implementation: str | None, path: str, reason: str) -> None:
         decisions.append(Decision(op, implementation, path, reason))
 
 
+def warn_once(op: str, cause: str, message: str) -> None:
+    """Warns `message` (KernelFallbackWarning) once per process for (op, cause): for ops that fall back outside
+    `resolve` (mx_dot_general on Blackwell: its kernels disabled, cuDNN runs)."""
+    if (op, cause) not in _warned:
+        _warned.add((op, cause))
+        warnings.warn(message, KernelFallbackWarning, stacklevel=3)
+
+
 def _fallback_warning(
-    op: str, archs: tuple[str, ...], unsupported: str | None, outer: str | None = None
+    op: str, archs: tuple[str, ...], unsupported: str | None, outer: str | None = None, disabled: str | None = None
 ) -> tuple[str, str] | None:
     """(cause key, message) for a GPU call with implementation=None that runs the reference, or None.
 
-    `outer`: the public op the user called, when `op` runs inside it (then the message names `outer`)."""
+    `outer`: the public op the user called, when `op` runs inside it (then the message names `outer`);
+    `disabled`: why the kernel family is disabled (its self-test failed), when that is the cause."""
     if not library.gpu_present():
         return None
     if outer is None or outer == op:
@@ -112,8 +131,10 @@ def _fallback_warning(
             "step on this GPU because"
         )
         silence = f"pass implementation='xla' to {outer} for the reference throughout (and silence this warning)"
-    if library.load_library() is None:
+    if not library.library_ok():
         return "library", f"{head} the kernel library is unavailable ({library.library_error()}). Fix: {FIX_LIBRARY}."
+    if disabled is not None:
+        return "self-test", f"{head} {disabled}. Fix: {FIX_SELF_TEST}, or {silence}."
     ok, why = library.kernels_runnable(archs)
     if not ok:
         return "arch", f"{head} {why}. Fix: run on a GPU the kernels are built for, or {silence}."
@@ -127,6 +148,7 @@ def resolve(
     archs: tuple[str, ...] = registry.ARCHS,
     op: str = "op",
     warn: bool = True,
+    family: str | tuple[str, ...] = (),
 ) -> str:
     """The path ("xla", "emulated" or "cuda") one call takes.
 
@@ -137,19 +159,49 @@ def resolve(
       op: the public op's name, for the fallback warning and `record()`.
       warn: False where the op's "xla" path is not the reference but other ops that pick their own
         implementation (and warn for themselves), e.g. mx_dot_general_quantized's two-pass path.
+      family: the kernel families (registry ops) the call would launch that have a first-use self-test
+        (primitives/self_test.py): a family disabled by its self-test takes the reference ("cuda" raises).
     """
     check(implementation)
     path, reason = _decide(implementation, unsupported, archs)
+    disabled = _disabled(family) if path == "cuda" else None
+    if disabled is not None:
+        if implementation == "cuda":
+            raise RuntimeError(f"implementation='cuda' was requested but {disabled}")
+        path, reason = "xla", disabled
+    if path == "cuda" and library.forced_cc() is not None:
+        path = "emulated"  # forced_gpu: the kernel's emulation stands in for the GPU this machine lacks
     for decisions in _recorders:
         decisions.append(Decision(op, implementation, path, reason))
     if implementation is None and path == "xla" and warn:
         outer = _outer_op.get()
-        warning = _fallback_warning(op, archs, unsupported, outer)
+        warning = _fallback_warning(op, archs, unsupported, outer, disabled)
         key = (op if outer in (None, op) else f"{outer}/{op}", warning[0] if warning else "")
         if warning is not None and key not in _warned:
             _warned.add(key)
             warnings.warn(warning[1], KernelFallbackWarning, stacklevel=3)
     return path
+
+
+def _disabled(family: str | tuple[str, ...]) -> str | None:
+    """Why one of the kernel families is disabled by its first-use self-test (runs it the first time), or None."""
+    for name in (family,) if isinstance(family, str) else family:
+        why = self_test.verdict(name)
+        if why is not None:
+            return f"the {name} kernels are disabled: {why}"
+    return None
+
+
+def kernel_blocker(unsupported: str | None, archs: tuple[str, ...], family: str | tuple[str, ...] = ()) -> str | None:
+    """Why a call with implementation=None would not run the kernel (None: it would): the library or the GPU,
+    the arguments, or a family disabled by its self-test. Records and warns nothing: for ops that choose
+    between several kernel paths (mx_dot_general on Blackwell: ours, else cuDNN) before calling resolve."""
+    ok, why = library.kernels_runnable(archs)
+    if not ok:
+        return why
+    if unsupported:
+        return f"the kernel does not cover the arguments: {unsupported}"
+    return _disabled(family)
 
 
 def _decide(implementation: str | None, unsupported: str | None, archs: tuple[str, ...]) -> tuple[str, str]:

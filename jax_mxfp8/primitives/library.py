@@ -19,14 +19,21 @@ extension, another Python version, or JAX_MXFP8_NO_EXTENSION=1).
   kernel_names() -> list[(name, major)]   every kernel variant in the library and its arch major
   has_kernel(name) -> bool                the library holds that variant (comparison schedules only with
                                           tools/build_library.py --with-tunes)
+  kernel_targets() -> dict[str, str]      variant name -> the cubin targets it is built for ("sm_90a", ...)
   gpu_present() -> bool                   the default backend is an NVIDIA GPU (any arch)
-  gpu_major() -> int | None               compute-capability major of the default backend's first device
-  kernels_runnable(archs) -> (ok, why)    library loaded and the GPU's arch among `archs`
+  gpu_cc() -> (major, minor) | None       compute capability of the default backend's first device
+  gpu_major() -> int | None               its major
+  gpu_arch() -> str | None                the library arch whose cubins load there (registry.arch_for_cc)
+  kernels_runnable(archs) -> (ok, why)    library loaded and the GPU's compute capability served by `archs`
   preload()                               load every module onto each local GPU (before CUDA-graph capture)
+  forced_gpu(cc)                          context manager: answer the above as on a GPU of compute capability
+                                          cc with the library built (dispatch tests on any machine; the
+                                          implementation policy then runs every kernel it picks emulated)
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib.util
@@ -49,6 +56,8 @@ _lib_error: str | None = None
 _targets: tuple[str, ...] = ()
 _ext = None
 _ext_note = ""
+_forced_cc: tuple[int, int] | None = None
+_forced_self_tests = False
 
 
 def library_path() -> Path:
@@ -173,17 +182,63 @@ def has_kernel(name: str) -> bool:
     return name in {n for n, _ in kernel_names()}
 
 
+def kernel_targets() -> dict[str, list[str]]:
+    """Variant name -> the cubin targets ("sm_90a", "sm_100f") the loaded library holds it for (empty when the
+    library is unavailable). registry.ARCH_CCS says which compute capabilities load each target."""
+    lib = load_library()
+    if lib is None:
+        return {}
+    target = getattr(lib, "jax_mxfp8_kernel_target", None)
+    by_major = {major: arch for arch, major in registry.ARCH_MAJOR.items()}
+    out: dict[str, list[str]] = {}
+    for i, (name, major) in enumerate(kernel_names()):
+        if target is not None:
+            target.restype = ctypes.c_char_p
+            arch = target(i).decode()
+        else:  # a library that predates the per-row target: the major names it
+            arch = by_major.get(major, f"major {major}")
+        out.setdefault(name, []).append(arch)
+    return out
+
+
+@contextlib.contextmanager
+def forced_gpu(cc: tuple[int, int], self_tests: bool = False):
+    """Inside the block, answer as on a GPU of compute capability `cc` (e.g. (10, 3)) with the kernel library
+    built: gpu_present, gpu_cc, gpu_arch and kernels_runnable report that device, preload does nothing. The
+    implementation policy (primitives/implementation.py) then runs every kernel it picks on its "emulated"
+    path (the XLA emulation: no such GPU is here). For tests and for reading the dispatch of another GPU.
+    self_tests: also run the kernel families' first-use self-tests (primitives/self_test.py, on their
+    emulation) where a GPU of that compute capability would; skipped otherwise."""
+    global _forced_cc, _forced_self_tests
+    cc = (int(cc[0]), int(cc[1]))
+    previous, _forced_cc = (_forced_cc, _forced_self_tests), cc
+    _forced_self_tests = bool(self_tests)
+    try:
+        yield cc
+    finally:
+        _forced_cc, _forced_self_tests = previous
+
+
+def forced_cc() -> tuple[int, int] | None:
+    """The compute capability forced_gpu set, or None."""
+    return _forced_cc
+
+
+def forced_self_tests() -> bool:
+    """Whether forced_gpu asked for the self-tests to run."""
+    return _forced_self_tests
+
+
 def gpu_present() -> bool:
     """Whether the default backend's first device is an NVIDIA GPU (it has a compute capability)."""
-    try:
-        dev = jax.devices()[0]
-    except RuntimeError:
-        return False
-    return dev.platform == "gpu" and getattr(dev, "compute_capability", None) is not None
+    return gpu_cc() is not None
 
 
-def gpu_major() -> int | None:
-    """Compute-capability major of the default backend's first device, or None when it is not a GPU."""
+def gpu_cc() -> tuple[int, int] | None:
+    """(major, minor) compute capability of the default backend's first device, or None when it is not an
+    NVIDIA GPU (forced_gpu's inside that block)."""
+    if _forced_cc is not None:
+        return _forced_cc
     try:
         dev = jax.devices()[0]
     except RuntimeError:
@@ -192,31 +247,59 @@ def gpu_major() -> int | None:
         return None
     cc = getattr(dev, "compute_capability", None)
     try:
-        return int(str(cc).split(".")[0])
+        major, _, minor = str(cc).partition(".")
+        return int(major), int(minor or 0)
     except ValueError:
         return None
 
 
+def gpu_major() -> int | None:
+    """Compute-capability major of the default backend's first device, or None when it is not a GPU."""
+    cc = gpu_cc()
+    return None if cc is None else cc[0]
+
+
+def gpu_arch() -> str | None:
+    """The library arch ("sm_90a", "sm_100f") whose cubins load on the default backend's GPU, or None (no GPU,
+    or a compute capability no arch serves, e.g. 12.x)."""
+    cc = gpu_cc()
+    return None if cc is None else registry.arch_for_cc(cc)
+
+
+def library_ok() -> bool:
+    """The kernel library is loaded (or forced_gpu pretends it is)."""
+    return _forced_cc is not None or load_library() is not None
+
+
 def kernels_runnable(archs: tuple[str, ...] = registry.ARCHS) -> tuple[bool, str]:
     """(True, "") when kernels built for `archs` can run on the default backend, else (False, why not)."""
-    if load_library() is None:
+    if not library_ok():
         return False, f"the jax_mxfp8 kernel library is unavailable: {_lib_error}"
-    major = gpu_major()
-    if major is None:
+    cc = gpu_cc()
+    if cc is None:
         return False, f"the default JAX backend is {jax.default_backend()!r}, not an NVIDIA GPU"
-    majors = {registry.ARCH_MAJOR[a] for a in archs}
-    if major not in majors:
-        return False, f"the GPU has compute capability {major}.x; these kernels are built for {', '.join(archs)}"
+    name = registry.cc_name(cc)
+    if cc[0] in registry.UNSUPPORTED_CCS:
+        return False, f"the GPU has compute capability {name}: {registry.UNSUPPORTED_CCS[cc[0]]}"
+    arch = registry.arch_for_cc(cc)
+    if arch not in archs:
+        served = "; ".join(f"{a}: cc {', '.join(registry.cc_name(c) for c in registry.ARCH_CCS[a])}" for a in archs)
+        return False, f"the GPU has compute capability {name}; these kernels are built for {served}"
     return True, ""
 
 
 @functools.cache
-def preload() -> None:
-    """Loads every kernel module onto each local GPU before first use (so CUDA-graph capture never sees a
-    module load)."""
+def _preload_devices() -> None:
     lib = load_library()
     for dev in jax.local_devices():
         if dev.platform == "gpu":
             rc = lib.jax_mxfp8_preload(int(dev.local_hardware_id if dev.local_hardware_id is not None else dev.id))
             if rc != 0:
                 raise RuntimeError(f"jax_mxfp8: loading the kernel modules on {dev} failed (cudaError {rc})")
+
+
+def preload() -> None:
+    """Loads every kernel module onto each local GPU before first use (so CUDA-graph capture never sees a
+    module load); nothing under forced_gpu."""
+    if _forced_cc is None:
+        _preload_devices()

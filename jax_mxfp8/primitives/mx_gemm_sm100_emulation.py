@@ -47,7 +47,7 @@ from jax import lax
 from jax_mxfp8.formats.blocked_scales import from_blocked_scales, to_blocked_scales
 from jax_mxfp8.formats.elements import E4M3
 from jax_mxfp8.formats.scales import pow2
-from jax_mxfp8.kernels.sm100.mx_gemm_config import BLOCK, MXGemmSm100Config
+from jax_mxfp8.kernels.registry.gemm_sm100 import BLOCK, MXGemmSm100Config
 
 _ELEM_SCALE = 2**9  # E4M3 elements are multiples of 2^-9 below 2^9: times 2^9 they are integers below 2^18
 _LIMB = 2**9

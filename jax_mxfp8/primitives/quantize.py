@@ -2,7 +2,7 @@
 
 Entry points (jax_mxfp8.quantize / dequantize, in jax_mxfp8/ops/quantize.py, forward to these):
   quantize(x, *, axis=-1, block="row", dtype=..., scale_rounding="up", rounding="nearest", rng=None,
-           implementation=None) -> MXArray
+           implementation=None, scale_layout="natural") -> MXArray
   quantize_rowcol(x, *, dtype=..., scale_rounding="up", implementation=None) -> (row MXArray, col MXArray)
       one pass over x: row blocks along the last axis AND column blocks along the second-to-last axis.
   dequantize(a, dtype=jnp.float32, *, implementation=None) -> jax.Array
@@ -14,6 +14,10 @@ What the kernels cover: float32 / bfloat16 input of rank >= 2 whose last two dim
 of 32; row blocks along the last axis (block="row", axis=-1), column blocks along the second-to-last
 (block="row", axis=-2), 32x32 square blocks over the last two axes; float8_e4m3fn / float8_e5m2;
 scale_rounding "up" / "floor"; rounding="nearest". Leading axes are flattened into rows by the handler.
+
+scale_layout="blocked" (row blocks along the last axis, rank >= 2: the scales in the 128x4 layout of Blackwell's
+block-scaled MMA, MXArray.scale_layout) runs the Blackwell GEMM operand producer ("row" orientation of
+primitives/gemm_operands.py, layout "blocked", sm_100f only) on x viewed as (G, R, K), else the reference.
 
 Sharding (QUANTIZE, QUANTIZE_ROWCOL, DEQUANTIZE): leading axes free; the last two axes are (blocks, 32)
 compound factors, so they shard only on block boundaries (the kernels need both local dims multiples of
@@ -29,12 +33,13 @@ import numpy as np
 from jax_mxfp8.formats import MXArray, element_format
 from jax_mxfp8.formats import dequantize as ref_dequantize
 from jax_mxfp8.formats import quantize as ref_quantize
-from jax_mxfp8.formats.mxarray import check_consistent
+from jax_mxfp8.formats.mxarray import check_consistent, check_scale_layout
 from jax_mxfp8.formats.quantize import block_axes, check_blockable, check_quantize_input
 from jax_mxfp8.formats.scales import check_scale_rounding
 from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives import implementation as impl
 from jax_mxfp8.primitives.ffi_op import FfiOp, ShardingRule
+from jax_mxfp8.primitives.gemm_operands import find_variant, gemm_operands, gemm_operands_unsupported
 
 # (block, axes relative to the end) -> the kernels' mode
 _MODE_OF = {("row", (-1,)): "row", ("row", (-2,)): "col", ("square", (-2, -1)): "square"}
@@ -173,6 +178,7 @@ def quantize(
     rounding: str = "nearest",
     rng=None,
     implementation: str | None = None,
+    scale_layout: str = "natural",
 ) -> MXArray:
     """jax_mxfp8.quantize with an `implementation` switch (see the module docstring)."""
     impl.check(implementation)
@@ -184,6 +190,9 @@ def quantize(
     axes = block_axes(x.ndim, axis, block) if x.ndim else ()
     axes_neg = tuple(a - x.ndim for a in axes)
     check_blockable(x.shape, axes)
+    if scale_layout != "natural":
+        check_scale_layout(scale_layout, axes_neg, block, x)
+        return _quantize_blocked(x, fmt.dtype, scale_rounding, rounding, rng, implementation)
     variant, why = (
         _quantize_variant(x, axes_neg, block, fmt.dtype, scale_rounding, rounding) if x.ndim else (None, "rank 0")
     )
@@ -195,6 +204,25 @@ def quantize(
     x = jax.lax.stop_gradient(x)  # like the reference: not differentiable (zero gradient)
     data, scale = QUANTIZE.call(variant, path, x)
     return MXArray(data=data, scale=scale, axes=axes_neg, block=block)
+
+
+def _quantize_blocked(x, dtype, scale_rounding: str, rounding: str, rng, implementation) -> MXArray:
+    """quantize(x, axis=-1) with blocked scales: the Blackwell producer's "row" orientation on (G, R, K)."""
+    *lead, r, k = x.shape
+    x3 = x.reshape(-1, r, k)
+    why = None if rounding == "nearest" else "the kernels round to nearest even only (rounding='stochastic': XLA)"
+    why = why or ("no rows" if x3.size == 0 else None)
+    why = why or gemm_operands_unsupported(x3.shape, x.dtype, dtype, scale_rounding, ("row",), "blocked")
+    variant = find_variant(x.dtype, dtype, scale_rounding, ("row",), "blocked") if why is None else None
+    path = _path(implementation, variant, why, "quantize")
+    if path == "xla":
+        kw = dict(dtype=dtype, scale_rounding=scale_rounding, rounding=rounding, rng=rng)
+        return ref_quantize(x, axis=-1, scale_layout="blocked", **kw)
+    x3 = jax.lax.stop_gradient(x3)  # like the reference: not differentiable (zero gradient)
+    data, scale = gemm_operands(
+        x3, dtype=dtype, scale_rounding=scale_rounding, orientations=("row",), path=path, layout="blocked"
+    )["row"]
+    return MXArray(data.reshape(x.shape), scale.reshape(*lead, *scale.shape[1:]), (-1,), "row", scale_layout="blocked")
 
 
 def quantize_rowcol(
@@ -229,7 +257,7 @@ def dequantize(a: MXArray, dtype=jnp.float32, *, implementation: str | None = No
     impl.check(implementation)
     if not isinstance(a, MXArray):
         raise ValueError(f"a must be an MXArray, got {type(a).__name__}")
-    check_consistent(a, "a")
+    a = check_consistent(a, "a").natural()  # blocked scales: re-laid in XLA (the kernels read the natural layout)
     block = {("row", (-1,)): "row", ("row", (-2,)): "col", ("square", (-2, -1)): "square"}.get(
         (a.block, tuple(sorted(a.axes)))
     )

@@ -2,8 +2,9 @@
 implementation=None on a GPU (jax_mxfp8/primitives/implementation.py) and the ops' jax.named_scope names.
 
 CPU only: a GPU's presence, the library's state and the kernels' runnability are faked by monkeypatching
-jax_mxfp8.primitives.library (gpu_present, load_library, library_error, gpu_major, kernels_runnable,
-preload); calls that would then take the kernel path are only traced (jax.eval_shape), never run.
+jax_mxfp8.primitives.library (gpu_present, load_library, library_error, gpu_cc, kernels_runnable,
+preload) or forced with library.forced_gpu; calls that would then take the kernel path are only traced
+(jax.eval_shape), never run.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def test_report_without_the_library(monkeypatch):
 def test_decisions_on_a_faked_hopper(monkeypatch, fresh_warnings):
     """Library loaded, sm_90 GPU: the typical calls take the kernels (traced only), mx_dot_general has none."""
     monkeypatch.setattr(library, "gpu_present", lambda: True)
-    monkeypatch.setattr(library, "gpu_major", lambda: 9)
+    monkeypatch.setattr(library, "gpu_cc", lambda: (9, 0))
     monkeypatch.setattr(library, "kernels_runnable", lambda archs=(): (True, ""))
     monkeypatch.setattr(library, "preload", lambda: None)
     decisions = {d.op: d for d in diagnostics.op_decisions()}
@@ -108,6 +109,58 @@ def test_decisions_on_a_faked_hopper(monkeypatch, fresh_warnings):
     # the vjp's MX gradients: their rowcol quantize takes its kernel too
     assert "dK, dV quantized (row and column blocks) by: cuda" in decisions["dot_product_attention_vjp"].reason
     assert _fallbacks(fresh_warnings) == []  # diagnostics never warn
+
+
+@pytest.mark.parametrize("cc", [(10, 0), (10, 3)], ids=["cc10.0", "cc10.3"])
+def test_decisions_on_a_forced_blackwell(cc, fresh_warnings):
+    """cc 10.0 and 10.3 (B200 / GB300) are served by the same sm_100f cubins: quantize, RMSNorm and every GEMM
+    op take their Blackwell kernel path (emulated here: forced_gpu); attention has no sm100 kernel yet."""
+    with library.forced_gpu(cc):
+        decisions = {d.op: d for d in diagnostics.op_decisions()}
+        devices = diagnostics.device_lines()
+    for op in ("quantize", "dequantize", "rms_norm_quantize", "mx_dot_general", "mx_dot_general_quantized"):
+        assert decisions[op].path == "emulated", decisions[op]
+    assert decisions["dot_product_attention"].path == "xla"
+    assert "these kernels are built for sm_90a: cc 9.0" in decisions["dot_product_attention"].reason
+    assert f"forced: compute capability {cc[0]}.{cc[1]} (library.forced_gpu: served by the sm_100f cubins" in devices[1]
+
+
+def test_consumer_blackwell_is_not_supported():
+    """cc 12.x (sm_120) loads no cubin of the library: every op runs the reference, the reason says why."""
+    with library.forced_gpu((12, 0)):
+        decisions = diagnostics.op_decisions()
+        ok, why = library.kernels_runnable()
+    assert not ok and "consumer Blackwell (sm_120" in why and "is not supported" in why
+    for d in decisions:
+        assert d.path == "xla", d
+        assert "consumer Blackwell" in d.reason or d.op == "mx_dot_general_quantized", d
+
+
+def test_report_names_which_cubin_serves_which_cc():
+    lines = diagnostics.arch_lines()
+    assert lines[0] == "sm_90a cubins serve compute capability 9.0"
+    assert lines[1].startswith("sm_100f cubins serve compute capability 10.0, 10.3")
+    assert lines[2].startswith("compute capability 12.x: consumer Blackwell (sm_120")
+    text = diagnostics.report()
+    assert "archs              sm_90a cubins serve compute capability 9.0" in text
+    assert "first-use self-tests" in text and "mx_gemm_sm100" in text
+
+
+def test_python_m_jax_mxfp8_self_test():
+    """--self-test on a machine without a Blackwell GPU: every family is skipped with the reason; exit 0."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    out = subprocess.run(
+        [sys.executable, "-m", "jax_mxfp8", "--self-test"], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "self-test: every kernel family that has not run on hardware before" in out.stdout
+    for family in ("mx_gemm_sm100", "blocked_operands", "rms_norm_quantize_blocked"):
+        assert f"  {family:<26} skipped" in out.stdout
+    assert "ops:" not in out.stdout  # the self-test report does not trace the ops
+    bad = subprocess.run([sys.executable, "-m", "jax_mxfp8", "--bogus"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert bad.returncode == 2 and "usage: python -m jax_mxfp8 [--self-test]" in bad.stderr
 
 
 def test_python_m_jax_mxfp8():
@@ -186,10 +239,10 @@ def test_warns_when_the_gpu_arch_has_no_kernels(monkeypatch, fresh_warnings):
     if library.load_library() is None:
         monkeypatch.setattr(library, "load_library", lambda: object())
     monkeypatch.setattr(library, "gpu_present", lambda: True)
-    monkeypatch.setattr(library, "gpu_major", lambda: 8)
+    monkeypatch.setattr(library, "gpu_cc", lambda: (8, 0))
     jax_mxfp8.quantize(_x())
     (msg,) = _fallbacks(fresh_warnings)
-    assert "compute capability 8.x" in msg and "sm_90a" in msg and "implementation='xla'" in msg
+    assert "compute capability 8.0" in msg and "sm_90a: cc 9.0" in msg and "implementation='xla'" in msg
 
 
 def test_warns_when_the_kernel_does_not_cover_the_call(monkeypatch, fresh_warnings):
@@ -218,7 +271,7 @@ def test_a_nested_fallback_names_the_op_the_user_called(monkeypatch, fresh_warni
     if library.load_library() is None:
         monkeypatch.setattr(library, "load_library", lambda: object())
     monkeypatch.setattr(library, "gpu_present", lambda: True)
-    monkeypatch.setattr(library, "gpu_major", lambda: 9)
+    monkeypatch.setattr(library, "gpu_cc", lambda: (9, 0))
     monkeypatch.setattr(library, "kernels_runnable", lambda archs=(): (True, ""))
     monkeypatch.setattr(library, "preload", lambda: None)
     monkeypatch.setattr(pq, "_quantize_variant", lambda *a, **k: (None, "a faked coverage gap"))

@@ -138,7 +138,7 @@ def reference_bwd(case, ops, o, lse, config=None):
 def kernel_bwd(case, ops, o, lse, *, tune=0, poison=True, mode=None, dq_scale_log2=0):
     """The kernel's dq (B, K, G, T, H), dk, dv (B, K, S, H) float64, and the raw padded outputs (dq as the
     kernel left it: float16 dQ * 2^e for dq_accum "fp16"; dq_sem). mode: the dQ mode's registry fields
-    (dq_accum, deterministic; tests/test_attention_bwd_dq_modes_gpu.py), dq_scale_log2 its e."""
+    (dq_accum, deterministic; tests/attention/test_attention_bwd_dq_modes_gpu.py), dq_scale_log2 its e."""
     b, n_kv, g, t, h = case["q"].shape
     s = case["k"].shape[2]
     tp, sp = _round_up(t), _round_up(s)

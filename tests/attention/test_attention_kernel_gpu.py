@@ -2,7 +2,7 @@
 
 Gates: O and LSE SQNR >= 40 dB against the reference with the same config; SQNR against
 float64 within 0.5 dB of the reference's; outputs fully written (NaN-poisoned buffers); bit-identical
-across 20 runs. Fresh random inputs for every check (tests/attention_testutil.fresh_rng). The same gates
+across 20 runs. Fresh random inputs for every check (tests/attention/attention_testutil.fresh_rng). The same gates
 for AttentionConfig(p_scale="block") (one P scale per row and KV tile; CPU proofs in
 test_attention_kernel_pblock.py).
 """

@@ -5,7 +5,7 @@ block scales), so it stores P~ with ONE power-of-two scale per (query row, 128-k
 contract's block rule gives for the row-tile's amax (primitives.attention_fwd.p_tile_offset). Checked here:
   * the claim that makes this the contract's numerics, bit for bit: for every 32-key block, elements
     >= 2^-6 * s_rt (s_rt the row-tile scale) equal the contract's block quantization (fake_quant_p, and the
-    independent float64 model tests/attention_emulation.mx_fake_quant); smaller ones differ by at most half
+    independent float64 model tests/attention/attention_oracle.mx_fake_quant); smaller ones differ by at most half
     an E4M3 subnormal step, 2^-10 * s_rt;
   * emulate_fwd(p_scale="block") against the XLA reference with the same config: O and LSE >= 40 dB and
     within 0.5 dB of its float64 SQNR, including a long-context "attention sink" input where p_scale="const"

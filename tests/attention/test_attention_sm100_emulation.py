@@ -218,8 +218,10 @@ def _packed_forward(cu_q, cu_k, q, k, v, max_q, max_k, **kw):
 
 
 def test_packed_equals_padded_batch_and_isolates_nan():
-    """Split addressing: compact data, per-sequence padded scales; each sequence exactly as in a padded batch of
-    the same width, and a NaN in one sequence's V changes no other sequence's bits."""
+    """Split addressing: compact data, per-sequence padded scales; each sequence as in a padded batch of the
+    same width (to float32 rounding: XLA may order a float32 reduction differently for the two array shapes; the kernel
+    runs one tile schedule for both), and a NaN in one sequence's V changes no other sequence's bits (same
+    shapes, so exact)."""
     rng = fresh_rng()
     lq, lk = [100, 300, 64, 129], [250, 300, 37, 200]
     cu_q, cu_k, q, k, v = _packed_inputs(rng, lq, lk, 4, 2, 64)
@@ -234,8 +236,8 @@ def test_packed_equals_padded_batch_and_isolates_nan():
     _, dense = _operands(padded(q, cq, lq), padded(k, ck, lk), padded(v, ck, lk), None)
     od, lsed = _emulate(dense, jnp.asarray([lq, lk], jnp.int32), **kw)
     for i in range(4):
-        np.testing.assert_array_equal(o[0, cq[i] : cq[i + 1]], od[i, : lq[i]])
-        np.testing.assert_array_equal(lse[0, :, cq[i] : cq[i + 1]], lsed[i, :, : lq[i]])
+        np.testing.assert_allclose(o[0, cq[i] : cq[i + 1]], od[i, : lq[i]], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(lse[0, :, cq[i] : cq[i + 1]], lsed[i, :, : lq[i]], rtol=1e-6, atol=1e-6)
     v[0, ck[1] + 5, 0, 3] = np.nan  # sequence 1, key 5
     o2, lse2 = (np.asarray(a) for a in _run_packed(cu_q, cu_k, q, k, v, 300, 300, **kw))
     for i in (0, 2, 3):

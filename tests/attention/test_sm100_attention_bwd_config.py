@@ -9,27 +9,28 @@ calibration anchors through its prediction path and never exceed the FP8 peak.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
 from jax_mxfp8.kernels.sm100 import attention_bwd_perf_model as pm
+from jax_mxfp8.kernels.sm100 import attention_fwd_perf_model as fwd_model
 from jax_mxfp8.kernels.sm100.attention_bwd_config import (
     ATTENTION_BWD_PREPASS_VARIANTS,
     ATTENTION_BWD_SM100_VARIANTS,
-    REGISTER_FILE,
     REGISTERS,
-    SMEM_LIMIT,
-    THREADS,
     AttentionBwdPrepassConfig,
     AttentionBwdSm100Config,
     sf_slot,
     tmem_columns,
 )
+from jax_mxfp8.kernels.sm100.attention_geometry import REGISTER_FILE, SMEM_LIMIT, THREADS
 from jax_mxfp8.kernels.sm100.attention_tmem import backward_map
 from jax_mxfp8.kernels.sm100.perf_model import B200, GB300
 
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "perf" / "blackwell_attention_bwd_variants.md"
+FORWARD_TABLE = TABLE.parent / "blackwell_attention_fwd_variants.md"
 
 
 def _rows() -> dict[str, list[str]]:
@@ -133,26 +134,47 @@ def test_table_lists_every_variant_with_its_resources():
         assert 0 < int(reg) <= 255 and int(smem) >= 0 and int(sass) > 0
 
 
+def _forward_instructions(name: str) -> tuple[int, int]:
+    """(unmasked, masked) softmax instructions per tile of a forward variant, from the committed forward table."""
+    for line in FORWARD_TABLE.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == name:
+            return tuple(map(int, re.fullmatch(r"(\d+) \((\d+)\)", cells[4]).groups()))
+    raise KeyError(name)
+
+
 @pytest.mark.parametrize("column, gpu", [(5, B200), (6, GB300)], ids=["B200", "GB300"])
 def test_table_predictions_follow_the_model(column, gpu):
+    """backward / forward + backward, the forward term from the built forward's model at the forward
+    variant's committed instruction counts."""
     for v in ATTENTION_BWD_SM100_VARIANTS:
-        p = pm.table_problem(v)
-        want = f"{pm.predict_bwd(v, p, gpu):.0f} / {pm.predict_train(v, p, gpu):.0f}"
-        assert _rows()[v.name][column] == want
+        shape = pm.table_shape(v)
+        train = pm.predict_train(v, shape, gpu, _forward_instructions(pm.forward_config(v).name))
+        assert _rows()[v.name][column] == f"{pm.predict_bwd(v, shape, gpu):.0f} / {train:.0f}"
+
+
+def test_forward_term_is_the_forward_model():
+    """fwd + bwd = both FLOPs over both times: 3.5 / (1 / fwd + 2.5 / bwd) with the forward model's fwd."""
+    v = AttentionBwdSm100Config(causal=True, p_scale="block")
+    shape, instructions = pm.table_shape(v), (600, 900)
+    fwd = fwd_model.predict_fwd(pm.forward_config(v), shape, GB300, instructions).tflops
+    bwd = pm.predict_bwd(v, shape, GB300)
+    assert pm.predict_train(v, shape, GB300, instructions) == pytest.approx(3.5 / (1 / fwd + 2.5 / bwd), rel=1e-12)
+    assert pm.forward_config(v).name == "attention_fwd_sm100_h128_causal_pblock"
 
 
 def test_model_reproduces_its_anchors_and_stays_below_peak():
     """LP-FA4's MHA non-causal H128 backward on GB300 (1.82 / 1.98 PFLOP/s, float32 / float16 dQ) through the
     prediction path (units, clocks, FLOPs), not the calibration's closed form."""
-    p = pm.Problem(batch=4, seq=8192, heads=16, kv_heads=16)
+    p = (16, 16, 4, (8192,) * 4)
     for dq, anchor in pm.ANCHOR_GB300_BWD_TFLOPS.items():
         got = pm.predict_bwd(AttentionBwdSm100Config(dq_accum=dq), p, GB300)
         assert got == pytest.approx(anchor, rel=1e-9)
     for v in ATTENTION_BWD_SM100_VARIANTS:
         for gpu in (B200, GB300):
-            prob = pm.table_problem(v)
+            prob = pm.table_shape(v)
             assert 0 < pm.predict_bwd(v, prob, gpu) < gpu.fp8_dense_tflops
-            assert 0 < pm.predict_fwd(v.head_dim, v.causal, prob, gpu) < gpu.fp8_dense_tflops
+            assert 0 < pm.predict_train(v, prob, gpu, (537, 795)) < gpu.fp8_dense_tflops
             nondet = dataclasses.replace(v, deterministic=False, tune=0)
             assert pm.predict_bwd(v, prob, gpu) <= pm.predict_bwd(nondet, prob, gpu)
     # float16 dQ moves half the reduction bytes: never slower
@@ -164,4 +186,14 @@ def test_model_reproduces_its_anchors_and_stays_below_peak():
 def test_prepass_variants():
     names = [v.name for v in ATTENTION_BWD_PREPASS_VARIANTS]
     assert len(names) == len(set(names)) == 8
-    assert all(v.tensor_names[-1] == "delta" and len(v.tensor_names) == 8 for v in ATTENTION_BWD_PREPASS_VARIANTS)
+    for v in ATTENTION_BWD_PREPASS_VARIANTS:
+        tables = ("seqs", "query_tiles") if v.packed else ("lens",)
+        assert v.tensor_names == ("do", "o", "dlse", *tables, "do_q", "do_sf_hd", "do_sf_seq", "delta")
+
+
+def test_backward_operands_follow_the_packed_encoding():
+    """The packed variants take the sequence table and the key-tile list of the one host function
+    (primitives/attention_sm100_packed.packed_tables) in the dense variants' lens place."""
+    for v in ATTENTION_BWD_SM100_VARIANTS:
+        i = v.tensor_names.index("delta") + 1
+        assert v.tensor_names[i : i + (2 if v.packed else 1)] == (("seqs", "key_tiles") if v.packed else ("lens",))

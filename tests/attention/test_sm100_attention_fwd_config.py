@@ -1,15 +1,13 @@
 """The Blackwell attention forward's compile-time side on CPU (no DSL, no GPU): the variant list and the
 operand interface a handler checks (kernels/sm100/attention_fwd_config.py), the TMEM columns the kernel takes
-from the proven map (kernels/sm100/attention_tmem.py), the packed work list
-(primitives/attention_sm100_packed.packed_tables) against a brute-force enumeration, and the performance model's
-unit counts against the kernel's masking rule counted independently."""
+from the proven map (kernels/sm100/attention_tmem.py), and the performance model's unit counts against the
+kernel's masking rule counted independently (the packed tables:
+tests/attention/test_attention_sm100_packed_tables.py)."""
 
 from __future__ import annotations
 
 import itertools
 
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from jax_mxfp8.kernels.registry.base import P_SCALE_CODE
@@ -24,7 +22,6 @@ from jax_mxfp8.kernels.sm100.attention_fwd_config import (
     find_variant,
 )
 from jax_mxfp8.kernels.sm100.perf_model import B200, GB300
-from jax_mxfp8.primitives.attention_sm100_packed import chunk_starts, packed_tables
 
 
 def test_variant_list_covers_every_feature_combination_once():
@@ -93,8 +90,8 @@ def test_unsupported_problems_are_named():
     packed = find_variant(head_dim=64, causal=False, p_scale="const", packed=True, broadcast_q=False)
     assert packed.unsupported(**{**ok, "batch": 1, "q_batch": 1}) is None
     assert "one batch row" in packed.unsupported(**{**ok, "q_batch": 1})
-    assert dense.tensor_names == ("q", "q_sf", "k", "k_sf", "v", "v_sf", "lens", "o", "lse")
-    assert packed.tensor_names == ("q", "q_sf", "k", "k_sf", "v", "v_sf", "seqs", "work", "o", "lse")
+    assert dense.tensor_names == ("q", "q_sf_hd", "k", "k_sf_hd", "v", "v_sf_seq", "lens", "o", "lse")
+    assert packed.tensor_names == ("q", "q_sf_hd", "k", "k_sf_hd", "v", "v_sf_seq", "seqs", "work", "o", "lse")
 
 
 def _tiles(pair: int, q_len: int, kv_len: int, causal: bool) -> int:
@@ -102,28 +99,6 @@ def _tiles(pair: int, q_len: int, kv_len: int, causal: bool) -> int:
     rows = range(pair * 256, min(pair * 256 + 256, q_len))
     keys = [k for k in range(kv_len) if any((not causal) or k <= r for r in rows)] if rows else []
     return (max(keys) // 128 + 1) if keys else 0
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_packed_work_list_is_every_pair_once_longest_first(causal):
-    rng = np.random.default_rng(7)
-    q_lens = np.array([1, 255, 256, 257, 600, 90], np.int32)
-    kv_lens = rng.integers(0, 700, q_lens.shape).astype(np.int32)
-    cu_q = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32)
-    cu_k = jnp.asarray(np.concatenate([[0], np.cumsum(kv_lens)]), jnp.int32)
-    chunk_q, chunk_k = chunk_starts(jnp.asarray(q_lens)), chunk_starts(jnp.asarray(kv_lens))
-    seqs, work = (np.asarray(x) for x in packed_tables(cu_q, cu_k, chunk_q, chunk_k, causal=causal, max_len_q=600))
-    assert seqs.shape == (6, len(q_lens))
-    np.testing.assert_array_equal(seqs[2], q_lens)
-    np.testing.assert_array_equal(seqs[3], kv_lens)
-    np.testing.assert_array_equal(seqs[0], np.asarray(cu_q)[:-1])
-    np.testing.assert_array_equal(seqs[5], np.asarray(chunk_k)[:-1])
-    want = {(s, m) for s, n in enumerate(q_lens) for m in range(-(-int(n) // 256))}
-    live = [(int(s), int(m)) for s, m in work.T if s >= 0]
-    assert sorted(live) == sorted(want)  # every pair exactly once
-    assert all(s < 0 for s in work[0, len(live) :])  # padding last
-    costs = [_tiles(m, int(q_lens[s]), int(kv_lens[s]), causal) for s, m in live]
-    assert costs == sorted(costs, reverse=True)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -35,6 +35,8 @@ C_ABI = {
     "jax_mxfp8_kernel_count",
     "jax_mxfp8_kernel_name",
     "jax_mxfp8_kernel_arch",
+    "jax_mxfp8_kernel_target",
+    "jax_mxfp8_kernel_ccs",
     "jax_mxfp8_preload",
     "jax_mxfp8_ffi_target_count",
     "jax_mxfp8_ffi_target_name",
@@ -186,6 +188,26 @@ def test_kernel_table_matches_registry(library):
     assert names == want
 
 
+def test_kernel_table_rows_name_their_cubin_and_its_compute_capabilities(library):
+    """Every row says which cubin it holds and which compute capabilities load it (registry.ARCH_CCS): sm_90a
+    rows cc 9.0 only, sm_100f rows cc 10.0 and 10.3 (one cubin for B200 and GB300); the handlers' lookup
+    (csrc/common.cc FindKernel) matches a device's cc against this list."""
+    lib = ctypes.CDLL(str(library))
+    lib.jax_mxfp8_kernel_target.restype = ctypes.c_char_p
+    lib.jax_mxfp8_kernel_name.restype = ctypes.c_char_p
+    ccs = (ctypes.c_int * 4)()
+    seen = set()
+    for i in range(lib.jax_mxfp8_kernel_count()):
+        arch = lib.jax_mxfp8_kernel_target(i).decode()
+        n = lib.jax_mxfp8_kernel_ccs(i, ccs, 4)
+        want = [10 * major + minor for major, minor in registry.ARCH_CCS[arch]]
+        assert list(ccs[:n]) == want, (lib.jax_mxfp8_kernel_name(i), arch, list(ccs[:n]))
+        assert lib.jax_mxfp8_kernel_arch(i) == registry.ARCH_MAJOR[arch]
+        seen.add(arch)
+    assert seen == set(registry.ARCHS)
+    assert lib.jax_mxfp8_kernel_ccs(lib.jax_mxfp8_kernel_count(), ccs, 4) == -1  # out of range
+
+
 def test_production_variants_and_comparisons():
     """The default build ships tune 0 only; the comparison schedules are at most two per kernel family and
     config class (benchmarks only), and no config class registers a tune without its production variant."""
@@ -199,7 +221,7 @@ def test_production_variants_and_comparisons():
     assert tunes and all(len(t) <= 2 for t in tunes.values()), tunes
 
 
-def test_embedded_cubins_target_sm90a_and_sm100a(library, tmp_path):
+def test_embedded_cubins_target_sm90a_and_sm100f(library, tmp_path):
     data = library.read_bytes()
     cubins = _cubins(data)
     per_arch = {a: sum(a in v.archs for v in _built_variants(library)) for a in registry.ARCHS}
@@ -218,6 +240,9 @@ def test_embedded_cubins_target_sm90a_and_sm100a(library, tmp_path):
         path.write_bytes(data[off : off + size])
         out = subprocess.run([cuobjdump, "-lelf", str(path)], capture_output=True, text=True).stdout
         arch = next((tok.rsplit(".", 2)[-2] for tok in out.split() if tok.endswith(".cubin")), None)
+        if arch == "sm_100":  # -lelf names the family target sm_100; ptxas's command line says sm_100f (not 100a)
+            elf = subprocess.run([cuobjdump, "-elf", str(path)], capture_output=True, text=True).stdout
+            arch = re.search(r"-arch (sm_\w+)", elf).group(1)
         archs[arch] = archs.get(arch, 0) + 1
     assert archs == per_arch, archs
 

@@ -1,10 +1,11 @@
-"""Static verification of the Blackwell attention backward and its pre-pass (tools/check_sm100_attention.py).
+"""Static verification of the Blackwell attention backward and its pre-pass (tools/check_sm100_attention_bwd.py).
 
 No Blackwell GPU exists on these machines: every variant is compiled for sm_100f and its cubin checked
 (UTCQMMA with TMEM scale operands, A from TMEM for dV and dK, UTCCP at the TMEM map's scale slots,
 CREDUX.MAXABS.F32.NAN for the dS blocks, no local memory, the setmaxnreg budget, shared memory from the
 storage struct, the TMEM allocation and layouts against the declared map, the dQ mode's instructions), and
-the regenerated resource table must equal the committed one. Slow: about two minutes on 2 cores; needs
+the regenerated resource table must equal the committed one (its forward + backward predictions from the
+forward variants compiled alongside). Slow: about three minutes on 2 cores; needs
 nvidia-cutlass-dsl 4.8.1 and cuobjdump (skipped without them).
 """
 
@@ -23,7 +24,7 @@ from jax_mxfp8.kernels.sm100.attention_bwd_config import ATTENTION_BWD_PREPASS_V
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "docs" / "perf" / "blackwell_attention_bwd_variants.md"
-TOOL = ROOT / "tools" / "check_sm100_attention.py"
+TOOL = ROOT / "tools" / "check_sm100_attention_bwd.py"
 
 
 def _build_python() -> str | None:

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from jax_mxfp8.kernels.sm100 import attention_fwd_perf_model as model
-from jax_mxfp8.kernels.sm100.attention_fwd_config import ATTENTION_FWD_SM100_VARIANTS, SMEM_LIMIT, THREADS
+from jax_mxfp8.kernels.sm100.attention_fwd_config import ATTENTION_FWD_SM100_VARIANTS
+from jax_mxfp8.kernels.sm100.attention_geometry import SMEM_LIMIT, THREADS
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "docs" / "perf" / "blackwell_attention_fwd_variants.md"

@@ -4,9 +4,12 @@ No Blackwell GPU exists on these machines: the kernels are compiled for sm_100f 
 (UTCQMMA with TMEM scale operands, UTCCP at the TMEM map's columns, no local memory, registers, shared
 memory, TMEM allocation vs the declared map). The fast tests read the committed table
 docs/perf/blackwell_gemm_variants.md: every variant listed with resources that agree with its config, and
-predictions that agree with kernels/sm100/perf_model.py; the slow test compiles every variant (about a
-minute on 2 cores; needs nvidia-cutlass-dsl 4.8.1 and cuobjdump, skipped without them) and regenerates the
-table, which must equal the committed one.
+predictions that agree with kernels/sm100/perf_model.py; the slow test checks every variant (needs
+nvidia-cutlass-dsl 4.8.1 in this Python or JAX_MXFP8_BUILD_PYTHON, and cuobjdump; skipped without them) and
+regenerates the table, which must equal the committed one. Where the library build has run
+(tools/build_library.py: build/kernels/sm_100f/dump, or JAX_MXFP8_KERNEL_DUMP) it checks those cubins -- every
+sm_100f variant of the registry, GEMM or not (--all) -- and compiles only the comparison schedule the
+production build leaves out (about 10 s); otherwise it compiles every GEMM variant (about a minute on 2 cores).
 """
 
 from __future__ import annotations
@@ -14,14 +17,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from jax_mxfp8.kernels.registry.gemm_sm100 import MX_GEMM_SM100_VARIANTS, SMEM_LIMIT, THREADS
 from jax_mxfp8.kernels.sm100 import perf_model
-from jax_mxfp8.kernels.sm100.mx_gemm_config import MX_GEMM_SM100_VARIANTS, SMEM_LIMIT, THREADS
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "docs" / "perf" / "blackwell_gemm_variants.md"
@@ -29,6 +33,7 @@ TOOL = ROOT / "tools" / "check_sm100.py"
 sys.path.insert(0, str(ROOT / "tools"))
 
 from check_sm100 import TABLE_SHAPE  # noqa: E402
+from sm100_static import FACTS  # noqa: E402
 
 
 def _rows() -> dict[str, list[str]]:
@@ -91,12 +96,25 @@ def _build_python() -> str | None:
     return sys.executable if importlib.util.find_spec("cutlass") is not None else None
 
 
+def _build_dump() -> Path | None:
+    """The library build's sm_100f dump folder (cubins, PTX, FACTS per variant), when it holds every
+    production GEMM variant."""
+    dump = Path(os.environ.get("JAX_MXFP8_KERNEL_DUMP", ROOT / "build" / "kernels" / "sm_100f" / "dump"))
+    wanted = [v.name for v in MX_GEMM_SM100_VARIANTS if v.tune == 0]
+    return dump if all((dump / name / FACTS).exists() for name in wanted) else None
+
+
 @pytest.mark.slow
 def test_every_variant_compiles_and_passes_the_static_checks(tmp_path):
     python = _build_python()
     if python is None:
         pytest.skip("nvidia-cutlass-dsl not importable (set JAX_MXFP8_BUILD_PYTHON to a build venv's python)")
-    cmd = [python, str(TOOL), "--dump", str(tmp_path), "--python", python, "--check-table", str(TABLE)]
+    dump, extra = tmp_path / "dump", []
+    built = _build_dump()
+    if built is not None:  # reuse the build's cubins (copied: the comparison schedule is compiled next to them)
+        shutil.copytree(built, dump)
+        extra = ["--reuse", "--all"]
+    cmd = [python, str(TOOL), "--dump", str(dump), "--python", python, "--check-table", str(TABLE), *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if "cuobjdump not found" in out.stderr:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")

@@ -19,7 +19,7 @@ import pytest
 
 import jax_mxfp8
 from jax_mxfp8.formats import from_blocked_scales, to_blocked_scales
-from jax_mxfp8.kernels.sm100.mx_gemm_config import MX_GEMM_SM100_VARIANTS, MXGemmSm100Config
+from jax_mxfp8.kernels.registry.gemm_sm100 import MX_GEMM_SM100_VARIANTS, MXGemmSm100Config
 from jax_mxfp8.primitives import mx_gemm_sm100_emulation as emu
 from tests.quantize import mx_oracle
 from tests.quantize.mx_testutil import boundary_blocks, mixed_blocks

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from jax_mxfp8.kernels.sm100.mx_gemm_config import K_TILE, MMA_K, MX_GEMM_SM100_VARIANTS
+from jax_mxfp8.kernels.registry.gemm_sm100 import K_TILE, MMA_K, MX_GEMM_SM100_VARIANTS
 from jax_mxfp8.kernels.sm100.tmem_map import MAX_COLUMNS, TmemMap, region
 
 PHASES = ("mma", "softmax", "epilogue")

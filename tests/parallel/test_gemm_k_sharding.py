@@ -26,7 +26,7 @@ DN = (((2,), (0,)), ((), ()))  # x (B, T, D) @ w (D, F)
 
 
 def collectives_of(compiled) -> list[tuple[str, str]]:
-    """(op, result shape) of every collective in a compiled executable (sharding_util.collectives without
+    """(op, result shape) of every collective in a compiled executable (sharding_testutil.collectives without
     compiling again)."""
     return [(m["op"], m["shape"]) for m in COLLECTIVE.finditer(compiled.as_text())]
 

@@ -8,6 +8,7 @@ off the MUFU pipe (attention backward, GEMM epilogues, Blackwell kernels):
   exp2_poly     2^x on the FMA pipe (FA4's trick to offload MUFU), relative error <= 7.8e-5
   tree_reduce   balanced-tree reduction of a Python list of DSL values (short dependency chains)
   softmax_exponent  (acc * c - m) + off with every step rounded (no FMA): the exp2 argument of a softmax
+  gelu_tanh_f32  jax.nn.gelu's tanh form on float32 bits, op for op (the MX GEMM epilogues, sm90 and sm100)
   MIN_NORMAL, ROUND_MAGIC, POLY_EXP2: the constants behind them
 """
 
@@ -17,7 +18,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+import numpy as np
+from cutlass import Float32, Int32, Uint32
 from cutlass.cute.arch import inline_ptx
 
 T = TypeVar("T")
@@ -77,3 +79,26 @@ def softmax_exponent(acc: Float32, factor: Float32, m: Float32, offset: Float32)
         write_only_types=[Float32],
         read_only_args=[acc, factor, m, offset],
     )
+
+
+def _f32_hex(x: float) -> str:
+    return f"0f{int(np.array(x, dtype=np.float32).view(np.uint32)):08X}"
+
+
+GELU_C1 = _f32_hex(0.044715)
+GELU_C2 = _f32_hex(float(np.sqrt(2 / np.pi).astype(np.float32)))
+
+
+def gelu_tanh_f32(x: Uint32) -> Uint32:
+    """float32 bits of jax.nn.gelu(x) (approximate=True) in jax's operation order, each an IEEE-rounded
+    float32 op (no FMA contraction): x * (0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * ((x * x) * x))))).
+    tanh is the hardware tanh.approx.f32 (max relative error ~2^-11), XLA's is a rational approximation:
+    the only difference from the XLA formula. NaN stays NaN; +-Inf gives NaN / NaN like XLA's (Inf * 0)."""
+    code = (
+        "{\n.reg .f32 x, t;\nmov.b32 x, {$r0};\n"
+        "mul.rn.f32 t, x, x;\nmul.rn.f32 t, t, x;\n"
+        f"mul.rn.f32 t, t, {GELU_C1};\nadd.rn.f32 t, x, t;\nmul.rn.f32 t, t, {GELU_C2};\n"
+        "tanh.approx.f32 t, t;\nadd.rn.f32 t, t, 0f3F800000;\nmul.rn.f32 t, t, 0f3F000000;\n"
+        "mul.rn.f32 t, x, t;\nmov.b32 {$w0}, t;\n}"
+    )
+    return inline_ptx(code, write_only_types=[Uint32], read_only_args=[x])

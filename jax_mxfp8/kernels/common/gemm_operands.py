@@ -1,4 +1,4 @@
-"""The Hopper MX GEMM's operand producer (CuTe DSL): MX quantize + align128 in one pass, AOT for sm_90a / sm_100a.
+"""The Hopper MX GEMM's operand producer (CuTe DSL): MX quantize + align128 in one pass, AOT for sm_90a.
 
 Supported features (kernels/registry/gemm_operands.py): x (G, R, C) row-major bfloat16 / float32, R and C
 multiples of 32; per orientation, exactly align128(formats.quantize(x, axis, dtype, scale_rounding)):
@@ -73,12 +73,16 @@ class GemmOperands:
             return make_fake_compact_tensor(dtype, shape, stride_order=(1, 0), assumed_align=16)
 
         s = cute.sym_int32
-        fp8 = _FP8_TYPES[self.elem]
         args = [t(_IN_TYPES[self.config.in_dtype], (s(divisibility=32), s(divisibility=32)))]
         for on in (self.do_row, self.do_col):
             if on:
-                args += [t(fp8, (s(), s(divisibility=TILE))), t(cutlass.Float32, (s(), s(divisibility=32)))]
+                args += [t(dtype, shape) for dtype, shape in self._output_pair_fakes(s)]
         return (*args, make_fake_stream())
+
+    def _output_pair_fakes(self, s):
+        """(dtype, shape) of one orientation's (data, scale) in the AOT signature: data (rows, Kp), scale
+        (Kp/128 rows, cols) float32."""
+        return (_FP8_TYPES[self.elem], (s(), s(divisibility=TILE))), (cutlass.Float32, (s(), s(divisibility=32)))
 
     def tensor_names(self) -> tuple[str, ...]:
         names = ["x"]
@@ -309,25 +313,7 @@ class GemmOperands:
         """Column blocks: e_b and the quantize factors of the thread's 8 columns, the run exponent E over
         the CTA's 128 rows (u16x2 pairs of e_b through shared memory [warp][64 column pairs], one
         barrier), the align factors; warp 0 also stores the column scale (G, Rp/128, C)."""
-        c = self.config
-        vmax = ptx.max_u16x2 if self.bf16 else ptx.max_u32
-        mask = ptx._u32(0x7FFF7FFF if self.bf16 else 0x7FFFFFFF)
-        amax = []  # thread-column order tc = 0..7
-        for h in range(self.nch):
-            cm = [regs[0][h][j] & mask for j in range(4)]
-            for i in range(1, ROWS):
-                cm = [vmax(cm[j], regs[i][h][j] & mask) for j in range(4)]
-            cm = [vmax(w, ptx.shfl_bfly(w, 16)) for w in cm]  # the other band: the 32-row block
-            for w in cm:
-                if cutlass.const_expr(self.bf16):
-                    amax += [w << 16, w & ptx._u32(0xFFFF0000)]
-                else:
-                    amax.append(w)
-        bs, fs = [], []
-        for a in amax:
-            b, f = ptx.scale_and_factor(a, self.elem, c.scale_rounding)
-            bs.append(b)
-            fs.append(f)
+        bs, fs = self._col_block_scales(regs)
         pairs = [ptx_align.pack_halves(bs[2 * j], bs[2 * j + 1]) for j in range(4)]
         sb = co["sbase"]
         for u in range(2):
@@ -352,6 +338,30 @@ class GemmOperands:
             ptx.st_global(addr, bits, pred=first & co["col_ok"][0 if self.bf16 else u])
         return dict(f=fs, fac=[self._requant_factors(af[4 * u : 4 * u + 4]) for u in range(2)])
 
+    def _col_block_scales(self, regs) -> tuple[list, list]:
+        """Column blocks (32 rows: the thread's 16 and the other band's): per thread column tc = 0..7 the
+        E8M0 byte and the quantize factor (thread-column order)."""
+        c = self.config
+        vmax = ptx.max_u16x2 if self.bf16 else ptx.max_u32
+        mask = ptx._u32(0x7FFF7FFF if self.bf16 else 0x7FFFFFFF)
+        amax = []  # thread-column order tc = 0..7
+        for h in range(self.nch):
+            cm = [regs[0][h][j] & mask for j in range(4)]
+            for i in range(1, ROWS):
+                cm = [vmax(cm[j], regs[i][h][j] & mask) for j in range(4)]
+            cm = [vmax(w, ptx.shfl_bfly(w, 16)) for w in cm]  # the other band: the 32-row block
+            for w in cm:
+                if cutlass.const_expr(self.bf16):
+                    amax += [w << 16, w & ptx._u32(0xFFFF0000)]
+                else:
+                    amax.append(w)
+        bs, fs = [], []
+        for a in amax:
+            b, f = ptx.scale_and_factor(a, self.elem, c.scale_rounding)
+            bs.append(b)
+            fs.append(f)
+        return bs, fs
+
     def _col_store(self, col_words, mCD, co) -> None:
         """Column data (G, C, Rp), transposed in registers: 4x4 byte transposes turn the thread's 16 rows x
         8 columns into 8 x 16 bytes, one 16-byte store per column (the two bands fill 32-byte sectors)."""
@@ -363,8 +373,13 @@ class GemmOperands:
                 t = ptx_align.transpose4x4(col_words[u][4 * ig : 4 * ig + 4])
                 for e in range(4):
                     cols[e][ig] = t[e]
-            ok = co["col_ok"][0 if self.bf16 else u]
+            ok = self._col_store_ok(co, u)
             for e in range(4):
                 col = co["kt"] * TILE + self._tile_col(co, 4 * u + e)
                 addr = mCD.iterator.toint() + (co["g"] * c64 + Int64(col)) * rp + Int64(co["row0"])
                 ptx.st_global(addr, cols[e], pred=ok)
+
+    def _col_store_ok(self, co, u: int):
+        """Whether the thread's column-data stores of half u land inside the output: its columns inside C
+        (its rows past R are the zero padding of Rp, stored)."""
+        return co["col_ok"][0 if self.bf16 else u]

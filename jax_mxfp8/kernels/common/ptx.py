@@ -8,7 +8,7 @@ flushes subnormals (no `.ftz`), and no division is used.
 
 from __future__ import annotations
 
-from cutlass import Boolean, Int32, Int64, Uint32
+from cutlass import Boolean, Float32, Int32, Int64, Uint32
 from cutlass.cute.arch import inline_ptx
 
 from jax_mxfp8.formats.elements import E4M3, E5M2
@@ -62,9 +62,31 @@ def st_shared_u8(addr: Int32, value: Uint32, pred: Boolean | None = None) -> Non
     inline_ptx("st.shared.u8 [{$r0}], {$r1};", read_only_args=[addr, value], predicate=pred)
 
 
+def st_shared_u16(addr: Int32, value: Uint32) -> None:
+    inline_ptx("st.shared.u16 [{$r0}], {$r1};", read_only_args=[addr, value])
+
+
+def st_shared_v4(addr: Int32, words) -> None:
+    """16 bytes (four 32-bit words, 16-byte aligned) to shared memory."""
+    inline_ptx("st.shared.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, *words])
+
+
+def ld_shared_v4_f32(addr: Int32) -> list[Float32]:
+    """Four float32 (16-byte aligned) from shared memory."""
+    code = "ld.shared.v4.f32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];"
+    return list(inline_ptx(code, write_only_types=[Float32] * 4, read_only_args=[addr]))
+
+
 def ld_shared_v2(addr: Int32) -> tuple[Uint32, Uint32]:
     """8 bytes (8-byte aligned) from shared memory."""
     return inline_ptx("ld.shared.v2.b32 {{$w0}, {$w1}}, [{$r0}];", write_only_types=[Uint32] * 2, read_only_args=[addr])
+
+
+def ld_shared_v4(addr: Int32) -> tuple[Uint32, Uint32, Uint32, Uint32]:
+    """16 bytes (16-byte aligned) from shared memory."""
+    return inline_ptx(
+        "ld.shared.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];", write_only_types=[Uint32] * 4, read_only_args=[addr]
+    )
 
 
 def ld_shared_b32(addr: Int32) -> Uint32:

@@ -1,4 +1,4 @@
-"""MX quantize / dequantize kernels (CuTe DSL), compiled ahead of time for sm_90a and sm_100a.
+"""MX quantize / dequantize kernels (CuTe DSL), compiled ahead of time for sm_90a and sm_100f.
 
 Supported features (see kernels/registry/ for the variant list):
   MXQuantize:   2-D (M, K) row-major bfloat16 or float32 input, M and K multiples of 32, any size up to

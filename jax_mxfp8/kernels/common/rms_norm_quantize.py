@@ -1,4 +1,4 @@
-"""Fused RMSNorm + MX quantize (CuTe DSL), compiled ahead of time for sm_90a and sm_100a.
+"""Fused RMSNorm + MX quantize (CuTe DSL), compiled ahead of time for sm_90a and sm_100f.
 
 Supported features (kernels/registry/, RMSNormQuantizeConfig):
   x: 2-D (M, D) row-major bfloat16 or float32 (leading axes flattened into M by the handler), D a
@@ -12,7 +12,10 @@ Supported features (kernels/registry/, RMSNormQuantizeConfig):
              uniform branch: every thread of the CTA holds the same sum; kept only if the scaled sum is
              finite, i.e. the row holds no Inf);
     data   = quantize(y) in row blocks of 32 along D (float8_e4m3fn / float8_e5m2, "up" / "floor"),
-    scale  = (M, D / 32) E8M0 bytes,
+    scale  = (M, D / 32) E8M0 bytes, or for the blocked variants (RMSNormQuantizeBlockedConfig, Blackwell) the
+             same bytes in the 128x4 blocked layout (formats/blocked_scales.py) of x viewed as (G, R, D):
+             a 2-D (G, Rt * Dt * 512) view of (G, ceil(R/128), ceil(D/128), 512), R = M / G (the handler
+             zero-fills it first: this kernel writes the real bytes, the padding stays 0),
   where quantize takes the ROUNDED y, so (data, scale) is bit-identical to
   jax_mxfp8.formats.quantize(y_kernel, axis=-1). Zero blocks give scale 0, blocks with NaN/Inf 0xFF.
 
@@ -47,7 +50,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from jax_mxfp8.kernels.common import ptx
-from jax_mxfp8.kernels.registry import RMSNormQuantizeConfig
+from jax_mxfp8.kernels.registry import RMSNormQuantizeBlockedConfig, RMSNormQuantizeConfig
 from jax_mxfp8.reference.rms_norm import ROW_RESCALE
 
 _IN_TYPES = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
@@ -63,6 +66,7 @@ class RMSNormQuantize:
         self.vec = 16 // self.in_bytes
         self.group = 32 // self.vec
         self.chunks = config.chunks
+        self.blocked = isinstance(config, RMSNormQuantizeBlockedConfig)
 
     def fake_args(self):
         from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
@@ -81,7 +85,7 @@ class RMSNormQuantize:
             t(cutlass.Float32, (cute.sym_int32(), d)),  # weight (1, D); dynamic rows keep the struct 2-D
             t(in_t, (m, d)),
             t(_FP8_TYPES[c.elem_dtype], (m, d)),
-            t(cutlass.Uint8, (m, d32)),
+            t(cutlass.Uint8, (cute.sym_int32(), cute.sym_int32(divisibility=512)) if self.blocked else (m, d32)),
             Float32(1e-6),
             make_fake_stream(),
         )
@@ -107,8 +111,11 @@ class RMSNormQuantize:
         d = mX.shape[1]
         nvec = d // self.vec
         threads = ((nvec + (self.chunks - 1)) // self.chunks + 31) // 32 * 32
+        grid = [m, 1, 1]
+        if cutlass.const_expr(self.blocked):  # (R, G): a CTA knows its (g, r) without a division
+            grid = [m // mS.shape[0], mS.shape[0], 1]
         self.kernel(mX, mW, mY, mQ, mS, eps).launch(
-            grid=[m, 1, 1],
+            grid=grid,
             block=[threads, 1, 1],
             max_number_threads=[self.config.max_threads, 1, 1],
             stream=stream,
@@ -121,6 +128,11 @@ class RMSNormQuantize:
         nthr, _, _ = cute.arch.block_dim()
         smem = cute.arch.alloc_smem(cutlass.Float32, 32)
         tidx, row, nthr, sbase = Int32(tidx), Int32(row), Int32(nthr), smem.toint()
+        if cutlass.const_expr(self.blocked):
+            _, g, _ = cute.arch.block_idx()
+            rows, _, _ = cute.arch.grid_dim()
+            self.row_in_group = (Int32(g), row, Int32(rows))  # (g, r, R), read by _blocked_scale_row
+            row = Int32(g) * Int32(rows) + row
         d = mX.shape[1]
         cols, valid, words = self._load_row(mX, row, tidx, nthr)
         total = self._cta_sum(self._sum_squares(words, None), tidx, nthr, sbase)
@@ -203,7 +215,11 @@ class RMSNormQuantize:
         w_addr = mW.iterator.toint()
         y_addr = mY.iterator.toint() + base * self.in_bytes
         q_addr = mQ.iterator.toint() + base
-        s_addr = mS.iterator.toint() + Int64(row) * (d64 // 32)
+        if self.blocked:
+            line, s_byte = self._blocked_scale_row(d)
+            s_addr = mS.iterator.toint() + line
+        else:
+            s_addr = mS.iterator.toint() + Int64(row) * (d64 // 32)
         leader = lane % G == 0
         for k in range(C):
             col, ok = cols[k], valid[k]
@@ -239,4 +255,16 @@ class RMSNormQuantize:
             else:
                 q = [ptx.quantize4_f32(out, [f] * 4, c.elem_dtype)]
             ptx.st_global(q_addr + Int64(col), q, pred=ok)
-            ptx.st_global_u8(s_addr + Int64(col // 32), b, pred=ok & leader)
+            if self.blocked:
+                ptx.st_global_u8(s_addr + s_byte(col // 32), b, pred=ok & leader)
+            else:
+                ptx.st_global_u8(s_addr + Int64(col // 32), b, pred=ok & leader)
+
+    def _blocked_scale_row(self, d):
+        """(address of this row's 16-byte line in column 0 of its 128x4 scale tiles, block -> byte offset): the
+        CTA's row is (g, r) of x viewed as (G, R, D) (the grid's y and x); tile (g Rt + r / 128, kb / 4),
+        byte (r % 32) 16 + ((r / 32) % 4) 4 + kb % 4."""
+        g, r, rows = self.row_in_group
+        rt, dt = (rows + 127) // 128, (d + 127) // 128
+        line = ((Int64(g) * Int64(rt) + Int64(r // 128)) * Int64(dt)) * 512 + Int64((r % 32) * 16 + ((r // 32) % 4) * 4)
+        return line, lambda kb: Int64((kb // 4) * 512 + kb % 4)

@@ -9,8 +9,9 @@ handlers in csrc/ run the variant whose name the caller passes (FFI attribute `k
 and check the buffers against its parameters, so adding a variant here is the only change needed to ship it.
 
 One module per op family: `quantize` (quantize, dequantize), `rms_norm_quantize`, `gemm_operands` (quantize +
-align128 for the Hopper MX GEMM), `gemm` (the Hopper MX GEMM), `attention` (forward and realign),
-`attention_bwd` (backward); `base` holds the config interface and the shared value sets and codes.
+align128 for the Hopper MX GEMM), `gemm` (the Hopper MX GEMM), `gemm_sm100` (the Blackwell MX GEMM),
+`blocked_operands` (its operand producer), `attention` (forward and realign), `attention_bwd` (backward);
+`base` holds the config interface and the shared value sets and codes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from jax_mxfp8.kernels.registry.attention import (
 )
 from jax_mxfp8.kernels.registry.attention_bwd import ATTENTION_BWD_VARIANTS, AttentionBwdConfig
 from jax_mxfp8.kernels.registry.base import (
+    ARCH_CCS,
     ARCH_MAJOR,
     ARCHS,
     DEQUANTIZE_BLOCKS,
@@ -43,8 +45,12 @@ from jax_mxfp8.kernels.registry.base import (
     QUANTIZE_MODES,
     ROUNDING_CODE,
     SCALE_ROUNDINGS,
+    UNSUPPORTED_CCS,
     KernelConfig,
+    arch_for_cc,
+    cc_name,
 )
+from jax_mxfp8.kernels.registry.blocked_operands import BLOCKED_OPERANDS_VARIANTS, BlockedOperandsConfig
 from jax_mxfp8.kernels.registry.gemm import (
     GEMM_ALIGN,
     GEMM_K_TILE,
@@ -60,6 +66,7 @@ from jax_mxfp8.kernels.registry.gemm_epilogue import (
     MXGemmEpilogueConfig,
 )
 from jax_mxfp8.kernels.registry.gemm_operands import GEMM_OPERANDS_TUNINGS, GEMM_OPERANDS_VARIANTS, GemmOperandsConfig
+from jax_mxfp8.kernels.registry.gemm_sm100 import MX_GEMM_SM100_VARIANTS, MXGemmSm100Config
 from jax_mxfp8.kernels.registry.quantize import (
     DEQUANTIZE_VARIANTS,
     QUANTIZE_VARIANTS,
@@ -67,14 +74,21 @@ from jax_mxfp8.kernels.registry.quantize import (
     DequantizeConfig,
     QuantizeConfig,
 )
-from jax_mxfp8.kernels.registry.rms_norm_quantize import RMS_NORM_QUANTIZE_VARIANTS, RMSNormQuantizeConfig
+from jax_mxfp8.kernels.registry.rms_norm_quantize import (
+    RMS_NORM_QUANTIZE_BLOCKED_VARIANTS,
+    RMS_NORM_QUANTIZE_VARIANTS,
+    RMSNormQuantizeBlockedConfig,
+    RMSNormQuantizeConfig,
+)
 
 __all__ = [
     "ARCHS",
+    "ARCH_CCS",
     "ARCH_MAJOR",
     "ATTENTION_BWD_VARIANTS",
     "ATTENTION_FWD_VARIANTS",
     "ATTENTION_REALIGN_VARIANTS",
+    "BLOCKED_OPERANDS_VARIANTS",
     "CONFIG_CLASSES",
     "DEQUANTIZE_BLOCKS",
     "DEQUANTIZE_OUT_DTYPES",
@@ -93,6 +107,7 @@ __all__ = [
     "MX_EPILOGUE_ELEM",
     "MX_GEMM_EPILOGUE_VARIANTS",
     "MX_GEMM_TUNINGS",
+    "MX_GEMM_SM100_VARIANTS",
     "MX_GEMM_VARIANTS",
     "P_CONST_OFFSET",
     "P_OFFSET_MAX",
@@ -101,21 +116,28 @@ __all__ = [
     "PRODUCTION_VARIANTS",
     "QUANTIZE_MODES",
     "QUANTIZE_VARIANTS",
+    "RMS_NORM_QUANTIZE_BLOCKED_VARIANTS",
     "RMS_NORM_QUANTIZE_VARIANTS",
     "ROUNDING_CODE",
     "SCALE_ROUNDINGS",
     "TUNING_VARIANTS",
+    "UNSUPPORTED_CCS",
     "VARIANTS",
     "AttentionBwdConfig",
     "AttentionFwdConfig",
     "AttentionRealignConfig",
+    "BlockedOperandsConfig",
     "DequantizeConfig",
     "GemmOperandsConfig",
     "KernelConfig",
     "MXGemmConfig",
     "MXGemmEpilogueConfig",
+    "MXGemmSm100Config",
     "QuantizeConfig",
+    "RMSNormQuantizeBlockedConfig",
     "RMSNormQuantizeConfig",
+    "arch_for_cc",
+    "cc_name",
     "find",
     "variants",
     "pv_permutation",
@@ -126,14 +148,17 @@ VARIANTS: tuple[KernelConfig, ...] = (
     + TUNING_VARIANTS
     + DEQUANTIZE_VARIANTS
     + RMS_NORM_QUANTIZE_VARIANTS
+    + RMS_NORM_QUANTIZE_BLOCKED_VARIANTS
     + GEMM_OPERANDS_VARIANTS
     + GEMM_OPERANDS_TUNINGS
+    + BLOCKED_OPERANDS_VARIANTS
     + ATTENTION_FWD_VARIANTS
     + ATTENTION_REALIGN_VARIANTS
     + ATTENTION_BWD_VARIANTS
     + MX_GEMM_VARIANTS
     + MX_GEMM_TUNINGS
     + MX_GEMM_EPILOGUE_VARIANTS
+    + MX_GEMM_SM100_VARIANTS
 )
 """Every registered variant, in table order: production (tune 0, which includes the feature variants) and the
 comparison schedules (tune > 0: at most two per kernel family, for the benchmarks)."""
@@ -151,12 +176,15 @@ CONFIG_CLASSES: tuple[type[KernelConfig], ...] = (
     QuantizeConfig,
     DequantizeConfig,
     RMSNormQuantizeConfig,
+    RMSNormQuantizeBlockedConfig,
     GemmOperandsConfig,
+    BlockedOperandsConfig,
     AttentionFwdConfig,
     AttentionRealignConfig,
     AttentionBwdConfig,
     MXGemmConfig,
     MXGemmEpilogueConfig,
+    MXGemmSm100Config,
 )
 
 C = TypeVar("C", bound=KernelConfig)

@@ -14,12 +14,36 @@ import importlib
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-ARCHS = ("sm_90a", "sm_100a")
-"""Every arch the library is built for. Blackwell (sm_100a) cubins are built and inspected, not run."""
+ARCHS = ("sm_90a", "sm_100f")
+"""Every arch the library is built for. Blackwell (sm_100f) cubins are built and checked statically, never run
+on this project's machines."""
 
-ARCH_MAJOR = {"sm_90a": 9, "sm_100a": 10}
-ARCH_PACKAGE = {"sm_90a": "sm90", "sm_100a": "sm100"}
+ARCH_CCS: dict[str, tuple[tuple[int, int], ...]] = {"sm_90a": ((9, 0),), "sm_100f": ((10, 0), (10, 3))}
+"""The compute capabilities whose devices load each arch's cubins: an "a" target only its own (sm_90a: H100,
+H200), the family target sm_100f every member of the sm_100 family (10.0: B200, GB200; 10.3: B300, GB300).
+The kernel table stores these per row; the handlers pick the row whose list holds the device's cc."""
+
+ARCH_MAJOR = {arch: ccs[0][0] for arch, ccs in ARCH_CCS.items()}
+ARCH_PACKAGE = {"sm_90a": "sm90", "sm_100f": "sm100"}
 """The package under jax_mxfp8/kernels/ that names each arch's kernels."""
+
+UNSUPPORTED_CCS: dict[int, str] = {
+    12: (
+        "consumer Blackwell (sm_120: GeForce RTX 50, RTX PRO Blackwell) is not supported: it has no tensor memory "
+        "and no tcgen05 block-scaled MMA, so the sm_100f cubins do not load there and the library has no sm_120 "
+        "kernels; every op runs its XLA reference"
+    ),
+}
+"""Compute-capability majors with a known reason why no kernel of this library runs there."""
+
+
+def arch_for_cc(cc: tuple[int, int]) -> str | None:
+    """The arch whose cubins load on a device of compute capability `cc` (major, minor), or None."""
+    return next((arch for arch, ccs in ARCH_CCS.items() if tuple(cc) in ccs), None)
+
+
+def cc_name(cc: tuple[int, int]) -> str:
+    return f"{cc[0]}.{cc[1]}"
 
 IN_DTYPES = ("bfloat16", "float32")
 ELEM_DTYPES = ("float8_e4m3fn", "float8_e5m2")

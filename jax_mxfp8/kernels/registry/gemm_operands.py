@@ -3,8 +3,9 @@
 Supported by the kernel (everything else goes to the XLA reference): x (G, R, C) row-major bfloat16 /
 float32, R and C multiples of 32 (not necessarily of 128); orientations "row" (contract along C), "col"
 (contract along R, written transposed) or "both" (one read); elements float8_e4m3fn / float8_e5m2;
-scale_rounding "up" / "floor"; round to nearest even. Arch-neutral (plain PTX loads, stores, shuffles):
-kernels/sm90/quantize.py and kernels/sm100/quantize.py name the same class.
+scale_rounding "up" / "floor"; round to nearest even. Built for sm_90a only: it feeds the Hopper MX GEMM (the
+kernel is arch-neutral, kernels/common/gemm_operands.py); the Blackwell GEMM's producer is its blocked-scale
+subclass (registry/blocked_operands.py, kernels/sm100/blocked_operands.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from jax_mxfp8.kernels.registry.base import (
     SCALE_ROUNDINGS,
     SHORT,
     KernelConfig,
-    every_arch,
 )
 
 ORIENTATIONS = ("row", "col", "both")
@@ -42,7 +42,7 @@ class GemmOperandsConfig(KernelConfig):
     """
 
     op = "gemm_operands"
-    kernels = every_arch("gemm_operands_kernel")
+    kernels = {"sm_90a": "jax_mxfp8.kernels.sm90.quantize:gemm_operands_kernel"}
     key_fields = ("in_dtype", "orientations", "elem_dtype", "scale_rounding")
     codes = {
         "in_dtype": DTYPE_CODE,

@@ -4,7 +4,9 @@ Supported by the kernel (everything else goes to the XLA reference): 2-D (M, D) 
 input, float32 weight (D,), float32 eps; y = x * rsqrt(mean(x^2) + eps) * w in x's dtype AND quantize(y) in row
 blocks along D; D a multiple of 32 and at most max_threads * chunks * (16 / sizeof(x)) (32768 for bf16, 16384
 for f32); elements float8_e4m3fn / float8_e5m2; scale_rounding "up" / "floor". The kernel is arch-neutral
-(kernels/common/rms_norm_quantize.py); kernels/sm90/ and kernels/sm100/ name it.
+(kernels/common/rms_norm_quantize.py); kernels/sm90/ and kernels/sm100/ name it. On Blackwell a second family of
+variants (RMSNormQuantizeBlockedConfig, sm_100f) writes the scales in the 128x4 blocked layout the sm100 MX
+GEMM reads (formats/blocked_scales.py): the RMSNorm -> QKV / MLP hand-off without a re-layout pass.
 """
 
 from __future__ import annotations
@@ -82,3 +84,31 @@ RMS_NORM_QUANTIZE_VARIANTS: tuple[RMSNormQuantizeConfig, ...] = tuple(
     RMSNormQuantizeConfig(in_dtype=i, elem_dtype=e, scale_rounding=r)
     for i, e, r in itertools.product(IN_DTYPES, ELEM_DTYPES, SCALE_ROUNDINGS)
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class RMSNormQuantizeBlockedConfig(RMSNormQuantizeConfig):
+    """RMSNormQuantizeConfig whose scales go to the 128x4 blocked layout (Blackwell, sm_100f): x viewed as
+    (G, R, D) (the handler: G the leading axes but the last, R the last but one), scale (G, ceil(R/128),
+    ceil(D/128), 512) uint8, padding bytes 0 (the handler zero-fills the buffer, the kernel writes every
+    real byte). Same fields and numerics as RMSNormQuantizeConfig."""
+
+    kernels = {"sm_100f": "jax_mxfp8.kernels.sm100.quantize:rms_norm_quantize_kernel"}
+    table_fields = ("blocked_scales",)
+
+    @property
+    def blocked_scales(self) -> bool:
+        """True: the table field the handler checks the target against (jax_mxfp8_rms_norm_quantize_blocked)."""
+        return True
+
+    @property
+    def name(self) -> str:
+        base = f"rms_norm_quantize_blocked_{SHORT[self.in_dtype]}_{SHORT[self.elem_dtype]}_{self.scale_rounding}"
+        return f"{base}_t{self.tune}" if self.tune else base
+
+
+RMS_NORM_QUANTIZE_BLOCKED_VARIANTS: tuple[RMSNormQuantizeBlockedConfig, ...] = tuple(
+    RMSNormQuantizeBlockedConfig(in_dtype=i, elem_dtype="float8_e4m3fn", scale_rounding=r)
+    for i, r in itertools.product(IN_DTYPES, SCALE_ROUNDINGS)
+)
+"""{bf16, f32} x e4m3 (the sm100 GEMM's operand dtype) x {up, floor}."""

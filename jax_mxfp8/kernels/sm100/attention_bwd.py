@@ -1,32 +1,36 @@
 """MXFP8 attention backward for Blackwell (sm_100f: B200 / GB200 cc 10.0, B300 / GB300 cc 10.3), CuTe DSL,
 compiled ahead of time. NOT RUN ON HARDWARE: no Blackwell GPU exists on this project's machines; every variant
-is compiled and its cubin checked statically (tools/check_sm100_attention.py), and its arithmetic is
+is compiled and its cubin checked statically (tools/check_sm100_attention_bwd.py), and its arithmetic is
 primitives/attention_bwd_sm100_emulation.py's (docs/perf/blackwell-attention.md "Backward").
 
-Host function (`__call__`, i.e. `entry()`: the @cute.jit function of the variant's arity; operands in
-AttentionBwdSm100Config.tensor_names order, the emulation's operand interface):
-  q          (Bq, T, N, H)  float8_e4m3fn   Bq = B, or 1 (broadcast_query_attention: one q for every row)
-  q_sf_hd    (Bq, N, Tp/128, 1, 512) uint8  Q's "hd" blocked scales   (Tp = T rounded up to 128)
-  q_sf_seq   (Bq, N, 1, Tp/128, 512) uint8  Q's "seq" blocked scales
-  k          (B, S, K, H)   float8_e4m3fn;  k_sf_hd, k_sf_seq as q's over (B, K, Sp/128)
-  v          (B, S, K, H)   float8_e4m3fn;  v_sf_hd
-  do         (B, T, N, H)   float8_e4m3fn;  do_sf_hd, do_sf_seq (the pre-pass's output)
-  lse, delta (B, N, T)      float32         forward LSE (natural log), rowsum(dO O) - dLSE
-  lens       (2, B)         int32           query, key lengths   (packed: seqs (4, S + 1) = cu_q, cu_k,
-                                            chunk_q, chunk_k; T, S are the packed totals, B = 1, and the
-                                            scale buffers hold n_chunks chunks per head)
-  dq_sem     (B, N, Tp/128) int32           deterministic only; zero-filled by the caller
-  dq         (Bq, T, N, H)  float32 / float16 (dQ 2^e)   accumulated: the caller zero-fills it
-  dk, dv     (B, S, K, H)   float32         written once per key tile (rows past kv_len: the computed
-                                            values, zeros for key tiles that visit nothing)
+Host function (`__call__`, i.e. `entry()`: the @cute.jit function of the variant's arity; the sm100 attention
+operand convention of docs/interfaces.md "sm100 attention": every tensor a 2-D row-major view of the
+emulation's array, no copies; names and order AttentionBwdSm100Config.tensor_names):
+  q          (Bq T, N H)    float8_e4m3fn  Bq = B, or 1 (broadcast_query_attention: one q for every row)
+  q_sf_hd    (Bq N, Tc 512) uint8          Q's "hd" blocked scales (Bq, N, Tc, 1, 512), Tc = ceil(T / 128)
+  q_sf_seq   (Bq N, Tc 512) uint8          Q's "seq" blocked scales (Bq, N, 1, Tc, 512)
+  k          (B S, K H)     float8_e4m3fn  k_sf_hd, k_sf_seq as q's over (B K, Sc 512)
+  v          (B S, K H)     float8_e4m3fn  v_sf_hd
+  do         (B T, N H)     float8_e4m3fn  do_sf_hd, do_sf_seq (the pre-pass's output)
+  lse, delta (B N, T)       float32        forward LSE (natural log), rowsum(dO O) - dLSE
+  lens       (2, B)         int32          dense: query, key lengths
+  seqs       (6, S)         int32          packed (B = 1, T and S the packed totals, Tc, Sc = n_chunks_q, _k):
+  key_tiles  (2, Sc)        int32          the sequence table and the key-tile work list (item i = key chunk
+                                           i) of primitives/attention_sm100_packed.packed_tables
+  dq_sem     (B N, Tc)      int32          deterministic only; zero-filled by the caller
+  dq         (Bq T, N H)    float32 / float16 (dQ 2^e)   accumulated: the caller zero-fills it
+  dk, dv     (B S, K H)     float32        written once per key tile (rows past kv_len: the computed
+                                           values, zeros for key tiles that visit nothing)
   (dkv "mx": dk_row, dk_col (B S, K H) float8_e4m3fn; dk_row_scale (B S, K H / 32), dk_col_scale (B S / 32,
   K H) uint8: MXGradient's row and col MXArrays of bfloat16(dk); the same four for dv)
   scale (tau), scale_log2 (float32(tau log2 e), the emulation's c), dq_scale (tau 2^e for float16 dQ, else
   tau): float32 scalars; the stream.
-The caller (a future FFI handler) checks the shapes against config.unsupported and the variant's key.
+B is lens' (1 packed), T = do's rows / B, S = k's rows / B, N and K = columns / H, Bq = B when q has do's rows
+and 1 otherwise. The caller (a future FFI handler) checks the shapes against config.unsupported and the
+variant's key.
 
 Structure (docs/perf/blackwell-attention.md "Backward"; AttentionBwdSm100Config for the warp roles): one CTA
-of 16 warps per key tile (kernels/sm100/attention_bwd_tiles.py), TMEM per attention_bwd_config.tmem_columns,
+of 16 warps per key tile (kernels/sm100/tile_scheduler.py KeyTile), TMEM per attention_bwd_config.tmem_columns,
 the five block-scaled GEMMs of kernels/sm100/attention_bwd_gemms.py. Roles, one module each:
   load    (warp 13)    attention_bwd_load.py     TMA K, V once; Q, dO, their scale chunks and LSE / Delta per step
   MMA     (warp 12)    attention_bwd_mma.py      scale copies and the five GEMMs in the design's order
@@ -54,7 +58,9 @@ from jax_mxfp8.kernels.sm100.attention_bwd_epilogue import EpilogueRole
 from jax_mxfp8.kernels.sm100.attention_bwd_gemms import E4M3, BwdGemms
 from jax_mxfp8.kernels.sm100.attention_bwd_load import LoadRole
 from jax_mxfp8.kernels.sm100.attention_bwd_mma import MmaRole
-from jax_mxfp8.kernels.sm100.attention_bwd_tiles import dense_work, packed_work, tma_rows
+from jax_mxfp8.kernels.sm100.attention_geometry import SCALE_CHUNK, THREADS, TILE
+from jax_mxfp8.kernels.sm100.attention_loads import rows_view
+from jax_mxfp8.kernels.sm100.tile_scheduler import dense_key_tile, packed_key_tile
 
 ARRIVALS = {
     "kv_full": 1, "q_full": 1, "q_empty": 1, "do_full": 1, "do_empty": 1, "stats_full": 1,
@@ -100,7 +106,7 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
         self.config = config
         self.tmem = config.tmem_map().check()
         self.cols = config.tmem
-        self.smem_struct_bytes = None  # set when traced: tools/check_sm100_attention.py compares these two
+        self.smem_struct_bytes = None  # set when traced: tools/check_sm100_attention_bwd.py compares these two
         self.tmem_layout_columns = None
 
     # -------------------------------------------------------------------------------- AOT interface
@@ -112,28 +118,37 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
 
         cfg, s = self.config, cute.sym_int32
         h = cfg.head_dim
-        bq, b, t, sk, n, nk, ct, ck = s(), s(), s(), s(), s(), s(), s(), s()
         u8, i32, f32 = cutlass.Uint8, Int32, Float32
         dq_dtype = f32 if cfg.dq_accum == "fp32" else cutlass.Float16
+
+        def rows(dtype):  # (rows, heads * H) data
+            return dtype, (s(), s(divisibility=h))
+
+        def chunks():  # (batch * heads, chunks * 512) blocked scales
+            return u8, (s(), s(divisibility=SCALE_CHUNK))
+
         shapes = {
-            "q": (E4M3, (bq, t, n, h)), "q_sf_hd": (u8, (bq, n, ct, 1, 512)), "q_sf_seq": (u8, (bq, n, 1, ct, 512)),
-            "k": (E4M3, (b, sk, nk, h)), "k_sf_hd": (u8, (b, nk, ck, 1, 512)), "k_sf_seq": (u8, (b, nk, 1, ck, 512)),
-            "v": (E4M3, (b, sk, nk, h)), "v_sf_hd": (u8, (b, nk, ck, 1, 512)),
-            "do": (E4M3, (b, t, n, h)), "do_sf_hd": (u8, (b, n, ct, 1, 512)), "do_sf_seq": (u8, (b, n, 1, ct, 512)),
-            "lse": (f32, (b, n, t)), "delta": (f32, (b, n, t)), "lens": (i32, (2, b)), "seqs": (i32, (4, s())),
-            "dq_sem": (i32, (b, n, ct)), "dq": (dq_dtype, (bq, t, n, h)), "dk": (f32, (b, sk, nk, h)),
-            "dv": (f32, (b, sk, nk, h)),
+            "q": rows(E4M3), "k": rows(E4M3), "v": rows(E4M3), "do": rows(E4M3),
+            "lse": (f32, (s(), s())), "delta": (f32, (s(), s())), "lens": (i32, (2, s())), "seqs": (i32, (6, s())),
+            "key_tiles": (i32, (2, s())),
+            "dq_sem": (i32, (s(), s())), "dq": rows(dq_dtype), "dk": rows(f32), "dv": rows(f32),
         }  # fmt: skip
+        for name in ("q_sf_hd", "q_sf_seq", "k_sf_hd", "k_sf_seq", "v_sf_hd", "do_sf_hd", "do_sf_seq"):
+            shapes[name] = chunks()
         for name in ("dk", "dv"):
             shapes[f"{name}_row"] = shapes[f"{name}_col"] = (E4M3, (s(divisibility=32), s(divisibility=32)))
             shapes[f"{name}_row_scale"] = shapes[f"{name}_col_scale"] = (u8, (s(), s()))
 
         def fake(dtype, shape):
-            order = tuple(reversed(range(len(shape))))
-            return make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=16)
+            return make_fake_compact_tensor(dtype, shape, stride_order=(1, 0), assumed_align=16)
 
         tensors = tuple(fake(*shapes[name]) for name in self.tensor_names())
         return (*tensors, Float32(1.0), Float32(1.0), Float32(1.0), make_fake_stream())
+
+    def build_facts(self) -> dict:
+        """What the static checks need beyond the cubin, known once traced (written next to the dumped cubin:
+        tools/sm100_static.py write_facts; tools/check_sm100_attention_bwd.py reads it)."""
+        return {"smem_struct_bytes": int(self.smem_struct_bytes), "tmem_layout_columns": self.tmem_layout_columns}
 
     def entry(self):
         """The @cute.jit host function for this variant's number of tensors."""
@@ -179,13 +194,18 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
     def _launch(self, tensors, scalars, stream: cuda.CUstream):
         cfg = self.config
         t = dict(zip(self.tensor_names(), tensors))
-        q_batch, seq_q, n_heads, _ = t["q"].shape
-        batch, seq_k, kv_heads, _ = t["k"].shape
+        h = cfg.head_dim
+        n_heads, kv_heads = t["do"].shape[1] // h, t["k"].shape[1] // h
+        batch = Int32(1) if cutlass.const_expr(cfg.packed) else t["lens"].shape[1]
+        seq_q, seq_k = t["do"].shape[0] // batch, t["k"].shape[0] // batch
+        q_batch = cutlass.select_(t["q"].shape[0] == t["do"].shape[0], batch, Int32(1))  # B, or 1 (broadcast q)
         g = BwdGemms(cfg.head_dim, cfg.stages)
         g.check_views(cfg.head_dim)
         op = cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE)
         vmnk = (1, 1, 1, 1)
-        rows = {name: tma_rows(t[name], cfg.packed) for name in ("q", "k", "v", "do")}
+        row_batch = {"q": q_batch, "k": batch, "v": batch, "do": batch}
+        row_heads = {"q": n_heads, "k": kv_heads, "v": kv_heads, "do": n_heads}
+        rows = {name: rows_view(t[name], row_batch[name], row_heads[name], h, cfg.packed) for name in row_batch}
         tma_k = cute.nvgpu.make_tiled_tma_atom_A(op, rows["k"], g.k_smem, g.tiler["S"], g.mma["S"], vmnk)
         tma_v = cute.nvgpu.make_tiled_tma_atom_A(op, rows["v"], g.k_smem, g.tiler["dP"], g.mma["dP"], vmnk)
         q_stage = cute.slice_(g.q_smem, (None, None, None, 0))
@@ -218,21 +238,22 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
         self.smem_struct_bytes = SharedStorage.size_in_bytes()
         self.tmem_layout_columns = tmem_layout_columns(g)
         assert st * cfg.tile_bytes == n_q
-        addrs = tuple(t[name].iterator.toint() for name in self.tensor_names() if name not in ("q", "k", "v", "do"))
-        ct = t["q_sf_hd"].shape[2]  # query scale chunks per head (dense: Tp/128; packed: n_chunks_q)
-        ck = t["k_sf_hd"].shape[2]
-        n_seq = t["seqs"].shape[1] - 1 if cfg.packed else Int32(0)
-        dims = (q_batch, batch, seq_q, seq_k, n_heads, kv_heads, ct, ck, n_seq)
-        key_tiles = ck if cfg.packed else (seq_k + (C.TILE - 1)) // C.TILE
+        addrs = tuple(t[name].iterator.toint() for name in self._address_names())
+        tables = (t["seqs"], t["key_tiles"]) if cutlass.const_expr(cfg.packed) else ()
+        ct = t["q_sf_hd"].shape[1] // SCALE_CHUNK  # query scale chunks per head (dense: Tp/128; packed: n_chunks)
+        ck = t["k_sf_hd"].shape[1] // SCALE_CHUNK
+        dims = (q_batch, batch, seq_q, seq_k, n_heads, kv_heads, ct, ck)
+        key_tiles = t["key_tiles"].shape[1] if cutlass.const_expr(cfg.packed) else (seq_k + (TILE - 1)) // TILE
+        grid = [kv_heads, 1 if cfg.packed else batch, key_tiles]
         self.kernel(tma_q[0], tma_q[1], tma_k[0], tma_k[1], tma_v[0], tma_v[1], tma_do[0], tma_do[1], addrs, dims,
-                    scalars).launch(grid=[kv_heads, 1 if cfg.packed else batch, key_tiles], block=[C.THREADS, 1, 1],
-                                    stream=stream, min_blocks_per_mp=1)  # fmt: skip
+                    scalars, tables).launch(grid=grid, block=[THREADS, 1, 1], stream=stream,
+                                            min_blocks_per_mp=1)  # fmt: skip
 
     # ---------------------------------------------------------------------------------- device side
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
                tma_v: cute.CopyAtom, mV: cute.Tensor, tma_do: cute.CopyAtom, mdO: cute.Tensor, addrs, dims,
-               scalars):  # fmt: skip
+               scalars, tables):  # fmt: skip
         cfg = self.config
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = SmemAllocator().allocate(self.shared_storage)
@@ -253,7 +274,7 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
 
         if warp >= C.MMA_WARP:
             cute.arch.setmaxregister_decrease(C.REGISTERS["other"])
-            ctx = self._context(storage, bars, addrs, dims, scalars)
+            ctx = self._context(storage, bars, addrs, dims, scalars, tables)
             if warp == C.LOAD_WARP:
                 self.load(ctx, (tma_q, mQ), (tma_k, mK), (tma_v, mV), (tma_do, mdO))
             if warp == C.MMA_WARP:
@@ -266,7 +287,7 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
                 tmem.free(tmem_ptr)
         if warp >= C.COMPUTE_WARPS[0] and warp <= C.COMPUTE_WARPS[-1]:
             cute.arch.setmaxregister_increase(C.REGISTERS["compute"])
-            ctx = self._context(storage, bars, addrs, dims, scalars)
+            ctx = self._context(storage, bars, addrs, dims, scalars, tables)
             tmem.wait_for_alloc()
             tmem_ptr = tmem.retrieve_ptr(Float32)
             self.compute(ctx, tmem_ptr, warp)
@@ -274,24 +295,27 @@ class AttentionBwdSm100(LoadRole, MmaRole, ComputeRole, ReduceRole, EpilogueRole
             NamedBarrier(barrier_id=C.BAR_TMEM_ALLOC, num_threads=users).arrive()
         if warp <= C.REDUCE_WARPS[-1]:
             cute.arch.setmaxregister_decrease(C.REGISTERS["reduce"])
-            ctx = self._context(storage, bars, addrs, dims, scalars)
+            ctx = self._context(storage, bars, addrs, dims, scalars, tables)
             tmem.wait_for_alloc()
             tmem_ptr = tmem.retrieve_ptr(Float32)
             self.reduce_dq(ctx, tmem_ptr, warp)
             NamedBarrier(barrier_id=C.BAR_TMEM_ALLOC, num_threads=users).arrive()
 
-    def _context(self, storage, bars, addrs, dims, scalars):
+    def _address_names(self) -> tuple[str, ...]:
+        """The tensors the kernel reaches by address: all but the TMA operands and the packed tables."""
+        return tuple(n for n in self.tensor_names() if n not in ("q", "k", "v", "do", "seqs", "key_tiles"))
+
+    def _context(self, storage, bars, addrs, dims, scalars, tables):
         """The roles' _Context, built by each role after its setmaxnreg (nothing computed before the role
         split stays live across it: ptxas would spill it)."""
         cfg = self.config
-        names = [n for n in self.tensor_names() if n not in ("q", "k", "v", "do")]
-        a = {name: Int64(x) for name, x in zip(names, addrs)}
-        q_batch, batch, seq_q, seq_k, n_heads, kv_heads, ct, ck, n_seq = dims
+        a = {name: Int64(x) for name, x in zip(self._address_names(), addrs)}
+        q_batch, batch, seq_q, seq_k, n_heads, kv_heads, ct, ck = dims
         groups = n_heads // kv_heads
         if cfg.packed:
-            work = packed_work(a["seqs"], n_seq, groups, cfg.causal)
+            work = packed_key_tile(*tables, groups, cfg.causal)
         else:
-            work = dense_work(a["lens"], seq_q, seq_k, q_batch, groups, cfg.causal)
+            work = dense_key_tile(a["lens"], seq_q, seq_k, q_batch, groups, cfg.causal)
         return _Context(cfg, storage, bars, a, work, q_batch, batch, seq_q, seq_k, n_heads, kv_heads, ct, ck, *scalars)
 
 
@@ -325,7 +349,7 @@ class _Context:
 
 def tmem_layout_columns(g: BwdGemms) -> dict[str, int]:
     """TMEM columns the DSL's layouts span per GEMM: the accumulator, one K tile's SFA and SFB (the declared
-    map's regions must be as wide; tools/check_sm100_attention.py compares)."""
+    map's regions must be as wide; tools/check_sm100_attention_bwd.py compares)."""
     out = {}
     for gemm in ("S", "dP", "dV", "dK", "dQ"):
         mma, tiler = g.mma[gemm], g.tiler[gemm]

@@ -35,16 +35,19 @@ from cutlass import Float32, Int32, Uint32
 from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.sm100 import attention_bwd_ptx as px
 from jax_mxfp8.kernels.sm100 import attention_quant as aq
-from jax_mxfp8.kernels.sm100.attention_bwd_config import BAR_COMPUTE_PAIR, SCALE_CHUNK, TILE
+from jax_mxfp8.kernels.sm100 import float32_ops as f32
+from jax_mxfp8.kernels.sm100 import tmem_rows
+from jax_mxfp8.kernels.sm100.attention_bwd_config import BAR_COMPUTE_PAIR
 from jax_mxfp8.kernels.sm100.attention_bwd_load import STATS_STAGE_BYTES
+from jax_mxfp8.kernels.sm100.attention_geometry import SCALE_CHUNK, TILE
+from jax_mxfp8.kernels.sm100.attention_mask import mask_queries
 
-NEG_INF = float("-inf")
 HALF = TILE // 2
 
 
 def _elected_arrive(mbar) -> None:
     """One lane arrives for the warp, after the warp's lanes are done (tcgen05 work ordered first)."""
-    px.tmem_fence_before_sync()
+    tmem_rows.fence_before_sync()
     cute.arch.sync_warp()
     with cute.arch.elect_one():
         cute.arch.mbarrier_arrive(mbar)
@@ -63,10 +66,10 @@ class ComputeRole:
         row = quarter * 32 + lane
         key = w.n * TILE + row
         base = Uint32(tmem.toint())
-        s_addr = px.tmem_addr(base, quarter, c["S^T"]) + Uint32(HALF * half)
-        p_addr = px.tmem_addr(base, quarter, c["P^T"]) + Uint32(16 * half)
-        dp_addr = px.tmem_addr(base, quarter, c["dP^T"]) + Uint32(HALF * half)
-        ds_addr = px.tmem_addr(base, quarter, c["dS^T"]) + Uint32(16 * half)
+        s_addr = tmem_rows.lane_addr(base, quarter, c["S^T"]) + Uint32(HALF * half)
+        p_addr = tmem_rows.lane_addr(base, quarter, c["P^T"]) + Uint32(16 * half)
+        dp_addr = tmem_rows.lane_addr(base, quarter, c["dP^T"]) + Uint32(HALF * half)
+        ds_addr = tmem_rows.lane_addr(base, quarter, c["dS^T"]) + Uint32(16 * half)
         sf = ctx.smem_addr("sSF_c")
         own_sf = lane * 16 + quarter * 4 + 2 * half  # (this key row, query blocks 2 h, 2 h + 1)
         stats = ctx.smem_addr("sStats")
@@ -75,8 +78,8 @@ class ComputeRole:
         lo = key if cutlass.const_expr(cfg.causal) else Int32(0)
         hi = cutlass.select_(key < w.kv_len, w.q_len, Int32(0))
         if cutlass.const_expr(cfg.p_scale == "const"):
-            px.st_shared_u16(sf + own_sf, Uint32(aq.P_CONST_SCALE_BYTE * 0x101))
-            px.fence_proxy_async_shared()
+            ptx.st_shared_u16(sf + own_sf, Uint32(aq.P_CONST_SCALE_BYTE * 0x101))
+            tmem_rows.fence_async_shared()
         i = Int32(0)
         for _gi in cutlass.range(w.groups, unroll=1):
             for m in cutlass.range(w.m_lo, w.m_hi, unroll=1):
@@ -85,44 +88,35 @@ class ComputeRole:
                 stage = stats + s * STATS_STAGE_BYTES + 4 * HALF * half
                 # S^T -> P
                 cute.arch.mbarrier_wait(bars.ptr("s_full"), p1)
-                px.tmem_fence_after_sync()
-                acc = px.tmem_load(s_addr, HALF)
+                tmem_rows.fence_after_sync()
+                acc = tmem_rows.load_cols(s_addr, HALF, Float32)
                 px.named_barrier(BAR_COMPUTE_PAIR + quarter, 64)
                 _elected_arrive(bars.ptr("s_drained"))
                 cute.arch.mbarrier_wait(bars.ptr("stats_full", s), ph)
-                t = [px.mul_rn(x, ctx.scale_log2) for x in acc]
+                t = [f32.mul_rn(x, ctx.scale_log2) for x in acc]
                 if w.masked(m, cfg.causal):
-                    t = self._mask(t, q0, lo, hi)
+                    t = mask_queries(t, q0, lo, hi)
                 p = []
                 for j4 in cutlass.range_constexpr(HALF // 4):
-                    lv = px.ld_shared_v4_f32(stage + 16 * j4)
-                    p += [px.exp2_min0(px.sub_rn(t[4 * j4 + e], lv[e])) for e in range(4)]
+                    lv = ptx.ld_shared_v4_f32(stage + 16 * j4)
+                    p += [f32.exp2_min0(f32.sub_rn(t[4 * j4 + e], lv[e])) for e in range(4)]
                 self._store_p(p, p_addr, sf + own_sf)
                 _elected_arrive(bars.ptr("p_full"))
                 # dP^T -> dS
                 cute.arch.mbarrier_wait(bars.ptr("dp_full"), p1)
-                px.tmem_fence_after_sync()
-                dp = px.tmem_load(dp_addr, HALF)
+                tmem_rows.fence_after_sync()
+                dp = tmem_rows.load_cols(dp_addr, HALF, Float32)
                 px.named_barrier(BAR_COMPUTE_PAIR + quarter, 64)
                 _elected_arrive(bars.ptr("dp_drained"))
                 ds = []
                 for j4 in cutlass.range_constexpr(HALF // 4):
-                    dv = px.ld_shared_v4_f32(stage + TILE * 4 + 16 * j4)
-                    ds += [px.mul_rn(p[4 * j4 + e], px.sub_rn(dp[4 * j4 + e], dv[e])) for e in range(4)]
+                    dv = ptx.ld_shared_v4_f32(stage + TILE * 4 + 16 * j4)
+                    ds += [f32.mul_rn(p[4 * j4 + e], f32.sub_rn(dp[4 * j4 + e], dv[e])) for e in range(4)]
                 self._store_ds(ds, ds_addr, ds_row, row, half, sf, own_sf, lane, quarter)
                 _elected_arrive(bars.ptr("ds_full"))
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_arrive(bars.ptr("stats_empty", s))
                 i += 1
-
-    @cute.jit
-    def _mask(self, t, q0, lo, hi):
-        """t with -inf where query q0 + j is outside [lo, hi) (the row's valid queries)."""
-        out = []
-        for j in cutlass.range_constexpr(len(t)):
-            q = q0 + j
-            out.append(px.select_f32((q >= lo) & (q < hi), t[j], Float32(NEG_INF)))
-        return out
 
     def _store_p(self, p, p_addr, sf_addr) -> None:
         """P^T's two blocks of this thread into TMEM (and, p_scale "block", their scale bytes into the chunk)."""
@@ -134,11 +128,11 @@ class ComputeRole:
             else:
                 b, words = aq.quantize32(vals, aq.abs_max(vals))
                 nbytes.append(b)
-            px.tmem_store8(p_addr + Uint32(8 * chunk), words)
+            tmem_rows.store_cols(p_addr + Uint32(8 * chunk), words)
         if self.config.p_scale == "block":
-            px.st_shared_u16(sf_addr, nbytes[0] | (nbytes[1] << Uint32(8)))
-            px.fence_proxy_async_shared()
-        px.tmem_wait_store()
+            ptx.st_shared_u16(sf_addr, nbytes[0] | (nbytes[1] << Uint32(8)))
+            tmem_rows.fence_async_shared()
+        tmem_rows.wait_st()
 
     def _store_ds(self, ds, ds_addr, ds_row, row, half, sf, own_sf, lane, quarter) -> None:
         """dS's two 32 x 32 blocks of this warp: E4M3 into TMEM (dS^T, dK's A) and the shared dS tile (dQ's A),
@@ -148,14 +142,14 @@ class ComputeRole:
             vals = ds[32 * chunk : 32 * chunk + 32]
             b, words = aq.quantize32(vals, aq.square_block_amax(aq.abs_max(vals)))
             nbytes.append(b)
-            px.tmem_store8(ds_addr + Uint32(8 * chunk), words)
+            tmem_rows.store_cols(ds_addr + Uint32(8 * chunk), words)
             for k in range(2):
-                px.st_shared_v4(self._ds_addr(ds_row, row, half, chunk, k), words[4 * k : 4 * k + 4])
+                ptx.st_shared_v4(self._ds_addr(ds_row, row, half, chunk, k), words[4 * k : 4 * k + 4])
             # dQ's SFA: rows = queries 32 (2 h + chunk) + lane, block = this warp's keys (quarter)
             ptx.st_shared_u8(sf + 2 * SCALE_CHUNK + lane * 16 + (2 * half + chunk) * 4 + quarter, b)
-        px.st_shared_u16(sf + SCALE_CHUNK + own_sf, nbytes[0] | (nbytes[1] << Uint32(8)))
-        px.fence_proxy_async_shared()
-        px.tmem_wait_store()
+        ptx.st_shared_u16(sf + SCALE_CHUNK + own_sf, nbytes[0] | (nbytes[1] << Uint32(8)))
+        tmem_rows.fence_async_shared()
+        tmem_rows.wait_st()
 
     def _ds_addr(self, ds_row, row, half, chunk: int, k: int) -> Int32:
         """Shared address of this thread's 16-byte piece k of block `chunk` in its dS row (chunk16 index

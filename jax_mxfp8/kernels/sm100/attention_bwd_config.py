@@ -9,37 +9,29 @@ its dO / Delta pre-pass (kernels/sm100/attention_bwd_prepass.py). Pure Python (n
 
 The arithmetic of every variant is primitives/attention_bwd_sm100_emulation.py's (packed:
 attention_sm100_packed.py); the design is docs/perf/blackwell-attention.md "Backward". None of these kernels
-has run on a GPU: they are compiled for sm_100f and checked statically (tools/check_sm100_attention.py).
+has run on a GPU: they are compiled for sm_100f and checked statically (tools/check_sm100_attention_bwd.py).
 
-Operand order of the backward (the host function's arguments; a future FFI handler passes them in this
-order and checks the shapes and the key fields below):
+Operand order of the backward (the host function's arguments, 2-D views: docs/interfaces.md "sm100 attention";
+a future FFI handler passes them in this order and checks the shapes and the key fields below):
   q, q_sf_hd, q_sf_seq, k, k_sf_hd, k_sf_seq, v, v_sf_hd, do, do_sf_hd, do_sf_seq,   (Sm100Operand parts)
-  lse, delta, lens (dense: (2, B) query / key lengths; packed: seqs (4, S + 1) = cu_q, cu_k, chunk_q,
-  chunk_k), [dq_sem (deterministic)], dq, then dk, dv (dkv "float32") or dk_row, dk_row_scale, dk_col,
-  dk_col_scale, dv_row, dv_row_scale, dv_col, dv_col_scale (dkv "mx"), then the scalars scale (tau) and
-  dq_scale (tau 2^e for dq_accum "fp16", tau otherwise), and the stream.
+  lse, delta, lens (dense: (2, B) query / key lengths) or seqs, key_tiles (packed: the tables of
+  primitives/attention_sm100_packed.packed_tables), [dq_sem (deterministic)], dq, then dk, dv (dkv "float32")
+  or dk_row, dk_row_scale, dk_col, dk_col_scale, dv_row, dv_row_scale, dv_col, dv_col_scale (dkv "mx"), then
+  the scalars scale (tau), scale_log2 and dq_scale (tau 2^e for dq_accum "fp16", tau otherwise), and the
+  stream.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from jax_mxfp8.kernels.registry.attention_bwd import DQ_ACCUM_CODE, DQ_ACCUMS
+from jax_mxfp8.kernels.registry.base import P_SCALE_CODE, P_SCALES
+from jax_mxfp8.kernels.sm100.attention_geometry import BLOCK, HEAD_DIMS, SCALE_CHUNK, SMEM_LIMIT, TILE
 from jax_mxfp8.kernels.sm100.attention_tmem import SF_COLS, backward_map
 from jax_mxfp8.kernels.sm100.tmem_map import TmemMap
 
-ARCH = "sm_100f"
-"""One cubin for cc 10.0 (B200, GB200) and 10.3 (B300, GB300)."""
-TILE = 128
-"""Keys per CTA (TMEM lanes) and queries per step: the 1-CTA block-scaled MMA's M."""
-BLOCK = 32
-SCALE_CHUNK = 512
-"""Bytes of one 128 x 4 blocked scale chunk (formats/blocked_scales.py)."""
-SMEM_LIMIT = 227 * 1024
-HEAD_DIMS = (64, 128)
-P_SCALES = ("const", "block")
-DQ_ACCUMS = ("fp32", "fp16")
 DKV_OUTPUTS = ("float32", "mx")
-P_CONST_SCALE_BYTE = 0x77  # 2^-8: kernels/sm100/attention_quant.P_CONST_SCALE_BYTE (that module imports the DSL)
 
 # Warp roles (16 warps, 512 threads; one CTA per (128-key tile, KV head, batch row or sequence)).
 REDUCE_WARPS = (0, 1, 2, 3)
@@ -51,11 +43,9 @@ MMA_WARP = 12
 LOAD_WARP = 13
 IDLE_WARPS = (14, 15)
 """Warpgroup 3 (MMA, load, two idle warps) shares one register budget: setmaxnreg is per warpgroup."""
-THREADS = 512
 REGISTERS = {"reduce": 64, "compute": 168, "other": 112}
 """setmaxnreg per warpgroup: 128 (120 + 56) + 256 * 168 = 65536, the register file. The kernel launches
 with 128 per thread (512 threads) and moves registers from warpgroups 0 and 3 to the compute warpgroups."""
-REGISTER_FILE = 65536
 
 # Named barriers (0 is __syncthreads).
 BAR_TMEM_ALLOC = 1
@@ -95,7 +85,7 @@ class AttentionBwdSm100Config:
         dq_scale_log2: the kernel gets tau 2^e as dq_scale).
       deterministic: dQ's adds in ascending key-tile order (a per-query-tile semaphore, dq_sem), bit-identical
         across runs; False: reduce-adds in any order.
-      packed: packed jagged sequences (batch 1, compact rows, cu / chunk tables; ragged TMA boxes bounded at
+      packed: packed jagged sequences (batch 1, compact rows, the packed_tables encoding; ragged TMA boxes bounded at
         each sequence's end). dq_accum "fp32", not deterministic, dkv "float32".
       dkv: "float32" (dk, dv (B, S, K, H)) or "mx" (MXGradient of bfloat16(dk), bfloat16(dv) written by the
         epilogue: row blocks of 32 features and column blocks of 32 tokens, scale rule "up"; dense only,
@@ -116,7 +106,7 @@ class AttentionBwdSm100Config:
 
     key_fields = ("head_dim", "causal", "p_scale", "dq_accum", "deterministic", "packed", "dkv")
     """The fields that with `tune` identify a variant (a future handler checks them as named integers)."""
-    codes = {"p_scale": {"const": 0, "block": 1}, "dq_accum": {"fp32": 0, "fp16": 1}, "dkv": {"float32": 0, "mx": 1}}
+    codes = {"p_scale": P_SCALE_CODE, "dq_accum": DQ_ACCUM_CODE, "dkv": {"float32": 0, "mx": 1}}
 
     def __post_init__(self):
         if self.head_dim not in HEAD_DIMS:
@@ -160,9 +150,9 @@ class AttentionBwdSm100Config:
     # ------------------------------------------------------------------------------------- operands
     @property
     def inputs(self) -> tuple[str, ...]:
-        lens = "seqs" if self.packed else "lens"
+        tables = ("seqs", "key_tiles") if self.packed else ("lens",)
         return ("q", "q_sf_hd", "q_sf_seq", "k", "k_sf_hd", "k_sf_seq", "v", "v_sf_hd", "do", "do_sf_hd",
-                "do_sf_seq", "lse", "delta", lens)  # fmt: skip
+                "do_sf_seq", "lse", "delta", *tables)  # fmt: skip
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -234,7 +224,7 @@ class AttentionBwdSm100Config:
 
     @property
     def smem_bytes(self) -> int:
-        """The storage struct's size (tools/check_sm100_attention.py compares it with the traced struct)."""
+        """The storage struct's size (tools/check_sm100_attention_bwd.py compares it with the traced struct)."""
         size = 8 * self.mbarrier_count + 4
         for _, nbytes, align in self.smem_regions:
             size = _round_up(size, align) + nbytes
@@ -323,8 +313,8 @@ class AttentionBwdPrepassConfig:
 
     @property
     def tensor_names(self) -> tuple[str, ...]:
-        lens = "seqs" if self.packed else "lens"
-        return ("do", "o", "dlse", lens, "do_q", "do_sf_hd", "do_sf_seq", "delta")
+        tables = ("seqs", "query_tiles") if self.packed else ("lens",)
+        return ("do", "o", "dlse", *tables, "do_q", "do_sf_hd", "do_sf_seq", "delta")
 
 
 ATTENTION_BWD_PREPASS_VARIANTS: tuple[AttentionBwdPrepassConfig, ...] = tuple(

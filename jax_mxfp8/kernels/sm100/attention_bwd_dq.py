@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64, Uint32
+from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.arch import inline_ptx
 
-from jax_mxfp8.kernels.common import ptx
+from jax_mxfp8.kernels.common import ptx, semaphore
 from jax_mxfp8.kernels.sm100 import attention_bwd_ptx as px
-from jax_mxfp8.kernels.sm100.attention_bwd_config import BAR_REDUCE, REDUCE_WARPS, TILE
+from jax_mxfp8.kernels.sm100 import float32_ops as f32
+from jax_mxfp8.kernels.sm100 import tmem_rows
+from jax_mxfp8.kernels.sm100.attention_bwd_config import BAR_REDUCE, REDUCE_WARPS
+from jax_mxfp8.kernels.sm100.attention_geometry import TILE
 
 THREADS = 32 * len(REDUCE_WARPS)
 CHUNK = 16
@@ -70,7 +73,7 @@ class ReduceRole:
         fp16, ordered = cfg.dq_accum == "fp16", cfg.deterministic
         staged_f16 = fp16 and not ordered
         tid = warp * 32 + cute.arch.lane_idx()
-        taddr = px.tmem_addr(Uint32(tmem.toint()), warp, c["dQ"])
+        taddr = tmem_rows.lane_addr(Uint32(tmem.toint()), warp, c["dQ"])
         slot = ctx.smem_addr("sdQ") + tid * cfg.dq_row_bytes
         i = Int32(0)
         for gi in cutlass.range(w.groups, unroll=1):
@@ -81,40 +84,40 @@ class ReduceRole:
                 grow = Int64(w.bq) * Int64(ctx.seq_q) + Int64(w.q_off + row)
                 dq_row = ctx.addrs["dq"] + (grow * Int64(ctx.n_heads) + Int64(head)) * (h * (2 if fp16 else 4))
                 cute.arch.mbarrier_wait(bars.ptr("dq_full"), i % 2)
-                px.tmem_fence_after_sync()
+                tmem_rows.fence_after_sync()
                 px.bulk_wait_read(0)  # the previous step's reduction has read the slot
                 for chunk in cutlass.range_constexpr(h // CHUNK):
-                    vals = px.tmem_load(taddr + Uint32(CHUNK * chunk), CHUNK)
-                    bits = [px.mul_rn(v, ctx.dq_scale).bitcast(Uint32) for v in vals]
+                    vals = tmem_rows.load_cols(taddr + Uint32(CHUNK * chunk), CHUNK, Float32)
+                    bits = [f32.mul_rn(v, ctx.dq_scale).bitcast(Uint32) for v in vals]
                     if cutlass.const_expr(staged_f16):
                         words = [ptx.pack_f16x2_rn(bits[2 * k], bits[2 * k + 1]) for k in range(CHUNK // 2)]
                     else:
                         words = bits
                     for k in cutlass.range_constexpr(len(words) // 4):
-                        px.st_shared_v4(slot + (len(words) * chunk + 4 * k) * 4, words[4 * k : 4 * k + 4])
-                px.tmem_fence_before_sync()
+                        ptx.st_shared_v4(slot + (len(words) * chunk + 4 * k) * 4, words[4 * k : 4 * k + 4])
+                tmem_rows.fence_before_sync()
                 cute.arch.sync_warp()
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_arrive(bars.ptr("dq_drained"))
-                px.fence_proxy_async_shared()
+                tmem_rows.fence_async_shared()
                 sem = ctx.addrs["dq"]
                 if cutlass.const_expr(ordered):
                     tile = (Int64(w.b) * Int64(ctx.n_heads) + Int64(head)) * Int64(ctx.q_chunks) + Int64(m)
                     sem = ctx.addrs["dq_sem"] + tile * 4
                     if tid == 0:
-                        px.sem_wait(sem, w.n)
+                        semaphore.sem_wait(sem, w.n)
                     px.named_barrier(BAR_REDUCE, THREADS)
                 if cutlass.const_expr(fp16 and ordered):
                     for k in cutlass.range_constexpr(h // 8):
-                        part = px.ld_shared_v4_f32(slot + 32 * k) + px.ld_shared_v4_f32(slot + 32 * k + 16)
+                        part = ptx.ld_shared_v4_f32(slot + 32 * k) + ptx.ld_shared_v4_f32(slot + 32 * k + 16)
                         f16_accumulate8(dq_row + 16 * k, part, ok)
                 else:
                     px.bulk_reduce_add(dq_row, slot, cfg.dq_row_bytes, "float16" if fp16 else "float32", ok)
                 if cutlass.const_expr(ordered):
                     px.bulk_wait_all()
-                    px.fence_acq_rel_gpu()
+                    semaphore.fence_acq_rel_gpu()
                     px.named_barrier(BAR_REDUCE, THREADS)
                     if tid == 0:
-                        px.sem_release(sem)
+                        semaphore.sem_release_add(sem)
                 i += 1
         px.bulk_wait_all()

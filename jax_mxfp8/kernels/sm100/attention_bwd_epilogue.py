@@ -25,9 +25,10 @@ import cutlass.cute as cute
 from cutlass import Float32, Int64, Uint32
 
 from jax_mxfp8.kernels.common import ptx
-from jax_mxfp8.kernels.sm100 import attention_bwd_ptx as px
 from jax_mxfp8.kernels.sm100 import epilogue_quantize as eq
-from jax_mxfp8.kernels.sm100.attention_bwd_config import BLOCK, TILE
+from jax_mxfp8.kernels.sm100 import float32_ops as f32
+from jax_mxfp8.kernels.sm100 import tmem_rows
+from jax_mxfp8.kernels.sm100.attention_geometry import BLOCK, TILE
 
 
 def _bf16_values(vals) -> list[Uint32]:
@@ -55,19 +56,19 @@ class EpilogueRole:
         has = w.steps > 0
         if has:
             cute.arch.mbarrier_wait(ctx.bars.ptr("dkv_full"), 0)
-            px.tmem_fence_after_sync()
+            tmem_rows.fence_after_sync()
         base = Uint32(tmem.toint())
         token = Int64(w.b) * Int64(ctx.seq_k) + Int64(w.k_off + key)
         features = ctx.kv_heads * h
         for name, region, factor in (("dv", "dV", None), ("dk", "dK", ctx.scale)):
-            taddr = px.tmem_addr(base, quarter, c[region]) + Uint32(half * (h // 2))
+            taddr = tmem_rows.lane_addr(base, quarter, c[region]) + Uint32(half * (h // 2))
             row_bytes = []
             for chunk in cutlass.range_constexpr(h // 2 // BLOCK):
                 col = half * (h // 2) + BLOCK * chunk
-                vals = px.tmem_load(taddr + Uint32(BLOCK * chunk), BLOCK)
+                vals = tmem_rows.load_cols(taddr + Uint32(BLOCK * chunk), BLOCK, Float32)
                 if cutlass.const_expr(factor is not None):
-                    vals = [px.mul_rn(v, factor) for v in vals]
-                vals = [px.select_f32(has, v, Float32(0.0)) for v in vals]
+                    vals = [f32.mul_rn(v, factor) for v in vals]
+                vals = [f32.select_f32(has, v, Float32(0.0)) for v in vals]
                 feature = Int64(w.kv * h + col)
                 if cutlass.const_expr(cfg.dkv == "float32"):
                     addr = ctx.addrs[name] + (token * Int64(features) + feature) * 4

@@ -36,11 +36,10 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 import cutlass.utils.blockscaled_layout as blockscaled
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 
-from jax_mxfp8.kernels.sm100.attention_bwd_config import TILE
+from jax_mxfp8.kernels.sm100.attention_geometry import TILE
+from jax_mxfp8.kernels.sm100.blockscaled_mma import SF_DTYPE, SF_VEC, make_scale_copy
 
 E4M3 = cutlass.Float8E4M3FN
-SF_DTYPE = cutlass.Float8E8M0FNU
-SF_VEC = 32
 GEMMS = ("S", "dP", "dV", "dK", "dQ")
 
 
@@ -79,6 +78,7 @@ class BwdGemms:
         self.ds_smem = _stage0(sm100_utils.make_smem_layout_a(mma_dq, tiler_dq, E4M3, 1))
         self.tmem_a = _stage0(sm100_utils.make_smem_layout_a(mma_kv, tiler_kv, E4M3, 1))
         self.stages = stages
+        self.cta_group = tcgen05.CtaGroup.ONE
         self.sfa = {g: self.sf_layout(g, "a", 1) for g in GEMMS}
         self.sfb = {g: self.sf_layout(g, "b", 1) for g in GEMMS}
 
@@ -141,18 +141,7 @@ class BwdGemms:
         copy_scales issues one chunk (the MMA warp)."""
         layout = self.sf_layout(gemm, side, stages)
         smem = cute.make_tensor(cute.recast_ptr(smem_ptr, dtype=SF_DTYPE), layout)
-        op = tcgen05.Cp4x32x128bOp(tcgen05.CtaGroup.ONE)
-        tiled = tcgen05.make_s2t_copy(cute.make_copy_atom(op, SF_DTYPE), cute.filter_zeros(tmem_sf))
-        thr = tiled.get_slice(0)
-        src = tcgen05.append_s2t_broadcast_mode(op, cute.filter_zeros(smem))
-        src = tcgen05.get_s2t_smem_desc_tensor(tiled, thr.partition_S(src))
-        return tiled, src, thr.partition_D(cute.filter_zeros(tmem_sf))
-
-
-def copy_scales(scale_copy, chunk) -> None:
-    """Issues the scale copy of chunk `chunk` (the ring stage, or 0) of a scale_copy."""
-    tiled, src, dst = scale_copy
-    cute.copy(tiled, src[(None, None, None, None, chunk)], dst)
+        return make_scale_copy(self, smem, tmem_sf)
 
 
 @cute.jit

@@ -20,10 +20,12 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
+from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.sm100 import attention_bwd_ptx as px
-from jax_mxfp8.kernels.sm100.attention_bwd_config import SCALE_CHUNK, TILE
+from jax_mxfp8.kernels.sm100 import float32_ops as f32
 from jax_mxfp8.kernels.sm100.attention_bwd_gemms import BwdGemms
-from jax_mxfp8.kernels.sm100.attention_bwd_tiles import cta_rows, scale_chunk
+from jax_mxfp8.kernels.sm100.attention_geometry import SCALE_CHUNK, TILE
+from jax_mxfp8.kernels.sm100.attention_loads import ragged_coords, scale_chunk_addr, sequence_view
 
 LOG2E = math.log2(math.e)
 STATS_STAGE_BYTES = 2 * TILE * 4
@@ -40,6 +42,12 @@ def _partition(atom, tiled_mma, tiler, smem, gmem, operand: str):
     return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 3), cute.group_modes(g, 0, 3))
 
 
+def _sequence(packed: bool, batch, row0, rows):
+    """(L coordinate, row shift) of the CTA's sequence in a rows_view: the batch row (dense) or the ragged
+    packed sequence (attention_loads.ragged_coords)."""
+    return ragged_coords(row0, rows) if packed else (batch, 0)
+
+
 class LoadRole:
     """The load warp's method of AttentionBwdSm100."""
 
@@ -53,13 +61,13 @@ class LoadRole:
         sV = ctx.storage.sV.get_tensor(g.k_smem.outer, swizzle=g.k_smem.inner)
         sQ = ctx.storage.sQ.get_tensor(g.q_smem.outer, swizzle=g.q_smem.inner)
         sdO = ctx.storage.sdO.get_tensor(g.q_smem.outer, swizzle=g.q_smem.inner)
-        kv_rows = (w.b, w.k_off, w.kv_len)
-        q_rows = (w.bq, w.q_off, w.q_len)
-        do_rows = (w.b, w.q_off, w.q_len)
-        tKs, tKg = _partition(k[0], g.mma["S"], g.tiler["S"], sK, cta_rows(k[1], cfg.packed, *kv_rows), "A")
-        tVs, tVg = _partition(v[0], g.mma["dP"], g.tiler["dP"], sV, cta_rows(v[1], cfg.packed, *kv_rows), "A")
-        tQs, tQg = _partition(q[0], g.mma["S"], g.tiler["S"], sQ, cta_rows(q[1], cfg.packed, *q_rows), "B")
-        tOs, tOg = _partition(do[0], g.mma["dP"], g.tiler["dP"], sdO, cta_rows(do[1], cfg.packed, *do_rows), "B")
+        kv_rows = _sequence(cfg.packed, w.b, w.k_off, w.kv_len)
+        q_rows = _sequence(cfg.packed, w.bq, w.q_off, w.q_len)
+        do_rows = _sequence(cfg.packed, w.b, w.q_off, w.q_len)
+        tKs, tKg = _partition(k[0], g.mma["S"], g.tiler["S"], sK, sequence_view(k[1], *kv_rows, cfg.packed), "A")
+        tVs, tVg = _partition(v[0], g.mma["dP"], g.tiler["dP"], sV, sequence_view(v[1], *kv_rows, cfg.packed), "A")
+        tQs, tQg = _partition(q[0], g.mma["S"], g.tiler["S"], sQ, sequence_view(q[1], *q_rows, cfg.packed), "B")
+        tOs, tOg = _partition(do[0], g.mma["dP"], g.tiler["dP"], sdO, sequence_view(do[1], *do_rows, cfg.packed), "B")
         sf_kv, sf_q, sf_do = ctx.smem_addr("sSF_kv"), ctx.smem_addr("sSF_q"), ctx.smem_addr("sSF_do")
         stats = ctx.smem_addr("sStats")
         lane = cute.arch.lane_idx()
@@ -72,7 +80,7 @@ class LoadRole:
                 kv_bar = bars.addr("kv_full")
                 chunks = ((a["k_sf_hd"], 0), (a["k_sf_seq"], 1), (a["v_sf_hd"], 2))
                 for base, slot in chunks:
-                    src = scale_chunk(base, w.b, w.kv, ctx.kv_heads, ctx.k_chunks, k_tile)
+                    src = scale_chunk_addr(base, w.b, w.kv, ctx.kv_heads, ctx.k_chunks, k_tile)
                     px.bulk_load(sf_kv + slot * SCALE_CHUNK, src, SCALE_CHUNK, kv_bar)
         i = Int32(0)
         for gi in cutlass.range(w.groups, unroll=1):
@@ -99,7 +107,7 @@ class LoadRole:
         """The "hd" and "seq" scale chunks of one query tile into ring stage s."""
         st = self.config.stages
         for base, slot in ((hd, s), (seq, st + s)):
-            src = scale_chunk(base, batch, head, ctx.n_heads, ctx.q_chunks, tile)
+            src = scale_chunk_addr(base, batch, head, ctx.n_heads, ctx.q_chunks, tile)
             px.bulk_load(smem + slot * SCALE_CHUNK, src, SCALE_CHUNK, bar)
 
     @cute.jit
@@ -114,11 +122,11 @@ class LoadRole:
             ok = r < w.q_len
             off = (rows * Int64(ctx.seq_q) + Int64(w.q_off + r)) * 4
             lse = px.ld_global_f32(ctx.addrs["lse"] + off, ok, float("-inf"))
-            use = px.select_f32(lse == Float32(float("-inf")), Float32(0.0), lse)
-            ls.append(px.mul_rn(use, Float32(LOG2E)))
+            use = f32.select_f32(lse == Float32(float("-inf")), Float32(0.0), lse)
+            ls.append(f32.mul_rn(use, Float32(LOG2E)))
             ds.append(px.ld_global_f32(ctx.addrs["delta"] + off, ok, 0.0))
-        px.st_shared_v4(smem + 16 * lane, [x.bitcast(cutlass.Uint32) for x in ls])
-        px.st_shared_v4(smem + TILE * 4 + 16 * lane, [x.bitcast(cutlass.Uint32) for x in ds])
+        ptx.st_shared_v4(smem + 16 * lane, [x.bitcast(cutlass.Uint32) for x in ls])
+        ptx.st_shared_v4(smem + TILE * 4 + 16 * lane, [x.bitcast(cutlass.Uint32) for x in ds])
         cute.arch.sync_warp()
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive(bars.ptr("stats_full", s))

@@ -24,8 +24,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import tcgen05
 
-from jax_mxfp8.kernels.sm100.attention_bwd_config import SCALE_CHUNK, sf_slot
-from jax_mxfp8.kernels.sm100.attention_bwd_gemms import GEMMS, BwdGemms, copy_scales, scaled_gemm
+from jax_mxfp8.kernels.sm100.attention_bwd_config import sf_slot
+from jax_mxfp8.kernels.sm100.attention_bwd_gemms import GEMMS, BwdGemms, scaled_gemm
+from jax_mxfp8.kernels.sm100.attention_geometry import SCALE_CHUNK
+from jax_mxfp8.kernels.sm100.blockscaled_mma import copy_scales
 
 ACC_REGION = {"S": "S^T", "dP": "dP^T", "dV": "dV", "dK": "dK", "dQ": "dQ"}
 STAGED_B = ("S", "dP", "dV", "dK")

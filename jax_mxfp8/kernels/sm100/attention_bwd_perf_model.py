@@ -1,19 +1,22 @@
-"""A performance model of the Blackwell MXFP8 attention backward (kernels/sm100/attention_bwd.py) and of
-forward + backward, from the design's model (docs/perf/blackwell-attention.md section 6). Pure Python:
-PREDICTIONS, not measurements -- no Blackwell GPU has run these kernels.
+"""A performance model of the Blackwell MXFP8 attention backward (kernels/sm100/attention_bwd.py), and of
+forward + backward with the built forward's model (kernels/sm100/attention_fwd_perf_model.py) as its forward
+term. Pure Python: PREDICTIONS, not measurements -- no Blackwell GPU has run these kernels. The assumptions
+of both are stated once in docs/perf/blackwell-attention.md section 6.
 
-  predict_bwd(config, problem, gpu)     backward TFLOP/s of one call
-  predict_fwd(head_dim, causal, problem, gpu)   forward TFLOP/s (the design's forward model)
-  predict_train(config, problem, gpu)   forward + backward: 3.5 / (1 / fwd + 2.5 / bwd)
-  Problem(batch, seq, heads, kv_heads, lens)   dense (lens None) or packed jagged (lens: sequence lengths)
+  predict_bwd(config, shape, gpu)       backward TFLOP/s of one call
+  forward_config(config)                the forward variant of the same head_dim, causal, p_scale, packed
+  predict_train(config, shape, gpu, forward_instructions)   forward + backward TFLOP/s: both calls' FLOPs over
+                                        both times, the forward's from attention_fwd_perf_model.predict_fwd
+                                        with the compiled forward variant's softmax instruction counts
+  table_shape(config)                   the problem of a variant's row in the resource table
+shape = (heads, kv_heads, batch, lengths), attention_fwd_perf_model's: `batch` sequences of the given
+lengths (query = key length; dense: all equal).
 
 Unit = one 128-query x 128-key tile pair of one head; per SM and unit, in SM clocks:
-  backward  t_mma  = 5 GEMMs x 2 x 128 x 128 x H / 16384 (FP8 FLOP per clock per SM)
-            t_exp  = 128 x 128 / ex2 per clock (B200 16, GB300 32: FA4's figures)
-            t_issue = BWD_ISSUE_PER_32 warp-instructions per 32 elements / 4 schedulers
-            t_unit = max(t_mma, t_exp, t_issue) / BWD_EFFICIENCY + dQ bytes / L2_REDUCE_BYTES_PER_CLK
-  forward   max(4 x 128 x 128 x H / 16384, balanced exp (MUFU vs the FMA-pipe polynomial split),
-            FWD_ISSUE_PER_32 / 4 per element) / FWD_EFFICIENCY[gpu]
+  t_mma   = 5 GEMMs x 2 x 128 x 128 x H / 16384 (FP8 FLOP per clock per SM)
+  t_exp   = 128 x 128 / MUFU.EX2 per clock (attention_fwd_perf_model.MUFU_EX2_PER_CLK)
+  t_issue = BWD_ISSUE_PER_32 warp-instructions per 32 elements / 4 schedulers
+  t_unit  = max(t_mma, t_exp, t_issue) / BWD_EFFICIENCY + dQ bytes / L2_REDUCE_BYTES_PER_CLK
 BWD_EFFICIENCY and L2_REDUCE_BYTES_PER_CLK are the two numbers that make the model reproduce LP-FA4's two
 published GB300 backward figures (H128, non-causal: 1.82 PFLOP/s with float32 dQ, 1.98 with float16 dQ,
 whose only difference is the dQ reduction traffic); everything else follows from the bound ratios. Causal:
@@ -26,41 +29,24 @@ and tails are ignored.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
-from jax_mxfp8.kernels.sm100.attention_bwd_config import TILE, AttentionBwdSm100Config
-from jax_mxfp8.kernels.sm100.perf_model import B200, FP8_FLOP_PER_CLK_PER_SM, GB300, Gpu
+from jax_mxfp8.kernels.sm100 import attention_fwd_perf_model as fwd_model
+from jax_mxfp8.kernels.sm100.attention_bwd_config import AttentionBwdSm100Config
+from jax_mxfp8.kernels.sm100.attention_fwd_config import AttentionFwdSm100Config, find_variant
+from jax_mxfp8.kernels.sm100.attention_geometry import TILE
+from jax_mxfp8.kernels.sm100.perf_model import FP8_FLOP_PER_CLK_PER_SM, GB300, Gpu
 
-EX2_PER_CLK = {B200.name: 16, GB300.name: 32}
-"""MUFU.EX2 results per clock per SM (FA4's figure; GB300 doubles the exponential throughput)."""
 ISSUE_SLOTS = 4
-FWD_ISSUE_PER_32 = 4
-"""Warp-instructions per 32 softmax elements in the forward (FMUL2, FADD2, FMNMX3, F2FP, TMEM traffic)."""
 BWD_ISSUE_PER_32 = 7
 """Warp-instructions per 32 elements in the backward's compute warps (P: mul, sub, min; dS: sub, mul; the P
 and dS scalings and packs; the warp amax per block): the design's estimate, unmeasured."""
-POLY_EXTRA_ISSUE = 8
-"""Extra issue slots per exponential moved from MUFU to the FMA-pipe polynomial (FA4's split, forward)."""
-FWD_EFFICIENCY = {B200.name: 0.645, GB300.name: 0.61}
-"""The forward's achieved fraction of its bound: midpoints of the design's calibrated ranges (B200 0.57-0.72
-from FA4's BF16 forward, GB300 0.57-0.65 from LP-FA4's MXFP8 forward)."""
 ANCHOR_GB300_BWD_TFLOPS = {"fp32": 1820.0, "fp16": 1980.0}
 """LP-FA4's published backward on GB300 (H128, non-causal, MHA), float32 / float16 dQ."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """An attention problem: batch rows of `seq` queries and keys (dense), or packed sequences of `lens`."""
-
-    batch: int
-    seq: int
-    heads: int
-    kv_heads: int
-    lens: tuple[int, ...] | None = None
-
-    def sequences(self) -> tuple[int, ...]:
-        return self.lens if self.lens is not None else (self.seq,) * self.batch
+Shape = tuple[int, int, int, tuple[int, ...]]
+"""(heads, kv_heads, batch, lengths): attention_fwd_perf_model's problem shape."""
 
 
 def _clock(gpu: Gpu) -> float:
@@ -69,7 +55,7 @@ def _clock(gpu: Gpu) -> float:
 
 def _bwd_base_clk(head_dim: int, gpu: Gpu) -> float:
     t_mma = 5 * 2 * TILE * TILE * head_dim / FP8_FLOP_PER_CLK_PER_SM
-    t_exp = TILE * TILE / EX2_PER_CLK[gpu.name]
+    t_exp = TILE * TILE / fwd_model.MUFU_EX2_PER_CLK[gpu.name]
     t_issue = BWD_ISSUE_PER_32 * TILE * TILE / 32 / ISSUE_SLOTS
     return max(t_mma, t_exp, t_issue)
 
@@ -97,53 +83,50 @@ def _pairs(seq: int, causal: bool) -> int:
     return n * (n + 1) // 2 if causal else n * n
 
 
-def _flops(problem: Problem, head_dim: int, causal: bool, factor: int) -> float:
-    """Useful FLOPs: factor x 2 x T S H per head (forward 2 GEMMs: 2, backward 5: 5), causal half."""
-    total = sum(s * s for s in problem.sequences()) * problem.heads * head_dim * 2 * factor
+def _flops(shape: Shape, head_dim: int, causal: bool) -> float:
+    """Useful backward FLOPs: 5 GEMMs x 2 x T S H per head, causal half (2.5x the forward's 4 T S H)."""
+    heads, _, _, lengths = shape
+    total = sum(s * s for s in lengths) * heads * head_dim * 2 * 5
     return total / 2 if causal else total
 
 
-def predict_bwd(config: AttentionBwdSm100Config, problem: Problem, gpu: Gpu) -> float:
+def predict_bwd(config: AttentionBwdSm100Config, shape: Shape, gpu: Gpu) -> float:
     """Predicted backward TFLOP/s (module docstring)."""
+    heads, kv_heads, _, lengths = shape
     h = config.head_dim
     t_unit = _bwd_base_clk(h, gpu) / BWD_EFFICIENCY + _dq_bytes(config.dq_accum, h) / L2_REDUCE_BYTES_PER_CLK
-    units = sum(_pairs(s, config.causal) for s in problem.sequences()) * problem.heads
+    units = sum(_pairs(s, config.causal) for s in lengths) * heads
     seconds = units * t_unit / gpu.sms / _clock(gpu)
     if config.deterministic:
-        tiles = math.ceil(max(problem.sequences()) / TILE)
-        steps = problem.heads // problem.kv_heads * (tiles if not config.causal else (tiles + 1) / 2)
-        together = min(tiles, math.ceil(gpu.sms / (len(problem.sequences()) * problem.kv_heads)))
+        tiles = math.ceil(max(lengths) / TILE)
+        steps = heads // kv_heads * (tiles if not config.causal else (tiles + 1) / 2)
+        together = min(tiles, math.ceil(gpu.sms / (len(lengths) * kv_heads)))
         seconds *= (steps + together - 1) / steps
-    return _flops(problem, h, config.causal, 5) / seconds / 1e12
+    return _flops(shape, h, config.causal) / seconds / 1e12
 
 
-def predict_fwd(head_dim: int, causal: bool, problem: Problem, gpu: Gpu) -> float:
-    """Predicted forward TFLOP/s (the design's forward model: module docstring)."""
-    t_mma = 2 * 2 * TILE * TILE * head_dim / FP8_FLOP_PER_CLK_PER_SM
-    exps = TILE * TILE + TILE
-    t_mufu = exps / EX2_PER_CLK[gpu.name]
-    t_issue = FWD_ISSUE_PER_32 * TILE * TILE / 32 / ISSUE_SLOTS
-    extra = POLY_EXTRA_ISSUE * exps / 32 / ISSUE_SLOTS  # issue slots if every exponential were a polynomial
-    f = min(max((t_mufu - t_issue) / (t_mufu + extra), 0.0), 1.0)  # the split that balances MUFU and issue
-    t_unit = max(t_mma, t_mufu * (1 - f), t_issue + extra * f) / FWD_EFFICIENCY[gpu.name]
-    units = sum(_pairs(s, causal) for s in problem.sequences()) * problem.heads
-    seconds = units * t_unit / gpu.sms / _clock(gpu)
-    return _flops(problem, head_dim, causal, 2) / seconds / 1e12
+def forward_config(config: AttentionBwdSm100Config) -> AttentionFwdSm100Config:
+    """The production forward variant whose residuals this backward variant takes (same key fields)."""
+    return find_variant(head_dim=config.head_dim, causal=config.causal, p_scale=config.p_scale, packed=config.packed,
+                        broadcast_q=False)  # fmt: skip
 
 
-def predict_train(config: AttentionBwdSm100Config, problem: Problem, gpu: Gpu) -> float:
-    """Forward + backward TFLOP/s: 3.5 / (1 / fwd + 2.5 / bwd) (the backward does 2.5x the forward's FLOPs)."""
-    fwd = predict_fwd(config.head_dim, config.causal, problem, gpu)
-    return 3.5 / (1 / fwd + 2.5 / predict_bwd(config, problem, gpu))
+def predict_train(
+    config: AttentionBwdSm100Config, shape: Shape, gpu: Gpu, forward_instructions: tuple[int, int]
+) -> float:
+    """Forward + backward TFLOP/s: both calls' FLOPs over both times; the forward's time is
+    attention_fwd_perf_model.predict_fwd's for forward_config(config) at the compiled forward's softmax
+    instruction counts (unmasked, masked) per tile. Equal to 3.5 / (1 / fwd + 2.5 / bwd): the backward does
+    2.5x the forward's FLOPs."""
+    fwd = fwd_model.predict_fwd(forward_config(config), shape, gpu, forward_instructions)
+    bwd_flops = _flops(shape, config.head_dim, config.causal)
+    bwd_seconds = bwd_flops / (predict_bwd(config, shape, gpu) * 1e12)
+    return (fwd.flops + bwd_flops) / (fwd.seconds + bwd_seconds) / 1e12
 
 
-JAGGED_LENS = tuple(512 + i * (16384 - 512) // 63 for i in range(64))
-"""The design's jagged shape, 64 sequences spread over [512, 16384] (evenly, for a deterministic table)."""
-
-
-def table_problem(config: AttentionBwdSm100Config) -> Problem:
-    """The problem of a variant's row in the resource table: B2 T = S = 8192 N = K = 16 dense, or the jagged
-    set with N = K = 4 (packed)."""
+def table_shape(config: AttentionBwdSm100Config) -> Shape:
+    """The problem of a variant's row in the resource table: N = K = 16 B2 T = S = 8192 dense, or the jagged
+    set of the forward's table (attention_fwd_perf_model.JAGGED_LENGTHS) with N = K = 4 (packed)."""
     if config.packed:
-        return Problem(batch=1, seq=sum(JAGGED_LENS), heads=4, kv_heads=4, lens=JAGGED_LENS)
-    return Problem(batch=2, seq=8192, heads=16, kv_heads=16)
+        return fwd_model.TABLE_SHAPES["packed"]
+    return (16, 16, 2, (8192, 8192))

@@ -10,33 +10,35 @@ ascending order with P quantized in the softmax warps ("const" / "block", rule "
 the natural-log LSE in float32; causal (masked tiles skipped, the diagonal tiles masked), per-batch lengths,
 packed jagged sequences (split addressing), one query sequence for every batch row (broadcast_q).
 
-Host entry (`__call__`, `entry()`; every tensor a 2-D row-major view of the emulation's arrays, no copies):
-  q     (Bq T, N H)           float8_e4m3fn  Q data as quantized: (Bq, T, N, H) square 32x32 blocks;
-                                             Bq = B, or 1 for broadcast_q and packed (T = total rows)
-  q_sf  (Bq N, Tc 512)        uint8          Q's "hd" scales (Bq, N, Tc, 1, 512), Tc = ceil(T / 128) chunks
-                                             (packed: the per-sequence padded chunks, n_chunks of them)
-  k     (B S, K H)            float8_e4m3fn  K data (B, S, K, H)
-  k_sf  (B K, Sc 512)         uint8          K's "hd" scales (B, K, Sc, 1, 512)
-  v     (B S, K H)            float8_e4m3fn  V data (B, S, K, H), read MN-major by O = P V
-  v_sf  (B K, Sc 512)         uint8          V's "seq" scales (B, K, 1, Sc, 512)
-  lens  (2, B)                int32          dense / broadcast_q: query, key lengths (<= T, S)
-  seqs  (6, S)                int32          packed: per sequence first query row, first key row, query
-                                             length, key length, first Q scale chunk, first K / V chunk
-  work  (2, W)                int32          packed: (sequence, Q tile pair) items, longest first, then
-                                             (-1, 0) padding (primitives/attention_sm100_packed.packed_tables)
-  o     (B T, N H)            bfloat16       O (packed: (T, N H)); rows >= q_len get 0
-  lse   (B N, T)              float32        natural-log LSE per (batch, head) row; -inf where no key
-  scale_log2                  Float32        fl(tau log2 e) (the emulation's factor, computed by the caller)
-  ctas                        Int32          persistent grid size (the device's SM count)
-  stream                      CUstream
+Host entry (`__call__`, `entry()`; the sm100 attention operand convention of docs/interfaces.md "sm100
+attention": every tensor a 2-D row-major view of the emulation's array, no copies; names and order
+AttentionFwdSm100Config.tensor_names):
+  q         (Bq T, N H)    float8_e4m3fn  Q data as quantized: (Bq, T, N, H) square 32x32 blocks;
+                                          Bq = B, or 1 for broadcast_q and packed (T = total rows)
+  q_sf_hd   (Bq N, Tc 512) uint8          Q's "hd" scales (Bq, N, Tc, 1, 512), Tc = ceil(T / 128) chunks
+                                          (packed: the per-sequence padded chunks, n_chunks_q of them)
+  k         (B S, K H)     float8_e4m3fn  K data (B, S, K, H)
+  k_sf_hd   (B K, Sc 512)  uint8          K's "hd" scales (B, K, Sc, 1, 512)
+  v         (B S, K H)     float8_e4m3fn  V data (B, S, K, H), read MN-major by O = P V
+  v_sf_seq  (B K, Sc 512)  uint8          V's "seq" scales (B, K, 1, Sc, 512)
+  lens      (2, B)         int32          dense / broadcast_q: query, key lengths (<= T, S)
+  seqs      (6, S)         int32          packed: the sequence table and its forward work list (Q tile
+  work      (2, n_chunks_q) int32         pairs, longest first) from primitives/attention_sm100_packed.
+                                          packed_tables (decoded by kernels/common/packed_sequences.py)
+  o         (B T, N H)     bfloat16       O (packed: (T, N H)); rows >= q_len get 0
+  lse       (B N, T)       float32        natural-log LSE per (batch, head) row; -inf where no key
+  scale_log2               Float32        fl(tau log2 e) (the emulation's factor, computed by the caller)
+  ctas                     Int32          persistent grid size (the device's SM count)
+  stream                   CUstream
 H = head_dim is the variant's; N, K, B, T, S, W come from the shapes. A handler must check the rest
-(config.unsupported): N % K == 0, q_sf / k_sf / v_sf chunk counts covering T and S, lens <= (T, S).
+(config.unsupported): N % K == 0, the scale chunk counts covering T and S, lens <= (T, S).
 
 Structure (16 warps, one persistent CTA per SM; docs/perf/blackwell-attention.md section 2): softmax 0-7
 (attention_fwd_softmax.py), correction 8-11 and epilogue 13 (attention_fwd_correction.py), MMA 12
-(attention_fwd_mma.py), load 14 (here), 15 idle. Shared building blocks: attention_loads.py (views, ragged
-packed rows, TMA tile sources), attention_schedule.py (work items), attention_mask.py, tmem_rows.py, f32x2.py,
-attention_quant.py. TMEM: the declared map's columns (attention_fwd_config.tmem_columns), all 512 allocated.
+(attention_fwd_mma.py), load 14 (here), 15 idle. Shared building blocks (the backward's too):
+attention_loads.py (views, ragged packed rows, TMA tile sources), tile_scheduler.py (work items),
+attention_mask.py, tmem_rows.py, float32_ops.py, attention_quant.py, attention_geometry.py. TMEM: the declared
+map's columns (attention_fwd_config.tmem_columns), all 512 allocated.
 """
 
 from __future__ import annotations
@@ -58,9 +60,7 @@ from jax_mxfp8.kernels.sm100.attention_fwd_config import (
     MMA_WARP,
     Q_STAGES,
     REGISTERS,
-    SCALE_CHUNK,
     SOFTMAX_WARPS,
-    THREADS,
     TILE_M,
     TILE_N,
     AttentionFwdSm100Config,
@@ -68,10 +68,12 @@ from jax_mxfp8.kernels.sm100.attention_fwd_config import (
 from jax_mxfp8.kernels.sm100.attention_fwd_correction import CorrectionRole
 from jax_mxfp8.kernels.sm100.attention_fwd_mma import FP8, ForwardMmas, MmaRole
 from jax_mxfp8.kernels.sm100.attention_fwd_softmax import SoftmaxRole
+from jax_mxfp8.kernels.sm100.attention_geometry import SCALE_CHUNK, THREADS
 from jax_mxfp8.kernels.sm100.attention_loads import cols_view, rows_view, scale_tiles, scale_view, sequence_tiles
 from jax_mxfp8.kernels.sm100.attention_quant import P_CONST_SCALE_BYTE
-from jax_mxfp8.kernels.sm100.attention_schedule import AttentionSchedule
 from jax_mxfp8.kernels.sm100.blockscaled_mma import SF_DTYPE
+from jax_mxfp8.kernels.sm100.tile_scheduler import AttentionSchedule
+from jax_mxfp8.kernels.sm100.warp_roles import make_ab_pipeline
 
 TMEM_BARRIER = 1
 TMEM_THREADS = 32 * (1 + len(SOFTMAX_WARPS) + len(CORRECTION_WARPS))
@@ -121,6 +123,15 @@ class AttentionForwardSm100(MmaRole, SoftmaxRole, CorrectionRole):
             Float32(1.0), Int32(148), make_fake_stream(),
         )  # fmt: skip
 
+    def build_facts(self) -> dict:
+        """What the static checks need beyond the cubin, known once traced (written next to the dumped cubin:
+        tools/sm100_static.py write_facts; tools/check_sm100_attention_fwd.py reads it)."""
+        return {
+            "smem_struct_bytes": int(self.smem_struct_bytes),
+            "sf_tmem_columns": [int(c) for c in self.sf_tmem_columns],
+            "stage_bytes": {k: int(v) for k, v in self.stage_bytes.items()},
+        }
+
     def entry(self):
         """The @cute.jit host function of this variant: launch (dense, broadcast_q) or launch_packed."""
         return self.launch_packed if self.cfg.packed else self.launch
@@ -132,21 +143,21 @@ class AttentionForwardSm100(MmaRole, SoftmaxRole, CorrectionRole):
 
     # fmt: off
     @cute.jit
-    def launch(self, q: cute.Tensor, q_sf: cute.Tensor, k: cute.Tensor, k_sf: cute.Tensor, v: cute.Tensor,
-               v_sf: cute.Tensor, lens: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, scale_log2: Float32,
+    def launch(self, q: cute.Tensor, q_sf_hd: cute.Tensor, k: cute.Tensor, k_sf_hd: cute.Tensor, v: cute.Tensor,
+               v_sf_seq: cute.Tensor, lens: cute.Tensor, o: cute.Tensor, lse: cute.Tensor, scale_log2: Float32,
                ctas: Int32, stream: cuda.CUstream):
-        self._launch(q, q_sf, k, k_sf, v, v_sf, (lens,), o, lse, scale_log2, ctas, stream)
+        self._launch(q, q_sf_hd, k, k_sf_hd, v, v_sf_seq, (lens,), o, lse, scale_log2, ctas, stream)
 
     @cute.jit
-    def launch_packed(self, q: cute.Tensor, q_sf: cute.Tensor, k: cute.Tensor, k_sf: cute.Tensor, v: cute.Tensor,
-                      v_sf: cute.Tensor, seqs: cute.Tensor, work: cute.Tensor, o: cute.Tensor, lse: cute.Tensor,
+    def launch_packed(self, q: cute.Tensor, q_sf_hd: cute.Tensor, k: cute.Tensor, k_sf_hd: cute.Tensor, v: cute.Tensor,
+                      v_sf_seq: cute.Tensor, seqs: cute.Tensor, work: cute.Tensor, o: cute.Tensor, lse: cute.Tensor,
                       scale_log2: Float32, ctas: Int32, stream: cuda.CUstream):
-        self._launch(q, q_sf, k, k_sf, v, v_sf, (seqs, work), o, lse, scale_log2, ctas, stream)
+        self._launch(q, q_sf_hd, k, k_sf_hd, v, v_sf_seq, (seqs, work), o, lse, scale_log2, ctas, stream)
     # fmt: on
 
     # --------------------------------------------------------------------------------------------- host side
     @cute.jit
-    def _launch(self, q, q_sf, k, k_sf, v, v_sf, tables, o, lse, scale_log2: Float32, ctas: Int32, stream):
+    def _launch(self, q, q_sf_hd, k, k_sf_hd, v, v_sf_seq, tables, o, lse, scale_log2: Float32, ctas: Int32, stream):
         cfg = self.cfg
         h = cfg.head_dim
         heads, kv_heads = q.shape[1] // h, k.shape[1] // h
@@ -163,10 +174,10 @@ class AttentionForwardSm100(MmaRole, SoftmaxRole, CorrectionRole):
         m_k = rows_view(k, batch, kv_heads, h, cfg.packed)
         m_v = cols_view(v, batch, kv_heads, h, cfg.packed)
         m_o = rows_view(o, batch, heads, h, cfg.packed)
-        chunks_q, chunks_kv = q_sf.shape[1] // SCALE_CHUNK, k_sf.shape[1] // SCALE_CHUNK
-        m_sfq = scale_view(q_sf, chunks_q * TILE_M, 128)
-        m_sfk = scale_view(k_sf, chunks_kv * TILE_N, 128)
-        m_sfv = scale_view(v_sf, 128, (v_sf.shape[1] // SCALE_CHUNK) * TILE_N)
+        chunks_q, chunks_kv = q_sf_hd.shape[1] // SCALE_CHUNK, k_sf_hd.shape[1] // SCALE_CHUNK
+        m_sfq = scale_view(q_sf_hd, chunks_q * TILE_M, 128)
+        m_sfk = scale_view(k_sf_hd, chunks_kv * TILE_N, 128)
+        m_sfv = scale_view(v_sf_seq, 128, (v_sf_seq.shape[1] // SCALE_CHUNK) * TILE_N)
         vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (mm.qk.thr_id.shape,)).shape
         op = cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE)
         tma_a, tma_b = cute.nvgpu.make_tiled_tma_atom_A, cute.nvgpu.make_tiled_tma_atom_B
@@ -225,8 +236,8 @@ class AttentionForwardSm100(MmaRole, SoftmaxRole, CorrectionRole):
         storage = utils.SmemAllocator().allocate(self.shared_storage)
         vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (mm.qk.thr_id.shape,))
         pipes = {
-            "q": self._tma_pipeline(storage.q_mbar.data_ptr(), Q_STAGES, self.stage_bytes["q"], vmnk),
-            "kv": self._tma_pipeline(storage.kv_mbar.data_ptr(), cfg.kv_stages, self.stage_bytes["k"], vmnk),
+            "q": make_ab_pipeline(storage.q_mbar.data_ptr(), Q_STAGES, self.stage_bytes["q"], vmnk),
+            "kv": make_ab_pipeline(storage.kv_mbar.data_ptr(), cfg.kv_stages, self.stage_bytes["k"], vmnk),
         }
         bars = self._signals(storage)
         if warp == 0:
@@ -311,19 +322,6 @@ class AttentionForwardSm100(MmaRole, SoftmaxRole, CorrectionRole):
             storage.tmem_holding.ptr,
             barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=TMEM_BARRIER, num_threads=TMEM_THREADS),
             allocator_warp_id=MMA_WARP,
-        )
-
-    @staticmethod
-    def _tma_pipeline(barriers, stages: int, tx_bytes: int, vmnk) -> pipeline.PipelineTmaUmma:
-        """A TMA -> MMA ring (full: expect-tx by the load warp; empty: tcgen05.commit by the MMA warp)."""
-        return pipeline.PipelineTmaUmma.create(
-            barrier_storage=barriers,
-            num_stages=stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            tx_count=tx_bytes,
-            cta_layout_vmnk=vmnk,
-            defer_sync=True,
         )
 
     # -------------------------------------------------------------------------------------------- load warp

@@ -21,21 +21,17 @@ import itertools
 
 from jax_mxfp8.kernels.registry.base import P_SCALE_CODE, P_SCALES
 from jax_mxfp8.kernels.sm100 import attention_tmem
+from jax_mxfp8.kernels.sm100.attention_geometry import HEAD_DIMS, REGISTER_FILE, SCALE_CHUNK, SMEM_LIMIT, TILE
 from jax_mxfp8.kernels.sm100.tmem_map import TmemMap
 
-ARCH = "sm_100f"
-"""One cubin for cc 10.0 (B200, GB200) and 10.3 (B300, GB300): the family target (docs/perf/blackwell.md)."""
-TILE_M = 128
+TILE_M = TILE
 """Query rows per Q tile (the MMA's M, one TMEM lane per row); a CTA work item is two Q tiles."""
 Q_STAGES = 2
 """Q tiles per work item (FA4's two softmax warpgroups, one per tile)."""
 ITEM_ROWS = TILE_M * Q_STAGES
-TILE_N = 128
+TILE_N = TILE
 """Keys per KV tile (the contract's kv_tile default)."""
 MMA_K = 32
-SCALE_CHUNK = 512
-"""Bytes of one 128x4 blocked scale chunk (128 MN rows x 4 K blocks of 32)."""
-SMEM_LIMIT = 227 * 1024
 
 SOFTMAX_WARPS = (0, 1, 2, 3, 4, 5, 6, 7)
 """Softmax warpgroup s = warps 4 s .. 4 s + 3: Q tile s, one thread per row (TMEM lane 32 (w % 4) + lane)."""
@@ -46,14 +42,9 @@ EPILOGUE_WARP = 13
 """TMA store of O from shared memory."""
 LOAD_WARP = 14
 IDLE_WARP = 15
-WARPS = 16
-THREADS = 32 * WARPS
 REGISTERS = {"softmax": 168, "correction": 80, "other": 96}
 """setmaxnreg budget per thread of each role (FA4's split): softmax holds a 128-column row of S; 8 softmax,
 4 correction and 4 other warps use exactly the 64 K registers of the SM."""
-REGISTER_FILE = 65536
-
-HEAD_DIMS = (64, 128)
 KV_STAGES = {64: 8, 128: 6}
 """K / V ring stages (K and V tiles take one stage each): as many as fit next to Q, O and the scales."""
 
@@ -127,9 +118,9 @@ class AttentionFwdSm100Config:
     @property
     def tensor_names(self) -> tuple[str, ...]:
         """The host function's tensors, in argument order (then the float scale_log2, then the stream):
-        q, q_sf, k, k_sf, v, v_sf, then lens (dense) or seqs, work (packed), then the outputs o, lse."""
+        q, q_sf_hd, k, k_sf_hd, v, v_sf_seq, then lens (dense) or seqs, work (packed), then the outputs o, lse."""
         tables = ("seqs", "work") if self.packed else ("lens",)
-        return ("q", "q_sf", "k", "k_sf", "v", "v_sf", *tables, "o", "lse")
+        return ("q", "q_sf_hd", "k", "k_sf_hd", "v", "v_sf_seq", *tables, "o", "lse")
 
     def unsupported(self, *, batch: int, q_batch: int, t: int, s: int, heads: int, kv_heads: int) -> str | None:
         """Why the variant cannot take a problem (None = it can); dense / broadcast shapes: q (q_batch, t, heads,

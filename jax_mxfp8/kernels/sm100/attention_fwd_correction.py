@@ -68,10 +68,6 @@ def lg2(x: Float32) -> Float32:
     return inline_ptx("lg2.approx.f32 {$w0}, {$r0};", write_only_types=[Float32], read_only_args=[x])
 
 
-def st_shared_v4(addr: Int32, words) -> None:
-    inline_ptx("st.shared.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, *words])
-
-
 def o_smem_offset(r: Int32, col: int, head_dim: int) -> Int32:
     """Byte offset in one sO tile of the 16 bytes holding columns col .. col + 7 of row r (col % 8 == 0):
     SW128 panels of 64 columns x 128 rows (16 KB each), 16-byte chunk index XOR (r % 8)
@@ -153,7 +149,7 @@ class CorrectionRole:
                 bits = [o.bitcast(Uint32) for o in outs]
                 words = [ptx.pack_bf16x2_rn(bits[2 * i], bits[2 * i + 1]) for i in range(OUT_CHUNK // 2)]
             for q in cutlass.range_constexpr(OUT_CHUNK // 8):
-                st_shared_v4(tile + o_smem_offset(r, OUT_CHUNK * c + 8 * q, cfg.head_dim), words[4 * q : 4 * q + 4])
+                ptx.st_shared_v4(tile + o_smem_offset(r, OUT_CHUNK * c + 8 * q, cfg.head_dim), words[4 * q : 4 * q + 4])
         lse = Float32(-Float32.inf)
         if cutlass.const_expr(has_acc):
             lse = Float32(cutlass.select_(keep, (m + lg2(lsum)) * Float32(LN2), -Float32.inf))

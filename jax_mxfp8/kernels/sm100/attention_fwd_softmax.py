@@ -6,7 +6,7 @@ TMEM lane). Per KV tile j (primitives/attention_sm100_emulation.py is this arith
 
   acc   = tcgen05.ld S_s (128 float32)          then "S_s drained" (named barrier with the MMA warp)
   t     = mul.rn(acc, c), c = fl(tau log2 e)   (one rounding; no FFMA contraction with what follows;
-                                               FMUL2 / FADD2 pairs: kernels/sm100/f32x2.py)
+                                               FMUL2 / FADD2 pairs: kernels/sm100/float32_ops.py)
   masked tiles only: t_k = -inf for key >= kv_len or (causal) key > row      (attention_mask.py)
   m_new = max(m, max_k t)  (FMNMX3.NAN: a NaN row stays NaN);  m_use = m_new == -inf ? 0 : m_new
   alpha = ex2(m - m_use) -> shared memory, mbarrier "stats_s" (the correction warps rescale O_s)
@@ -36,7 +36,8 @@ from cutlass.cute.arch import inline_ptx
 
 from jax_mxfp8.kernels.common import ptx
 from jax_mxfp8.kernels.sm100 import attention_quant as aq
-from jax_mxfp8.kernels.sm100 import f32x2, tmem_rows
+from jax_mxfp8.kernels.sm100 import float32_ops as f32
+from jax_mxfp8.kernels.sm100 import tmem_rows
 from jax_mxfp8.kernels.sm100.attention_fwd_config import ITEM_ROWS, TILE_M, TILE_N
 from jax_mxfp8.kernels.sm100.attention_fwd_mma import S_DRAINED_BARRIER, S_DRAINED_THREADS
 from jax_mxfp8.kernels.sm100.attention_mask import key_limit, mask_row, tile_needs_mask
@@ -104,10 +105,10 @@ class SoftmaxRole:
         bytes) to TMEM (and shared memory). Returns the new (m, l)."""
         t = []
         for k in cutlass.range_constexpr(0, TILE_N, 2):  # FMUL2: two logits per instruction, each rounded once
-            t += list(f32x2.mul2(acc[k], acc[k + 1], scale_log2))
+            t += list(f32.mul2(acc[k], acc[k + 1], scale_log2))
         if cutlass.const_expr(limit is not None):
             t = mask_row(t, limit)  # masked after the scaling, as the reference: -inf whatever the sign of c
-        m_new = f32x2.max3(m, f32x2.max_all(t), m)
+        m_new = f32.max3(m, f32.max_all(t), m)
         m_use = Float32(cutlass.select_(m_new == -Float32.inf, Float32(0.0), m_new))
         alpha = ex2(m - m_use)
         stats[r, s, 0] = alpha
@@ -117,18 +118,18 @@ class SoftmaxRole:
         for c in cutlass.range_constexpr(TILE_N // BLOCK):
             p = []
             for k in cutlass.range_constexpr(BLOCK * c, BLOCK * (c + 1), 2):
-                x0, x1 = f32x2.sub2(t[k], t[k + 1], m_use)
+                x0, x1 = f32.sub2(t[k], t[k + 1], m_use)
                 p += [ex2(x0), ex2(x1)]
-            sums.append(f32x2.sum_pairs(p))
+            sums.append(f32.sum_pairs(p))
             if cutlass.const_expr(self.cfg.p_scale == "const"):
                 factor = Float32(2.0**P_CONST_LOG2)
             else:
                 # P~ >= 0 (or NaN): the amax is the plain max (FMNMX3.NAN: NaN kept, then byte 0xFF)
-                amax_bits = f32x2.max_all(p).bitcast(Uint32) & Uint32(0x7FFFFFFF)
+                amax_bits = f32.max_all(p).bitcast(Uint32) & Uint32(0x7FFFFFFF)
                 byte, factor_bits = ptx.scale_and_factor(amax_bits, aq.E4M3, "up")
                 scale_bytes.append(byte)
                 factor = factor_bits.bitcast(Float32)
-            w = [f32x2.e4m3x4(p[4 * i : 4 * i + 4], factor) for i in range(BLOCK // 4)]
+            w = [f32.e4m3x4(p[4 * i : 4 * i + 4], factor) for i in range(BLOCK // 4)]
             tmem_rows.store_cols(p_addr + Uint32(c * BLOCK // 4), w)
         lsum = alpha * lsum + ((sums[0] + sums[1]) + (sums[2] + sums[3]))
         if cutlass.const_expr(self.cfg.p_scale == "block"):

@@ -1,9 +1,11 @@
-"""Global views and TMA tile sources of the Blackwell attention kernels' operands (sm_100f; traced in CuTe DSL).
-Shared by the forward and the backward: Q, K, V, dO and O are sequence-major row operands, their scales
-128x4 blocked chunks (primitives/attention_sm100_operands.py, formats/blocked_scales.py).
+"""Global views and load sources of the Blackwell attention kernels' operands (sm_100f; traced in CuTe DSL).
+Shared by the forward and the backward: Q, K, V, dO and O are sequence-major row operands, their scales 128x4
+blocked chunks (primitives/attention_sm100_operands.py, formats/blocked_scales.py).
 
-Operands arrive as 2-D row-major views of the emulation's arrays (no copies):
-  data   (Lb * L, heads * H)   E4M3 (or O bf16): (Lb, L, heads, H) with Lb batch rows (1 when packed)
+Operands arrive as 2-D row-major views of the emulation's arrays (no copies; docs/interfaces.md "sm100
+attention"):
+  data   (Lb * L, heads * H)   E4M3 (or O bfloat16, dQ / dK / dV float32): (Lb, L, heads, H) with Lb batch rows
+                               (1 when packed)
   scales (Lb * heads, C * 512) uint8: (Lb, heads, C, 1, 512) orientation "hd" (C = row chunks) or
                                (Lb, heads, 1, C, 512) orientation "seq" (C = key-block chunks), H <= 128
 
@@ -11,15 +13,19 @@ Operands arrive as 2-D row-major views of the emulation's arrays (no copies):
   cols_view(x, batch, heads, head_dim, packed)   (H, rows, heads, L): the same bytes as an MN-major B
                                                  operand (V in O = P V)
   scale_view(sf, rows, k)                        the blocked bytes as ((32, 4, rows / 128), (32, 4, k / 128),
-                                                 groups) (blockscaled_mma.blocked_scale_layout)
-  sequence_tiles(tma_tensor, seq, head, tiler, mn_mode)   one sequence's tiles of a TMA coordinate tensor
+                                                 groups) (blockscaled_mma.blocked_scale_layout), for TMA
+  sequence_tiles(tma_tensor, seq, head, tiler, mn_mode)   one sequence's tiles of one head (the forward)
+  sequence_view(tma_tensor, lcoord, shift, packed)        one sequence's (rows, H, heads) (the backward,
+                                                          whose CTA walks the heads of a group)
+  scale_chunk_addr(base, batch, head, heads, chunks, chunk)   a 512-byte chunk's global address (the
+                                                          backward's 1-D bulk copies)
 
 Dense operands: L is the batch mode, each batch row's `rows` mode has extent T (or S), so a 128-row box
 past it reads zeros (TMA bounds), never the next batch row. Packed operands use the ragged-row encoding
 (the technique of Triton's ragged TMA descriptors): the rows mode has extent 2^30 with the base pointer moved
 back by 2^30 rows, and an extra mode L of extent 2^31 - 1 with the row stride. Sequence s (rows row0 ..
-row0 + len - 1) is read at row coordinate 2^30 - len + r and L coordinate row0 + len: the address is
-base + (row0 + r) * stride, and r >= len falls past the rows extent, so the box is clipped at the
+row0 + len - 1) is read at row coordinate 2^30 - len + r and L coordinate row0 + len (ragged_coords): the
+address is base + (row0 + r) * stride, and r >= len falls past the rows extent, so the box is clipped at the
 sequence's end (zeros in, nothing out) and no sequence reads another's bytes (an E4M3 NaN there would
 reach O through 0 x NaN). Never run on hardware.
 """
@@ -55,12 +61,18 @@ class SeqAddr(NamedTuple):
     chunk0: Int32
 
 
+def ragged_coords(row0: Int32, rows: Int32) -> tuple[Int32, Int32]:
+    """(L coordinate, row shift) of the packed sequence at rows row0 .. row0 + rows - 1 (module docstring)."""
+    return row0 + rows, Int32(RAGGED_ROWS) - rows
+
+
 def dense_seq(b: Int32, rows: Int32, g: Int32) -> SeqAddr:
     return SeqAddr(b, Int32(0), rows, b * rows, g, Int32(0))
 
 
 def packed_seq(row0: Int32, rows: Int32, g: Int32, chunk0: Int32) -> SeqAddr:
-    return SeqAddr(row0 + rows, Int32(RAGGED_ROWS) - rows, rows, row0, g, chunk0)
+    lcoord, shift = ragged_coords(row0, rows)
+    return SeqAddr(lcoord, shift, rows, row0, g, chunk0)
 
 
 def _view(x: cute.Tensor, batch, heads: int | Int32, head_dim: int, packed: bool, transposed: bool) -> cute.Tensor:
@@ -113,3 +125,18 @@ def scale_tiles(tma_tensor: cute.Tensor, g, tiler, rows_mode: int) -> cute.Tenso
     t = tma_tensor[None, None, g]
     coord = (None, 0) if rows_mode == 0 else (0, None)
     return cute.local_tile(t, tiler, coord)
+
+
+def sequence_view(tma_tensor: cute.Tensor, lcoord: Int32, shift, packed: bool) -> cute.Tensor:
+    """(rows, H, heads) of one sequence of a rows_view TMA coordinate tensor: batch row lcoord (dense), or
+    the packed sequence of ragged_coords (lcoord, shift)."""
+    t = tma_tensor[(None, None, None, lcoord)]
+    if cutlass.const_expr(packed):
+        t = cute.domain_offset((shift, 0, 0), t)
+    return t
+
+
+def scale_chunk_addr(base: Int64, batch: Int32, head: Int32, heads: Int32, chunks: Int32, chunk: Int32) -> Int64:
+    """Global address of the 512-byte scale chunk `chunk` of (batch, head) in a (batch * heads, chunks * 512)
+    blocked scale operand (either orientation at H <= 128)."""
+    return base + ((Int64(batch) * Int64(heads) + Int64(head)) * Int64(chunks) + Int64(chunk)) * 512

@@ -4,7 +4,7 @@ NOT RUN ON HARDWARE: no Blackwell GPU exists on this project's machines. Every v
 cubin checked statically (tools/check_sm100.py: UTCQMMA with TMEM scale operands, UTCCP, no local memory,
 registers, shared memory, TMEM map); the arithmetic is modelled by primitives/mx_gemm_sm100_emulation.py.
 
-What it computes (kernels/sm100/mx_gemm_config.py): per batch g, acc = the block-scaled product of A (M, K)
+What it computes (kernels/registry/gemm_sm100.py): per batch g, acc = the block-scaled product of A (M, K)
 and B (N, K), E4M3, K-major, with E8M0 scales in the 128x4 blocked layout, applied by the tensor core per
 32-block of K (tcgen05.mma.kind::mxf8f6f4.block_scale), accumulated in float32 in TMEM; then the epilogue
 (kernels/sm100/mx_gemm_epilogue.py): plain c, or MX quantized rows / columns / both, with bias, GELU, pre.
@@ -20,8 +20,9 @@ Host entry (`entry()`, `fake_args()`, `tensor_names()`; all tensors 3-D (G, rows
   s   (G, ceil(M/128) ceil(N/128), 512)  uint8   their scales, blocked
   qc  (G, N, M)          float8_e4m3fn      col / rowcol: z transposed, blocks of 32 along M (M % 32 == 0)
   sc  (G, ceil(N/128) ceil(M/128), 512)  uint8
+  sm_count  Int32        the persistent grid's bound: the device's SM count (the handler reads it)
   stream
-M, N, K, G come from the shapes of a and b; the FFI handler (not written yet) must check the rest against
+M, N, K, G come from the shapes of a and b; the FFI handler (csrc/mx_gemm_sm100.cc) checks the rest against
 them (config.unsupported gives the kernel's limits).
 
 Structure (kernels/sm100/warp_roles.py): persistent, one CTA per SM (cta_group 2: a cluster pair per
@@ -44,6 +45,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import compute_tmem_cols_from_layout
 
+from jax_mxfp8.kernels.registry.gemm_sm100 import COLUMN_SMEM_PER_WARP, CTA_ROWS, K_TILE, MXGemmSm100Config
 from jax_mxfp8.kernels.sm100 import warp_roles as roles
 from jax_mxfp8.kernels.sm100.blockscaled_mma import (
     SF_DTYPE,
@@ -55,7 +57,6 @@ from jax_mxfp8.kernels.sm100.blockscaled_mma import (
     mma_k_tile,
     scale_tmem_tensors,
 )
-from jax_mxfp8.kernels.sm100.mx_gemm_config import COLUMN_SMEM_PER_WARP, CTA_ROWS, K_TILE, MXGemmSm100Config
 from jax_mxfp8.kernels.sm100.mx_gemm_epilogue import EpilogueTile, make_release
 
 DTYPES = {
@@ -83,7 +84,7 @@ class MXGemmSm100:
         self.tmem = config.tmem_map().check()
         for s in range(config.acc_stages):  # the accumulator buffers are addressed as base + stage * tile_n
             assert self.tmem.region(f"acc{s}").start == s * config.tile_n
-        self.sched = roles.GemmTileScheduler(CTA_ROWS, config.tile_n, config.group_m, config.max_ctas, config.cta_group)
+        self.sched = roles.GemmTileScheduler(CTA_ROWS, config.tile_n, config.group_m, None, config.cta_group)
         self.epilogue = EpilogueTile(config)
         self.smem_struct_bytes = None  # set when traced (tools/check_sm100.py compares it with the config)
         self.tmem_layout_columns = None  # likewise: the DSL layouts' TMEM extents
@@ -113,7 +114,12 @@ class MXGemmSm100:
             "qc": (q, g, n, s(divisibility=32)),
             "sc": (cutlass.Uint8, g, s(), 512),
         }
-        return (*(fake_3d(*shapes[name]) for name in self.tensor_names()), make_fake_stream())
+        return (*(fake_3d(*shapes[name]) for name in self.tensor_names()), Int32(148), make_fake_stream())
+
+    def build_facts(self) -> dict:
+        """What the static checks need beyond the cubin, known once traced (tools/build_kernels.py writes it
+        next to the dumped cubin; tools/check_sm100.py reads it)."""
+        return {"smem_struct_bytes": int(self.smem_struct_bytes), "tmem_layout_columns": self.tmem_layout_columns}
 
     def entry(self):
         """The @cute.jit host function for this variant's number of tensors."""
@@ -129,34 +135,35 @@ class MXGemmSm100:
     # fmt: off
     @cute.jit
     def launch5(self, t0: cute.Tensor, t1: cute.Tensor, t2: cute.Tensor, t3: cute.Tensor, t4: cute.Tensor,
-                stream: cuda.CUstream):
-        self._launch((t0, t1, t2, t3, t4), stream)
+                sm_count: Int32, stream: cuda.CUstream):
+        self._launch((t0, t1, t2, t3, t4), sm_count, stream)
 
     @cute.jit
     def launch6(self, t0: cute.Tensor, t1: cute.Tensor, t2: cute.Tensor, t3: cute.Tensor, t4: cute.Tensor,
-                t5: cute.Tensor, stream: cuda.CUstream):
-        self._launch((t0, t1, t2, t3, t4, t5), stream)
+                t5: cute.Tensor, sm_count: Int32, stream: cuda.CUstream):
+        self._launch((t0, t1, t2, t3, t4, t5), sm_count, stream)
 
     @cute.jit
     def launch7(self, t0: cute.Tensor, t1: cute.Tensor, t2: cute.Tensor, t3: cute.Tensor, t4: cute.Tensor,
-                t5: cute.Tensor, t6: cute.Tensor, stream: cuda.CUstream):
-        self._launch((t0, t1, t2, t3, t4, t5, t6), stream)
+                t5: cute.Tensor, t6: cute.Tensor, sm_count: Int32, stream: cuda.CUstream):
+        self._launch((t0, t1, t2, t3, t4, t5, t6), sm_count, stream)
 
     @cute.jit
     def launch8(self, t0: cute.Tensor, t1: cute.Tensor, t2: cute.Tensor, t3: cute.Tensor, t4: cute.Tensor,
-                t5: cute.Tensor, t6: cute.Tensor, t7: cute.Tensor, stream: cuda.CUstream):
-        self._launch((t0, t1, t2, t3, t4, t5, t6, t7), stream)
+                t5: cute.Tensor, t6: cute.Tensor, t7: cute.Tensor, sm_count: Int32, stream: cuda.CUstream):
+        self._launch((t0, t1, t2, t3, t4, t5, t6, t7), sm_count, stream)
 
     @cute.jit
     def launch9(self, t0: cute.Tensor, t1: cute.Tensor, t2: cute.Tensor, t3: cute.Tensor, t4: cute.Tensor,
-                t5: cute.Tensor, t6: cute.Tensor, t7: cute.Tensor, t8: cute.Tensor, stream: cuda.CUstream):
-        self._launch((t0, t1, t2, t3, t4, t5, t6, t7, t8), stream)
+                t5: cute.Tensor, t6: cute.Tensor, t7: cute.Tensor, t8: cute.Tensor, sm_count: Int32,
+                stream: cuda.CUstream):
+        self._launch((t0, t1, t2, t3, t4, t5, t6, t7, t8), sm_count, stream)
 
     @cute.jit
     def launch10(self, t0: cute.Tensor, t1: cute.Tensor, t2: cute.Tensor, t3: cute.Tensor, t4: cute.Tensor,
                  t5: cute.Tensor, t6: cute.Tensor, t7: cute.Tensor, t8: cute.Tensor, t9: cute.Tensor,
-                 stream: cuda.CUstream):
-        self._launch((t0, t1, t2, t3, t4, t5, t6, t7, t8, t9), stream)
+                 sm_count: Int32, stream: cuda.CUstream):
+        self._launch((t0, t1, t2, t3, t4, t5, t6, t7, t8, t9), sm_count, stream)
     # fmt: on
 
     # ------------------------------------------------------------------------------------------------
@@ -164,7 +171,7 @@ class MXGemmSm100:
     # ------------------------------------------------------------------------------------------------
 
     @cute.jit
-    def _launch(self, tensors, stream: cuda.CUstream):
+    def _launch(self, tensors, sm_count: Int32, stream: cuda.CUstream):
         cfg = self.config
         t = dict(zip(self.tensor_names(), tensors))
         g, m, k = t["a"].shape
@@ -204,7 +211,7 @@ class MXGemmSm100:
             setup.cluster_sfb_vmnk, setup.a_smem, setup.b_smem, setup.sfa_smem, setup.sfb_smem,
             outs, m, n, m_tiles, n_tiles, total, k_tiles,
         ).launch(
-            grid=[self.sched.grid(total), 1, 1],
+            grid=[self.sched.grid_for(total, sm_count), 1, 1],
             block=[roles.THREADS, 1, 1],
             cluster=[cfg.cta_group, 1, 1],
             stream=stream,

@@ -32,10 +32,8 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 
 from jax_mxfp8.kernels.common import ptx
-from jax_mxfp8.kernels.sm90.mx_epilogue import gelu_tanh_f32
-from jax_mxfp8.kernels.sm90.mx_epilogue_col import ld_shared_v4
-from jax_mxfp8.kernels.sm100 import epilogue_quantize as eq
-from jax_mxfp8.kernels.sm100.mx_gemm_config import (
+from jax_mxfp8.kernels.common.fp32_math import gelu_tanh_f32
+from jax_mxfp8.kernels.registry.gemm_sm100 import (
     COL_PITCH,
     COL_SCALES,
     COLUMN_SMEM_PER_WARP,
@@ -43,6 +41,7 @@ from jax_mxfp8.kernels.sm100.mx_gemm_config import (
     TRANSPOSE_PITCH,
     MXGemmSm100Config,
 )
+from jax_mxfp8.kernels.sm100 import epilogue_quantize as eq
 
 CHUNK = eq.CHUNK
 SCALE_TILE_BYTES = 512
@@ -149,7 +148,7 @@ class EpilogueTile:
             ptx.st_shared_b32(stage + Int32(COL_SCALES + c4), eq.pack_bytes(scale_bytes))
         cute.arch.sync_warp()
         mine = stage + lane * COL_PITCH
-        data = [*ld_shared_v4(mine), *ld_shared_v4(mine + 16)]
+        data = [*ptx.ld_shared_v4(mine), *ptx.ld_shared_v4(mine + 16)]
         scale = ptx.ld_shared_u8(stage + Int32(COL_SCALES) + lane)
         cute.arch.sync_warp()  # the next chunk rewrites the staging tile
         return scale, data

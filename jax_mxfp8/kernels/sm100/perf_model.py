@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from jax_mxfp8.kernels.sm100.mx_gemm_config import BLOCK, CTA_ROWS, K_TILE, MXGemmSm100Config
+from jax_mxfp8.kernels.registry.gemm_sm100 import BLOCK, CTA_ROWS, K_TILE, MXGemmSm100Config
 
 FP8_FLOP_PER_CLK_PER_SM = 16384
 """Dense FP8 (and MXFP8) tensor-core FLOP per clock per SM on sm_100: B200's published 4.5 PFLOP/s over
@@ -114,7 +114,7 @@ def predict(
     t_main = k_tiles * max(t_mma, t_fill)
     t_epi = epilogue_instructions * EPILOGUE_CPI / clock
     tiles = g * math.ceil(m / config.tile_m) * math.ceil(n / config.tile_n)
-    clusters = min(tiles, gpu.sms // config.cta_group, config.max_ctas // config.cta_group)
+    clusters = min(tiles, gpu.sms // config.cta_group)  # the grid: the device's SM count, given at launch
     per_cluster = math.ceil(tiles / clusters)
     t_compute = per_cluster * max(t_main, t_epi) + t_epi
     operand_bytes = g * (m + n) * k * (1 + 1 / BLOCK)

@@ -2,12 +2,13 @@
 one TMEM lane each (sm_100f; traced inside CuTe DSL kernels). Used by the attention kernels' softmax,
 correction and epilogue warps (forward and backward).
 
-  lane_base(tmem_base, warp)           the TMEM address of column 0 of this warp's 32 lanes: a warp reaches
-                                       only lanes 32 (warp % 4) .. + 31 (its lane quarter)
-  load_cols(taddr, n)                  n float32 bit patterns (8, 16 or a multiple of 32) of this thread's lane
-                                       from columns taddr .. taddr + n - 1: tcgen05.ld.32x32b per 32 columns,
-                                       then tcgen05.wait::ld, in ONE asm statement (so that no use of a
-                                       result can be scheduled before the wait)
+  lane_addr(tmem_base, quarter, col)   the TMEM address of column col of lane quarter `quarter`: a warp
+                                       reaches only lanes 32 (warp % 4) .. + 31 (its lane quarter)
+  lane_base(tmem_base, warp)           lane_addr of column 0 of this warp's quarter
+  load_cols(taddr, n, dtype)           n 32-bit values (8, 16 or a multiple of 32; Uint32 bit patterns or
+                                       Float32) of this thread's lane from columns taddr .. taddr + n - 1:
+                                       tcgen05.ld.32x32b per 32 columns, then tcgen05.wait::ld, in ONE asm
+                                       statement (so that no use of a result can be scheduled before the wait)
   store_cols(taddr, words)             tcgen05.st.32x32b.x{8,16,32} of the words (no wait: wait_st)
   wait_st(), fence_before_sync(), fence_after_sync()   tcgen05.wait::st and the tcgen05 thread-sync fences
   Mbarrier                             one mbarrier of a MemRange: init, arrive, wait(phase), commit (the MMA
@@ -31,14 +32,19 @@ from cutlass.cute.nvgpu import tcgen05
 LANES_PER_WARP = 32
 
 
+def lane_addr(tmem_base: Uint32, quarter, column=0) -> Uint32:
+    """TMEM address (lane << 16 | column) of `column`, lane 32 quarter (TMEM lane quarter 0..3)."""
+    return tmem_base + (Uint32(quarter * LANES_PER_WARP) << Uint32(16)) + Uint32(column)
+
+
 def lane_base(tmem_base: Uint32, warp: Int32) -> Uint32:
-    """TMEM address (lane << 16 | column) of column 0, lane 32 (warp % 4): this warp's lane quarter."""
-    return tmem_base + (Uint32(LANES_PER_WARP * (warp % 4)) << Uint32(16))
+    """lane_addr of column 0 for warp `warp`: its lane quarter is warp % 4."""
+    return lane_addr(tmem_base, warp % 4)
 
 
-def load_cols(taddr: Uint32, n: int) -> list[Uint32]:
+def load_cols(taddr: Uint32, n: int, dtype=Uint32) -> list:
     """This thread's lane, columns taddr .. taddr + n - 1 (n = 8, 16 or a multiple of 32), loaded and waited
-    for."""
+    for, as n values of dtype (Uint32 bit patterns or Float32)."""
     per = min(n, 32)
     assert n % per == 0 and per in (8, 16, 32)
     lines, k = [], 0
@@ -48,7 +54,7 @@ def load_cols(taddr: Uint32, n: int) -> list[Uint32]:
         k += per
     lines.append("tcgen05.wait::ld.sync.aligned;")
     addrs = [taddr + Uint32(per * c) for c in range(n // per)]
-    return list(inline_ptx("\n".join(lines), write_only_types=[Uint32] * n, read_only_args=addrs))
+    return list(inline_ptx("\n".join(lines), write_only_types=[dtype] * n, read_only_args=addrs))
 
 
 def store_cols(taddr: Uint32, words: list[Uint32]) -> None:

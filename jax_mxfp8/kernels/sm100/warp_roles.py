@@ -25,7 +25,7 @@ from __future__ import annotations
 import cutlass.pipeline as pipeline
 from cutlass.memory import TmemAllocator
 
-from jax_mxfp8.kernels.sm90.tile_scheduler import GemmTile, GemmTileScheduler
+from jax_mxfp8.kernels.common.gemm_schedule import GemmTile, GemmTileScheduler
 
 EPILOGUE_WARPS = (0, 1, 2, 3)
 MMA_WARP = 4

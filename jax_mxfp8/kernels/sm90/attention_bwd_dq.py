@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int64
 from cutlass.cute.arch import inline_ptx
 
+from jax_mxfp8.kernels.common.semaphore import fence_acq_rel_gpu, sem_release_add, sem_wait
 from jax_mxfp8.kernels.sm90.attention_bwd_blocks import red_add_f32
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
 
@@ -60,25 +61,6 @@ def add_f16x2_exclusive(addr: Int64, lo: Float32, hi: Float32) -> None:
         " cvt.rn.f16x2.f32 d, fh, fl; st.relaxed.gpu.global.b32 [{$r0}], d; }",
         read_only_args=[addr, lo, hi],
     )
-
-
-def sem_wait(addr: Int64, value: Int32) -> None:
-    """Spins until the int32 at global address addr equals value (ld.acquire.gpu: what the releasing
-    thread's CTA wrote before its release is visible after)."""
-    inline_ptx(
-        "{ .reg .pred p; .reg .b32 v; SEM_WAIT: ld.acquire.gpu.global.b32 v, [{$r0}];"
-        " setp.ne.s32 p, v, {$r1}; @p bra SEM_WAIT; }",
-        read_only_args=[addr, value],
-    )
-
-
-def sem_release_add(addr: Int64) -> None:
-    """The int32 at global address addr += 1 with release semantics at GPU scope."""
-    inline_ptx("red.release.gpu.global.add.s32 [{$r0}], 1;", read_only_args=[addr])
-
-
-def fence_acq_rel_gpu() -> None:
-    inline_ptx("fence.acq_rel.gpu;")
 
 
 @cute.jit

@@ -5,41 +5,18 @@ The wgmma accumulator fragment (kernels/sm90/wgmma_fragment.py) gives a thread t
 lanes of a quad (4 groups nb of 2 adjacent columns). Its amax is a max over the thread's 8 values and two
 butterfly shuffles within the quad (offsets 1 and 2): no shared memory. The scale byte and the power-of-two
 factor are ptx.scale_and_factor, the elements ptx.quantize4_f32: the quantize kernels' exact formula
-(bit-identical to jax_mxfp8.quantize). GELU is jax.nn.gelu's tanh form, op for op, in float32.
+(bit-identical to jax_mxfp8.quantize). GELU (kernels/common/fp32_math.py gelu_tanh_f32) is jax.nn.gelu's tanh
+form, op for op, in float32.
 """
 
 from __future__ import annotations
 
-import numpy as np
 from cutlass import Uint32
 from cutlass.cute.arch import inline_ptx
 
 from jax_mxfp8.kernels.common import ptx
 
 ABS_MASK = 0x7FFFFFFF
-
-
-def _f32_hex(x: float) -> str:
-    return f"0f{int(np.array(x, dtype=np.float32).view(np.uint32)):08X}"
-
-
-GELU_C1 = _f32_hex(0.044715)
-GELU_C2 = _f32_hex(float(np.sqrt(2 / np.pi).astype(np.float32)))
-
-
-def gelu_tanh_f32(x: Uint32) -> Uint32:
-    """float32 bits of jax.nn.gelu(x) (approximate=True) in jax's operation order, each an IEEE-rounded
-    float32 op (no FMA contraction): x * (0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * ((x * x) * x))))).
-    tanh is the hardware tanh.approx.f32 (max relative error ~2^-11), XLA's is a rational approximation:
-    the only difference from the XLA formula. NaN stays NaN; +-Inf gives NaN / NaN like XLA's (Inf * 0)."""
-    code = (
-        "{\n.reg .f32 x, t;\nmov.b32 x, {$r0};\n"
-        "mul.rn.f32 t, x, x;\nmul.rn.f32 t, t, x;\n"
-        f"mul.rn.f32 t, t, {GELU_C1};\nadd.rn.f32 t, x, t;\nmul.rn.f32 t, t, {GELU_C2};\n"
-        "tanh.approx.f32 t, t;\nadd.rn.f32 t, t, 0f3F800000;\nmul.rn.f32 t, t, 0f3F000000;\n"
-        "mul.rn.f32 t, x, t;\nmov.b32 {$w0}, t;\n}"
-    )
-    return inline_ptx(code, write_only_types=[Uint32], read_only_args=[x])
 
 
 def block_scale(values, elem_dtype: str, scale_rounding: str) -> tuple[Uint32, Uint32]:

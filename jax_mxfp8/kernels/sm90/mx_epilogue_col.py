@@ -52,13 +52,6 @@ def smem_bytes(tile_n: int) -> int:
     return WARPS * tile_n * 4 + BLOCKS * tile_n * 8 + tile_n * PITCH
 
 
-def ld_shared_v4(addr: Int32) -> tuple[Uint32, Uint32, Uint32, Uint32]:
-    """16 bytes (16-byte aligned) from shared memory."""
-    return inline_ptx(
-        "ld.shared.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];", write_only_types=[Uint32] * 4, read_only_args=[addr]
-    )
-
-
 def zero_unless(x: Uint32, rows_left: Int32) -> Uint32:
     """x where rows_left > 0, else 0 (a block at or past M: exponent 0, data +0)."""
     code = "{\n.reg .pred p;\nsetp.gt.s32 p, {$r1}, 0;\nselp.b32 {$w0}, {$r0}, 0, p;\n}"
@@ -121,7 +114,7 @@ def column_epilogue(z, sbase: Int32, qc_base: Int64, sc_base: Int64, mp, m, n, t
     rows_left = m - (tile_row0 + 32 * blk)
     for nb in range(nbs):
         c0 = col + 8 * nb
-        fq0, fa0, fq1, fa1 = ld_shared_v4(fac_s + (blk * tn + c0) * 8)
+        fq0, fa0, fq1, fa1 = ptx.ld_shared_v4(fac_s + (blk * tn + c0) * 8)
         xs = [z[4 * nb], z[2 + 4 * nb], z[1 + 4 * nb], z[3 + 4 * nb]]  # (c0, row), (c0, row+8), (c0+1, ..)
         word = ptx.quantize4_f32(xs, [fq0, fq0, fq1, fq1], ELEM)
         word = zero_unless(ptx_align.requant4(word, [fa0, fa1], ELEM), rows_left)
@@ -137,7 +130,7 @@ def column_epilogue(z, sbase: Int32, qc_base: Int64, sc_base: Int64, mp, m, n, t
     for k in range(tn * 8 // THREADS):
         chunk = tid + THREADS * k
         cl, part = chunk // 8, chunk % 8
-        words = ld_shared_v4(tile_s + cl * PITCH + part * 16)
+        words = ptx.ld_shared_v4(tile_s + cl * PITCH + part * 16)
         gc = w.n_tile * tn + cl
         addr = qc_base + (Int64(w.g) * Int64(n) + Int64(gc)) * Int64(mp) + Int64(tile_row0 + part * 16)
         ptx.st_global(addr, list(words), pred=live & (gc < n))

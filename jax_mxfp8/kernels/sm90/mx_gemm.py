@@ -39,10 +39,10 @@ Structure (persistent, warp-specialized; 3 warpgroups, 384 threads, one CTA per 
   thread marked warp-uniform, so their per-K-block descriptors are uniform-register adds.
   The schedules measured and no longer built (pingpong turns, two temporaries, early / preloaded scales,
   split column halves, a row-scale-only diagnostic): docs/perf/removed-variants.md.
-  Scheduling: kernels/sm90/tile_scheduler.py GemmTileScheduler (grid min(tiles, max_ctas), bands of
+  Scheduling: kernels/common/gemm_schedule.py GemmTileScheduler (grid min(tiles, max_ctas), bands of
   group_m M tiles). The producer runs ahead into the next work tile while the consumers finish one.
 Building blocks: kernels/sm90/wgmma (tiled FP8 MMA, K-block issue loop), warp_specialization (TMA ring,
-register budget, ring_state), wgmma_fragment (accumulator coordinates), tile_scheduler.
+register budget, ring_state), wgmma_fragment (accumulator coordinates), kernels/common/gemm_schedule.
 """
 
 from __future__ import annotations
@@ -55,10 +55,10 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 
+from jax_mxfp8.kernels.common.gemm_schedule import GemmTile, GemmTileScheduler
 from jax_mxfp8.kernels.registry import GEMM_K_TILE, MXGemmConfig
 from jax_mxfp8.kernels.sm90 import warp_specialization as ws
 from jax_mxfp8.kernels.sm90 import wgmma
-from jax_mxfp8.kernels.sm90.tile_scheduler import GemmTile, GemmTileScheduler
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
 
 DTYPES = {

@@ -36,11 +36,12 @@ import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int64, Uint8, Uint32
 
 from jax_mxfp8.kernels.common import ptx
+from jax_mxfp8.kernels.common.fp32_math import gelu_tanh_f32
+from jax_mxfp8.kernels.common.gemm_schedule import GemmTile
 from jax_mxfp8.kernels.registry import MX_EPILOGUE_ELEM, MXGemmEpilogueConfig
 from jax_mxfp8.kernels.sm90 import mx_epilogue_col
-from jax_mxfp8.kernels.sm90.mx_epilogue import block_scale, gelu_tanh_f32, pair_exchange
+from jax_mxfp8.kernels.sm90.mx_epilogue import block_scale, pair_exchange
 from jax_mxfp8.kernels.sm90.mx_gemm import DTYPES, MXGemmSm90, fake_2d
-from jax_mxfp8.kernels.sm90.tile_scheduler import GemmTile
 from jax_mxfp8.kernels.sm90.wgmma_fragment import acc_coords
 
 BLOCK = 32

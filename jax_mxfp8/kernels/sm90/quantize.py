@@ -1,7 +1,7 @@
 """The kernels that build the quantize-family configs on Hopper (sm_90a), named by the registry's `kernels`.
 
 Quantize, dequantize and RMSNorm + quantize are arch-neutral (plain PTX loads and stores, no wgmma): their
-code lives in kernels/common/ and sm_90a and sm_100a build the same classes. A Hopper-specific version
+code lives in kernels/common/ and sm_90a and sm_100f build the same classes. A Hopper-specific version
 would replace the name here.
 """
 

@@ -1,8 +1,6 @@
 """Work-item decode for Hopper (sm_90a) kernels: which tile a CTA runs.
 
-GEMM (the MX GEMM, kernels/sm90/mx_gemm.py): GemmTileScheduler, a persistent schedule: grid
-min(tiles, max_ctas) CTAs, CTA x runs work items x, x + grid, ... of the G * ceil(M / tile_m) *
-ceil(N / tile_n) output tiles, rasterized in bands of group_m M tiles (L2 reuse of the B strips).
+The GEMMs' persistent schedule (sm90 and sm100 MX GEMMs) is kernels/common/gemm_schedule.py.
 
 Attention forward (kernels/sm90/attention_fwd.py): one CTA per work tile, a 128-row (CTA_M) query tile of
 one query head against its KV head, in one of two schedules:
@@ -22,7 +20,8 @@ query_tile_range): dense padded batches with lens (2, B) as the forward's, or pa
 forward's seqs table and a work list of the same form whose items are the aligned layout's key tiles in
 order (item n = key tile n: (its sequence, key tile inside it), (-1, 0) for a tile in no sequence, whose dk,
 dv rows are written 0). Packed rows stay global in the aligned layout; the causal mask is offset by the
-sequence's KV-to-query row shift. packed_item is the one decode of a work-list item both use.
+sequence's KV-to-query row shift. kernels/common/packed_sequences.packed_item is the one decode of a
+work-list item both use (and the Blackwell kernels).
 """
 
 from __future__ import annotations
@@ -32,6 +31,8 @@ from typing import NamedTuple
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
+
+from jax_mxfp8.kernels.common.packed_sequences import SEQ_TILE, packed_item
 
 
 class WorkTile(NamedTuple):
@@ -45,23 +46,6 @@ class WorkTile(NamedTuple):
     qt0: Int32 | int  # the sequence's first query tile in the operands (0 for a dense batch)
     kt0: Int32 | int  # the sequence's first KV tile in the operands (0 for a dense batch)
     live: cutlass.Boolean | bool  # False: a padding item past the end of the packed work list
-
-
-SEQ_TILE = 128
-"""Rows per tile of the aligned packed layout (every sequence starts on one): the unit of seqs' first tiles."""
-
-
-def packed_item(work: cute.Tensor, seqs: cute.Tensor, item: Int32):
-    """Work item `item` of a packed work list: (tile inside the sequence, the sequence's first query tile,
-    first KV tile, query length, KV length, live). A padding item (sequence -1) reads sequence 0's entries
-    and is not live."""
-    seq = work[0, item]
-    live = seq >= 0
-    s = cutlass.max(seq, 0)  # padding items read sequence 0's entries (unused)
-    tile = work[1, item]
-    qt0, kt0 = seqs[0, s], seqs[1, s]
-    q_len, kv_len = seqs[2, s], seqs[3, s]
-    return tile, qt0, kt0, q_len, kv_len, live
 
 
 class DenseTileScheduler:
@@ -90,55 +74,10 @@ class PackedTileScheduler:
     def work_tile(self, work: cute.Tensor, seqs: cute.Tensor, q_heads: Int32, kv_heads: Int32) -> WorkTile:
         """work (2, W), seqs (4, S) int32 as in the module docstring; q_heads = N, kv_heads = K rows."""
         bx, by, _ = cute.arch.block_idx()
-        m_tile, qt0, kt0, q_len, kv_len, live = packed_item(work, seqs, bx)
+        it = packed_item(work, seqs, bx)
         bn = by
         bkv = by // (q_heads // kv_heads)
-        return WorkTile(m_tile, bn, bkv, q_len, kv_len, qt0, kt0, live)
-
-
-class GemmTile(NamedTuple):
-    """One output tile of a batched GEMM (DSL Int32 values)."""
-
-    g: Int32  # batch
-    m_tile: Int32  # tile_m-row tile
-    n_tile: Int32  # tile_n-column tile
-
-
-class GemmTileScheduler:
-    """Persistent schedule over G x ceil(M / tile_m) x ceil(N / tile_n) tiles (see the module docstring).
-
-    With cluster_m > 1 a work item is a cluster tile: cluster_m consecutive M tiles of one N tile, one per
-    CTA of a cluster (rank r takes M tile cluster_m * i + r; a tile past M computes zeros and stores
-    nothing); clusters run items c, c + clusters, ... Work item t -> batch g = t // (Mt * Nt); inside a
-    batch, bands of group_m (cluster) M tiles: within a band the M tile varies fastest, so the CTAs that
-    run at once share a few A and B strips in L2."""
-
-    def __init__(self, tile_m: int, tile_n: int, group_m: int, max_ctas: int, cluster_m: int = 1):
-        self.tile_m, self.tile_n, self.group_m = tile_m, tile_n, group_m
-        self.max_ctas, self.cluster_m = max_ctas, cluster_m
-
-    def tile_counts(self, m: Int32, n: Int32, g: Int32) -> tuple[Int32, Int32, Int32]:
-        """(cluster M tiles, N tiles, total work items)."""
-        span = self.tile_m * self.cluster_m
-        mt = (m + span - 1) // span
-        nt = (n + self.tile_n - 1) // self.tile_n
-        return mt, nt, mt * nt * g
-
-    def grid(self, total: Int32) -> Int32:
-        """Persistent grid size in CTAs: one CTA per SM (max_ctas), fewer when there are fewer work items;
-        a multiple of cluster_m."""
-        return cutlass.min(total, Int32(self.max_ctas // self.cluster_m)) * self.cluster_m
-
-    def work_tile(self, t: Int32, m_tiles: Int32, n_tiles: Int32, rank: Int32 | int = 0) -> GemmTile:
-        """Work item t (of tile_counts' total) for CTA rank `rank` of its cluster."""
-        per_batch = m_tiles * n_tiles
-        g = t // per_batch
-        r = t - g * per_batch
-        band = self.group_m * n_tiles
-        first_m = (r // band) * self.group_m
-        rows = cutlass.min(m_tiles - first_m, Int32(self.group_m))
-        r = r - (r // band) * band
-        return GemmTile(g, (first_m + r % rows) * self.cluster_m + rank, r // rows)
+        return WorkTile(it.tile, bn, bkv, it.q_len, it.kv_len, it.q_tile0, it.kv_tile0, it.live)
 
 
 class KeyTile(NamedTuple):
@@ -182,10 +121,10 @@ class KeyTileScheduler:
         n, bk, _ = cute.arch.block_idx()
         if self.packed:
             group = q_heads // kv_heads
-            _, qt0, kt0, seq_q, seq_kv, live = packed_item(work, lens, n)  # item n is key tile n
-            q_row0, kv_row0 = qt0 * SEQ_TILE, kt0 * SEQ_TILE
-            q_len = q_row0 + seq_q
-            kv_len = cutlass.select_(live, kv_row0 + seq_kv, Int32(0))  # no sequence: no key, dk, dv rows 0
+            it = packed_item(work, lens, n)  # item n is key tile n
+            q_row0, kv_row0 = it.q_tile0 * SEQ_TILE, it.kv_tile0 * SEQ_TILE
+            q_len = q_row0 + it.q_len
+            kv_len = cutlass.select_(it.live, kv_row0 + it.kv_len, Int32(0))  # no sequence: no key, dk, dv rows 0
             shift = kv_row0 - q_row0
         else:
             nb = lens.shape[1]

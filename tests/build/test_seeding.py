@@ -14,7 +14,7 @@ import numpy as np
 from tests.attention.attention_testutil import fresh_rng
 from tests.seeding_testutil import current_test_id, test_seed
 
-TESTS = pathlib.Path(__file__).parent
+TESTS = pathlib.Path(__file__).resolve().parents[1]  # tests/
 
 
 def test_fresh_rng_depends_only_on_the_test_node_and_draw_count():

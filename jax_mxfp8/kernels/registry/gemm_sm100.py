@@ -1,4 +1,4 @@
-"""Compile-time configuration of the Blackwell MX GEMM (kernels/sm100/mx_gemm.py). Pure Python (no DSL).
+"""Blackwell MX GEMM variants (kernels/sm100/mx_gemm.py): block-scaled tcgen05 MMAs, sm_100f. Pure Python (no DSL).
 
 The kernel computes, per batch g, from E4M3 operands with E8M0 scales in the 128x4 blocked layout
 (formats/blocked_scales.py):
@@ -12,10 +12,11 @@ The kernel computes, per batch g, from E4M3 operands with E8M0 scales in the 128
   rowcol:  both from one read of the accumulator;  store_pre: also c = bf16/f32(y)
 with act the identity or GELU (tanh form). The arithmetic model is primitives/mx_gemm_sm100_emulation.py.
 
-This module holds MXGemmSm100Config (frozen, named fields), the variant list MX_GEMM_SM100_VARIANTS, and
-what can be known without compiling: shared memory of the storage struct, the TMEM map. The kernel class
-registry (kernels/registry/) does not list these variants yet: no FFI handler, primitive or dispatch uses
-them. None of this has run on a Blackwell GPU: it is compiled and statically checked (tools/check_sm100.py).
+This module holds MXGemmSm100Config (frozen, named fields; a registry KernelConfig of op "mx_gemm_sm100"), the
+variant list MX_GEMM_SM100_VARIANTS (the registry's), and what can be known without compiling: shared memory
+of the storage struct, the TMEM map, the problems a variant covers. The FFI handler is csrc/mx_gemm_sm100.cc,
+the primitive primitives/mx_gemm_sm100.py. None of this has run on a Blackwell GPU: it is compiled and
+statically checked (tools/check_sm100.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from jax_mxfp8.kernels.registry.base import DTYPE_CODE, KernelConfig
 from jax_mxfp8.kernels.sm100.tmem_map import TmemMap, region
 
 ARCH = "sm_100f"
@@ -59,6 +61,8 @@ ELEM_DTYPES = ("float8_e4m3fn",)
 OUT_DTYPES = ("bfloat16", "float32")
 EPILOGUES = ("plain", "row", "col", "rowcol")
 ACTIVATIONS = ("", "gelu")
+EPILOGUE_CODE = {"plain": 0, "row": 1, "col": 2, "rowcol": 3}
+ACTIVATION_CODE = {"": 0, "gelu": 1}
 SHORT = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 
 
@@ -67,7 +71,7 @@ def _round_up(x: int, m: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class MXGemmSm100Config:
+class MXGemmSm100Config(KernelConfig):
     """One compiled Blackwell MX GEMM.
 
     Attributes:
@@ -92,9 +96,21 @@ class MXGemmSm100Config:
         column one warp-wide REDUX.MAX.U32 and the scale arithmetic, bytes transposed through shared
         memory afterwards: about 3x the instructions, kept as the comparison schedule).
       group_m: tile rasterization: consecutive work tiles walk group_m M tiles before the next N tile.
-      max_ctas: persistent grid bound: one CTA per SM of a B200 (148).
       tune: 0 for the production variant of its key; > 0 for comparison schedules.
+    The persistent grid is one CTA per SM: the handler passes the device's SM count at launch (148 on a
+    B200, 160 on a GB300).
     """
+
+    op = "mx_gemm_sm100"
+    kernels = {ARCH: "jax_mxfp8.kernels.sm100.mx_gemm:make_kernel"}
+    key_fields = ("a_dtype", "b_dtype", "cta_group", "epilogue", "out_dtype", "store_pre", "has_bias", "activation")
+    codes = {
+        "a_dtype": DTYPE_CODE,
+        "b_dtype": DTYPE_CODE,
+        "out_dtype": DTYPE_CODE,
+        "epilogue": EPILOGUE_CODE,
+        "activation": ACTIVATION_CODE,
+    }
 
     a_dtype: str = "float8_e4m3fn"
     b_dtype: str = "float8_e4m3fn"
@@ -109,7 +125,6 @@ class MXGemmSm100Config:
     activation: str = ""
     column_amax: str = "transpose"
     group_m: int = 8
-    max_ctas: int = 148
     tune: int = 0
 
     def __post_init__(self):
@@ -132,8 +147,8 @@ class MXGemmSm100Config:
             raise ValueError(f"column_amax={self.column_amax!r} not in {COLUMN_AMAX}")
         if self.epilogue == "plain" and (self.activation or self.store_pre):
             raise ValueError("the plain epilogue takes no activation and no store_pre (c is its output)")
-        if self.group_m < 1 or self.max_ctas < self.cta_group:
-            raise ValueError(f"group_m={self.group_m} must be >= 1 and max_ctas={self.max_ctas} >= cta_group")
+        if self.group_m < 1:
+            raise ValueError(f"group_m={self.group_m} must be >= 1")
         if self.stages < 2 or self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"stages={self.stages}: needs >= 2 and {self.smem_bytes} <= {SMEM_LIMIT} B of smem")
         self.tmem_map().check()
@@ -262,16 +277,17 @@ def _variants(cta_group: int) -> tuple[MXGemmSm100Config, ...]:
     plain = tuple(
         MXGemmSm100Config(out_dtype=o, has_bias=b, **common) for o, b in itertools.product(OUT_DTYPES, (False, True))
     )
+    if cta_group == 1:
+        return plain
     row = tuple(
-        MXGemmSm100Config(epilogue="row", has_bias=b, activation=a, store_pre=p, **common)
-        for b, a, p in itertools.product((False, True), ACTIVATIONS, (False, True))
+        MXGemmSm100Config(epilogue="row", has_bias=b, activation=a, store_pre=True, **common)
+        for b, a in itertools.product((False, True), ACTIVATIONS)
     )
     rowcol = tuple(
         MXGemmSm100Config(epilogue="rowcol", has_bias=b, activation=a, store_pre=True, **common)
         for b, a in itertools.product((False, True), ACTIVATIONS)
     )
-    col = (MXGemmSm100Config(epilogue="col", store_pre=True, **common),)
-    return plain + row + rowcol + col
+    return plain + row + rowcol
 
 
 MX_GEMM_SM100_VARIANTS: tuple[MXGemmSm100Config, ...] = (
@@ -283,7 +299,11 @@ MX_GEMM_SM100_VARIANTS: tuple[MXGemmSm100Config, ...] = (
         ),
     )
 )
-"""Every compiled variant: for the 2-CTA (256-row) production tiling and the 1-CTA (128-row) one for small M:
-plain {bf16, f32} x {bias}; row {bias} x {gelu} x {pre}; rowcol {bias} x {gelu} with pre (the training
-forward's two orientations); col with pre. Then the comparison schedule t1: the 2-CTA rowcol + bias + GELU
-with column_amax "redux" (warp-wide REDUX amaxes instead of the shared-memory transpose)."""
+"""The registered variants: what a dispatch path runs. 2-CTA (256-row tiles, production): plain {bf16, f32} x
+{bias} (mx_dot_general's forward, dgrad and wgrad GEMMs), row + pre and rowcol + pre {bias} x {gelu}
+(mx_dot_general_quantized's epilogue, one or both orientations; the kernel path always keeps the
+high-precision output). 1-CTA (128-row tiles): plain {bf16, f32} x {bias}, for M <= 128 (a 256-row tile would
+leave half of every pair idle). Then the comparison schedule t1 (built with --with-tunes): the 2-CTA rowcol +
+bias + GELU with column_amax "redux" (warp-wide REDUX amaxes instead of the shared-memory transpose). The
+kernel also compiles row without pre, col alone and the 1-CTA quantized epilogues; no dispatch path takes
+them, so they are not registered (docs/perf/blackwell.md)."""

@@ -1,16 +1,18 @@
-"""Float32 pair arithmetic and reductions for the Blackwell softmax warps (sm_100f; traced inside CuTe DSL
-kernels): two IEEE float32 operations per issue slot (SASS FMUL2 / FADD2, PTX mul.rn.f32x2 / add.rn.f32x2), a
-three-input NaN-keeping max (FMNMX3.NAN) and the E4M3 packing of scaled values. The attention softmax is
-bound by instruction issue and MUFU.EX2, not by the FMA pipe: halving the issue slots of its elementwise
-float work is what these are for.
+"""IEEE float32 operations for the Blackwell attention kernels' softmax, compute and epilogue warps (sm_100f;
+traced inside CuTe DSL kernels), each an asm statement with its own explicit rounding (.rn, no .ftz): never
+contracted into an FFMA with a neighbour, so the kernels round exactly where the emulations do.
 
-Every operation is an asm statement with an explicit rounding (.rn, no .ftz): one rounding per lane, never
-contracted into an FFMA with a neighbour, bit-identical to the scalar mul.rn / sub.rn / add.rn it replaces.
-
+Scalar (the backward; one rounding each):
+  mul_rn(a, b), sub_rn(a, b)   a b, a - b
+  select_f32(pred, a, b)       pred ? a : b (selp: no branch)
+  exp2_min0(x)                 2^min(x, 0), NaN kept (min.NaN), ex2.approx.f32 without flushing subnormals
+Pairs (the forward's softmax: two operations per issue slot, SASS FMUL2 / FADD2, PTX mul.rn.f32x2 /
+add.rn.f32x2, bit-identical to the scalar mul.rn / sub.rn / add.rn they replace; the softmax is bound by
+instruction issue and MUFU.EX2, not by the FMA pipe):
   mul2(a, b, c)            (a c, b c)
   sub2(a, b, m)            (a - m, b - m)
   add2(a, b, c, d)         (a + c, b + d)
-  max3(a, b, c)            max with NaN propagated
+  max3(a, b, c)            max with NaN propagated (FMNMX3.NAN)
   max_all(values)          max over a list (chains of max3, then a tree), NaN if any is NaN
   sum_pairs(values)        sum over a list (2 chains of add2, then the pair's sum)
   e4m3x4(x4, f)            four values times f (exact for a power of two f) rounded (RNE, satfinite) to
@@ -19,8 +21,37 @@ contracted into an FFMA with a neighbour, bit-identical to the scalar mul.rn / s
 
 from __future__ import annotations
 
-from cutlass import Float32, Uint32
+from cutlass import Boolean, Float32, Uint32
 from cutlass.cute.arch import inline_ptx
+
+
+def mul_rn(a: Float32, b: Float32) -> Float32:
+    """a * b rounded once (mul.rn: never contracted into a fused multiply-add)."""
+    return inline_ptx("mul.rn.f32 {$w0}, {$r0}, {$r1};", write_only_types=[Float32], read_only_args=[a, b])
+
+
+def sub_rn(a: Float32, b: Float32) -> Float32:
+    """a - b rounded once (sub.rn: never contracted)."""
+    return inline_ptx("sub.rn.f32 {$w0}, {$r0}, {$r1};", write_only_types=[Float32], read_only_args=[a, b])
+
+
+def exp2_min0(x: Float32) -> Float32:
+    """2^min(x, 0) with NaN kept (min.NaN: a NaN logit stays NaN), ex2.approx.f32 without flushing
+    subnormal results."""
+    return inline_ptx(
+        "{\n.reg .f32 t;\nmin.NaN.f32 t, {$r0}, 0f00000000;\nex2.approx.f32 {$w0}, t;\n}",
+        write_only_types=[Float32],
+        read_only_args=[x],
+    )
+
+
+def select_f32(pred: Boolean, a: Float32, b: Float32) -> Float32:
+    """pred ? a : b."""
+    return inline_ptx(
+        "{\n.reg .pred p;\nsetp.ne.u32 p, {$r0}, 0;\nselp.f32 {$w0}, {$r1}, {$r2}, p;\n}",
+        write_only_types=[Float32],
+        read_only_args=[Uint32(pred), a, b],
+    )
 
 
 def _pair(op: str, a: Float32, b: Float32, c: Float32, d: Float32) -> tuple[Float32, Float32]:
