@@ -193,7 +193,7 @@ def test_every_path_in_the_architecture_docs_exists(rel):
                                  "docs/attention-reference.md", "docs/perf/README.md", "docs/perf/quantize.md",
                                  "docs/perf/gemm.md", "docs/perf/attention-forward.md",
                                  "docs/perf/attention-backward.md", "docs/perf/training.md",
-                                 "benchmarks/results/README.md"])  # fmt: skip
+                                 "benchmarks/results/README.md", "tests/README.md"])  # fmt: skip
 def test_every_path_under_a_top_level_folder_in_the_other_docs_exists(rel):
     """Backticked paths that start at a top-level folder (jax_mxfp8/..., tests/..., benchmarks/...) and links."""
     missing = _check_doc(rel, full_paths_only=False)
