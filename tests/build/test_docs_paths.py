@@ -8,8 +8,7 @@
   is not in the repository (the team briefing, the old interface notes), an absolute machine path, or work
   history ("session 9", "round A", "W2 3/6", "issue 17", "wave 2"): code and docs state what is.
 
-The files that other pending changes rewrite are checked by an xfail test that lists them
-(`pytest --runxfail tests/build/test_docs_paths.py` prints every offender). CPU only, reads text files.
+CPU only, reads text files.
 """
 
 from __future__ import annotations
@@ -27,9 +26,6 @@ TEXT_SUFFIXES = {".py", ".md", ".cc", ".h", ".txt", ".toml", ".map", ".inc", ".c
 SKIP_DIRS = {"__pycache__", "_lib", ".pytest_cache"}
 SELF = Path(__file__).resolve()
 
-# Files whose pointers and history are being rewritten by changes not merged yet (the removed variants'
-# record). Checked by the xfail test below; the strict test covers everything else.
-PENDING = ("docs/perf/removed-variants.md",)  # the kernels' change that removed the tunes rewrites it
 
 # Documents outside the repository that files used to cite (spelled so that this file does not match).
 OUTSIDE_DOCS = re.compile("DESIGN" + r"\.md|GEMM_" + "INTERFACE|ATTN_BWD_" + "INTERFACE")
@@ -75,10 +71,6 @@ def _offences(path: Path) -> list[str]:
     return out
 
 
-def _is_pending(rel: str) -> bool:
-    return any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in PENDING)
-
-
 def test_history_patterns_catch_markers_and_spare_ordinary_words():
     """The patterns are precise: each marker is caught, ordinary prose is not."""
     caught = ["session 9", "Session 10", "round A", "rounds A/B", "W2 3/6", "issue 17", "Issue 16 item 5", "wave 2"]
@@ -104,18 +96,8 @@ def test_history_patterns_catch_markers_and_spare_ordinary_words():
 
 
 def test_no_outside_pointers_or_history():
-    """jax_mxfp8/, csrc/, tests/, docs/ outside the pending files: no outside document, machine path or history."""
-    bad = [o for p in _scanned_files() if not _is_pending(_rel(p)) for o in _offences(p)]
-    assert not bad, "\n".join(["outside pointers / work history:", *bad])
-
-
-@pytest.mark.xfail(
-    strict=False,
-    reason="docs/perf/removed-variants.md is rewritten by a change not merged yet (pytest --runxfail lists the "
-    "offenders)",
-)
-def test_no_outside_pointers_or_history_in_pending_files():
-    bad = [o for p in _scanned_files() if _is_pending(_rel(p)) for o in _offences(p)]
+    """jax_mxfp8/, csrc/, tests/, docs/ (the journal aside): no outside document, machine path or history."""
+    bad = [o for p in _scanned_files() for o in _offences(p)]
     assert not bad, "\n".join([f"{len(bad)} outside pointers / work-history markers:", *bad])
 
 
@@ -193,7 +175,8 @@ def test_every_path_in_the_architecture_docs_exists(rel):
                                  "docs/attention-reference.md", "docs/perf/README.md", "docs/perf/quantize.md",
                                  "docs/perf/gemm.md", "docs/perf/attention-forward.md",
                                  "docs/perf/attention-backward.md", "docs/perf/training.md",
-                                 "benchmarks/results/README.md", "tests/README.md"])  # fmt: skip
+                                 "docs/perf/removed-variants.md", "benchmarks/results/README.md",
+                                 "tests/README.md"])  # fmt: skip
 def test_every_path_under_a_top_level_folder_in_the_other_docs_exists(rel):
     """Backticked paths that start at a top-level folder (jax_mxfp8/..., tests/..., benchmarks/...) and links."""
     missing = _check_doc(rel, full_paths_only=False)
@@ -229,30 +212,15 @@ def _citations() -> list[tuple[str, str, str]]:
     return out
 
 
-def _bad_citations(pending: bool) -> list[str]:
-    """Citations (from pending files, or from the others) whose page or section does not exist."""
+def test_cited_doc_sections_exist():
+    """`docs/numerics.md "Float32 range"`: the page exists and holds that text (a heading or a bold term)."""
+    citations = _citations()
+    assert len(citations) > 10
     bad = []
-    for where, doc, title in _citations():
-        if _is_pending(where.split(":")[0]) != pending:
-            continue
+    for where, doc, title in citations:
         path = ROOT / doc
         if not path.exists():
             bad.append(f"{where}: {doc} does not exist")
         elif title not in path.read_text(encoding="utf-8"):
             bad.append(f"{where}: {doc} has no section {title!r}")
-    return bad
-
-
-def test_cited_doc_sections_exist():
-    """`docs/numerics.md "Float32 range"`: the page exists and holds that text (a heading or a bold term)."""
-    assert len(_citations()) > 10
-    bad = _bad_citations(pending=False)
-    assert not bad, "\n".join(bad)
-
-
-@pytest.mark.xfail(
-    strict=False, reason="the pending files' citations (see test_no_outside_pointers_or_history_in_pending_files)"
-)
-def test_cited_doc_sections_exist_in_pending_files():
-    bad = _bad_citations(pending=True)
     assert not bad, "\n".join(bad)
