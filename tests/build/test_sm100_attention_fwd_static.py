@@ -8,16 +8,14 @@ shared memory, tcgen05.alloc vs the declared TMEM map). The fast tests read the 
 listed with resources that agree with its config and predictions that agree with
 kernels/sm100/attention_fwd_perf_model.py for the committed instruction counts; the slow test compiles every
 variant (about two minutes on 2 cores; needs nvidia-cutlass-dsl 4.8.1 and cuobjdump, skipped without them)
-and regenerates the table, which must equal the committed one.
+and regenerates the table, which must equal the committed one. Where the library build has run it checks the
+build's cubins (tests/build/sm100_static_testutil.py: about 10 s) instead of compiling them again.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ import pytest
 from jax_mxfp8.kernels.sm100 import attention_fwd_perf_model as model
 from jax_mxfp8.kernels.sm100.attention_fwd_config import ATTENTION_FWD_SM100_VARIANTS
 from jax_mxfp8.kernels.sm100.attention_geometry import SMEM_LIMIT, THREADS
+from tests.build.sm100_static_testutil import build_python, dump_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "docs" / "perf" / "blackwell_attention_fwd_variants.md"
@@ -62,19 +61,13 @@ def test_table_predictions_follow_the_model():
             assert cells[column] == model.describe(p)
 
 
-def _build_python() -> str | None:
-    explicit = os.environ.get("JAX_MXFP8_BUILD_PYTHON")
-    if explicit:
-        return explicit
-    return sys.executable if importlib.util.find_spec("cutlass") is not None else None
-
-
 @pytest.mark.slow
 def test_every_variant_compiles_and_passes_the_static_checks(tmp_path):
-    python = _build_python()
+    python = build_python()
     if python is None:
         pytest.skip("nvidia-cutlass-dsl not importable (set JAX_MXFP8_BUILD_PYTHON to a build venv's python)")
-    cmd = [python, str(TOOL), "--dump", str(tmp_path), "--python", python, "--check-table", str(TABLE)]
+    dump, extra = dump_arguments(tmp_path, [v.name for v in ATTENTION_FWD_SM100_VARIANTS])
+    cmd = [python, str(TOOL), "--dump", str(dump), "--python", python, "--check-table", str(TABLE), *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if "cuobjdump not found" in out.stderr:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")

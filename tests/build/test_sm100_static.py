@@ -14,10 +14,7 @@ production build leaves out (about 10 s); otherwise it compiles every GEMM varia
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +23,7 @@ import pytest
 
 from jax_mxfp8.kernels.registry.gemm_sm100 import MX_GEMM_SM100_VARIANTS, SMEM_LIMIT, THREADS
 from jax_mxfp8.kernels.sm100 import perf_model
+from tests.build.sm100_static_testutil import build_python, dump_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "docs" / "perf" / "blackwell_gemm_variants.md"
@@ -33,7 +31,6 @@ TOOL = ROOT / "tools" / "check_sm100.py"
 sys.path.insert(0, str(ROOT / "tools"))
 
 from check_sm100 import TABLE_SHAPE  # noqa: E402
-from sm100_static import FACTS  # noqa: E402
 
 
 def _rows() -> dict[str, list[str]]:
@@ -88,32 +85,13 @@ def test_model_sees_the_epilogue_when_k_is_short():
     assert perf_model.predict(cfg, (1, 16384, 8192, 8192), perf_model.B200, epi).bound != "epilogue"
 
 
-def _build_python() -> str | None:
-    """A Python with nvidia-cutlass-dsl: JAX_MXFP8_BUILD_PYTHON, or this one."""
-    explicit = os.environ.get("JAX_MXFP8_BUILD_PYTHON")
-    if explicit:
-        return explicit
-    return sys.executable if importlib.util.find_spec("cutlass") is not None else None
-
-
-def _build_dump() -> Path | None:
-    """The library build's sm_100f dump folder (cubins, PTX, FACTS per variant), when it holds every
-    production GEMM variant."""
-    dump = Path(os.environ.get("JAX_MXFP8_KERNEL_DUMP", ROOT / "build" / "kernels" / "sm_100f" / "dump"))
-    wanted = [v.name for v in MX_GEMM_SM100_VARIANTS if v.tune == 0]
-    return dump if all((dump / name / FACTS).exists() for name in wanted) else None
-
-
 @pytest.mark.slow
 def test_every_variant_compiles_and_passes_the_static_checks(tmp_path):
-    python = _build_python()
+    python = build_python()
     if python is None:
         pytest.skip("nvidia-cutlass-dsl not importable (set JAX_MXFP8_BUILD_PYTHON to a build venv's python)")
-    dump, extra = tmp_path / "dump", []
-    built = _build_dump()
-    if built is not None:  # reuse the build's cubins (copied: the comparison schedule is compiled next to them)
-        shutil.copytree(built, dump)
-        extra = ["--reuse", "--all"]
+    dump, extra = dump_arguments(tmp_path, [v.name for v in MX_GEMM_SM100_VARIANTS if v.tune == 0])
+    extra += ["--all"] if extra else []  # the build's other sm_100f variants too: the checks common to every kernel
     cmd = [python, str(TOOL), "--dump", str(dump), "--python", python, "--check-table", str(TABLE), *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if "cuobjdump not found" in out.stderr:
