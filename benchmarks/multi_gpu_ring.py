@@ -22,7 +22,7 @@ from jax_mxfp8.metrics import sqnr_db
 from jax_mxfp8.parallel import ring_attention
 
 # Ring vs one-device MXFP8 attention: the ring quantizes P~ against each ring step's own running max, a
-# rounding as large as P's own quantization; floors as in tests/test_ring_attention.py (O 29 dB), the LSE
+# rounding as large as P's own quantization; floors as in tests/parallel/test_ring_attention.py (O 29 dB), the LSE
 # (from unquantized P~, float32) with room for T = 32768-term sums in another order. Against float32
 # attention the ring may be at most 0.5 dB worse than the one-device reference (the kernel-vs-reference rule).
 RING_O_FLOOR_DB = 29.0
