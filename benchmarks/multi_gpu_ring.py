@@ -30,7 +30,7 @@ RING_LSE_FLOOR_DB = 90.0
 VS_EXACT_TOLERANCE_DB = 0.5
 # Ring vs one-device gradients (the XLA reference on both): the backward is the same math given O and LSE,
 # so the gradients inherit O's difference through Delta = rowsum(dO * O); dV depends on P and dO only.
-# docs/distributed.md measured dQ, dK 40-44 dB and dV 81-89 dB at T = 1024 (tests/test_ring_attention.py
+# docs/distributed.md measured dQ, dK 40-44 dB and dV 81-89 dB at T = 1024 (tests/parallel/test_ring_attention.py
 # pins 36 / 70); 6 / 10 dB less here leave room for T = 32768-term sums in another order.
 RING_GRAD_FLOOR_DB = {"dq": 30.0, "dk": 30.0, "dv": 60.0}
 
