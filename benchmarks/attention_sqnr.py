@@ -3,7 +3,7 @@
 
 For each AttentionConfig option and causal / non-causal: O, dQ, dK, dV of the library (loss sum(O * dO),
 dO ~ N(0, 1)) against float64 attention with analytic gradients, plus the agreement (dB) of the library
-with the independent float64 MX emulation in tests/attention_emulation.py (min over the four outputs).
+with the independent float64 MX emulation in tests/attention/attention_oracle.py (min over the four outputs).
 Inputs: N(0, 1) q, k, v (the issue's figure); with --lognormal also a harder set whose token magnitudes
 are log-normal (x_t = z_t * exp(0.75 u_t)), where block layouts start to matter.
 
@@ -21,11 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(harness.ROOT / "tests"))
-
-from attention_emulation import EmuConfig, exact_attention, mx_attention, sqnr_db  # noqa: E402
+sys.path.insert(0, str(harness.ROOT))  # the tests package: its float64 attention oracle
 
 import jax_mxfp8 as mx  # noqa: E402
+from tests.attention.attention_oracle import EmuConfig, exact_attention, mx_attention, sqnr_db  # noqa: E402
 
 CONFIGS = {
     "default (square, const P, fp32 dQ, up, kv_tile 128)": {},

@@ -1,25 +1,34 @@
 #!/usr/bin/env python3
-"""Multi-device checks and benchmarks in one run (written for 2 H200s; any device count >= 2 works).
+"""Multi-device checks and benchmarks in one run (written for 2 GPUs; any device count >= 2 works).
 
 1. train: the LM of examples/train_lm.py (its model, data, optimizer and train_step, placed on meshes with
-   examples/train_multihost.py's sharding) trained for a fixed number of steps on the same batches from the
-   same initial weights: one device (the reference), data=n, fsdp=n with the MXFP8 (quantized) weight
-   all-gather, fsdp=n with the plain FP32 all-gather, tp=n. Per-step losses and the step-1 gradient against
-   the one-device run, under the tolerances explained at FORWARD_RTOL (multi_gpu_train.py).
-2. ring: context-parallel MXFP8 ring attention over n devices (jax_mxfp8.parallel.ring_attention) against
-   the one-device MXFP8 reference (jax_mxfp8.dot_product_attention, implementation="xla") on the same bf16
-   inputs, B=1, T=32768, N=8, H=128, causal (zigzag) and non-causal: SQNR of O and LSE between the two and
-   of each against unquantized float32 attention (HIGHEST precision, computed in query chunks), and wall times.
-3. fsdp_gather: a bigger LM (d_model 2048) on the fsdp=n mesh, MXFP8 weight all-gather vs the FP32 one and
-   vs BF16 kernels (float32 master weights rounded to bfloat16 on the shard, the usual mixed-precision FSDP:
-   bf16_kernel_step): median step time over timed steps after warm-up, and the all-gather bytes of
-   one step counted in the compiled HLO (train_multihost.step_collectives, as benchmarks/collectives.py).
+   examples/train_multihost.py's sharding) at head_dim 128 (d_model 256, 2 heads: the attention kernels'
+   size; the GEMMs' shapes are MX-kernel-sized too), trained for a fixed number of steps on the same batches
+   from the same initial weights: one device (the reference), data=n, fsdp=n with the MXFP8 (quantized)
+   weight all-gather, fsdp=n with the plain FP32 all-gather, tp=n. Per-step losses and the step-1 gradient
+   against the one-device run, under the tolerances explained at FORWARD_RTOL (multi_gpu_train.py).
+2. ring: context-parallel MXFP8 ring attention over n devices (jax_mxfp8.parallel.ring_attention), forward
+   and backward, against one device: the MXFP8 XLA reference and implementation=None (the attention forward
+   and backward kernels where the device has them), on the same bf16 inputs, B=1, T=32768, N=8, H=128,
+   causal (zigzag) and non-causal: SQNR of O, LSE, dQ, dK, dV between them and of each against unquantized
+   float32 attention and its gradients; forward and forward + backward wall times.
+3. fsdp_gather: a bigger LM (d_model 2048) on the fsdp=n mesh, MXFP8 weight all-gather (forward AND
+   backward: fsdp_mx_dot) vs the FP32 one and vs BF16 kernels (float32 master weights rounded to bfloat16
+   on the shard, the usual mixed-precision FSDP: bf16_kernel_step): median step time over timed steps after
+   warm-up, and the all-gather bytes of one step counted in the compiled HLO (train_multihost.step_collectives,
+   as benchmarks/collectives.py), those of the FP8 variant's forward alone beside them.
+4. multihost: examples/train_multihost.py as n processes of one device each through jax.distributed on
+   localhost (FSDP with the FP8 gather, head_dim 128), against the same script as one process over the n
+   devices (multi_gpu_multihost.py).
 
 Every MXFP8 op runs with implementation=None: our CUDA kernels where the library and GPU allow, else XLA.
-The parts live in multi_gpu_train.py, multi_gpu_ring.py and multi_gpu_fsdp.py (the LM on a mesh that parts 1
-and 3 share: multi_gpu_mesh.py); this file holds the sizes, the command line and the report.
+Each part records the library's kernel calls in its compiled programs (kernel_targets, per FFI target;
+empty = the XLA reference path, e.g. on CPU, where no kernel runs or is emulated). The parts live in
+multi_gpu_train.py, multi_gpu_ring.py, multi_gpu_fsdp.py and multi_gpu_multihost.py (the LM on a mesh that
+parts 1 and 3 share: multi_gpu_mesh.py); this file holds the sizes, the command line and the report.
 
-Run (device machine):  PYTHONPATH=$PWD python benchmarks/multi_gpu.py --out $OUT/multi_gpu.json
+Run (device machine, 2 GPUs; docs/distributed.md gives the full command and its time estimate):
+                       PYTHONPATH=$PWD python benchmarks/multi_gpu.py --time-budget 480 --out $OUT/multi_gpu.json
 CPU smoke test:        XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
                            python benchmarks/multi_gpu.py --smoke --out $OUT/multi_gpu.json
 Writes the JSON after every part (partial results survive a timeout; with --time-budget the parts not started
@@ -45,6 +54,7 @@ import harness  # noqa: E402
 import jax  # noqa: E402
 from multi_gpu_fsdp import part_fsdp_gather  # noqa: E402
 from multi_gpu_mesh import log  # noqa: E402
+from multi_gpu_multihost import part_multihost  # noqa: E402
 from multi_gpu_ring import part_ring  # noqa: E402
 from multi_gpu_train import part_train  # noqa: E402
 
@@ -52,18 +62,23 @@ sys.path.insert(0, str(harness.ROOT / "examples"))
 
 import train_lm  # noqa: E402
 
+# head_dim = d_model / heads: 128 (GPU) and 64 (smoke), both sizes the attention kernels cover
 GPU_SIZES = dict(
-    train=dict(steps=30, batch=16, seq_len=128, d_model=128, layers=2, heads=4),
+    train=dict(steps=30, batch=16, seq_len=128, d_model=256, layers=2, heads=2),
     ring=dict(t=32768, heads=8, head_dim=128, calls=3, batches=3, exact_chunk=2048),
     bench=dict(batch=8, seq_len=512, d_model=2048, layers=4, heads=16, warmup=3, timed=20),
-)
+    multihost=dict(mesh="fsdp", fp8_gather=True, steps=20, batch=16, seq_len=128, d_model=256, layers=2, heads=2,
+                   policy="mxfp8", timeout_s=300),
+)  # fmt: skip
 SMOKE_SIZES = dict(
-    train=dict(steps=6, batch=8, seq_len=64, d_model=64, layers=1, heads=2),
+    train=dict(steps=6, batch=8, seq_len=64, d_model=128, layers=1, heads=2),
     ring=dict(t=1024, heads=2, head_dim=64, calls=1, batches=1, exact_chunk=512),
     # the model and step count of `train`: its two fsdp steps come from the compilation cache
-    bench=dict(batch=8, seq_len=64, d_model=64, layers=1, heads=2, warmup=2, timed=4),
-)
-PARTS = ("train", "ring", "fsdp_gather")
+    bench=dict(batch=8, seq_len=64, d_model=128, layers=1, heads=2, warmup=2, timed=4),
+    multihost=dict(mesh="fsdp", fp8_gather=True, steps=3, batch=8, seq_len=32, d_model=128, layers=1, heads=2,
+                   policy="mxfp8", timeout_s=400),
+)  # fmt: skip
+PARTS = ("train", "ring", "fsdp_gather", "multihost")
 
 
 def tables(results: dict) -> str:
@@ -71,7 +86,8 @@ def tables(results: dict) -> str:
     tr = results.get("train")
     if tr and "meshes" in tr:
         lines += [
-            f"\n### LM training, {tr['config']['steps']} steps, vs the single device (tolerances: initial weights "
+            f"\n### LM training, head_dim {tr['config'].get('head_dim')}, {tr['config']['steps']} steps, vs the single "
+            "device (tolerances: initial weights "
             f"rtol {tr['tolerance']['initial_weights_rtol']:g}, gradient >= {tr['tolerance']['grad_sqnr_floor_db']:g} "
             f"dB, trajectory rtol {tr['tolerance']['trajectory_rtol']:g})\n",
             "| mesh | final loss | initial weights rel diff | gradient SQNR dB | trajectory max rel diff "
@@ -92,20 +108,27 @@ def tables(results: dict) -> str:
     if rg and "cases" in rg:
         c = rg["config"]
         lines += [
-            f"\n### Ring attention over {c['devices']} devices, B{c['B']} T{c['T']} N{c['N']} H{c['H']} bf16 "
-            "(SQNR dB)\n",
-            "| masking | O ring/single | LSE ring/single | O vs f32: ring / single | LSE vs f32: ring / single "
-            "| ring ms | single ms | speedup | pass |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            f"\n### Ring attention over {c['devices']} devices, B{c['B']} T{c['T']} N{c['N']} H{c['H']} bf16, forward "
+            "and backward (SQNR dB; single = one device, XLA reference; default = one device, implementation=None)\n",
+            "| masking | ring vs single: O / LSE / dQ / dK / dV | ring vs default: O / dQ / dK / dV "
+            "| vs f32, ring / single / default: O | dQ | dK | dV | fwd ms ring / single / default "
+            "| fwd+bwd ms ring / single / default | default's kernels | pass |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
+        who3 = ("ring", "single_xla", "single_default")
         for case in rg["cases"]:
             s, t = case["sqnr_db"], case["times"]
+            vs = lambda key, s=s: " / ".join(f"{s[f'{key}_{who}_vs_exact']:.2f}" for who in who3)
+            tm = lambda key, t=t: " / ".join(f"{t[who][key]:.1f}" if key in t[who] else "same" for who in who3)
+            calls = case["kernel_custom_calls"]["single_default"]["forward_backward"]
             lines.append(
-                f"| {'causal zigzag' if case['causal'] else 'non-causal'} | {s['o_ring_vs_single']:.1f} "
-                f"| {s['lse_ring_vs_single']:.1f} | {s['o_ring_vs_exact']:.2f} / {s['o_single_vs_exact']:.2f} "
-                f"| {s['lse_ring_vs_exact']:.1f} / {s['lse_single_vs_exact']:.1f} | {t['ring']['ms']:.2f} "
-                f"| {t['single']['ms']:.2f} | {case['speedup_ring_vs_single']:.2f}x | "
-                f"{'yes' if case['passed'] else 'NO'} |"
+                f"| {'causal zigzag' if case['causal'] else 'non-causal'} | "
+                + " / ".join(f"{s[f'{k}_ring_vs_single']:.1f}" for k in ("o", "lse", "dq", "dk", "dv"))
+                + " | "
+                + " / ".join(f"{s[f'{k}_ring_vs_single_default']:.1f}" for k in ("o", "dq", "dk", "dv"))
+                + f" | {vs('o')} | {vs('dq')} | {vs('dk')} | {vs('dv')} | {tm('forward_ms')} "
+                f"| {tm('forward_backward_ms')} | {', '.join(calls) or 'none (XLA reference)'} "
+                f"| {'yes' if case['passed'] else 'NO'} |"
             )
     fg = results.get("fsdp_gather")
     if fg and "variants" in fg:
@@ -130,6 +153,19 @@ def tables(results: dict) -> str:
             f"{fg['all_gather_ratio_bf16_over_fp8']}x; step time FP32/FP8 = {fg['step_time_ratio_f32_over_fp8']}x, "
             f"BF16/FP8 = {fg['step_time_ratio_bf16_over_fp8']}x; checks: {fg['checks']}"
         )
+    mh = results.get("multihost")
+    if mh and "config" in mh:
+        c = mh["config"]
+        title = f"examples/train_multihost.py as {c['processes']} processes of one device (jax.distributed)"
+        lines.append(f"\n### {title}\n")
+        if "losses_processes" in mh:
+            lines.append(
+                f"final loss {mh['losses_processes'][-1]:.5f} ({c['processes']} processes) vs "
+                f"{mh['losses_one_process'][-1]:.5f} (one process); max rel diff {mh['max_rel_diff']:.1e}; "
+                f"all-gather bytes {mh['all_gather_bytes']}; checks: {mh['checks']}"
+            )
+        else:
+            lines.append(f"runs failed: exit codes {[mh['one_process']['rc']] + [p['rc'] for p in mh['processes']]}")
     for part, r in results.items():
         if isinstance(r, dict) and "error" in r:
             lines.append(f"\n{part}: ERROR {r['error']}")
@@ -182,9 +218,10 @@ def main(argv=None) -> int:
     if args.bench_layers:
         sizes["bench"]["layers"] = args.bench_layers
     n = len(devices)
-    for part in ("train", "bench"):  # every shard of a kernel a whole number of MX blocks; batch splits n ways
+    for part in ("train", "bench", "multihost"):  # every kernel shard whole MX blocks; batch splits n ways
         sizes[part]["d_model"] = -(-sizes[part]["d_model"] // (32 * n)) * 32 * n
         sizes[part]["batch"] = -(-sizes[part]["batch"] // n) * n
+        sizes[part]["head_dim"] = sizes[part]["d_model"] // sizes[part]["heads"]
     meta = harness.metadata(
         args,
         kernels=True,
@@ -199,11 +236,13 @@ def main(argv=None) -> int:
         f"kernels: {kernels['available'] or kernels['why_not']}"
     )
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     budget = harness.TimeBudget(args.time_budget)
     runners = {
         "train": lambda: part_train(sizes["train"], devices, args.policy, args.seed),
         "ring": lambda: part_ring(sizes["ring"], devices, args.seed),
         "fsdp_gather": lambda: part_fsdp_gather(sizes["bench"], devices, args.policy, args.seed),
+        "multihost": lambda: part_multihost(sizes["multihost"], devices, args.seed, out.parent),
     }
     results, errors = {}, False
     for part in parts:

@@ -19,6 +19,11 @@ sys.path.insert(0, str(harness.ROOT / "examples"))
 import train_lm  # noqa: E402
 
 
+def fp8_bytes(by_dtype: dict[str, int]) -> int:
+    """Bytes of 8-bit data (FP8 elements, E8M0 scales; the elements travel packed in uint32)."""
+    return sum(b for dtype, b in by_dtype.items() if dtype in ("u8", "s8", "u32", "f8e4m3fn", "f8e5m2"))
+
+
 def part_fsdp_gather(cfg: dict, devices, policy: str, seed: int) -> dict:
     n = len(devices)
     if cfg["d_model"] % (32 * n) or cfg["batch"] % n:
@@ -50,6 +55,9 @@ def part_fsdp_gather(cfg: dict, devices, policy: str, seed: int) -> dict:
             "params": n_params,
         }
         rec.update(collective_summary(run.hlo(batches[0])))
+        if fp8:  # the forward alone: its gathers, to tell the backward's from the forward's
+            fwd = collective_summary(run.forward_hlo(batches[0]))
+            rec["forward_only"] = {k: fwd[k] for k in ("all_gather_bytes", "all_gather_bytes_by_dtype")}
         variants[name] = rec
         log(
             f"fsdp_gather {name}: median step {rec['step_time_ms']['median']:.2f} ms, all-gather "
@@ -65,7 +73,15 @@ def part_fsdp_gather(cfg: dict, devices, policy: str, seed: int) -> dict:
     # weights: the warm-up schedule gives step 1 learning rate 0) are the check, within FORWARD_RTOL; the
     # trajectory difference is reported.
     first_diff = float(np.max(np.abs(np.subtract(fp8["losses"][:2], f32["losses"][:2]))))
+    # fsdp_mx_dot gathers an MXFP8 copy of each MX kernel in the forward (blocks along D_in) and another in
+    # the backward (along D_out, for the dgrad): the step's 8-bit gather bytes are twice the forward's, and
+    # its float gathers (layers the policy keeps in BF16, e.g. the LM head) at most twice the forward's (a
+    # float re-gather of an MX kernel in the backward would exceed that).
+    step_int, fwd_int = (fp8_bytes(v["all_gather_bytes_by_dtype"]) for v in (fp8, fp8["forward_only"]))
+    step_float = fp8["all_gather_bytes"] - step_int
+    fwd_float = fp8["forward_only"]["all_gather_bytes"] - fwd_int
     checks = {
+        "backward_gathers_fp8": 0 < fwd_int and step_int == 2 * fwd_int and step_float <= 2 * fwd_float,
         "losses_finite": bool(np.all(np.isfinite(fp8["losses"] + bf16["losses"] + f32["losses"]))),
         "fp8_gathers_fewer_bytes": fp8["all_gather_bytes"] < f32["all_gather_bytes"],
         "bf16_gathers_fewer_bytes": bf16["all_gather_bytes"] < f32["all_gather_bytes"],
@@ -74,7 +90,12 @@ def part_fsdp_gather(cfg: dict, devices, policy: str, seed: int) -> dict:
     return {
         "config": {**cfg, "policy": policy, "mesh": {"data": 1, "fsdp": n, "tp": 1}, "seed": seed},
         "timing": "per step: train_step + float(loss), which waits for it; median over the timed steps after warm-up",
-        "bytes": "result bytes of every all-gather in the compiled step (gathered size, as benchmarks/collectives.py)",
+        "bytes": "result bytes of every all-gather in the compiled step (gathered size, as benchmarks/collectives.py); "
+        "fp8_gather's forward_only: the same for the compiled loss alone",
+        "paths": "kernel_targets: the library's FFI kernel calls in each compiled step (none: the XLA reference). "
+        "fp8_gather runs fsdp_mx_dot, whose GEMMs take the sm100 kernel path on Blackwell and the XLA reference "
+        "elsewhere (Hopper included); f32_gather and bf16_gather run mx_dot_general (the Hopper MX GEMM kernel "
+        "on sm_90a)",
         "variants": variants,
         "all_gather_ratio_f32_over_fp8": round(f32["all_gather_bytes"] / max(fp8["all_gather_bytes"], 1), 3),
         "step_time_ratio_f32_over_fp8": round(f32["step_time_ms"]["median"] / fp8["step_time_ms"]["median"], 3),

@@ -1,10 +1,12 @@
 """benchmarks/multi_gpu.py's LM on a mesh: examples/train_lm.py's model, data, optimizer and train_step placed
 on a (data, fsdp, tp) mesh with examples/train_multihost.py's sharding (MeshRun), the BF16-gather training
-step of part 3 (bf16_kernel_step) and the collectives of a compiled step (collective_summary).
+step of part 3 (bf16_kernel_step), the collectives of a compiled step (collective_summary) and the
+library's kernel calls in a compiled program (kernel_targets).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 
@@ -120,13 +122,48 @@ class MeshRun:
         batch = train_multihost.global_array(tokens, self.batch_sharding)
         return self.step_fn.lower(self.model, self.opt, batch).compile().as_text()
 
+    def forward_hlo(self, tokens: np.ndarray) -> str:
+        """The compiled loss alone (lm_model.lm_loss: the forward, no gradient) on the same mesh."""
+        batch = train_multihost.global_array(tokens, self.batch_sharding)
+        return nnx.jit(lm_loss).lower(self.model, batch).compile().as_text()
+
+
+KERNEL_CALL = re.compile(r'custom_call_target="(jax_mxfp8_[A-Za-z0-9_]*)"')
+
+
+def kernel_targets(hlo: str) -> dict[str, int]:
+    """{FFI target: count} of the library's kernel calls in a compiled HLO text (empty: every op of the
+    program ran its XLA reference)."""
+    counts: dict[str, int] = {}
+    for name in KERNEL_CALL.findall(hlo):
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+ELEMENT = re.compile(r"(\w+)\[([\d,]*)\]")
+
+
+def all_gather_bytes_by_dtype(colls: list[dict]) -> dict[str, int]:
+    """{element dtype: bytes} over the results of every all-gather of train_multihost.step_collectives' list,
+    counted per array, so that a combined (tuple) all-gather of several dtypes splits by dtype."""
+    out: dict[str, int] = {}
+    for c in colls:
+        if c["op"] != "all-gather":
+            continue
+        for dtype, dims in ELEMENT.findall(c["shape"]):
+            size = int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+            out[dtype] = out.get(dtype, 0) + train_multihost.DTYPE_BYTES.get(dtype, 4) * size
+    return dict(sorted(out.items()))
+
 
 def collective_summary(hlo: str) -> dict:
     colls = train_multihost.step_collectives(hlo)
     return {
         "all_gather_bytes": sum(c["bytes"] for c in colls if c["op"] == "all-gather"),
+        "all_gather_bytes_by_dtype": all_gather_bytes_by_dtype(colls),
         "collectives": {
             k: {"count": n, "bytes": b} for k, (n, b) in train_multihost.collectives_by_kind(colls).items()
         },
         "kernel_custom_calls": hlo.count('custom_call_target="jax_mxfp8_'),
+        "kernel_targets": kernel_targets(hlo),
     }

@@ -24,13 +24,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(harness.ROOT / "tests"))
-
-from attention_emulation import exact_attention  # noqa: E402
+sys.path.insert(0, str(harness.ROOT))  # the tests package: its float64 attention oracle
 
 import jax_mxfp8 as mx  # noqa: E402
 from jax_mxfp8.metrics import sqnr_db  # noqa: E402
 from jax_mxfp8.parallel import ring_attention  # noqa: E402
+from tests.attention.attention_oracle import exact_attention  # noqa: E402
 
 CONFIGS = {
     "default": {},

@@ -1,6 +1,6 @@
 // The library's C ABI besides the FFI handlers: kernel-table introspection, module preloading and the list
 // of FFI targets the library defines. Plain C (no Python), loaded with ctypes by jax_mxfp8's loader and by
-// tests/test_kernel_build.py. Every symbol here is jax_mxfp8_* (csrc/exports.map exports only those).
+// tests/build/test_kernel_build.py. Every symbol here is jax_mxfp8_* (csrc/exports.map exports only those).
 #include "common.h"
 
 #pragma GCC visibility push(default)

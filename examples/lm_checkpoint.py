@@ -4,7 +4,7 @@ One orbax `CheckpointManager` folder per run: `<path>/<step>/` holds one item pe
 "bf16": its nnx.Param state and its optimizer state, saved with `StandardSave`) and "meta" (step and
 history, `JsonSave`). Restoring reads the latest step into freshly built models of the same
 configuration (the abstract target comes from them, shardings included), bit for bit: a resumed run
-continues exactly as the uninterrupted one (tests/test_examples.py).
+continues exactly as the uninterrupted one (tests/examples/test_examples.py).
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def bf16_linear(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, out_dty
     Every GEMM writes its result in the dtype it is rounded to anyway (`_gemm_out_dtype`): bfloat16 for
     bfloat16 outputs and gradients, as a stock nnx.Linear(dtype=bfloat16) does. A bf16 x bf16 -> bf16
     dot_general still accumulates in float32 and rounds once at the end (XLA's default accumulator for
-    BF16 dots: cuBLAS compute type 32F on the GPU; XLA:CPU likewise; tests/test_flax_bf16_linear.py
+    BF16 dots: cuBLAS compute type 32F on the GPU; XLA:CPU likewise; tests/flax/test_flax_bf16_linear.py
     checks it on the backend it runs on), so the product values are those of a float32 product rounded to
     bfloat16, but the GEMM writes (and the next op reads) half the bytes: writing float32 products and
     converting them in a separate pass cost the BF16 policy's train step ~2.4 GB of extra HBM traffic (see

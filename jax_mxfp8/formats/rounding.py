@@ -15,7 +15,7 @@ Here a handful of ops give the same bits:
     (y + c) - c trick is not safe here: XLA:CPU folded it back to y.)
 
 Inputs must be finite and within +-fmt.max (quantize clips before rounding); NaN inputs give unspecified
-values (the caller masks non-finite blocks afterwards). tests/test_rounding.py checks every float32 in
+values (the caller masks non-finite blocks afterwards). tests/quantize/test_rounding.py checks every float32 in
 the E4M3 / E5M2 ranges that matters (all grid points, their midpoints and neighbours, random values)
 against ml_dtypes' conversion.
 """

@@ -234,7 +234,8 @@ def quantize_operands(static, q, k, v, q_len, kv_len) -> dict:
                 given[name], lengths[name], static.config.scale_rounding, static.impl
             )
         elif static.kernel_path and layout == "square":
-            # the CUDA square quantize kernel: bit-identical to quantize_operand (tests/test_quantize_kernels_gpu.py)
+            # the CUDA square quantize kernel: bit-identical to quantize_operand
+            # (tests/quantize/test_quantize_kernels_gpu.py)
             out[key] = square_sequence_major(given[name], lengths[name], static.config.scale_rounding, static.impl)
         else:
             out[key] = quantize_operand(raw[name](), layout, static.config.scale_rounding)

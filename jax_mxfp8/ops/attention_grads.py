@@ -13,9 +13,9 @@ both ways mx_dot_general's backward quantizes its incoming gradient:
   col: E4M3 + E8M0, 32-blocks along tokens (axis -2): the rhs of dW = X^T G, which contracts tokens.
 They are produced by QUANTIZE_ROWCOL (one pass over G, kernels/sm90; its emulation / the reference
 elsewhere) right after the attention backward, from the input-dtype dK, dV the ordinary path returns, so
-the MXArrays equal quantize(dK) along each axis bit for bit (tests/test_attention_mx_grads.py). On compute
-capability 10.x with bfloat16 inputs, dot_product_attention_vjp runs the sm100 backward's MX dK / dV variant
-instead, whose epilogue writes the same MXArrays of the bfloat16 dK, dV (ops/attention_bwd_sm100.py).
+the MXArrays equal quantize(dK) along each axis bit for bit (tests/attention/test_attention_mx_grads.py). On
+compute capability 10.x with bfloat16 inputs, dot_product_attention_vjp runs the sm100 backward's MX dK / dV
+variant instead, whose epilogue writes the same MXArrays of the bfloat16 dK, dV (ops/attention_bwd_sm100.py).
 
 Use (a QKV block with its own VJP, e.g. inside a Flax module through nn.custom_vjp / jax.custom_vjp):
   k = mx_dot_general(x, w_k, (((1,), (0,)), ((), ()))).reshape(S, K, H)        # x (S, D), w_k (D, K*H)

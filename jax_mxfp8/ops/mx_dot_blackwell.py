@@ -3,7 +3,7 @@
 On Blackwell, cuDNN's block-scaled GEMM (tcgen05 with hardware per-32 E8M0 scales) runs the contract's
 GEMM directly, and jax.nn.scaled_dot_general with three "mxfp8" configs is the contract's numerics: the
 same quantization (blocks of 32 along the contracting axis, scale 2^ceil(log2(amax / 448)), E4M3 round to
-nearest; bit-identical, tests/test_formats_jaxnn.py) in the forward and both backward GEMMs (G along N for
+nearest; bit-identical, tests/quantize/test_formats_jaxnn.py) in the forward and both backward GEMMs (G along N for
 the lhs gradient, along M for the rhs gradient). So mx_dot_general hands such calls to it; our own kernels
 run on Blackwell only where they add something jax.nn does not have (a fused epilogue).
 """

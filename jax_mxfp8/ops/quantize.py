@@ -49,7 +49,7 @@ def quantize(
         the scales in the 128x4 layout of Blackwell's block-scaled MMA (MXArray.scale_layout), the operand
         form of the sm100 MX GEMM (the Blackwell producer kernel on sm_100f, the reference elsewhere).
 
-    The kernel and the reference give bit-identical results (tests/test_quantize_kernels_gpu.py).
+    The kernel and the reference give bit-identical results (tests/quantize/test_quantize_kernels_gpu.py).
     """
     if implementation == "xla":
         return ref_quantize(

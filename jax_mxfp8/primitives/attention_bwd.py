@@ -254,7 +254,7 @@ def _emulation_fp8(call: AttentionBwdCall, q, k, v8, do, lse, delta, lens, q8, k
     """The sdp_fp8 target's emulation: the plain call's on V = v8 2^eV (the re-encoded V the kernel's dP^T
     reads, exact in bfloat16) and the bfloat16 q, k, do. The kernel's S^T and dP^T read the re-encoded Q, K,
     dO as well, which differ from q, k, do only where the one-exponent-per-32-rows re-encoding rounded an
-    element below E4M3's normal range (measured in tests/test_attention_bwd_kernel_gpu.py). dv_f16 variants:
+    element below E4M3's normal range (measured in tests/attention/test_attention_bwd_kernel_gpu.py). dv_f16 variants:
     do is float16 dO^ 2^-shift (shift from dos, as bwd_operands made it) and dv comes out times 2^-shift; the
     emulation reads dO as do 2^shift for dP as well, which equals dO^ except in blocks more than 22 binades
     below the group's largest (rounded in float16; the kernel's dP^T reads do8 there)."""

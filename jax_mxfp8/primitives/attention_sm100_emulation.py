@@ -26,7 +26,7 @@ bit, which pins the operand decoding, masking, tile order, P quantization and re
 domain="log2" (the kernel) differs from it only in the exponent: t = round(acc * c) carries one float32
 rounding of the product with c (relative 2^-24 of |t|), so P~ moves by up to (|t| + |m|) 2^-24 ln 2 relative
 (plus the hardware ex2.approx's 2^-22, which XLA's exp2 does not model) and a P element can move by one E4M3
-step where that crosses a rounding boundary; tests/test_attention_sm100_emulation.py bounds O elementwise.
+step where that crosses a rounding boundary; tests/attention/test_attention_sm100_emulation.py bounds O elementwise.
 Float32 summation orders (inside the MMA, the row sum's tree) are XLA's, not the hardware's: last-bit level.
 """
 

@@ -9,7 +9,7 @@ E8M0 byte from those bits, the exact power-of-two factor from the byte's bits, R
 
 "values" are the MX values the GEMM multiplies (element x 2^(byte - 127), NaN for byte 0xFF). They equal the
 reference's (reference/attention_quant.py: fake_quant_p, fake_quant_square, i.e. formats.quantize) bit for bit
-on the same input, which tests/test_attention_sm100_quant.py checks; the byte rule is tested against
+on the same input, which tests/attention/test_attention_sm100_quant.py checks; the byte rule is tested against
 formats.scales.scale_bits on every exponent and mantissa boundary.
 """
 

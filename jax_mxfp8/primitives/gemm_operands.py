@@ -86,7 +86,7 @@ def reference(x, dtype, scale_rounding: str, mode: str, layout: str = "aligned")
 
 
 def _emulation(variant: registry.GemmOperandsConfig, x):
-    """The kernel's outputs from the reference (bit-identical: tests/test_gemm_operands.py, marked gpu)."""
+    """The kernel's outputs from the reference (bit-identical: tests/gemm/test_gemm_operands.py, marked gpu)."""
     out = []
     for mode in _modes(variant):
         out += list(reference(x, jnp.dtype(variant.elem_dtype), variant.scale_rounding, mode, _layout(variant)))

@@ -77,7 +77,7 @@ def _quantize_outputs(variant: registry.QuantizeConfig, x):
 
 
 def _quantize_emulation(variant: registry.QuantizeConfig, x):
-    """The kernels' outputs from the reference (bit-identical, tests/test_quantize_kernels_gpu.py)."""
+    """The kernels' outputs from the reference (bit-identical, tests/quantize/test_quantize_kernels_gpu.py)."""
     kw = dict(dtype=jnp.dtype(variant.elem_dtype), scale_rounding=variant.scale_rounding)
     if variant.mode == "rowcol":
         r, c = ref_quantize(x, axis=-1, **kw), ref_quantize(x, axis=-2, **kw)

@@ -18,7 +18,7 @@ dtype (cast to float32 exactly, as the reference does); float8_e4m3fn / float8_e
 Numerics: the kernel's (data, scale) equal jax_mxfp8.formats.quantize(y_kernel, axis=-1) bit for bit; y
 equals the reference's except where the two float32 sums of squares (different summation orders)
 differ and y lies next to a rounding boundary: there y differs in the last place (one bf16 ulp). See
-jax_mxfp8/kernels/common/rms_norm_quantize.py and tests/test_rms_norm_quantize_gpu.py.
+jax_mxfp8/kernels/common/rms_norm_quantize.py and tests/rms_norm/test_rms_norm_quantize_gpu.py.
 
 scale_layout="blocked" (x of rank >= 2; Blackwell): the MXArray's scales in the 128x4 blocked layout the sm100
 MX GEMM reads (MXArray.scale_layout), written by the blocked-scale variants (RMS_NORM_QUANTIZE_BLOCKED,

@@ -25,7 +25,7 @@ aligned scale:
 Relative to the run's amax A (the block with e_b = E has A / 2^(E - 127) in (max/2, max] for
 scale_rounding "up", in [2^emax, 2^(emax + 1)) for "floor"): at most 2^-10 / 224 * A ~ 4.4e-6 A (E4M3, "up"),
 2^-18 A (E4M3, "floor"), 2^-17 / 28672 * A ~ 2.7e-10 A (E5M2, "up"). Only blocks at least 2^(mantissa
-range) below the run's largest block lose anything; tests/test_gemm_align.py measures it on N(0,1),
+range) below the run's largest block lose anything; tests/gemm/test_gemm_align.py measures it on N(0,1),
 log-normal-row and outlier-channel data.
 
 Arithmetic here is exact float32: q is decoded from its bits (formats.decode), 2^shift is a normal power of

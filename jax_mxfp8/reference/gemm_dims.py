@@ -120,7 +120,7 @@ def _in_place(x: jax.Array, layout: OperandLayout, config: MXDotConfig, operands
     """reference/gemm.quantized_in_place, except for bfloat16 operands on XLA:CPU: there the operand it leaves
     transposed (an lhs stored (K, M), say) reaches a dot that only the generic DotThunk takes, which refuses
     bf16 x bf16 -> f32 ("Unsupported element type"); the transposed 3-D operand keeps to YNNPACK's layouts.
-    The values are the same either way (tests/test_gemm_reference_bf16.py)."""
+    The values are the same either way (tests/gemm/test_gemm_reference_bf16.py)."""
     if operands == "bfloat16" and jax.default_backend() == "cpu":
         return None
     return quantized_in_place(x, layout, config, operands=operands)

@@ -29,7 +29,7 @@ float32 sum in this kernel's order (sequential per thread over its 16-byte vecto
 over the warp and over the warps), which differs from XLA's reduction order; y can therefore differ
 from the reference in the last bit (one bf16 ulp for bf16 outputs) where the two sums differ and y
 lies near a rounding boundary. Where the float32 sum is exact (e.g. small integers), y is
-bit-identical. tests/test_rms_norm_quantize_gpu.py checks both, and that the MXArray equals
+bit-identical. tests/rms_norm/test_rms_norm_quantize_gpu.py checks both, and that the MXArray equals
 quantize(y_kernel) exactly in every case.
 
 Design (memory-bound): one CTA per row, T = roundup32(ceil(D / (V * chunks))) threads. Thread t holds

@@ -235,6 +235,6 @@ def find(config_cls: type[C], **fields: Any) -> C | None:
     matches = [
         v for v in VARIANTS if type(v) is config_cls and all(getattr(v, name) == value for name, value in want.items())
     ]
-    if len(matches) > 1:  # a registry bug: two variants with one key (tests/test_kernel_build.py guards it)
+    if len(matches) > 1:  # a registry bug: two variants with one key (tests/build/test_kernel_build.py guards it)
         raise LookupError(f"{len(matches)} {config_cls.__name__} variants match {want}: {[v.name for v in matches]}")
     return matches[0] if matches else None

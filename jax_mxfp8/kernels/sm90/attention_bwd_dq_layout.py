@@ -1,6 +1,6 @@
 """Byte offsets of the Hopper attention backward's dQ staging tile (the TMA dQ stores "tma_warp" /
 "tma_writer"; kernels/sm90/attention_bwd_dq_reduce.py), as plain arithmetic on Python ints or CuTe DSL Int32
-values (no cutlass import: tests/test_attention_bwd_dq_layout.py checks them on the CPU against the TMA boxes'
+values (no cutlass import: tests/attention/test_attention_bwd_dq_layout.py checks them on the CPU against the TMA boxes'
 layout).
 
 Supported features: the consumer's 64 x 64 float32 dQ accumulator fragment (wgmma M = 64, thread rows

@@ -54,7 +54,7 @@ P_OFFSET_MAX = 24 (acc_O bound). P = ex2((t - m) + off) = P~ * 2^off, cvt.rn.sat
 448 * s_rt, the contract's value). Why that is the contract's numerics: every 32-key block's contract
 scale s_b <= s_rt; an element x >= 2^-6 * s_rt is E4M3-normal at both scales, so both round it to 3
 mantissa bits in its own binade: identical values; smaller elements differ by at most half a subnormal
-step, 2^-10 * s_rt (tests/test_attention_kernel_pblock.py checks it bit for bit). "floor" also
+step, 2^-10 * s_rt (tests/attention/test_attention_kernel_pblock.py checks it bit for bit). "floor" also
 saturates a block's elements above 448 * s_b, which a coarser s_rt does not reproduce (1-2% of O,
 below the 40 dB gate): those variants are not registered. Units: l stays in 2^-8 units
 (row_sum = row_sum * alpha + sum(P) * 2^(8 - off), so LSE is unchanged); acc_O is kept in the current

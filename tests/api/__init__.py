@@ -1,0 +1,1 @@
+"""Behaviour every public op shares: the implementation= switch, diagnostics, remat, second order, CUDA graphs."""

@@ -1,0 +1,1 @@
+"""Dense, varlen and broadcast-query attention: reference, kernel paths, backward, Blackwell emulation."""

@@ -1,0 +1,1 @@
+"""One probe over every public name and every kind of bad input."""

@@ -1,0 +1,1 @@
+"""The benchmark scripts and their harness as CPU smoke runs."""

@@ -1,0 +1,1 @@
+"""The examples as smoke runs (training parity, checkpoint resume, the recommender)."""
