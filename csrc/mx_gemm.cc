@@ -3,7 +3,8 @@
 //   jax_mxfp8_mx_gemm       (a, b, sa, sb) -> c
 //   jax_mxfp8_mx_gemm_bias  (a, b, sa, sb, bias) -> c
 //     attribute of both (and of the _into test hooks): kernel (string) = the registry variant name, e.g.
-//     "mx_gemm_e4m3_e4m3_bf16", "mx_gemm_e5m2_e4m3_f32_bias", "mx_gemm_e4m3_e4m3_bf16_t1". The variant fixes
+//     "mx_gemm_e4m3_e4m3_bf16", "mx_gemm_e4m3_e4m3_bf16_n128" (the 128x128 tiling), "mx_gemm_e5m2_e4m3_f32_bias",
+//     "mx_gemm_e4m3_e4m3_bf16_t1". The variant fixes
 //     the operand and output dtypes and whether it adds a bias; the handler checks the buffers against it.
 //
 //   jax_mxfp8_mx_gemm_mx[_bias][_pre]  (a, b, sa, sb[, bias]) -> (q, s[, pre])

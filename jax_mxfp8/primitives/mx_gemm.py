@@ -2,7 +2,8 @@
 
   MX_GEMM, MX_GEMM_BIAS: FfiOp        targets "jax_mxfp8_mx_gemm" (a, b, sa, sb) and
                                       "jax_mxfp8_mx_gemm_bias" (a, b, sa, sb, bias)
-  mx_gemm(a, b, sa, sb, bias=None, *, out_dtype, path, tune=0, out=None) -> c (G, M, N)
+  mx_gemm(a, b, sa, sb, bias=None, *, out_dtype, path, tune=0, tile_n=None, out=None) -> c (G, M, N)
+  tile_n_for(g, m, n, tile_n=None) -> int          the production tiling a call runs (TILE_N_ENV forces one)
   mx_gemm_unsupported(a_shape, b_shape, a_dtype, b_dtype, out_dtype, has_bias) -> str | None
   emulate_mx_gemm(a, b, sa, sb, bias, out_dtype) -> c     the kernel's formula in XLA
 
@@ -20,12 +21,19 @@ and the sum rounded once to out_dtype (`_reduction`). That equals the unsharded 
 summation order of the Kp/128 tile partials (docs/numerics.md "Sharded K"). K sharded otherwise (a shard
 boundary inside a tile) is gathered first. Under vmap the mapped axis joins G (an unbatched bias
 broadcasts; a batched bias maps the call over the axis).
+
+Tilings: every production key has two tilings, 128x192 and 128x128 (registry PRODUCTION_TILINGS, bit-identical
+results); tile_n_for picks one per call from the global (G, M, N) by registry.mx_gemm_tile_n (the estimate of
+padded work and wave tails), unless the call's tile_n or the environment variable JAX_MXFP8_MX_GEMM_TILE_N
+(192 or 128, read at trace time: benchmarks that compare tilings in one process pass tile_n instead) forces
+one. A K-sharded call's per-device partials run the tiling chosen for the whole call.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +48,27 @@ ARCHS = registry.MXGemmConfig().archs
 
 K_TILE = registry.GEMM_K_TILE
 _INT32_MAX = 2**31 - 1
+TILE_N_ENV = "JAX_MXFP8_MX_GEMM_TILE_N"
+"""Environment variable forcing the production tiling of every MX GEMM call that does not pass tile_n: "192" or
+"128" (unset or empty: the choice by shape). For A/B runs of whole training steps."""
+
+
+def tile_n_for(g: int, m: int, n: int, tile_n: int | None = None) -> int:
+    """The production tile width a call with output c (G, M, N) runs: tile_n when given, else TILE_N_ENV when
+    set, else registry.mx_gemm_tile_n(m, n, g). ValueError for a width that is not a production tiling."""
+    source = "tile_n"
+    if tile_n is None:
+        forced = os.environ.get(TILE_N_ENV, "").strip()
+        if not forced:
+            return registry.mx_gemm_tile_n(m, n, g) if min(g, m, n) > 0 else registry.PRODUCTION_TILE_NS[0]
+        source = TILE_N_ENV
+        try:
+            tile_n = int(forced)
+        except ValueError:
+            tile_n = forced
+    if tile_n not in registry.PRODUCTION_TILE_NS:
+        raise ValueError(f"mx_gemm: {source}={tile_n!r} not in {registry.PRODUCTION_TILE_NS} (the production tilings)")
+    return tile_n
 
 
 def _dtype_name(dtype) -> str:
@@ -89,20 +118,23 @@ def mx_gemm_unsupported(
         return f"M = {m} and N = {n} must be multiples of {align} (the kernel's TMA strides)"
     if max(g * m, g * n) * kp > _INT32_MAX or g * m * n > _INT32_MAX or g * (kp // K_TILE) > _INT32_MAX:
         return "operands over 2^31 elements (the kernel's 32-bit indexing)"
-    if _variant(names["a"], names["b"], out_name, has_bias, 0) is None:
+    if _variant(names["a"], names["b"], out_name, has_bias, 0, registry.PRODUCTION_TILE_NS[0]) is None:
         return f"no MX GEMM kernel for a {names['a']}, b {names['b']}, out {out_name}, bias {has_bias}"
     return None
 
 
-def _variant(a_dtype: str, b_dtype: str, out_dtype: str, has_bias: bool, tune: int):
-    return registry.find(
-        registry.MXGemmConfig, a_dtype=a_dtype, b_dtype=b_dtype, out_dtype=out_dtype, has_bias=has_bias, tune=tune
-    )
+def _variant(a_dtype: str, b_dtype: str, out_dtype: str, has_bias: bool, tune: int, tile_n: int):
+    """The registry variant: production (tune 0) at tile_n, or a comparison schedule (tune > 0, its own tiling)."""
+    fields = dict(a_dtype=a_dtype, b_dtype=b_dtype, out_dtype=out_dtype, has_bias=has_bias, tune=tune)
+    if tune:
+        matches = [v for v in registry.MX_GEMM_TUNINGS if all(getattr(v, f) == x for f, x in fields.items())]
+        return matches[0] if matches else None
+    return registry.find(registry.MXGemmConfig, tile_n=tile_n, **fields)
 
 
 @dataclasses.dataclass(frozen=True)
 class MXGemmCall:
-    """The static part of one call: the registry variant (dtypes, bias, tuning)."""
+    """The static part of one call: the registry variant (dtypes, bias, tiling or tuning)."""
 
     variant: registry.MXGemmConfig
 
@@ -156,7 +188,7 @@ def _reduction(call: MXGemmCall) -> Reduction | None:
     slice of kt), the float32 sum over the K shards, then + bias and one cast to out_dtype, as the unsharded
     kernel's epilogue does. None (K stays replicated) for the benchmark-only tunings (tune > 0)."""
     v = call.variant
-    partial = _variant(v.a_dtype, v.b_dtype, "float32", False, 0)
+    partial = _variant(v.a_dtype, v.b_dtype, "float32", False, 0, v.tile_n)
     if partial is None or v.tune:
         return None
     out_dtype = jnp.dtype(v.out_dtype)
@@ -216,20 +248,27 @@ def mx_gemm(
     out_dtype,
     path: str,
     tune: int = 0,
+    tile_n: int | None = None,
     out: jax.Array | None = None,
 ) -> jax.Array:
     """c (G, M, N) = the MX GEMM of the aligned operands (module docstring), in out_dtype.
 
     path: "cuda" (the kernel) or "emulated" (emulate_mx_gemm through the same partitioning and batching).
     Either raises ValueError naming the argument when the operands do not fit together or the kernel does
-    not cover them (mx_gemm_unsupported). tune: a comparison schedule (built with --with-tunes). out: an optional
+    not cover them (mx_gemm_unsupported). tune: a comparison schedule (built with --with-tunes; it has its own
+    tiling, so tile_n must then be None). tile_n: 192 or 128 forces that production tiling; None (default)
+    takes tile_n_for's choice (TILE_N_ENV, else by shape). Both tilings return the same bits. out: an optional
     (G, M, N) buffer the kernel writes into (aliased; tests pass a NaN-filled one to check that every
     element is written; no partitioning or batching)."""
     why = mx_gemm_unsupported(a.shape, b.shape, a.dtype, b.dtype, out_dtype, bias is not None)
     if why:
         raise ValueError(f"mx_gemm: {why}")
     _check_scales(a, b, sa, sb, bias)
-    variant = _variant(_dtype_name(a.dtype), _dtype_name(b.dtype), _dtype_name(out_dtype), bias is not None, tune)
+    if tune and tile_n is not None:
+        raise ValueError(f"mx_gemm: tile_n={tile_n!r} with tune={tune}: a comparison schedule has its own tiling")
+    chosen = tile_n_for(a.shape[0], a.shape[1], b.shape[1], tile_n)
+    names = (_dtype_name(a.dtype), _dtype_name(b.dtype), _dtype_name(out_dtype))
+    variant = _variant(*names, bias is not None, tune, chosen)
     if variant is None:
         raise ValueError(f"mx_gemm: no tuning {tune} of the kernel for these dtypes")
     if path == "cuda":

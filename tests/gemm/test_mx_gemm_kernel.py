@@ -6,8 +6,10 @@ partial tiles, G > 1, bias, bf16/f32 out), vmap and sharding of the call, and mx
 ValueErrors for bad inputs. GPU (@pytest.mark.gpu): the kernel within the bound of FP8-wgmma accumulation
 of each 128-K tile plus float32 promotion and one final rounding (SQNR printed), every output element
 written (NaN-poisoned buffer), NaN scales propagate to exactly their rows / columns, M and N that are not
-tile multiples, persistent scheduling (more tiles than CTAs), batch, bias, e5m2 operands, every tuning
-(and every tuning bit for bit equal to the production variant), bitwise identical across 3 runs.
+tile multiples, persistent scheduling (more tiles than CTAs), batch, bias, e5m2 operands, both production
+tilings forced (128x192 and 128x128: each against float64, bit for bit equal to each other, every element of
+a poisoned buffer written), every tuning (and every tuning bit for bit equal to the production variant),
+bitwise identical across 3 runs.
 """
 
 from __future__ import annotations
@@ -42,10 +44,11 @@ def _rng() -> np.random.Generator:
     return np.random.default_rng(test_seed())
 
 
-def _run(ops: dict, out_dtype: str, path: str, tune: int = 0, jit: bool = True) -> np.ndarray:
+def _run(ops: dict, out_dtype: str, path: str, tune: int = 0, jit: bool = True, tile_n: int | None = None):
     args = [jnp.asarray(ops[k]) for k in ("a", "b", "sa", "sb")]
     bias = None if ops["bias"] is None else jnp.asarray(ops["bias"])
-    f = lambda a, b, sa, sb, bias: mg.mx_gemm(a, b, sa, sb, bias, out_dtype=out_dtype, path=path, tune=tune)  # noqa: E731
+    kw = dict(out_dtype=out_dtype, path=path, tune=tune, tile_n=tile_n)
+    f = lambda a, b, sa, sb, bias: mg.mx_gemm(a, b, sa, sb, bias, **kw)  # noqa: E731
     f = jax.jit(f) if jit else f
     return np.asarray(f(*args, bias).astype(jnp.float32), np.float64)
 
@@ -169,7 +172,10 @@ def test_registry_variants():
     assert len(set(names)) == len(names)
     for a, b, o, bias in [(E4, E4, "bfloat16", False), (E5, E4, "float32", True)]:
         v = registry.find(registry.MXGemmConfig, a_dtype=a, b_dtype=b, out_dtype=o, has_bias=bias)
-        assert v is not None and v.tune == 0 and v.smem_bytes <= 227 * 1024
+        assert v is not None and v.tune == 0 and v.tile_n == 192 and v.smem_bytes <= 227 * 1024
+        n128 = registry.find(registry.MXGemmConfig, a_dtype=a, b_dtype=b, out_dtype=o, has_bias=bias, tile_n=128)
+        assert n128.name == v.name + "_n128" and n128.smem_bytes <= 227 * 1024
+        assert (n128.cluster_m, n128.unroll_stages, n128.uniform_desc) == (v.cluster_m, True, True)
     with pytest.raises(ValueError, match="tile_n"):
         registry.MXGemmConfig(tile_n=256)
     with pytest.raises(ValueError, match="cluster_m"):
@@ -209,7 +215,7 @@ def test_kernel_matches_float64(case):
 
 def _skip_unless_built(tune: int) -> None:
     """The comparison schedules are in the library only when it was built with --with-tunes."""
-    name = registry.find(registry.MXGemmConfig, tune=tune).name
+    name = next(v.name for v in registry.MX_GEMM_TUNINGS if v.tune == tune)
     if not library.has_kernel(name):
         pytest.skip(f"{name} is not in the library (tools/build_library.py --with-tunes builds it)")
 
@@ -238,6 +244,45 @@ def test_kernel_tunings_bitwise_equal():
         for v in registry.MX_GEMM_TUNINGS:
             got = _run(ops, "bfloat16", "cuda", tune=v.tune)
             np.testing.assert_array_equal(got, want, err_msg=f"tune {v.tune} at {shape}")
+
+
+TILING_CASES = [
+    # N = 1024: 5.33 tiles of 192, 8 of 128; M not a multiple of 128 (a partial M tile, a cluster pair's second
+    # CTA past M); 9 K tiles: one lap of the 6-stage ring (128x128) or two of the 4-stage ring + remainder
+    (1, 1040, 1024, 1152, E4, E4, "bfloat16", False),
+    (2, 400, 1024, 1024, E5, E4, "float32", True),
+    # N = 1536 (8 tiles of 192, 12 of 128), 1 K tile; persistent: 2 x 9 x 8 (192) and 2 x 9 x 12 (128)
+    # cluster tiles, both > 66 clusters
+    (2, 2304, 1536, 128, E4, E5, "bfloat16", True),
+    (1, 144, 272, 2560, E5, E5, "bfloat16", False),  # both edges partial, 20 K tiles (laps of 4 and of 6)
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("sm90_mx_gemm")
+@pytest.mark.parametrize("case", TILING_CASES, ids=_case_id)
+def test_kernel_tilings_match_float64_and_each_other(case):
+    """Each production tiling forced (tile_n=192, 128) within the bound of the float64 formula, and the two
+    bit for bit equal (the same per-element operations in the same K order; only the tile shape differs)."""
+    g, m, n, k, a_dt, b_dt, out, bias = case
+    ops = operands(_rng(), g, m, n, k, a_dt, b_dt, bias, nan_rows=((0, 0, 3),))
+    got = {t: _run(ops, out, "cuda", tile_n=t) for t in registry.PRODUCTION_TILE_NS}
+    for t, c in got.items():
+        _check(c, ops, out, WGMMA_REL, f"tile_n {t} {_case_id(case)}")
+    np.testing.assert_array_equal(got[128], got[192], err_msg="the tilings differ")
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("sm90_mx_gemm")
+@pytest.mark.parametrize("tile_n", [192, 128])
+def test_kernel_tiling_writes_every_element(tile_n):
+    """N = 1024 with M = 1040 (not a multiple of 128) into a NaN-filled buffer: every element written."""
+    ops = operands(_rng(), 1, 1040, 1024, 384, bias=True)
+    args = [jnp.asarray(ops[k]) for k in ("a", "b", "sa", "sb", "bias")]
+    poison = jnp.full((1, 1040, 1024), jnp.nan, jnp.float32)
+    c = np.asarray(mg.mx_gemm(*args, out_dtype="float32", path="cuda", tile_n=tile_n, out=poison), np.float64)
+    assert not np.isnan(c).any()
+    _check(c, ops, "float32", WGMMA_REL, f"into, tile_n {tile_n}")
 
 
 @pytest.mark.gpu

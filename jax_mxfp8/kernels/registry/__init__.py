@@ -70,7 +70,10 @@ from jax_mxfp8.kernels.registry.gemm import (
     GEMM_OUT_DTYPES,
     MX_GEMM_TUNINGS,
     MX_GEMM_VARIANTS,
+    PRODUCTION_TILE_NS,
+    PRODUCTION_TILINGS,
     MXGemmConfig,
+    mx_gemm_tile_n,
 )
 from jax_mxfp8.kernels.registry.gemm_epilogue import (
     EPILOGUE_ACTIVATIONS,
@@ -130,6 +133,8 @@ __all__ = [
     "P_OFFSET_MAX",
     "P_SCALES",
     "P_SCALE_CODE",
+    "PRODUCTION_TILE_NS",
+    "PRODUCTION_TILINGS",
     "PRODUCTION_VARIANTS",
     "QUANTIZE_MODES",
     "QUANTIZE_VARIANTS",
@@ -160,6 +165,7 @@ __all__ = [
     "arch_for_cc",
     "cc_name",
     "find",
+    "mx_gemm_tile_n",
     "variants",
     "pv_permutation",
 ]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
+import numbers
 
 from jax_mxfp8.kernels.registry.base import DTYPE_CODE, ELEM_DTYPES, SHORT, KernelConfig
 
@@ -29,7 +31,9 @@ class MXGemmConfig(KernelConfig):
       has_bias: adds bias (N,) float32 to the float32 result before the cast.
       tile_m: rows per CTA tile (two consumer warpgroups of 64 rows each): 128.
       tile_n: columns per CTA tile: 128 or 192 (256 does not fit: the temporary and the main float32
-        accumulators take 2 * tile_m * tile_n / 256 registers per consumer thread).
+        accumulators take 2 * tile_m * tile_n / 256 registers per consumer thread). A key field: each
+        (dtypes, bias) key has two production tilings (PRODUCTION_TILINGS), chosen per shape by
+        mx_gemm_tile_n; a lookup that does not name it gets 192.
       stages: shared-memory ring depth (A, B, sa, sb of one 128-K tile per stage).
       unroll_stages: the consumer's K loop is unrolled by `stages` (one ring lap per iteration, stage
         indices trace-time constants), each work tile starting at stage 0; the k_tiles % stages tiles left
@@ -45,7 +49,7 @@ class MXGemmConfig(KernelConfig):
 
     op = "mx_gemm"
     kernels = {"sm_90a": "jax_mxfp8.kernels.sm90.mx_gemm:make_kernel"}  # wgmma: Hopper only
-    key_fields = ("a_dtype", "b_dtype", "out_dtype", "has_bias")
+    key_fields = ("a_dtype", "b_dtype", "out_dtype", "has_bias", "tile_n")
     codes = {"a_dtype": DTYPE_CODE, "b_dtype": DTYPE_CODE, "out_dtype": DTYPE_CODE}
 
     a_dtype: str = "float8_e4m3fn"
@@ -53,8 +57,8 @@ class MXGemmConfig(KernelConfig):
     out_dtype: str = "bfloat16"
     has_bias: bool = False
     tile_m: int = 128
-    tile_n: int = 128
-    stages: int = 6
+    tile_n: int = 192
+    stages: int = 4
     unroll_stages: bool = False
     uniform_desc: bool = False
     cluster_m: int = 1
@@ -91,18 +95,63 @@ class MXGemmConfig(KernelConfig):
     def name(self) -> str:
         base = f"mx_gemm_{SHORT[self.a_dtype]}_{SHORT[self.b_dtype]}_{SHORT[self.out_dtype]}"
         base += "_bias" if self.has_bias else ""
-        return f"{base}_t{self.tune}" if self.tune else base
+        if self.tune:
+            return f"{base}_t{self.tune}"
+        return base if self.tile_n == PRODUCTION_TILE_NS[0] else f"{base}_n{self.tile_n}"
 
 
 _PRODUCTION = dict(tile_n=192, stages=4, cluster_m=2, unroll_stages=True, uniform_desc=True)
-"""Production: 128x192 tiles, a cluster pair sharing B by multicast, the K loop unrolled by a 4-stage ring,
-warp-uniform operand descriptors (docs/perf/removed-variants.md has the measurements)."""
+"""The 128x192 production tiling: a cluster pair sharing B by multicast, the K loop unrolled by a 4-stage ring,
+warp-uniform operand descriptors (docs/perf/removed-variants.md has the measurements). Also the quantize
+epilogue's tiling (registry/gemm_epilogue.py)."""
+
+PRODUCTION_TILINGS: dict[int, dict] = {
+    192: _PRODUCTION,
+    128: dict(tile_n=128, stages=6, cluster_m=2, unroll_stages=True, uniform_desc=True),
+}
+"""tile_n -> the production schedule of that tile width. Both have the same features (cluster pair, unrolled
+ring, uniform descriptors) and the same per-element operations in the same K order, so they return the same
+bits; 128x128 takes 6 stages (as many as fit in 227 KiB: 6 x 33 KiB) and half the accumulator registers.
+Which one a call runs is a choice by shape (mx_gemm_tile_n), not a tuning."""
+
+PRODUCTION_TILE_NS: tuple[int, ...] = tuple(PRODUCTION_TILINGS)
+"""The production tile widths, preferred first (a tie in mx_gemm_tile_n's estimate goes to the first)."""
 
 MX_GEMM_VARIANTS: tuple[MXGemmConfig, ...] = tuple(
-    MXGemmConfig(a_dtype=a, b_dtype=b, out_dtype=o, has_bias=bias, **_PRODUCTION)
-    for a, b, o, bias in itertools.product(ELEM_DTYPES, ELEM_DTYPES, GEMM_OUT_DTYPES, (False, True))
+    MXGemmConfig(a_dtype=a, b_dtype=b, out_dtype=o, has_bias=bias, **PRODUCTION_TILINGS[tile_n])
+    for tile_n, a, b, o, bias in itertools.product(
+        PRODUCTION_TILE_NS, ELEM_DTYPES, ELEM_DTYPES, GEMM_OUT_DTYPES, (False, True)
+    )
 )
-"""Every (a, b, out, bias) combination at the production tiling."""
+"""Every (a, b, out, bias) combination at each production tiling: names without a suffix are 128x192, names
+ending in _n128 are 128x128 (e.g. mx_gemm_e4m3_e4m3_bf16_n128)."""
+
+
+def mx_gemm_tile_n(m: int, n: int, g: int = 1) -> int:
+    """The production tile width (192 or 128) with the smaller estimated time for c (G, M, N).
+
+    The estimate of a tiling: the persistent grid runs max_ctas / cluster_m clusters; a work item is one
+    cluster tile (cluster_m * 128 rows x tile_n columns); the G * ceil(M / (cluster_m * 128)) *
+    ceil(N / tile_n) items run in ceil(items / clusters) waves, each as long as one item's padded area
+    (cluster_m * 128 * tile_n; both tilings run the same K tiles per item, so K scales both alike and does
+    not enter). Estimated time = waves x area: it charges the columns past N of the last N tile (N = 1024 is
+    5.33 tiles of 192 but 8 of 128) and the idle clusters of the last wave. It assumes both tilings reach
+    the same throughput per unit of area on a full wave. Ties go to 192 (PRODUCTION_TILE_NS order).
+    E.g. (M, N) = (32768, 1024): 192 -> 768 items, 12 waves x 256*192; 128 -> 1024 items, 16 waves x
+    256*128: 128 (2048 vs 2304 in units of 256 rows x 1 column).
+    """
+    for name, value in (("m", m), ("n", n), ("g", g)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"mx_gemm_tile_n: {name}={value!r} must be a positive integer")
+
+    def estimate(tile_n: int) -> int:
+        c = MXGemmConfig(**PRODUCTION_TILINGS[tile_n])
+        span = c.cluster_m * c.tile_m  # rows of one work item
+        items = g * math.ceil(m / span) * math.ceil(n / tile_n)
+        return math.ceil(items / (c.max_ctas // c.cluster_m)) * span * tile_n
+
+    return min(PRODUCTION_TILE_NS, key=estimate)  # min keeps the first of equal estimates
+
 
 MX_GEMM_TUNINGS: tuple[MXGemmConfig, ...] = (
     MXGemmConfig(tile_n=128, stages=6, tune=1),
