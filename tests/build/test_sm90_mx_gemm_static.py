@@ -23,6 +23,19 @@ from compare_sass import find_cuobjdump  # noqa: E402
 DUMP = Path(os.environ.get("JAX_MXFP8_SM90_KERNEL_DUMP", ROOT / "build" / "kernels" / "sm_90a" / "dump"))
 THREADS = 384  # producer + two consumer warpgroups (kernels/sm90/mx_gemm.py)
 RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+SPILLS_KNOWN = {
+    v.name for v in registry.MX_GEMM_VARIANTS if v.tile_n == 192 and v.out_dtype == "float32" and not v.has_bias
+}
+"""128x192 with float32 output and no bias: ptxas keeps a 40-byte stack frame (32 STL / LDL) in these four; open,
+marked xfail (strict) so that a fix or a new spill shows."""
+
+
+def _mark(v):
+    return (
+        pytest.param(v, marks=pytest.mark.xfail(strict=True, reason="known 40-byte stack"))
+        if v.name in SPILLS_KNOWN
+        else v
+    )
 
 
 def _cuobjdump() -> str:
@@ -33,7 +46,7 @@ def _cuobjdump() -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", registry.MX_GEMM_VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", [_mark(v) for v in registry.MX_GEMM_VARIANTS], ids=lambda v: v.name)
 def test_mx_gemm_cubin_resources(variant):
     cubins = sorted((DUMP / variant.name).glob("*.cubin"))
     if not cubins:
