@@ -145,7 +145,7 @@ def _packed_bwd(st: VarlenStatic, variant, res, do):
     quants = {key: aligned[key[0]] for key in set(keys.values())}
     res_al = (quants, o_al.astype(st.dense.out_dtype), lse_al, None, None, None, None)
     do_al = to_aligned(do, cu_q, lq.lengths, lq.starts, lq.rows)[None]  # (1, rows, N, H), zeros between sequences
-    table = packed_tile_table(lq.lengths, lk.lengths, lq.starts, lk.starts, lk.rows)
+    table = packed_tile_table(lq.lengths, lk.lengths, lq.starts, lk.starts, lk.rows, causal=st.dense.is_causal)
     dq, dk, dv, *_ = kbwd.kernel_backward(st.dense, variant, res_al, (do_al, jnp.zeros_like(lse_al)), tile_table=table)
     return (
         aligned_to_packed(dq[0], cu_q, lq.lengths, lq.starts, st.total_q),

@@ -2,7 +2,7 @@
 
   kernel_variant(head_dim=, causal=, p_scale=, p_rounding=, dq_accum=, deterministic=, ...) -> (variant | None, why)
   bwd_operands(q, k, v, do_q, do, o, lse, dlse, *, q_len, kv_len, ...) -> BwdOperands   the pre-pass
-  packed_tile_table(q_len, kv_len, q_start, kv_start, kv_rows) -> PackedTables   the packed variants' lens
+  packed_tile_table(q_len, kv_len, q_start, kv_start, kv_rows, *, causal) -> PackedTables   the packed variants' lens
       (these three and BwdOperands, SdpFp8Operands: primitives/attention_bwd_prepass.py, re-exported here)
   attention_bwd(ops, *, variant, scale, dq_scale_log2, out=None, path="cuda") -> (dq, dk, dv) padded,
       head-major, float32

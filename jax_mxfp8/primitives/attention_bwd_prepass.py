@@ -3,7 +3,7 @@ primitives/attention_bwd.py, which re-exports these names).
 
   BwdOperands, SdpFp8Operands   the kernel's inputs (shapes, dtypes and layouts: docs/interfaces.md)
   PackedTables                  the packed variants' length operands (seqs, work)
-  packed_tile_table(q_len, kv_len, q_start, kv_start, kv_rows) -> PackedTables
+  packed_tile_table(q_len, kv_len, q_start, kv_start, kv_rows, *, causal) -> PackedTables
   bwd_operands(q, k, v, do_q, do, o, lse, dlse, *, q_len, kv_len, ...) -> BwdOperands   the pre-pass
 """
 
@@ -27,7 +27,7 @@ from jax_mxfp8.primitives.attention_operands import (
     do_shift,
     head_major_scale,
 )
-from jax_mxfp8.primitives.attention_packed import sequence_table, tile_work
+from jax_mxfp8.primitives.attention_packed import key_tile_work, sequence_table, tile_work
 from jax_mxfp8.primitives.attention_realign import realign
 from jax_mxfp8.primitives.quantize import DEQUANTIZE
 from jax_mxfp8.reference.attention_bwd import bwd_delta
@@ -221,13 +221,19 @@ class PackedTables(NamedTuple):
     sequence encoding, shared with the forward (primitives/attention_packed.py)."""
 
     seqs: jax.Array  # (4, S) int32 per sequence: first query tile, first KV tile, query length, KV length
-    work: jax.Array  # (2, Sp / 128) int32 per key tile, in order: (its sequence, key tile in it); (-1, 0): none
+    # (2, Sp / 128) int32 per key tile: (its sequence, key tile in it), (-1, 0) for none; causal: longest first,
+    # (-1, key tile) for none
+    work: jax.Array
 
 
 def packed_tile_table(
-    q_len: jax.Array, kv_len: jax.Array, q_start: jax.Array, kv_start: jax.Array, kv_rows: int
+    q_len: jax.Array, kv_len: jax.Array, q_start: jax.Array, kv_start: jax.Array, kv_rows: int, *, causal: bool
 ) -> PackedTables:
     """The packed variants' PackedTables for S sequences laid out from rows q_start / kv_start (multiples of
     128) in an aligned packed layout of kv_rows key rows: the forward's seqs table and a work list of every
-    key tile (the kernel runs key tile n as item n; a tile in no sequence gets its dk, dv rows 0)."""
-    return PackedTables(sequence_table(q_len, kv_len, q_start, kv_start), tile_work(kv_len, kv_start, kv_rows))
+    key tile (a tile in no sequence gets its dk, dv rows 0). Non-causal: item n is key tile n (tile_work);
+    causal (for the causal variants only): the key tiles longest first (key_tile_work)."""
+    seqs = sequence_table(q_len, kv_len, q_start, kv_start)
+    if causal:
+        return PackedTables(seqs, key_tile_work(q_len, kv_len, kv_start, kv_rows))
+    return PackedTables(seqs, tile_work(kv_len, kv_start, kv_rows))

@@ -5,14 +5,15 @@
   query_work(q_len, kv_len, q_start, *, causal, q_rows, item_rows) -> work (2, q_rows / 128)   the forward's
                                         items (query tiles, or Blackwell's 256-row pairs), longest first
   tile_work(lengths, starts, rows) -> work (2, rows / 128)   item n = 128-row tile n (the backward's key tiles)
+  key_tile_work(q_len, kv_len, kv_start, rows) -> work (2, rows / 128)   the causal backward's: longest first
   emulate_packed_fwd(ops, *, causal, p_scale, p_rounding) -> (o (1, N, Tp, H), lse (1, N, Tp))
   sequence_windows(x, first_tile, n_tiles, axis) -> each sequence's tiles as a batch row (the emulations')
 
 Every sequence starts on a 128-row tile of the aligned packed layout (ops/varlen_kernel.py). The packed
 kernel variants read one encoding (kernels/common/packed_sequences.py packed_item): the per-sequence table seqs
 and a work list of (sequence, tile inside it) items; the forward runs one CTA per query-tile item, longest
-first, the backward one per key tile of the layout, in key-tile order. The Blackwell kernels read the same
-tables (primitives/attention_sm100_packed.py adds two rows to seqs for their compact data).
+first, the backward one per key tile of the layout, in key-tile order (causal: longest first). The Blackwell
+kernels read the same tables (primitives/attention_sm100_packed.py adds two rows to seqs for their compact data).
 """
 
 from __future__ import annotations
@@ -44,6 +45,22 @@ def tile_work(lengths: jax.Array, starts: jax.Array, rows: int) -> jax.Array:
     first = (starts[seq] // TILE_N).astype(jnp.int32)
     live = (tiles >= first) & (tiles * TILE_N < starts[seq] + lengths[seq])
     return jnp.stack([jnp.where(live, seq, -1), jnp.where(live, tiles - first, 0)]).astype(jnp.int32)
+
+
+def key_tile_work(q_len: jax.Array, kv_len: jax.Array, kv_start: jax.Array, rows: int) -> jax.Array:
+    """The causal backward's work list (2, rows / 128) int32 over the key tiles of an aligned packed layout of
+    `rows` key rows: tile_work's items sorted by the query tiles (64 rows) a tile visits, the most first (a
+    CTA's work; kernels/sm90/tile_scheduler.py launches items in list order), ties in key-tile order. Key tile
+    t of a sequence (top-left causal) visits its query tiles 2 t .. ceil(q_len / 64) - 1; a padding item comes
+    after every live one as (-1, its key tile in the layout), the tile whose dk, dv rows it zeroes."""
+    work = tile_work(kv_len, kv_start, rows)
+    seq, tile = work[0], work[1]
+    live = seq >= 0
+    s = jnp.maximum(seq, 0)
+    cost = jnp.where(live, jnp.maximum(-(-q_len.astype(jnp.int32)[s] // 64) - 2 * tile, 0), -1)
+    order = jnp.argsort(-cost, stable=True)
+    tiles = jnp.arange(rows // TILE_N, dtype=jnp.int32)
+    return jnp.stack([seq[order], jnp.where(live, tile, tiles)[order]]).astype(jnp.int32)
 
 
 def query_work(

@@ -5,7 +5,8 @@ operands, the float64 and XLA references, and the kernel's `_into` call (NaN-poi
 `mx_operands` gives the contract's MX values (32x32 square blocks) as float32; `forward_f32` the forward's
 O and LSE on them (the kernel forward's role); `exact_bwd` float64 gradients of the unquantized inputs;
 `reference_bwd` the XLA reference backward on the MX operands; `kernel_bwd` the kernel's gradients (and its
-raw padded outputs, which `check_written` inspects). Gates: MIN_DB against the reference, F64_SLACK_DB
+raw padded outputs, which `check_written` inspects), from `kernel_variant`, `kernel_inputs` (the call's
+operands by name) and `call_kernel`. Gates: MIN_DB against the reference, F64_SLACK_DB
 between the kernel's and the reference's SQNR against float64, SAME_MATH_DQ_DB between schedules of the same
 GEMM precision.
 """
@@ -135,20 +136,29 @@ def reference_bwd(case, ops, o, lse, config=None):
     return tuple(np.asarray(x, np.float64) for x in fn(ops["q"], ops["k"], ops["v"], o, lse, do))
 
 
-def kernel_bwd(case, ops, o, lse, *, tune=0, poison=True, mode=None, dq_scale_log2=0):
-    """The kernel's dq (B, K, G, T, H), dk, dv (B, K, S, H) float64, and the raw padded outputs (dq as the
-    kernel left it: float16 dQ * 2^e for dq_accum "fp16"; dq_sem). mode: the dQ mode's registry fields
-    (dq_accum, deterministic; tests/attention/test_attention_bwd_dq_modes_gpu.py), dq_scale_log2 its e."""
+def kernel_variant(case, *, tune=0, mode=None):
+    """The registry variant of the case's head_dim and causality at `tune` with the dQ mode's fields `mode`;
+    skips the test when there is none or the library lacks it."""
+    h, causal = case["q"].shape[-1], case["causal"]
+    mode = mode or {}
+    variant = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=causal, tune=tune, **mode)
+    if variant is None:
+        pytest.skip(f"no attention_bwd variant for head_dim={h} causal={causal} tune={tune} {mode}")
+    if not library.has_kernel(variant.name):
+        pytest.skip(f"{variant.name} is not in the library (comparison schedules: build_library.py --with-tunes)")
+    return variant
+
+
+def kernel_inputs(case, ops, o, lse, variant, *, poison=True) -> tuple[dict, dict, jax.Array | None]:
+    """The `_into` call's operands for `variant`, by name in call order (head-major, padded: qh, doh (B, N, Tp,
+    H), kh, vh (B, K, Sp, H), lse, delta (B, N, Tp), lens (2, B); sdp_fp8: v8 in vh's place, then q8, k8, do8
+    and their row factors qs, ks, vs, dos (B, heads, Lp / 32)), the aliased outputs by name (dq (B, N, Tp, H),
+    dk, dv (B, K, Sp, H), dq_sem (B, N, Tp / 32); NaN-poisoned unless poison=False) and dv_f16's dO shift
+    (B, K) (None without dv_f16)."""
     b, n_kv, g, t, h = case["q"].shape
     s = case["k"].shape[2]
     tp, sp = _round_up(t), _round_up(s)
     n = n_kv * g
-    mode = mode or {}
-    variant = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=case["causal"], tune=tune, **mode)
-    if variant is None:
-        pytest.skip(f"no attention_bwd variant for head_dim={h} causal={case['causal']} tune={tune} {mode}")
-    if not library.has_kernel(variant.name):
-        pytest.skip(f"{variant.name} is not in the library (comparison schedules: build_library.py --with-tunes)")
     do = jnp.asarray(case["do"], jnp.float32)
     do_q = fake_quant_square(do)
     delta = jnp.sum(do * o, axis=-1)  # from the unquantized dO (rows >= q_len are 0)
@@ -157,39 +167,60 @@ def kernel_bwd(case, ops, o, lse, *, tune=0, poison=True, mode=None, dq_scale_lo
         x = np.asarray(x, np.float32).reshape(b, groups, x.shape[-2], h)
         return jnp.asarray(_pad(x, 2, length), jnp.bfloat16)
 
-    qh = head_major(ops["q"], n, tp)
-    kh = head_major(ops["k"], n_kv, sp)
-    vh = head_major(ops["v"], n_kv, sp)
-    doh = head_major(do_q, n, tp)
     lse_p = np.full((b, n, tp), -np.inf, np.float32)
     lse_p[:, :, :t] = np.asarray(lse, np.float32).reshape(b, n, t)
     delta_p = np.zeros((b, n, tp), np.float32)
     delta_p[:, :, :t] = np.asarray(delta, np.float32).reshape(b, n, t)
-    lens = np.stack([case["q_len"], case["kv_len"]]).astype(np.int32)
-    fill = np.nan if poison else 0.0
-    fp16 = variant.dq_accum == "fp16"
-    outs = (
-        jnp.full((b, n, tp, h), fill, jnp.float16 if fp16 else jnp.float32),
-        jnp.full((b, n_kv, sp, h), fill, jnp.float32),
-        jnp.full((b, n_kv, sp, h), fill, jnp.float32),
-        jnp.full((b, n, tp // 32), -1, jnp.int32),  # dq_sem: zero-filled by the handler when used
+    args = dict(
+        qh=head_major(ops["q"], n, tp),
+        kh=head_major(ops["k"], n_kv, sp),
+        vh=head_major(ops["v"], n_kv, sp),
+        doh=head_major(do_q, n, tp),
+        lse=jnp.asarray(lse_p),
+        delta=jnp.asarray(delta_p),
+        lens=jnp.asarray(np.stack([case["q_len"], case["kv_len"]]).astype(np.int32)),
     )
-    specs = tuple((x.shape, str(x.dtype)) for x in outs)
-    args = (qh, kh, vh, doh, jnp.asarray(lse_p), jnp.asarray(delta_p), jnp.asarray(lens))
+    fill = np.nan if poison else 0.0
+    outs = dict(
+        dq=jnp.full((b, n, tp, h), fill, jnp.float16 if variant.dq_accum == "fp16" else jnp.float32),
+        dk=jnp.full((b, n_kv, sp, h), fill, jnp.float32),
+        dv=jnp.full((b, n_kv, sp, h), fill, jnp.float32),
+        dq_sem=jnp.full((b, n, tp // 32), -1, jnp.int32),  # zero-filled by the handler when used
+    )
     shift = None
     if variant.sdp_fp8:  # v8 in v's place, then q8, k8, do8, qs, ks, vs, dos
         q8, k8, v8, do8, qs, ks, vs, dos = fp8_copies(case, do, tp, sp)
         if variant.dv_f16:  # float16 dO^ 2^-shift (the library's pre-pass helpers); dv comes back times 2^-shift
             shift = do_shift(dos, g)
-            doh = do_float16(doh, dos, shift)
-        args = (qh, kh, v8, doh, *args[4:], q8, k8, do8, qs, ks, vs, dos)
-    fn = _into_fn(variant.name, float(case["tau"]), int(dq_scale_log2), specs, variant.sdp_fp8)
-    dq, dk, dv, sem = fn(*args, *outs)
+            args["doh"] = do_float16(args["doh"], dos, shift)
+        args = {("v8" if k == "vh" else k): (v8 if k == "vh" else x) for k, x in args.items()}
+        args.update(q8=q8, k8=k8, do8=do8, qs=qs, ks=ks, vs=vs, dos=dos)
+    return args, outs, shift
+
+
+def call_kernel(variant, tau: float, args: dict, outs: dict, dq_scale_log2: int = 0) -> tuple[jax.Array, ...]:
+    """The `_into` call of `variant` on kernel_inputs' operands and outputs: (dq, dk, dv, dq_sem) as the
+    kernel left them (dq float16 dQ * 2^e for dq_accum "fp16", dv times 2^-shift for dv_f16)."""
+    specs = tuple((x.shape, str(x.dtype)) for x in outs.values())
+    fn = _into_fn(variant.name, float(tau), int(dq_scale_log2), specs, variant.sdp_fp8)
+    return fn(*args.values(), *outs.values())
+
+
+def kernel_bwd(case, ops, o, lse, *, tune=0, poison=True, mode=None, dq_scale_log2=0):
+    """The kernel's dq (B, K, G, T, H), dk, dv (B, K, S, H) float64, and the raw padded outputs (dq as the
+    kernel left it: float16 dQ * 2^e for dq_accum "fp16"; dq_sem). mode: the dQ mode's registry fields
+    (dq_accum, deterministic; tests/attention/test_attention_bwd_dq_modes_gpu.py), dq_scale_log2 its e."""
+    b, n_kv, g, t, h = case["q"].shape
+    s = case["k"].shape[2]
+    tp, sp = _round_up(t), _round_up(s)
+    variant = kernel_variant(case, tune=tune, mode=mode)
+    args, outs, shift = kernel_inputs(case, ops, o, lse, variant, poison=poison)
+    dq, dk, dv, sem = call_kernel(variant, case["tau"], args, outs, dq_scale_log2)
     raw_dq = np.asarray(dq)
     dq, dk, dv = (np.asarray(x, np.float64) for x in (dq, dk, dv))
     if shift is not None:
         dv = dv * 2.0 ** np.asarray(shift, np.float64)[:, :, None, None]
-    if fp16:
+    if variant.dq_accum == "fp16":
         dq = dq * 2.0**-dq_scale_log2
     raw = dict(dq=dq, dk=dk, dv=dv, tp=tp, sp=sp, dq_raw=raw_dq, dq_sem=np.asarray(sem))
     dq = dq[:, :, :t].reshape(b, n_kv, g, t, h)

@@ -13,7 +13,9 @@ order inside a CTA) and dq up to the order of the float32 reductions across KV t
 SAME_MATH_DQ_DB). The kinds: sdp_fp8 (production: S^T and dP^T on FP8 wgmma from FP8 copies of Q, K, V, dO
 re-encoded to one exponent per 32 rows, made here by the library's own square quantize + realign,
 jax_mxfp8_attention_bwd_fp8_into) and BF16 wgmma only (tune 17); the re-encoding rounds some elements
-differently, so the two kinds' SQNR against each other (against tune 0) is printed, not gated.
+differently, so the two kinds' SQNR against each other (against tune 0) is printed, not gated. The causal
+launch order over several L2 sections (kernels/sm90/tile_scheduler.py): the whole call against one call per
+(batch row, KV head) on the same operands, dk and dv (deterministic mode: dq too) bit for bit.
 """
 
 from __future__ import annotations
@@ -30,11 +32,15 @@ from jax_mxfp8.primitives import library
 from tests.attention.attention_bwd_kernel_testutil import (
     F64_SLACK_DB,
     MIN_DB,
+    SAME_MATH_DQ_DB,
+    call_kernel,
     check_same_math,
     check_written,
     exact_bwd,
     forward_f32,
     kernel_bwd,
+    kernel_inputs,
+    kernel_variant,
     make_case,
     mx_operands,
     reference_bwd,
@@ -143,3 +149,77 @@ def test_dv_f16_wide_do_range(h):
     base, _ = kernel_bwd(case, ops, o, lse, tune={128: 25, 64: 24}[h])
     check_written(case, raw)
     check_same_math(0, got, base, {128: 25, 64: 24}[h])
+
+
+# the causal launch order's L2 sections (kernels/sm90/tile_scheduler.py KeyTileScheduler), written out here: a
+# section holds hs = SECTION_BYTES / (4 H bytes per query row) // (Tp G query rows per KV head) KV head rows
+# (at least 1, at most B K), item-major inside; the grid's B K head rows form ceil(B K / hs) sections.
+SECTION_BYTES = 32 << 20
+# 2 sections, the last one partial (4 + 2 head rows) and crossing the batch boundary (head rows 0-2 are batch
+# 0); t = 8000 pads to Tp = 8192; lengths differ per batch row, so a CTA decoded to the wrong batch row
+# computes with the wrong lengths.
+SECTIONS_SPEC = dict(b=2, t=8000, s=8000, n=6, n_kv=3, h=128, causal=True, lengths=True)
+_Q_SIDE = ("qh", "doh", "lse", "delta", "q8", "do8", "qs", "dos", "dq", "dq_sem")  # axis 1: query heads
+
+
+def causal_sections(b: int, n_kv: int, g: int, tp: int, h: int) -> tuple[int, int]:
+    """(hs, sections) of the causal longest-first launch order for B b, K n_kv, G g, Tp tp, H h."""
+    hs = min(max(SECTION_BYTES // (4 * h) // (tp * g), 1), b * n_kv)
+    return hs, -(-(b * n_kv) // hs)
+
+
+def _one_head(operands: dict, bi: int, kv: int, g: int) -> dict:
+    """kernel_inputs' operands (or outputs) of batch row bi and KV head kv alone (B = K = 1, N = G)."""
+    out = {}
+    for name, x in operands.items():
+        if name == "lens":
+            out[name] = x[:, bi : bi + 1]
+            continue
+        heads = slice(kv * g, (kv + 1) * g) if name in _Q_SIDE else slice(kv, kv + 1)
+        out[name] = x[bi : bi + 1, heads]
+    return out
+
+
+@pytest.mark.parametrize("mode", [None, {"deterministic": True}], ids=["production", "deterministic"])
+def test_causal_sections_match_one_head_at_a_time(mode):
+    """The causal launch order over several L2 sections (SECTIONS_SPEC: 2 sections of 4 and 2 KV head rows)
+    against the same kernel called once per (batch row, KV head) on the same operands (one section of one
+    head row each: the launch number is the key tile). Each CTA's arithmetic is the same either way, so dk, dv
+    are equal bit for bit; dq too in the deterministic mode (ascending key tiles per query tile), production's
+    up to the float32 order of its atomic adds (>= SAME_MATH_DQ_DB). Every element of the whole call written
+    (NaN-poisoned outputs), and the last head row's gradients meet the XLA reference (>= MIN_DB)."""
+    spec = SECTIONS_SPEC
+    g, t, s = spec["n"] // spec["n_kv"], spec["t"], spec["s"]
+    tp = -(-t // 128) * 128
+    hs, sections = causal_sections(spec["b"], spec["n_kv"], g, tp, spec["h"])
+    assert sections >= 2 and (spec["b"] * spec["n_kv"]) % hs, f"SECTIONS_SPEC forms {sections} sections of {hs}"
+    case = make_case(fresh_rng(), **spec)
+    ops = mx_operands(case)
+    o, lse = forward_f32(case, ops)
+    variant = kernel_variant(case, mode=mode)
+    args, outs, shift = kernel_inputs(case, ops, o, lse, variant)
+    full = [np.asarray(x) for x in call_kernel(variant, case["tau"], args, outs)]
+    raw = dict(dq=full[0], dk=full[1], dv=full[2], tp=tp, sp=-(-s // 128) * 128)
+    check_written(case, raw)
+    for bi in range(spec["b"]):
+        for kv in range(spec["n_kv"]):
+            one = call_kernel(variant, case["tau"], _one_head(args, bi, kv, g), _one_head(outs, bi, kv, g))
+            dq1, dk1, dv1 = (np.asarray(x)[0] for x in one[:3])
+            where = f"batch row {bi}, KV head {kv}"
+            assert np.array_equal(full[1][bi, kv], dk1[0]), f"dk of {where} differs from its one-head call"
+            assert np.array_equal(full[2][bi, kv], dv1[0]), f"dv of {where} differs from its one-head call"
+            dq = full[0][bi, kv * g : (kv + 1) * g]
+            if variant.deterministic:
+                assert np.array_equal(dq, dq1), f"deterministic dq of {where} differs from its one-head call"
+            else:
+                db = sqnr_db(dq1.astype(np.float64), dq.astype(np.float64))
+                assert db >= SAME_MATH_DQ_DB, f"dq of {where}: {db:.1f} dB vs its one-head call"
+    last = {k: v[-1:, -1:] if k in ("q", "k", "v", "do") else v for k, v in case.items()}
+    last.update(q_len=case["q_len"][-1:], kv_len=case["kv_len"][-1:])
+    ref = reference_bwd(last, {k: v[-1:, -1:] for k, v in ops.items()}, o[-1:, -1:], lse[-1:, -1:])
+    got = (full[0][-1:, -g:, :t].reshape(1, 1, g, t, -1), full[1][-1:, -1:, :s], full[2][-1:, -1:, :s])
+    if shift is not None:  # dv_f16: the kernel's dv is times 2^-shift[b, kv]
+        got = got[:2] + (got[2] * 2.0 ** float(np.asarray(shift)[-1, -1]),)
+    for name, r, x in zip(("dq", "dk", "dv"), ref, got, strict=True):
+        db = sqnr_db(r, x.astype(np.float64))
+        assert db >= MIN_DB, f"{name} of the last head row: {db:.2f} dB vs the reference < {MIN_DB}"

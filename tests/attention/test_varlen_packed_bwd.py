@@ -32,7 +32,7 @@ def test_packed_tile_table():
     tiles' work list in key-tile order: (sequence, key tile inside it), (-1, 0) where no sequence has keys."""
     q_len, kv_len = jnp.array([100, 0, 300, 37]), jnp.array([130, 0, 260, 37])
     q_start, kv_start = jnp.array([0, 128, 128, 512]), jnp.array([0, 256, 256, 640])
-    seqs, work = (np.asarray(x) for x in packed_tile_table(q_len, kv_len, q_start, kv_start, 896))
+    seqs, work = (np.asarray(x) for x in packed_tile_table(q_len, kv_len, q_start, kv_start, 896, causal=False))
     np.testing.assert_array_equal(seqs, [[0, 1, 1, 4], [0, 2, 2, 5], [100, 0, 300, 37], [130, 0, 260, 37]])
     want = np.array(
         [
@@ -42,6 +42,25 @@ def test_packed_tile_table():
     )
     np.testing.assert_array_equal(work, want)
     assert seqs.dtype == work.dtype == np.int32
+
+
+def test_packed_tile_table_causal_longest_first():
+    """Causal: the key tiles sorted by the 64-row query tiles they visit (key tile t of a sequence: its query
+    tiles 2 t .. ceil(q_len / 64) - 1), the most first, ties in key-tile order; the padding tile last as (-1,
+    its key tile). By hand for the case above: tile 0 (sequence 0, t 0) visits 2, tile 1 (0, 1) 0, tile 2
+    (2, 0) 5, tile 3 (2, 1) 3, tile 4 (2, 2) 1, tile 5 (3, 0) 1, tile 6 none."""
+    q_len, kv_len = jnp.array([100, 0, 300, 37]), jnp.array([130, 0, 260, 37])
+    q_start, kv_start = jnp.array([0, 128, 128, 512]), jnp.array([0, 256, 256, 640])
+    seqs, work = (np.asarray(x) for x in packed_tile_table(q_len, kv_len, q_start, kv_start, 896, causal=True))
+    np.testing.assert_array_equal(seqs, [[0, 1, 1, 4], [0, 2, 2, 5], [100, 0, 300, 37], [130, 0, 260, 37]])
+    want = np.array(
+        [
+            [2, 2, 0, 2, 3, 0, -1],  # key tiles 2, 3, 0, 4, 5, 1, 6
+            [0, 1, 0, 2, 0, 1, 6],
+        ]
+    )
+    np.testing.assert_array_equal(work, want)
+    assert work.dtype == np.int32
 
 
 def test_packed_call_takes_its_tables_and_target():
@@ -54,7 +73,7 @@ def test_packed_call_takes_its_tables_and_target():
         *(jnp.ones(s, jnp.float32) for s in ((1, n, tp // 32), (1, 1, tp // 32), (1, 1, tp // 32), (1, n, tp // 32))),
     )  # fmt: skip
     tables = packed_tile_table(
-        jnp.array([100, 90]), jnp.array([120, 100]), jnp.array([0, 128]), jnp.array([0, 128]), tp
+        jnp.array([100, 90]), jnp.array([120, 100]), jnp.array([0, 128]), jnp.array([0, 128]), tp, causal=True
     )
     ops = abwd.BwdOperands(
         zeros((1, n, tp, h)), zeros((1, 1, tp, h)), None, zeros((1, n, tp, h)), zeros((1, n, tp), jnp.float32),

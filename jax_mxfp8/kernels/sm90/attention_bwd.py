@@ -129,7 +129,7 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         self.threads = ws.WARPGROUP_THREADS * (1 + NUM_CONSUMERS)
         # masks of 64-row query tiles against the 128-key tile, and the key-tile schedule
         self.mask = AttentionMask(config.causal, TILE_M, CTA_N)
-        self.scheduler = KeyTileScheduler(self.mask, config.packed)
+        self.scheduler = KeyTileScheduler(self.mask, config.packed, config.head_dim)
         ws.check_register_budget(NUM_CONSUMERS)
 
     # ------------------------------------------------------------------------------------------------
@@ -440,10 +440,11 @@ class AttentionBackwardSm90(AttentionBwdConsumer, AttentionBwdDqReduce):
         """One CTA: key tile n (128 keys) of KV head bk = b * K + kv; loops over the G query heads of the
         group and the 64-row query tiles that can see this key tile (KeyTileScheduler)."""
         tidx, _, _ = cute.arch.thread_idx()
-        tile = self.scheduler.work_tile(ops.lens, ops.work, ops.lse.shape[0], ops.dk.shape[2])
-        dq_mode = None  # the dQ modes' (dq_sem address, tau 2^e) for the dQ stores
+        tile = self.scheduler.work_tile(ops.lens, ops.work, ops.lse.shape[0], ops.dk.shape[2], ops.lse.shape[1])
+        dq_mode = None  # the dQ modes' (dq_sem address, tau 2^e, key tile or None) for the dQ stores
         if cutlass.const_expr(self.dq_mode):
-            dq_mode = (ops.dq_mode.sem.iterator.toint(), ops.dq_mode.scale)
+            key_tile = tile.n if self.config.deterministic else None  # the ordered adds' turn
+            dq_mode = (ops.dq_mode.sem.iterator.toint(), ops.dq_mode.scale, key_tile)
 
         storage = utils.SmemAllocator().allocate(self._shared_storage(ops.smem))
         consumer_warps = ws.WARPGROUP_WARPS * NUM_CONSUMERS

@@ -20,8 +20,9 @@ consumer waits (thread 0 spins on ld.acquire.gpu) until its counter is n, adds, 
 per thread), meets its warpgroup at a named barrier, and thread 0 increments the counter
 (red.release.gpu). The KV tiles adding into a query tile are always 0 .. n_max (causal: KV tile n starts at
 query tile 2n; KV tiles past kv_len run no step), so every count is reached. KV tile n waits only for lower
-KV tiles of its (batch, KV head), which the grid (x = KV tile) schedules no later and which never wait for
-it: no deadlock. The cost: KV tile n starts n query tiles behind KV tile 0 of its head.
+KV tiles of its (batch, KV head), which the launch order (tile_scheduler.KeyTileScheduler: key tiles ascending
+within a head, causal or not) starts no later and which never wait for it: no deadlock. The cost: KV tile n
+starts n query tiles behind KV tile 0 of its head.
 
 Overflow ("fp16"): |dQ| 2^e >= 65520 rounds to +-Inf (cvt.rn and the f16 adds), Inf - Inf is NaN; the op
 returns dq / 2^e with that Inf / NaN (docs/numerics.md), never a clamped value.
@@ -65,7 +66,7 @@ def add_f16x2_exclusive(addr: Int64, lo: Float32, hi: Float32) -> None:
 
 @cute.jit
 def store_dq_mode(
-    config, acc_dq, dq_base, sem_base, bn, tp, row0, col0, q0, q_len, dq_scale, c, tid_wg, barrier_id: int
+    config, acc_dq, dq_base, sem_base, bn, tp, row0, col0, q0, q_len, dq_scale, c, tid_wg, barrier_id: int, key_tile
 ):
     """dq[bn, row0 + r, col0 + col] += dq_scale * acc_dq for one consumer's dQ tile by `config`'s mode (the
     module docstring); rows >= q_len skipped.
@@ -73,17 +74,17 @@ def store_dq_mode(
     acc_dq: the wgmma accumulator fragment (64 rows x this consumer's columns) float32; dq_base, sem_base:
     global addresses of dq (B*N, Tp*H) and dq_sem (B*N, Tp/32); bn: query head row; tp: Tp; row0 =
     q0 + this thread's first row, col0 = its first column; c: the consumer (its head-dim half); tid_wg:
-    thread index in the consumer warpgroup; barrier_id: a named barrier of the consumer's 128 threads."""
+    thread index in the consumer warpgroup; barrier_id: a named barrier of the consumer's 128 threads; key_tile:
+    the CTA's key tile (the ordered adds' turn)."""
     h = config.head_dim
     fp16 = config.dq_accum == "fp16"
     ordered = config.deterministic
     esize = 2 if fp16 else 4
     sem = sem_base
     if cutlass.const_expr(ordered):
-        n, _, _ = cute.arch.block_idx()
         sem = sem_base + (Int64(bn) * Int64(tp // 32) + Int64(q0 // 32 + c)) * 4
         if tid_wg == 0:
-            sem_wait(sem, n)
+            sem_wait(sem, key_tile)
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=WG_THREADS)
     for v1 in cutlass.range_constexpr(2):
         row = row0 + 8 * v1

@@ -55,7 +55,7 @@ class DqTarget(NamedTuple):
     """Where a consumer's dQ tile goes (fixed per CTA): dq's global address and row count Tp, the staging
     tile's shared address, this consumer's first head-dim column, the scale the tile is multiplied by (tau,
     times 2^-8 with p_scaled), the TMA partitions (None for "red" and the dQ modes) and the dQ modes'
-    (dq_sem address, tau 2^e) (None otherwise)."""
+    (dq_sem address, tau 2^e, the CTA's key tile) (None otherwise)."""
 
     base: Int64
     staging: Int32
@@ -89,10 +89,10 @@ class AttentionBwdDqReduce:
         """dq[bn, q0 + row, col0 + col] += scale * acc_dq for this consumer's dQ tile (64 rows, 64 head-dim
         columns from col0; rows >= q_len skipped), by the dQ mode (attention_bwd_dq.py) or dq_store."""
         if cutlass.const_expr(self.dq_mode):
-            sem_base, dq_scale = dq.mode
+            sem_base, dq_scale, key_tile = dq.mode
             store_dq_mode(
                 self.config, acc_dq, dq.base, sem_base, bn, dq.tp, q0 + row_in, dq.col0 + col_in, q0, q_len,
-                dq_scale, c, warp_wg * 32 + lane, DQ_BARRIER0 + c,
+                dq_scale, c, warp_wg * 32 + lane, DQ_BARRIER0 + c, key_tile,
             )  # fmt: skip
         elif cutlass.const_expr(self.tma_dq):
             self.reduce_dq_tma(acc_dq, dq, bn, q0, row_in, col_in, q_len, c, warp_wg)

@@ -19,9 +19,27 @@ of its group that can see the tile (KeyTile; the range comes from attention_mask
 query_tile_range): dense padded batches with lens (2, B) as the forward's, or packed sequences with the
 forward's seqs table and a work list of the same form whose items are the aligned layout's key tiles in
 order (item n = key tile n: (its sequence, key tile inside it), (-1, 0) for a tile in no sequence, whose dk,
-dv rows are written 0). Packed rows stay global in the aligned layout; the causal mask is offset by the
-sequence's KV-to-query row shift. kernels/common/packed_sequences.packed_item is the one decode of a
-work-list item both use (and the Blackwell kernels).
+dv rows are written 0; causal: sorted longest first, below). Packed rows stay global in the aligned layout;
+the causal mask is offset by the sequence's KV-to-query row shift. kernels/common/packed_sequences.packed_item
+is the one decode of a work-list item both use (and the Blackwell kernels).
+
+Launch order and the causal backward. The block scheduler hands out CTAs in linear block order, x fastest,
+then y (CUDA does not document it, but every H100 / H200 launch does so, and FA3's and CUTLASS's rasterisers
+rely on it): block (x, y) is launch number y * grid_x + x. With block (x, y) = (key tile, KV head) that is
+head by head, key tiles ascending within a head. Under (top-left) causal masking key tile n visits the query
+tiles from its diagonal (2n) on, so within a head the order is already longest first (tile 0 runs all Tp / 64
+query tiles, the last one 2), but over the grid it is a sawtooth: the last head's long tiles start in the
+last wave, next to short ones, and leave SMs idle at the end (up to a longest tile's time: Tp / 64 steps of a
+~B K Tp^2 / (2 * 64 * 128 * SMs) steps per SM). So the causal variants decode the launch number instead
+(_longest_first): in sections of hs KV heads (all of them unless their Q and dO outgrow the L2 budget,
+SECTION_BYTES), key tiles ascending on the slow axis and the section's heads on the fast one: every head's
+tile 0, then every head's tile 1, ...; the grid's last CTAs are its shortest tiles. The sections keep the
+query rows that concurrently running CTAs re-read inside L2 (a section of hs heads reads hs * Tp * G query
+rows; the dense order read ~SMs / (Sp / 128) heads at a time). The packed causal work list is sorted by work
+(query tiles visited) host-side (primitives/attention_packed.key_tile_work), its items then decoded the same
+way. Within a head the key tiles stay ascending, so the deterministic dQ mode's wait on lower key tiles of
+the same head still never waits on a later-launched CTA. Non-causal tiles all do the same work: the grid order
+is kept.
 """
 
 from __future__ import annotations
@@ -104,24 +122,49 @@ class KeyTile(NamedTuple):
         return m, self.bn0 + g, m * tile_m
 
 
+SECTION_BYTES = 32 << 20
+"""L2 budget of one causal section's Q and dO (16-bit copies: 4 H bytes per query row); hs = the KV heads whose
+G Tp query rows fit it (at least 1, at most all)."""
+
+
 class KeyTileScheduler:
     """The backward's schedule: block (x, y) = (key tile, KV head row); grid (Sp / CTA_N, B * K) dense,
     (Sp / CTA_N, K) packed (CTA_N = SEQ_TILE). `mask` (an AttentionMask over TILE_M-row query tiles and
-    CTA_N-key tiles) gives the query tiles a key tile visits."""
+    CTA_N-key tiles) gives the query tiles a key tile visits. Causal: the launch number decoded longest first
+    (module docstring); head_dim sizes the L2 sections."""
 
-    def __init__(self, mask, packed: bool):
+    def __init__(self, mask, packed: bool, head_dim: int):
         self.mask = mask
         self.packed = packed
+        self.section_rows = SECTION_BYTES // (4 * head_dim)
 
-    def work_tile(self, lens: cute.Tensor, work, q_heads: Int32, kv_heads: Int32) -> KeyTile:
+    def _longest_first(self, rows_per_head: Int32) -> tuple[Int32, Int32]:
+        """(key tile or work item, KV head row) of this CTA's launch number y * grid_x + x: sections of hs
+        heads (section_rows // rows_per_head, at least 1; the last section may hold fewer), each item-major
+        (item i of the section's heads in turn, i ascending)."""
+        bx, by, _ = cute.arch.block_idx()
+        gx, gy, _ = cute.arch.grid_dim()
+        launch = by * gx + bx
+        hs = cutlass.min(cutlass.max(Int32(self.section_rows) // rows_per_head, Int32(1)), gy)
+        base = launch // (hs * gx) * hs  # the section's first head
+        heads = cutlass.min(hs, gy - base)
+        local = launch - base * gx
+        item = local // heads
+        return item, base + local - item * heads
+
+    def work_tile(self, lens: cute.Tensor, work, q_heads: Int32, kv_heads: Int32, q_rows: Int32) -> KeyTile:
         """lens: (2, B) int32 query and KV lengths (dense), or for packed the seqs (4, S) table (first query
         tile, first KV tile, query length, KV length per sequence) with work (2, Sp / CTA_N) its key-tile
-        items in key-tile order (None dense). q_heads = B * N rows of the per-query-head operands (LSE),
-        kv_heads = B * K."""
+        items (None dense): in key-tile order, or causal longest first with a padding item's tile its global
+        key tile. q_heads = B * N rows of the per-query-head operands (LSE), kv_heads = B * K, q_rows = Tp."""
         n, bk, _ = cute.arch.block_idx()
+        if cutlass.const_expr(self.mask.causal):
+            n, bk = self._longest_first(q_rows * (q_heads // kv_heads))
         if self.packed:
             group = q_heads // kv_heads
-            it = packed_item(work, lens, n)  # item n is key tile n
+            it = packed_item(work, lens, n)  # item n; key tile n unless causal
+            if cutlass.const_expr(self.mask.causal):
+                n = cutlass.select_(it.live, it.kv_tile0 + it.tile, it.tile)
             q_row0, kv_row0 = it.q_tile0 * SEQ_TILE, it.kv_tile0 * SEQ_TILE
             q_len = q_row0 + it.q_len
             kv_len = cutlass.select_(it.live, kv_row0 + it.kv_len, Int32(0))  # no sequence: no key, dk, dv rows 0
