@@ -341,13 +341,6 @@ def pack_bf16x2_rn(y0: Uint32, y1: Uint32) -> Uint32:
     return inline_ptx("cvt.rn.bf16x2.f32 {$w0}, {$r1}, {$r0};", write_only_types=[Uint32], read_only_args=[y0, y1])
 
 
-def pack_mul_bf16x2_rn(y0: Uint32, y1: Uint32, scale2: Uint32) -> Uint32:
-    """Two float32 bit patterns rounded (RNE) to bfloat16 (y0 in the low half), then times the bfloat16 pair
-    scale2 (mul.rn.bf16x2: the exact product rounded RNE, subnormals kept; sm_90)."""
-    code = "{\n.reg .b32 t;\ncvt.rn.bf16x2.f32 t, {$r1}, {$r0};\nmul.rn.bf16x2 {$w0}, t, {$r2};\n}"
-    return inline_ptx(code, write_only_types=[Uint32], read_only_args=[y0, y1, scale2])
-
-
 def pack_f16x2_rn(y0: Uint32, y1: Uint32) -> Uint32:
     """Two float32 bit patterns rounded (RNE) to float16, y0 in the low half (beyond float16's range: +-inf, so
     the caller saturates first)."""

@@ -127,24 +127,12 @@ def bits_f32(x: Uint32) -> Float32:
 
 
 @cute.jit
-def quantize_ds_square(acc, out, sAmax, buf, c, warp_wg, lane, pair_barrier, redux: bool = False):
-    """acc (dS^T, 64 keys x 64 queries of this consumer, float32) -> out (16 words: bfloat16 pairs of the
-    same fragment, elements 2 j, 2 j + 1 in word j, low half first): its 32x32 square-block MX values (scale
-    rule "up", E4M3 satfinite, dequantized). A block is 32 queries (nb in [4 qb, 4 qb + 4)) of a warp
-    pair's 32 keys: the lanes' amax (integer max of |x| bits: NaN/Inf blocks seen) is reduced over the
-    warp (trace-time redux: one redux.sync instead of 5 shuffles), then over the pair through shared
-    memory (slot (buf, warp, qb)).
-
-    The dequantize multiplies in bfloat16: each pair of E4M3 values x (as float32) is packed to bfloat16
-    (exact: 4 significant bits, exponents -9 .. 8) and multiplied by the pair of scales s = 2^(b - 127)
-    (bfloat16 bits b << 7: b = 0 gives +0, b = 255 +inf). That is bit for bit the float32 product x * s
-    rounded to bfloat16: x * s is a multiple of 2^-135 (x of 2^-9, s >= 2^-126 for b >= 1), so the float32
-    product is exact (float32's subnormal step is 2^-149; beyond FLT_MAX it is inf, and so is bfloat16's
-    RNE of the exact product, as a 4-bit significand below FLT_MAX is below bfloat16's largest finite),
-    and both ways round the same exact value RNE once to bfloat16 (mul.rn.bf16x2 keeps subnormals, as
-    cvt.rn.bf16x2.f32 does: blocks with b < 11, s < 2^-116, give bfloat16 subnormals). b = 0 gives +-0
-    (x finite: the block's amax is below 2^-118), b = 255 (a NaN/Inf block, every x NaN) NaN, both ways;
-    NaN payloads may differ, and the wgmma's result of a NaN operand does not depend on them."""
+def quantize_ds_square(acc, sAmax, buf, c, warp_wg, lane, pair_barrier, redux: bool = False):
+    """acc (dS^T, 64 keys x 64 queries of this consumer) -> its 32x32 square-block MX values in place
+    (scale rule "up", E4M3 satfinite, dequantized). A block is 32 queries (nb in [4 qb, 4 qb + 4)) of
+    a warp pair's 32 keys: the lanes' amax (integer max of |x| bits: NaN/Inf blocks seen) is reduced
+    over the warp (trace-time redux: one redux.sync instead of 5 shuffles), then over the pair through
+    shared memory (slot (buf, warp, qb))."""
     amax = cute.make_rmem_tensor((2,), Uint32)
     for qb in cutlass.range_constexpr(2):
         if cutlass.const_expr(redux):
@@ -166,15 +154,15 @@ def quantize_ds_square(acc, out, sAmax, buf, c, warp_wg, lane, pair_barrier, red
     for qb in cutlass.range_constexpr(2):
         block_amax = ptx.max_u32(amax[qb], sAmax[partner + qb])
         b8, factor = ptx.scale_and_factor(block_amax, "float8_e4m3fn", "up")
-        # the scale 2^(b - 127) as a bfloat16 pair (b = 0: 0, the block's values are below 2^-118 and
-        # flush; b = 255, a NaN/Inf block: inf, times the NaN elements)
-        scale2 = b8 * Uint32(0x00800080)  # b << 7 in each half (b <= 255: one multiply, no carries)
+        # the scale 2^(b - 127) from the exponent bits (b = 0: 0, the block's values are below 2^-118
+        # and flush; b = 255, a NaN/Inf block: inf, times the NaN elements)
+        inv = bits_f32(b8 << Uint32(23))
         for k4 in cutlass.range_constexpr(4):
-            group = QB_INDICES[qb][4 * k4 : 4 * k4 + 4]  # 4 consecutive flat indices from a multiple of 4
+            group = QB_INDICES[qb][4 * k4 : 4 * k4 + 4]
             word = ptx.quantize4_f32([f32_bits(acc[i]) for i in group], [factor] * 4, "float8_e4m3fn")
             vals = ptx.fp8x4_to_f32(word, "float8_e4m3fn")
-            for p in cutlass.range_constexpr(2):
-                out[group[2 * p] // 2] = ptx.pack_mul_bf16x2_rn(vals[2 * p], vals[2 * p + 1], scale2)
+            for t in cutlass.range_constexpr(4):
+                acc[group[t]] = bits_f32(vals[t]) * inv
 
 
 @cute.jit

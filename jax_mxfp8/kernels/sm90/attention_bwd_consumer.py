@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Float32, Int32, Int64
 
 from jax_mxfp8.kernels.sm90 import warp_specialization as ws
 from jax_mxfp8.kernels.sm90 import wgmma
@@ -318,12 +318,12 @@ class AttentionBwdConsumer:
             if cutlass.const_expr(self.sdp_fp8):
                 dp = dp * regs.f_dp[nbk // 4]
             regs.acc_dp[i] = regs.acc_s[i] * (dp - regs.dlt[v0 + 2 * nbk])
-        ds_words = cute.recast_tensor(regs.ds_c, Uint32)  # word j: elements 2 j, 2 j + 1
-        quantize_ds_square(regs.acc_dp, ds_words, sm.amax, step.buf, t.c, t.warp_wg, t.lane, t.pair_barrier, self.redux)
+        quantize_ds_square(regs.acc_dp, sm.amax, step.buf, t.c, t.warp_wg, t.lane, t.pair_barrier, self.redux)
         if cutlass.const_expr(not self.dk_ss):  # dK's A fragment (dk_ss: read from the dS tile instead)
-            a_words = cute.recast_tensor(regs.ds_a, Uint32)  # the same flat order as ds_c
-            for j in cutlass.range_constexpr(16):
-                a_words[j] = ds_words[j]
+            for i in cutlass.range_constexpr(32):
+                regs.a_f32[i] = regs.acc_dp[i]
+            regs.ds_a.store(regs.a_f32.load().to(BF16))
+        regs.ds_c.store(regs.acc_dp.load().to(BF16))
         cute.autovec_copy(regs.ds_c, frag.ds_store[None, None, None, step.buf])
         cute.arch.fence_view_async_shared()
 
