@@ -113,3 +113,15 @@ def study_operand(kind: str, shape, rng: np.random.Generator) -> np.ndarray:
         x[..., 32:64] *= 1000.0
         x[..., 96:128] /= 1000.0
     return x.astype(np.float32)
+
+
+TANH_APPROX_ABS = 2.0**-11
+"""Bound of |tanh.approx.f32(u) - tanh(u)| (PTX: ~2^-11 relative, |tanh| <= 1), the only difference between the
+kernel epilogues' GELU and jax.nn.gelu's tanh form (kernels/common/fp32_math.py gelu_tanh_f32)."""
+
+
+def gelu_epilogue_slack(x: np.ndarray) -> np.ndarray:
+    """How far the kernel's GELU of x may lie from XLA's: 0.5 |x| TANH_APPROX_ABS (GELU = 0.5 x (1 + tanh(u))).
+    Within one FP8 step of the value for |x| up to a few units; more in the negative tail (x < -3), where GELU is
+    below 4e-3 |x| and tanh's absolute error is a large part of 1 + tanh(u)."""
+    return 0.5 * np.abs(np.asarray(x, np.float64)) * TANH_APPROX_ABS
