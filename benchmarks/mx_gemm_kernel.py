@@ -154,9 +154,10 @@ def mx_call(name: str, m: int, n: int, smoke: bool, out: dict) -> dict | None:
         out["tile_n"] = tile_n
     else:
         raise ValueError(f"unknown impl {name}")
-    kw["path"] = "cuda" if library.has_kernel(variant.name) else "emulated" if smoke else None
+    on_gpu = jax.default_backend() == "gpu"  # a built library on a CPU machine registers no handler for the host
+    kw["path"] = "cuda" if on_gpu and library.has_kernel(variant.name) else "emulated" if smoke else None
     if kw["path"] is None:
-        out["skipped"] = f"{variant.name} is not in the library (tools/build_library.py [--with-tunes])"
+        out["skipped"] = f"{variant.name}: no GPU, or not in the library (tools/build_library.py [--with-tunes])"
         return None
     out.update(kernel=variant.name, path=kw["path"])
     return kw

@@ -57,6 +57,7 @@ from jax_mxfp8.kernels import registry
 from jax_mxfp8.primitives.attention_bwd_prepass import (
     DO_F16_DEQUANTIZE,
     BwdOperands,
+    CausalPackedTables,
     PackedTables,
     SdpFp8Operands,
     bwd_operands,
@@ -81,6 +82,7 @@ __all__ = [
     "TARGET_PACKED",
     "AttentionBwdCall",
     "BwdOperands",
+    "CausalPackedTables",
     "PackedTables",
     "SdpFp8Operands",
     "attention_bwd",
@@ -398,6 +400,11 @@ def attention_bwd(
         want = "PackedTables (packed_tile_table) and the FP8 operands" if variant.packed else "lens (2, B)"
         got = "PackedTables" if packed_lens else f"lens {ops.lens.shape}"
         raise ValueError(f"variant {variant.name} takes {want}; got {got}")
+    if variant.packed and variant.causal != isinstance(ops.lens, CausalPackedTables):
+        raise ValueError(
+            f"variant {variant.name} decodes a work list in {'longest-first' if variant.causal else 'key-tile'} "
+            f"order: pass packed_tile_table(..., causal={variant.causal})"
+        )
     want_do = jnp.float16 if variant.dv_f16 else jnp.bfloat16
     if variant.dv_f16 != (ops.do_shift is not None) or ops.do.dtype != want_do:
         want = "float16 do and its do_shift: bwd_operands(..., do_f16=True)" if variant.dv_f16 else "bfloat16 do"

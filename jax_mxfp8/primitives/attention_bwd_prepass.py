@@ -3,6 +3,7 @@ primitives/attention_bwd.py, which re-exports these names).
 
   BwdOperands, SdpFp8Operands   the kernel's inputs (shapes, dtypes and layouts: docs/interfaces.md)
   PackedTables                  the packed variants' length operands (seqs, work)
+  CausalPackedTables            the same, work list longest first (the causal packed variants)
   packed_tile_table(q_len, kv_len, q_start, kv_start, kv_rows, *, causal) -> PackedTables
   bwd_operands(q, k, v, do_q, do, o, lse, dlse, *, q_len, kv_len, ...) -> BwdOperands   the pre-pass
 """
@@ -226,14 +227,22 @@ class PackedTables(NamedTuple):
     work: jax.Array
 
 
+class CausalPackedTables(PackedTables):
+    """PackedTables whose work list holds the key tiles longest first (key_tile_work): what the causal packed
+    variants decode. The type carries the order, so a kernel call can refuse a table of the other order (a
+    non-causal list would zero the wrong rows: its padding items name no key tile)."""
+
+    __slots__ = ()
+
+
 def packed_tile_table(
     q_len: jax.Array, kv_len: jax.Array, q_start: jax.Array, kv_start: jax.Array, kv_rows: int, *, causal: bool
 ) -> PackedTables:
     """The packed variants' PackedTables for S sequences laid out from rows q_start / kv_start (multiples of
     128) in an aligned packed layout of kv_rows key rows: the forward's seqs table and a work list of every
     key tile (a tile in no sequence gets its dk, dv rows 0). Non-causal: item n is key tile n (tile_work);
-    causal (for the causal variants only): the key tiles longest first (key_tile_work)."""
+    causal (for the causal variants only): the key tiles longest first (key_tile_work), as CausalPackedTables."""
     seqs = sequence_table(q_len, kv_len, q_start, kv_start)
     if causal:
-        return PackedTables(seqs, key_tile_work(q_len, kv_len, kv_start, kv_rows))
+        return CausalPackedTables(seqs, key_tile_work(q_len, kv_len, kv_start, kv_rows))
     return PackedTables(seqs, tile_work(kv_len, kv_start, kv_rows))

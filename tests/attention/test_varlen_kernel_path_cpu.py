@@ -133,8 +133,8 @@ def test_packed_kernel_path_equals_dense_kernel_on_padded_batch(case):
     finite = np.isfinite(np.asarray(lse_d))
     np.testing.assert_array_equal(np.isfinite(np.asarray(lse_p)), finite)
     # LSE = m + log(l) with m the row's largest logit (order 1 here): an ulp of XLA:CPU's exp2 / log2 in one of the
-    # two programs moves it by ~2.4e-7 absolute however close to 0 the sum lands (jax 0.12: 2.8e-7 at -0.206),
-    # so the bound is absolute at a few ulps of the logits' scale as well as relative.
+    # two programs moves it by ~2.4e-7 absolute however close to 0 the sum lands, so the bound is absolute at a
+    # few ulps of the logits' scale as well as relative.
     np.testing.assert_allclose(np.asarray(lse_p)[finite], np.asarray(lse_d)[finite], rtol=1e-6, atol=1e-6)
     for name, (got_mx, want_mx) in mx_pairs.items():
         np.testing.assert_array_equal(

@@ -9,6 +9,8 @@ per-key-tile math; dq up to the order of its float32 reductions), and isolation.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,7 +67,8 @@ def test_packed_tile_table_causal_longest_first():
 
 def test_packed_call_takes_its_tables_and_target():
     """A packed variant's call lowers to jax_mxfp8_attention_bwd_packed with seqs and work in lens' place (15
-    operands), and a packed variant refuses dense lens (and a dense one the tables)."""
+    operands), and a packed variant refuses dense lens (and a dense one the tables), and tables of the other
+    work-list order (causal: longest first)."""
     h, tp, n, f8 = 64, 256, 2, jnp.float8_e4m3fn
     zeros = lambda shape, dt=jnp.bfloat16: jnp.zeros(shape, dt)  # noqa: E731
     fp8 = abwd.SdpFp8Operands(
@@ -93,6 +96,16 @@ def test_packed_call_takes_its_tables_and_target():
     plain = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=True)
     with pytest.raises(ValueError, match="lens \\(2, B\\)"):
         abwd.attention_bwd(ops, variant=plain, scale=1.0)
+    # the work list's order must be the variant's: a key-tile-order list on a causal variant (or the reverse)
+    # would zero the dk, dv rows of the wrong tiles, so the call refuses it
+    key_order = packed_tile_table(
+        jnp.array([100, 90]), jnp.array([120, 100]), jnp.array([0, 128]), jnp.array([0, 128]), tp, causal=False
+    )
+    with pytest.raises(ValueError, match="causal=True"):
+        abwd.attention_bwd(dataclasses.replace(ops, lens=key_order), variant=variant, scale=1.0)
+    non_causal = registry.find(registry.AttentionBwdConfig, head_dim=h, causal=False, packed=True)
+    with pytest.raises(ValueError, match="causal=False"):
+        abwd.attention_bwd(ops, variant=non_causal, scale=1.0)
 
 
 def _grads(case, q, k, v, cu_q, cu_k, ct, impl):

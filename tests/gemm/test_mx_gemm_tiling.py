@@ -9,7 +9,6 @@ each other, bit for bit) in tests/gemm/test_mx_gemm_kernel.py (GPU).
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from jax_mxfp8.kernels import registry
@@ -76,6 +75,9 @@ def test_forcing_keyword_and_environment(monkeypatch):
     monkeypatch.setenv(mg.TILE_N_ENV, "256")
     with pytest.raises(ValueError, match=mg.TILE_N_ENV):
         mg.tile_n_for(1, 32768, 1024)
+    monkeypatch.setenv(mg.TILE_N_ENV, "wide")  # not an integer: the same ValueError, naming the variable
+    with pytest.raises(ValueError, match=f"{mg.TILE_N_ENV}='wide'"):
+        mg.tile_n_for(1, 32768, 1024)
     monkeypatch.setenv(mg.TILE_N_ENV, "")
     assert mg.tile_n_for(1, 8192, 8192) == 192
 
@@ -93,6 +95,3 @@ def test_mx_gemm_tile_n_keyword_errors():
         mg.mx_gemm(a, a, s, s, out_dtype="bfloat16", path="emulated", tile_n=256)
     with pytest.raises(ValueError, match="comparison schedule"):
         mg.mx_gemm(a, a, s, s, out_dtype="bfloat16", path="emulated", tune=1, tile_n=128)
-    # both forced tilings take the same emulation (the kernels are bit-identical by construction)
-    c = [np.asarray(mg.mx_gemm(a, a, s, s, out_dtype="float32", path="emulated", tile_n=t)) for t in (192, 128)]
-    np.testing.assert_array_equal(c[0], c[1])

@@ -21,8 +21,13 @@ per thread), meets its warpgroup at a named barrier, and thread 0 increments the
 (red.release.gpu). The KV tiles adding into a query tile are always 0 .. n_max (causal: KV tile n starts at
 query tile 2n; KV tiles past kv_len run no step), so every count is reached. KV tile n waits only for lower
 KV tiles of its (batch, KV head), which the launch order (tile_scheduler.KeyTileScheduler: key tiles ascending
-within a head, causal or not) starts no later and which never wait for it: no deadlock. The cost: KV tile n
-starts n query tiles behind KV tile 0 of its head.
+within a head, causal or not) starts no later and which never wait for it: no deadlock. "Starts no later" rests
+on the hardware starting CTAs in linear block order (x fastest, then y), which CUDA does not document but every
+Hopper part does and FA3 / CUTLASS rely on: under causal masking KV tile n - 1 of a head is `heads` launches
+earlier, often in the grid row before, so the order across rows is relied on as well (a CTA that started out of
+order would spin until its predecessor, resident elsewhere or not yet started, runs: a hang only if the grid
+could not make progress, which in-order starts exclude). The cost: KV tile n starts n query tiles behind KV
+tile 0 of its head.
 
 Overflow ("fp16"): |dQ| 2^e >= 65520 rounds to +-Inf (cvt.rn and the f16 adds), Inf - Inf is NaN; the op
 returns dq / 2^e with that Inf / NaN (docs/numerics.md), never a clamped value.
