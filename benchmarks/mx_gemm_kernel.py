@@ -148,7 +148,7 @@ def mx_call(name: str, m: int, n: int, smoke: bool, out: dict) -> dict | None:
     if name in TUNINGS:
         kw, variant = dict(tune=TUNINGS[name].tune), TUNINGS[name]
     elif name in FORCED or name == "mx_t0":
-        tile_n = FORCED.get(name) or mg.tile_n_for(1, m, n)
+        tile_n = FORCED.get(name) or mg.tile_n_for(m=m, n=n)
         kw = dict(tile_n=FORCED[name]) if name in FORCED else {}
         variant = registry.find(registry.MXGemmConfig, tile_n=tile_n)
         out["tile_n"] = tile_n

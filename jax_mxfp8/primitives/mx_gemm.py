@@ -3,7 +3,7 @@
   MX_GEMM, MX_GEMM_BIAS: FfiOp        targets "jax_mxfp8_mx_gemm" (a, b, sa, sb) and
                                       "jax_mxfp8_mx_gemm_bias" (a, b, sa, sb, bias)
   mx_gemm(a, b, sa, sb, bias=None, *, out_dtype, path, tune=0, tile_n=None, out=None) -> c (G, M, N)
-  tile_n_for(g, m, n, tile_n=None) -> int          the production tiling a call runs (TILE_N_ENV forces one)
+  tile_n_for(*, m, n, g, tile_n=None) -> int       the production tiling a call runs (TILE_N_ENV forces one)
   mx_gemm_unsupported(a_shape, b_shape, a_dtype, b_dtype, out_dtype, has_bias) -> str | None
   emulate_mx_gemm(a, b, sa, sb, bias, out_dtype) -> c     the kernel's formula in XLA
 
@@ -53,7 +53,7 @@ TILE_N_ENV = "JAX_MXFP8_MX_GEMM_TILE_N"
 "128" (unset or empty: the choice by shape). For A/B runs of whole training steps."""
 
 
-def tile_n_for(g: int, m: int, n: int, tile_n: int | None = None) -> int:
+def tile_n_for(*, m: int, n: int, g: int = 1, tile_n: int | None = None) -> int:
     """The production tile width a call with output c (G, M, N) runs: tile_n when given, else TILE_N_ENV when
     set, else registry.mx_gemm_tile_n(m, n, g). ValueError for a width that is not a production tiling."""
     source = "tile_n"
@@ -266,7 +266,7 @@ def mx_gemm(
     _check_scales(a, b, sa, sb, bias)
     if tune and tile_n is not None:
         raise ValueError(f"mx_gemm: tile_n={tile_n!r} with tune={tune}: a comparison schedule has its own tiling")
-    chosen = tile_n_for(a.shape[0], a.shape[1], b.shape[1], tile_n)
+    chosen = tile_n_for(m=a.shape[1], n=b.shape[1], g=a.shape[0], tile_n=tile_n)
     names = (_dtype_name(a.dtype), _dtype_name(b.dtype), _dtype_name(out_dtype))
     variant = _variant(*names, bias is not None, tune, chosen)
     if variant is None:

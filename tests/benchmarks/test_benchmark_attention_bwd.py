@@ -6,21 +6,15 @@ path, and that its gradients agree with the BF16 baseline's (a wrong transpose o
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.benchmark_loader_testutil import load_benchmark
 
 
 def _bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("benchmark_attention", ROOT / "benchmarks" / "attention.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(monkeypatch, "attention")
 
 
 def _run(monkeypatch, tmp_path, only: str) -> dict:

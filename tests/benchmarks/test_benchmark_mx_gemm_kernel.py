@@ -3,19 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.benchmark_loader_testutil import load_benchmark
 
 
 def _bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("benchmark_mx_gemm_kernel", ROOT / "benchmarks" / "mx_gemm_kernel.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(monkeypatch, "mx_gemm_kernel")
 
 
 def test_lm_and_block_shape_sets(monkeypatch):

@@ -51,7 +51,7 @@ def test_tile_choice_matches_hand_estimate(case):
     assert waves192 == -(-(g * -(-m // ROWS) * -(-n // 192)) // CLUSTERS)
     assert waves128 == -(-(g * -(-m // ROWS) * -(-n // 128)) // CLUSTERS)
     assert registry.mx_gemm_tile_n(m, n, g) == want
-    assert mg.tile_n_for(g, m, n) == want
+    assert mg.tile_n_for(m=m, n=n, g=g) == want
 
 
 def test_production_tilings_share_features():
@@ -67,19 +67,19 @@ def test_production_tilings_share_features():
 
 def test_forcing_keyword_and_environment(monkeypatch):
     monkeypatch.delenv(mg.TILE_N_ENV, raising=False)
-    assert mg.tile_n_for(1, 32768, 1024) == 128
-    assert mg.tile_n_for(1, 32768, 1024, tile_n=192) == 192
+    assert mg.tile_n_for(m=32768, n=1024) == 128
+    assert mg.tile_n_for(m=32768, n=1024, tile_n=192) == 192
     monkeypatch.setenv(mg.TILE_N_ENV, "192")
-    assert mg.tile_n_for(1, 32768, 1024) == 192
-    assert mg.tile_n_for(1, 32768, 1024, tile_n=128) == 128  # the keyword wins
+    assert mg.tile_n_for(m=32768, n=1024) == 192
+    assert mg.tile_n_for(m=32768, n=1024, tile_n=128) == 128  # the keyword wins
     monkeypatch.setenv(mg.TILE_N_ENV, "256")
     with pytest.raises(ValueError, match=mg.TILE_N_ENV):
-        mg.tile_n_for(1, 32768, 1024)
+        mg.tile_n_for(m=32768, n=1024)
     monkeypatch.setenv(mg.TILE_N_ENV, "wide")  # not an integer: the same ValueError, naming the variable
     with pytest.raises(ValueError, match=f"{mg.TILE_N_ENV}='wide'"):
-        mg.tile_n_for(1, 32768, 1024)
+        mg.tile_n_for(m=32768, n=1024)
     monkeypatch.setenv(mg.TILE_N_ENV, "")
-    assert mg.tile_n_for(1, 8192, 8192) == 192
+    assert mg.tile_n_for(m=8192, n=8192) == 192
 
 
 def test_mx_gemm_tile_n_errors():
